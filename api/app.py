@@ -1,0 +1,44 @@
+"""create_app(settings): the FastAPI application. Nothing is built at import time."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from api import protocol
+from api.registry import Context
+from api.settings import Settings
+from db.common import Account
+from db.session import Database
+from workers.queue import TaskQueue
+
+
+def create_app(settings: Settings, broker_url: str | None = None) -> FastAPI:
+    """Build the app. `broker_url` overrides settings (the embedded broker's address)."""
+    url = broker_url or settings.broker_url
+    if not url:
+        raise ValueError("a broker URL is required (EAGLENEST_BROKER_URL or the embedded broker)")
+    db = Database(settings.resolved_database_url())
+    queue = TaskQueue(url, settings.broker_publish_timeout)
+    ctx = Context(
+        settings=settings, db=db, queue=queue,
+        account=Account(settings.region, settings.account_id),
+    )
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        queue.close()
+        db.dispose()
+
+    app = FastAPI(title="EagleNest", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.ctx = ctx
+    protocol.install(app, ctx)
+
+    @app.get("/ping")
+    async def ping() -> dict[str, str]:
+        return {"status": "ok"}
+
+    return app

@@ -1,0 +1,43 @@
+"""CreateEndpointConfig, DescribeEndpointConfig, ListEndpointConfigs, DeleteEndpointConfig."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from api.operations.common import list_query, page, spec_of
+from api.registry import Context, operation
+from db import endpoint_configs_repo
+from db.common import list_rows
+from db.tables import EndpointConfigRow
+
+
+@operation("CreateEndpointConfig")
+def create_endpoint_config(ctx: Context, req: Any) -> dict[str, Any]:
+    with ctx.db.session() as s:
+        row = endpoint_configs_repo.create(s, ctx.account, spec_of(req))
+        return {"EndpointConfigArn": row.arn}
+
+
+@operation("DescribeEndpointConfig")
+def describe_endpoint_config(ctx: Context, req: Any) -> dict[str, Any]:
+    with ctx.db.session() as s:
+        row = endpoint_configs_repo.get(s, ctx.account, req.EndpointConfigName)
+        return {**row.spec, "EndpointConfigArn": row.arn, "CreationTime": row.creation_time}
+
+
+@operation("ListEndpointConfigs")
+def list_endpoint_configs(ctx: Context, req: Any) -> dict[str, Any]:
+    with ctx.db.session() as s:
+        rows, token = list_rows(s, EndpointConfigRow, list_query(req))
+        items = [
+            {"EndpointConfigName": r.name, "EndpointConfigArn": r.arn,
+             "CreationTime": r.creation_time}
+            for r in rows
+        ]
+        return page("EndpointConfigs", items, token)
+
+
+@operation("DeleteEndpointConfig")
+def delete_endpoint_config(ctx: Context, req: Any) -> None:
+    with ctx.db.session() as s:
+        endpoint_configs_repo.delete(s, ctx.account, req.EndpointConfigName)

@@ -1,0 +1,42 @@
+"""CreateModel, DescribeModel, ListModels, DeleteModel."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from api.operations.common import list_query, page, spec_of
+from api.registry import Context, operation
+from db import models_repo
+from db.common import list_rows
+from db.tables import ModelRow
+
+
+@operation("CreateModel")
+def create_model(ctx: Context, req: Any) -> dict[str, Any]:
+    with ctx.db.session() as s:
+        row = models_repo.create(s, ctx.account, spec_of(req))
+        return {"ModelArn": row.arn}
+
+
+@operation("DescribeModel")
+def describe_model(ctx: Context, req: Any) -> dict[str, Any]:
+    with ctx.db.session() as s:
+        row = models_repo.get(s, ctx.account, req.ModelName)
+        return {**row.spec, "ModelArn": row.arn, "CreationTime": row.creation_time}
+
+
+@operation("ListModels")
+def list_models(ctx: Context, req: Any) -> dict[str, Any]:
+    with ctx.db.session() as s:
+        rows, token = list_rows(s, ModelRow, list_query(req))
+        items = [
+            {"ModelName": r.name, "ModelArn": r.arn, "CreationTime": r.creation_time}
+            for r in rows
+        ]
+        return page("Models", items, token)
+
+
+@operation("DeleteModel")
+def delete_model(ctx: Context, req: Any) -> None:
+    with ctx.db.session() as s:
+        models_repo.delete(s, ctx.account, req.ModelName)

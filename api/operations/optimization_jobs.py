@@ -1,0 +1,73 @@
+"""Create/Describe/List/Stop/DeleteOptimizationJob.
+
+Status changes happen in db.optimization_jobs_repo; training is a Celery task by name.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from api.operations.common import list_query, page, spec_of
+from api.registry import Context, operation
+from db import optimization_jobs_repo as jobs
+from db.common import list_rows
+from db.tables import OptimizationJobRow
+from workers import queue as q
+
+
+@operation("CreateOptimizationJob")
+def create_optimization_job(ctx: Context, req: Any) -> dict[str, Any]:
+    with ctx.db.session() as s:
+        row = jobs.create(s, ctx.account, spec_of(req))
+        arn, name = row.arn, row.name
+    ctx.queue.send(q.OPTIMIZE_TASK, name, q.TRAIN_QUEUE)
+    return {"OptimizationJobArn": arn}
+
+
+@operation("DescribeOptimizationJob")
+def describe_optimization_job(ctx: Context, req: Any) -> dict[str, Any]:
+    with ctx.db.session() as s:
+        r = jobs.get(s, req.OptimizationJobName)
+        out = {
+            **r.spec, "OptimizationJobArn": r.arn, "OptimizationJobStatus": r.status,
+            "CreationTime": r.creation_time, "LastModifiedTime": r.last_modified_time,
+            "OptimizationStartTime": r.start_time, "OptimizationEndTime": r.end_time,
+            "FailureReason": r.failure_reason,
+            "OptimizationOutput": r.output.get("OptimizationOutput"),
+        }
+        return {k: v for k, v in out.items() if v is not None}
+
+
+def _summary(r: OptimizationJobRow) -> dict[str, Any]:
+    out = {
+        "OptimizationJobName": r.name, "OptimizationJobArn": r.arn,
+        "CreationTime": r.creation_time, "OptimizationJobStatus": r.status,
+        "OptimizationStartTime": r.start_time, "OptimizationEndTime": r.end_time,
+        "LastModifiedTime": r.last_modified_time,
+        "DeploymentInstanceType": r.spec["DeploymentInstanceType"],
+        "MaxInstanceCount": r.spec.get("MaxInstanceCount"),
+        "OptimizationTypes": [t for t in r.optimization_types.split(",") if t],
+    }
+    return {k: v for k, v in out.items() if v is not None}
+
+
+@operation("ListOptimizationJobs")
+def list_optimization_jobs(ctx: Context, req: Any) -> dict[str, Any]:
+    query = list_query(req, default_order="Ascending", default_max=50, status=req.StatusEquals)
+    with ctx.db.session() as s:
+        rows, token = list_rows(
+            s, OptimizationJobRow, query, contains_type=req.OptimizationContains
+        )
+        return page("OptimizationJobSummaries", [_summary(r) for r in rows], token)
+
+
+@operation("StopOptimizationJob")
+def stop_optimization_job(ctx: Context, req: Any) -> None:
+    with ctx.db.session() as s:
+        jobs.request_stop(s, req.OptimizationJobName, ctx.lease_seconds)
+
+
+@operation("DeleteOptimizationJob")
+def delete_optimization_job(ctx: Context, req: Any) -> None:
+    with ctx.db.session() as s:
+        jobs.request_delete(s, req.OptimizationJobName, ctx.lease_seconds)

@@ -1,0 +1,96 @@
+"""AWS JSON 1.1 on `POST /`: SigV4 check, X-Amz-Target dispatch, AWS error rendering."""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from typing import Any
+
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import Response
+from sqlalchemy.exc import OperationalError
+
+from api import operations as _ops  # noqa: F401  (registers the handlers)
+from api import shapes
+from api.errors import (
+    InternalFailure,
+    SerializationException,
+    ServiceError,
+    ServiceUnavailable,
+    UnknownOperationException,
+)
+from api.registry import REGISTRY, Context
+from api.sigv4 import IncomingRequest, verify
+
+log = logging.getLogger("eaglenest.api")
+TARGET_PREFIX = "SageMaker."
+JSON_11 = "application/x-amz-json-1.1"
+
+
+def json_response(body: dict[str, Any], status: int = 200) -> Response:
+    return Response(
+        content=json.dumps(body, separators=(",", ":")), status_code=status, media_type=JSON_11
+    )
+
+
+def error_response(err: ServiceError) -> Response:
+    return json_response(err.body(), err.status)
+
+
+def authenticate(request: Request, ctx: Context, secrets: dict[str, str], body: bytes) -> None:
+    headers = {k.lower(): v for k, v in request.headers.items()}
+    incoming = IncomingRequest(request.method, str(request.url), headers, body)
+    verify(incoming, secrets, ctx.settings.region, ctx.settings.signature_max_skew)
+
+
+def dispatch(ctx: Context, target: str, body: bytes) -> dict[str, Any]:
+    """Run one control-plane operation; raise ServiceError for every failure."""
+    if not target.startswith(TARGET_PREFIX) or target[len(TARGET_PREFIX):] not in REGISTRY:
+        raise UnknownOperationException(f"Operation '{target}' is not supported by EagleNest.")
+    op = target[len(TARGET_PREFIX):]
+    try:
+        payload = json.loads(body or b"{}")
+    except ValueError as exc:
+        raise SerializationException("Request body is not valid JSON.") from exc
+    if not isinstance(payload, dict):
+        raise SerializationException("Request body must be a JSON object.")
+    request = shapes.parse_input(op, payload)
+    try:
+        result = REGISTRY[op](ctx, request)
+    except OperationalError as exc:
+        log.warning("database unavailable during %s: %s", op, exc.orig)
+        raise ServiceUnavailable("The database is unavailable; retry the request.") from exc
+    return shapes.dump_output(op, result or {})
+
+
+def install(app: FastAPI, ctx: Context) -> None:
+    router = APIRouter()
+    secrets = ctx.settings.credentials()  # read once: the key pair is fixed at start
+
+    @router.post("/")
+    async def aws_json(request: Request) -> Response:
+        body = await request.body()
+        authenticate(request, ctx, secrets, body)
+        target = request.headers.get("x-amz-target", "")
+        result = await run_in_threadpool(dispatch, ctx, target, body)
+        return json_response(result)
+
+    app.include_router(router)
+
+    @app.exception_handler(ServiceError)
+    async def service_error(_: Request, exc: ServiceError) -> Response:
+        return error_response(exc)
+
+    @app.exception_handler(Exception)
+    async def unexpected(_: Request, exc: Exception) -> Response:
+        log.exception("unhandled error", exc_info=exc)
+        return error_response(InternalFailure("An internal error occurred."))
+
+    @app.middleware("http")
+    async def request_id(request: Request, call_next: Any) -> Response:
+        rid = str(uuid.uuid4())
+        response: Response = await call_next(request)
+        response.headers["x-amzn-RequestId"] = rid
+        return response

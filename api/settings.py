@@ -1,0 +1,64 @@
+"""The one settings class. Built explicitly and passed in; nothing reads env at import time."""
+
+from __future__ import annotations
+
+import configparser
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+CREDENTIALS_PROFILE = "eaglenest"
+
+
+class Settings(BaseSettings):
+    """All configuration, from `EAGLENEST_*` environment variables."""
+
+    model_config = SettingsConfigDict(env_prefix="EAGLENEST_", extra="ignore")
+
+    data_dir: Path = Field(default=Path(".eaglenest"))
+    database_url: str | None = None
+    broker_url: str | None = None
+    region: str = "us-east-1"
+    account_id: str = Field(default="000000000000", pattern=r"^\d{12}$")
+    access_key_id: str | None = None
+    secret_access_key: str | None = None
+    s3_endpoint_url: str | None = None
+    #: seconds of clock skew accepted in SigV4 X-Amz-Date (AWS allows 15 minutes)
+    signature_max_skew: int = 900
+    #: seconds a broker publish may take before the API gives up (the row stays; the
+    #: worker's start-up reconciliation re-enqueues it)
+    broker_publish_timeout: float = 2.0
+
+    def resolved_database_url(self) -> str:
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{(self.data_dir / 'eaglenest.db').resolve()}"
+
+    @property
+    def credentials_file(self) -> Path:
+        return self.data_dir / "credentials"
+
+    @property
+    def artifact_dir(self) -> Path:
+        return self.data_dir / "s3"
+
+    def credentials(self) -> dict[str, str]:
+        """Access key -> secret. Env settings win; else `<data-dir>/credentials`."""
+        if self.access_key_id and self.secret_access_key:
+            return {self.access_key_id: self.secret_access_key}
+        return read_credentials_file(self.credentials_file)
+
+
+def read_credentials_file(path: Path) -> dict[str, str]:
+    if not path.exists():
+        return {}
+    parser = configparser.ConfigParser()
+    parser.read(path)
+    keys: dict[str, str] = {}
+    for section in parser.sections():
+        key = parser.get(section, "aws_access_key_id", fallback=None)
+        secret = parser.get(section, "aws_secret_access_key", fallback=None)
+        if key and secret:
+            keys[key] = secret
+    return keys

@@ -1,0 +1,1 @@
+"""Persistence: SQLAlchemy 2.0 tables, sessions and repository functions."""

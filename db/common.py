@@ -1,0 +1,88 @@
+"""Helpers shared by the per-resource repositories."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, TypeVar
+
+from sqlalchemy import Select, select
+from sqlalchemy.orm import Session
+
+from db.pagination import PageRequest, fingerprint, paginate
+from db.tables import Base
+
+RowT = TypeVar("RowT", bound=Base)
+
+
+def now() -> float:
+    return time.time()
+
+
+@dataclass(frozen=True)
+class Account:
+    region: str
+    account_id: str
+
+    def arn(self, kind: str, name: str) -> str:
+        """`arn:aws:sagemaker:<region>:<account>:<kind>/<lower-cased name>`."""
+        return f"arn:aws:sagemaker:{self.region}:{self.account_id}:{kind}/{name.lower()}"
+
+
+def find(session: Session, table: type[RowT], name: str, *, lock: bool = False) -> RowT | None:
+    stmt = select(table).where(table.name_key == name.lower())  # type: ignore[attr-defined]
+    if lock:
+        stmt = stmt.with_for_update()
+    return session.scalars(stmt).first()
+
+
+@dataclass(frozen=True)
+class ListQuery:
+    """The filters and ordering every List* operation shares (botocore member names)."""
+
+    sort_by: str = "CreationTime"
+    descending: bool = True
+    max_results: int = 10
+    next_token: str | None = None
+    name_contains: str | None = None
+    creation_after: datetime | None = None
+    creation_before: datetime | None = None
+    modified_after: datetime | None = None
+    modified_before: datetime | None = None
+    status_equals: str | None = None
+
+
+_SORT_COLUMNS = {"Name": "name_key", "CreationTime": "creation_time", "Status": "status"}
+
+
+def list_rows(
+    session: Session, table: type[RowT], q: ListQuery, contains_type: str | None = None
+) -> tuple[list[RowT], str | None]:
+    t: Any = table
+    stmt: Select[Any] = select(table)
+    if contains_type:  # optimization jobs: OptimizationContains filters the type list
+        stmt = stmt.where(t.optimization_types.contains(contains_type, autoescape=True))
+    if q.name_contains:
+        stmt = stmt.where(t.name_key.contains(q.name_contains.lower(), autoescape=True))
+    if q.creation_after:
+        stmt = stmt.where(t.creation_time > q.creation_after.timestamp())
+    if q.creation_before:
+        stmt = stmt.where(t.creation_time < q.creation_before.timestamp())
+    if q.modified_after:
+        stmt = stmt.where(t.last_modified_time > q.modified_after.timestamp())
+    if q.modified_before:
+        stmt = stmt.where(t.last_modified_time < q.modified_before.timestamp())
+    if q.status_equals:
+        stmt = stmt.where(t.status == q.status_equals)
+    fp = fingerprint(
+        table=table.__tablename__, sort=q.sort_by, desc=q.descending, name=q.name_contains,
+        ca=q.creation_after, cb=q.creation_before, ma=q.modified_after,
+        mb=q.modified_before, st=q.status_equals, ty=contains_type,
+    )
+    page = PageRequest(
+        sort_column=getattr(t, _SORT_COLUMNS[q.sort_by]), id_column=t.id,
+        descending=q.descending, max_results=q.max_results, next_token=q.next_token,
+        fingerprint=fp,
+    )
+    return paginate(session, stmt, page)

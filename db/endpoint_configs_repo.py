@@ -1,0 +1,70 @@
+"""Endpoint configs: create (checks each variant's model), get, delete."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from api.errors import ValidationException
+from db import models_repo
+from db.common import Account, find, now
+from db.tables import EndpointConfigRow, ModelRow
+
+
+def not_found(account: Account, name: str) -> ValidationException:
+    arn = account.arn("endpoint-config", name)
+    return ValidationException(f'Could not find endpoint configuration "{arn}".')
+
+
+def _check_variants(session: Session, account: Account, spec: dict[str, Any]) -> None:
+    seen: set[str] = set()
+    variants = spec["ProductionVariants"] + (spec.get("ShadowProductionVariants") or [])
+    for v in variants:
+        name = v["VariantName"]
+        if name.lower() in seen:
+            raise ValidationException(
+                f"Variant names must be unique within an endpoint configuration: "
+                f"'{name}' appears more than once."
+            )
+        seen.add(name.lower())
+        if not v.get("InstanceType") and not v.get("ServerlessConfig"):
+            raise ValidationException(
+                f"Variant '{name}' must set either InstanceType or ServerlessConfig."
+            )
+        model = v.get("ModelName")
+        if model is None:
+            raise ValidationException(f"Variant '{name}' must set ModelName.")
+        if find(session, ModelRow, model) is None:
+            raise models_repo.not_found(account, model)
+
+
+def create(session: Session, account: Account, spec: dict[str, Any]) -> EndpointConfigRow:
+    _check_variants(session, account, spec)
+    name = spec["EndpointConfigName"]
+    tags = spec.pop("Tags", None) or []
+    row = EndpointConfigRow(
+        name=name, name_key=name.lower(), arn=account.arn("endpoint-config", name),
+        creation_time=now(), spec=spec, tags=tags,
+    )
+    try:
+        with session.begin_nested():
+            session.add(row)
+            session.flush()
+    except IntegrityError as exc:
+        raise ValidationException(
+            f'Cannot create already existing endpoint configuration "{row.arn}".'
+        ) from exc
+    return row
+
+
+def get(session: Session, account: Account, name: str) -> EndpointConfigRow:
+    row = find(session, EndpointConfigRow, name)
+    if row is None:
+        raise not_found(account, name)
+    return row
+
+
+def delete(session: Session, account: Account, name: str) -> None:
+    session.delete(get(session, account, name))

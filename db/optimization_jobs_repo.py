@@ -1,0 +1,182 @@
+"""Optimization jobs and their lifecycle: the one place where a job changes status.
+
+    STARTING --claim--> INPROGRESS --complete--> COMPLETED
+    STARTING/INPROGRESS --fail--> FAILED
+    STARTING/INPROGRESS --request_stop--> STOPPING --acknowledge_stop--> STOPPED
+    STARTING (no worker owns it) --request_stop--> STOPPED at once
+
+A job is "owned" by a worker while that worker heartbeats it; an owner silent for longer
+than `lease_seconds` is presumed dead (see `reclaim_lost`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from api.errors import ResourceInUse, ResourceNotFound, ValidationException
+from db import models_repo
+from db.common import Account, find, now
+from db.tables import ModelRow, OptimizationJobRow
+
+STARTING, INPROGRESS, COMPLETED = "STARTING", "INPROGRESS", "COMPLETED"
+FAILED, STOPPING, STOPPED = "FAILED", "STOPPING", "STOPPED"
+ACTIVE = (STARTING, INPROGRESS, STOPPING)
+TERMINAL = (COMPLETED, FAILED, STOPPED)
+
+#: botocore's OptimizationConfig member -> the optimization type a summary lists
+OPTIMIZATION_TYPES = {
+    "ModelSpeculativeDecodingConfig": "SpeculativeDecoding",
+    "ModelQuantizationConfig": "Quantization",
+    "ModelCompilationConfig": "Compilation",
+    "ModelShardingConfig": "Sharding",
+}
+SUPPORTED = ("ModelSpeculativeDecodingConfig",)
+
+
+def not_found(name: str) -> ResourceNotFound:
+    return ResourceNotFound(f"Optimization job {name} does not exist.")
+
+
+def _check_spec(session: Session, account: Account, spec: dict[str, Any]) -> list[str]:
+    source = spec["ModelSource"]
+    if not source.get("S3") and not source.get("SageMakerModel"):
+        raise ValidationException(
+            "ModelSource must specify either S3 (S3Uri of the model artifacts) or SageMakerModel."
+        )
+    sm_model = source.get("SageMakerModel")
+    if sm_model and find(session, ModelRow, sm_model["ModelName"]) is None:
+        raise models_repo.not_found(account, sm_model["ModelName"])
+    types: list[str] = []
+    for i, config in enumerate(spec["OptimizationConfigs"], start=1):
+        (member,) = config.keys()  # the shape guarantees exactly one member
+        if member not in SUPPORTED:
+            raise ValidationException(
+                f"OptimizationConfigs.{i}.{member} is not supported by EagleNest: "
+                f"only ModelSpeculativeDecodingConfig (Technique EAGLE) is."
+            )
+        types.append(OPTIMIZATION_TYPES[member])
+    return sorted(set(types))
+
+
+def create(session: Session, account: Account, spec: dict[str, Any]) -> OptimizationJobRow:
+    types = _check_spec(session, account, spec)
+    name = spec["OptimizationJobName"]
+    tags = spec.pop("Tags", None) or []
+    t = now()
+    row = OptimizationJobRow(
+        name=name, name_key=name.lower(), arn=account.arn("optimization-job", name),
+        creation_time=t, last_modified_time=t, spec=spec, tags=tags, status=STARTING,
+        optimization_types=",".join(types), output={},
+    )
+    try:
+        with session.begin_nested():
+            session.add(row)
+            session.flush()
+    except IntegrityError as exc:
+        raise ResourceInUse(f"Optimization job {name} already exists.") from exc
+    return row
+
+
+def get(session: Session, name: str, *, lock: bool = False) -> OptimizationJobRow:
+    row = find(session, OptimizationJobRow, name, lock=lock)
+    if row is None:
+        raise not_found(name)
+    return row
+
+
+def _set(row: OptimizationJobRow, status: str, reason: str | None = None) -> None:
+    t = now()
+    row.status = status
+    row.last_modified_time = t
+    if reason is not None:
+        row.failure_reason = reason
+    if status in TERMINAL:
+        row.end_time = t
+        row.owner = None
+
+
+def owner_alive(row: OptimizationJobRow, lease_seconds: float) -> bool:
+    return bool(row.owner and row.heartbeat_time and now() - row.heartbeat_time < lease_seconds)
+
+
+def request_stop(session: Session, name: str, lease_seconds: float) -> None:
+    row = get(session, name, lock=True)
+    if row.status in TERMINAL or row.status == STOPPING:
+        raise ValidationException(
+            f"Optimization job {name} is {row.status} and cannot be stopped: only jobs that "
+            f"are {STARTING} or {INPROGRESS} can be."
+        )
+    _set(row, STOPPING if owner_alive(row, lease_seconds) else STOPPED)
+
+
+def request_delete(session: Session, name: str, lease_seconds: float) -> None:
+    row = get(session, name, lock=True)
+    if row.status in (INPROGRESS, STOPPING) and owner_alive(row, lease_seconds):
+        raise ValidationException(
+            f"Optimization job {name} is {row.status}: stop it with StopOptimizationJob and "
+            f"wait for {STOPPED} before deleting it."
+        )
+    session.delete(row)
+
+
+def claim(session: Session, name: str, owner: str) -> OptimizationJobRow | None:
+    """Worker side: take a STARTING job. None if it is gone, stopped or owned elsewhere."""
+    row = find(session, OptimizationJobRow, name, lock=True)
+    if row is None or row.status != STARTING:
+        return None
+    row.owner, row.heartbeat_time, row.start_time = owner, now(), now()
+    _set(row, INPROGRESS)
+    return row
+
+
+def heartbeat(session: Session, name: str, owner: str) -> str | None:
+    """Refresh the lease; return the job's status (None if deleted or not ours)."""
+    row = find(session, OptimizationJobRow, name, lock=True)
+    if row is None or row.owner != owner:
+        return None
+    row.heartbeat_time = now()
+    return row.status
+
+
+def complete(session: Session, name: str, output: dict[str, Any]) -> None:
+    row = find(session, OptimizationJobRow, name, lock=True)
+    if row is not None and row.status == INPROGRESS:
+        row.output = output
+        _set(row, COMPLETED)
+
+
+def fail(session: Session, name: str, reason: str) -> None:
+    row = find(session, OptimizationJobRow, name, lock=True)
+    if row is not None and row.status in (STARTING, INPROGRESS):
+        _set(row, FAILED, reason)
+
+
+def acknowledge_stop(session: Session, name: str) -> None:
+    row = find(session, OptimizationJobRow, name, lock=True)
+    if row is not None and row.status == STOPPING:
+        _set(row, STOPPED)
+
+
+def reclaim_lost(session: Session, lease_seconds: float) -> list[str]:
+    """Jobs whose owner stopped heartbeating: STOPPING ones become STOPPED, INPROGRESS ones
+    go back to STARTING so the next worker resumes them. Returns the names to re-enqueue."""
+    cutoff = now() - lease_seconds
+    stmt = select(OptimizationJobRow).where(
+        OptimizationJobRow.status.in_((INPROGRESS, STOPPING)),
+        (OptimizationJobRow.heartbeat_time.is_(None))
+        | (OptimizationJobRow.heartbeat_time < cutoff),
+    )
+    names = []
+    for row in session.scalars(stmt.with_for_update()):
+        if row.status == STOPPING:
+            _set(row, STOPPED)
+            continue
+        row.owner, row.heartbeat_time = None, None
+        _set(row, STARTING)
+        names.append(row.name)
+    starting = select(OptimizationJobRow.name).where(OptimizationJobRow.status == STARTING)
+    return sorted(set(names) | set(session.scalars(starting)))

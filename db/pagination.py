@@ -1,0 +1,74 @@
+"""Keyset pagination done in the database.
+
+A NextToken is an opaque, url-safe base64 JSON of the last row's sort value and id plus a
+fingerprint of the query (sort key, order and filters), so a token from a different query is
+rejected instead of silently skipping rows. Page n+1 starts strictly after (value, id) in the
+sort order, which stays correct while rows are inserted and costs one index range scan.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Select, and_, or_
+from sqlalchemy.orm import InstrumentedAttribute, Session
+
+from api.errors import ValidationException
+
+
+@dataclass(frozen=True)
+class PageRequest:
+    sort_column: InstrumentedAttribute[Any]
+    id_column: InstrumentedAttribute[Any]
+    descending: bool
+    max_results: int
+    next_token: str | None
+    fingerprint: str
+
+
+def fingerprint(**query: Any) -> str:
+    raw = json.dumps(query, sort_keys=True, default=str).encode()
+    return hashlib.sha256(raw).hexdigest()[:16]
+
+
+def _decode(token: str, fp: str) -> tuple[Any, int]:
+    try:
+        data = json.loads(base64.urlsafe_b64decode(token.encode()))
+        value, row_id, token_fp = data["v"], int(data["i"]), data["f"]
+    except Exception as exc:  # any garbage is the caller's error, not ours
+        raise ValidationException("Invalid pagination token: NextToken is malformed.") from exc
+    if token_fp != fp:
+        raise ValidationException(
+            "Invalid pagination token: NextToken does not belong to this query "
+            "(sort order or filters changed)."
+        )
+    return value, row_id
+
+
+def _encode(value: Any, row_id: int, fp: str) -> str:
+    data = json.dumps({"v": value, "i": row_id, "f": fp}, separators=(",", ":"))
+    return base64.urlsafe_b64encode(data.encode()).decode()
+
+
+def paginate(
+    session: Session, stmt: Select[Any], page: PageRequest
+) -> tuple[list[Any], str | None]:
+    """Run `stmt` (already filtered) one page at a time; return (rows, next_token)."""
+    col, idc = page.sort_column, page.id_column
+    if page.next_token:
+        value, row_id = _decode(page.next_token, page.fingerprint)
+        if page.descending:
+            stmt = stmt.where(or_(col < value, and_(col == value, idc < row_id)))
+        else:
+            stmt = stmt.where(or_(col > value, and_(col == value, idc > row_id)))
+    order = (col.desc(), idc.desc()) if page.descending else (col.asc(), idc.asc())
+    rows = list(session.scalars(stmt.order_by(*order).limit(page.max_results + 1)))
+    if len(rows) <= page.max_results:
+        return rows, None
+    rows = rows[: page.max_results]
+    last = rows[-1]
+    return rows, _encode(getattr(last, col.key), last.id, page.fingerprint)

@@ -1,0 +1,72 @@
+"""SQLAlchemy 2.0 tables. Times are epoch seconds (float): portable and index-friendly.
+
+Each row keeps the caller's request members verbatim in `spec` (JSON) so Describe returns
+every member botocore defines, and the columns the API filters or sorts on alongside.
+`name_key` is the lower-cased name: ARNs are lower-cased, so names are unique ignoring case.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import JSON, Float, Index, Integer, String, Text
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class _Named:
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(63), nullable=False)
+    name_key: Mapped[str] = mapped_column(String(63), nullable=False, unique=True)
+    arn: Mapped[str] = mapped_column(String(256), nullable=False)
+    creation_time: Mapped[float] = mapped_column(Float, nullable=False)
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON, nullable=False)
+    tags: Mapped[list[dict[str, str]]] = mapped_column(JSON, nullable=False, default=list)
+
+
+class ModelRow(_Named, Base):
+    __tablename__ = "models"
+    __table_args__ = (Index("ix_models_ctime", "creation_time", "id"),)
+
+
+class EndpointConfigRow(_Named, Base):
+    __tablename__ = "endpoint_configs"
+    __table_args__ = (Index("ix_endpoint_configs_ctime", "creation_time", "id"),)
+
+
+class EndpointRow(_Named, Base):
+    __tablename__ = "endpoints"
+    __table_args__ = (
+        Index("ix_endpoints_ctime", "creation_time", "id"),
+        Index("ix_endpoints_status", "status", "id"),
+    )
+
+    status: Mapped[str] = mapped_column(String(32), nullable=False)
+    config_name: Mapped[str] = mapped_column(String(63), nullable=False)
+    pending_config_name: Mapped[str | None] = mapped_column(String(63), nullable=True)
+    failure_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    last_modified_time: Mapped[float] = mapped_column(Float, nullable=False)
+    #: what the serving backend reported (variants, addresses); empty until deployed
+    deployment: Mapped[dict[str, Any]] = mapped_column(JSON, nullable=False, default=dict)
+
+
+class OptimizationJobRow(_Named, Base):
+    __tablename__ = "optimization_jobs"
+    __table_args__ = (
+        Index("ix_optimization_jobs_ctime", "creation_time", "id"),
+        Index("ix_optimization_jobs_status", "status", "id"),
+    )
+
+    status: Mapped[str] = mapped_column(String(32), nullable=False)
+    failure_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    last_modified_time: Mapped[float] = mapped_column(Float, nullable=False)
+    start_time: Mapped[float | None] = mapped_column(Float, nullable=True)
+    end_time: Mapped[float | None] = mapped_column(Float, nullable=True)
+    optimization_types: Mapped[str] = mapped_column(String(256), nullable=False, default="")
+    output: Mapped[dict[str, Any]] = mapped_column(JSON, nullable=False, default=dict)
+    #: the worker that runs the job ("host:pid") and its last heartbeat, or None
+    owner: Mapped[str | None] = mapped_column(String(256), nullable=True)
+    heartbeat_time: Mapped[float | None] = mapped_column(Float, nullable=True)

@@ -1,0 +1,1 @@
+"""Alembic migrations. `alembic upgrade head` (or `eaglenest migrate`) applies them."""

@@ -1,0 +1,160 @@
+"""Endpoints through boto3: lifecycle, UpdateEndpoint rules, waiters.
+
+The serving backends are issue #5; where a test needs an endpoint InService or Failed it
+applies the same state transition a serving worker applies (db.endpoints_repo).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from botocore.exceptions import ClientError, WaiterError
+
+from db import endpoints_repo
+from db.session import Database
+
+ROLE = "arn:aws:iam::123456789012:role/EagleNestRole"
+DEPLOYED = {"ProductionVariants": [{"VariantName": "AllTraffic", "CurrentWeight": 1.0,
+                                    "DesiredWeight": 1.0, "CurrentInstanceCount": 1,
+                                    "DesiredInstanceCount": 1}]}
+
+
+@pytest.fixture
+def db(stack):
+    d = Database(stack.database_url)
+    yield d
+    d.dispose()
+
+
+@pytest.fixture
+def config(sm, unique):
+    sm.create_model(ModelName=unique, ExecutionRoleArn=ROLE, PrimaryContainer={"Image": "lmi"})
+    sm.create_endpoint_config(EndpointConfigName=unique, ProductionVariants=[{
+        "VariantName": "AllTraffic", "ModelName": unique, "InstanceType": "ml.g5.2xlarge",
+        "InitialInstanceCount": 1}])
+    return unique
+
+
+def code_and_message(exc: pytest.ExceptionInfo[ClientError]) -> tuple[str, str]:
+    return exc.value.response["Error"]["Code"], exc.value.response["Error"]["Message"]
+
+
+def test_create_is_creating_until_served(sm, config):
+    arn = sm.create_endpoint(EndpointName=config, EndpointConfigName=config,
+                             Tags=[{"Key": "k", "Value": "v"}])["EndpointArn"]
+    assert arn == f"arn:aws:sagemaker:us-east-1:123456789012:endpoint/{config.lower()}"
+    time.sleep(0.5)  # the real worker has taken the task by now; it must not fake serving
+    d = sm.describe_endpoint(EndpointName=config)
+    assert d["EndpointStatus"] == "Creating"
+    assert d["EndpointConfigName"] == config
+    assert "ProductionVariants" not in d
+    assert d["LastModifiedTime"] >= d["CreationTime"]
+    listed = sm.list_endpoints(NameContains=config, StatusEquals="Creating")["Endpoints"]
+    assert [e["EndpointName"] for e in listed] == [config]
+    assert sm.list_endpoints(NameContains=config, StatusEquals="InService")["Endpoints"] == []
+
+
+def test_create_needs_existing_config_and_unique_name(sm, config, unique):
+    with pytest.raises(ClientError) as exc:
+        sm.create_endpoint(EndpointName=f"{unique}-x", EndpointConfigName="nope")
+    assert code_and_message(exc) == ("ValidationException", 'Could not find endpoint '
+        'configuration "arn:aws:sagemaker:us-east-1:123456789012:endpoint-config/nope".')
+    sm.create_endpoint(EndpointName=config, EndpointConfigName=config)
+    with pytest.raises(ClientError) as exc:
+        sm.create_endpoint(EndpointName=config, EndpointConfigName=config)
+    assert code_and_message(exc)[0] == "ValidationException"
+    assert code_and_message(exc)[1].startswith("Cannot create already existing endpoint")
+
+
+def test_status_filter_enum_is_checked(sm):
+    with pytest.raises(ClientError) as exc:
+        sm.list_endpoints(StatusEquals="Running")
+    assert code_and_message(exc)[0] == "ValidationException"
+    assert "at 'statusEquals' failed to satisfy constraint: Member must satisfy enum" in \
+        code_and_message(exc)[1]
+
+
+def test_update_rules(sm, db, config, unique):
+    sm.create_endpoint(EndpointName=config, EndpointConfigName=config)
+    with pytest.raises(ClientError) as exc:
+        sm.update_endpoint(EndpointName=config, EndpointConfigName=config)
+    assert code_and_message(exc)[0] == "ValidationException"
+    assert "while it is Creating" in code_and_message(exc)[1]
+    with db.session() as s:
+        endpoints_repo.mark_in_service(s, config, DEPLOYED)
+    assert sm.describe_endpoint(EndpointName=config)["EndpointStatus"] == "InService"
+    with pytest.raises(ClientError) as exc:
+        sm.update_endpoint(EndpointName=config, EndpointConfigName="missing-config")
+    assert "Could not find endpoint configuration" in code_and_message(exc)[1]
+    sm.create_endpoint_config(EndpointConfigName=f"{unique}-v2", ProductionVariants=[{
+        "VariantName": "AllTraffic", "ModelName": config, "InstanceType": "ml.g5.2xlarge",
+        "InitialInstanceCount": 1}])
+    sm.update_endpoint(EndpointName=config, EndpointConfigName=f"{unique}-v2")
+    d = sm.describe_endpoint(EndpointName=config)
+    assert d["EndpointStatus"] == "Updating"
+    assert d["PendingDeploymentSummary"]["EndpointConfigName"] == f"{unique}-v2"
+    assert d["EndpointConfigName"] == config
+    with pytest.raises(ClientError):
+        sm.update_endpoint(EndpointName=config, EndpointConfigName=f"{unique}-v2")
+    with db.session() as s:
+        endpoints_repo.finish_update(s, config, DEPLOYED)
+    d = sm.describe_endpoint(EndpointName=config)
+    assert (d["EndpointStatus"], d["EndpointConfigName"]) == ("InService", f"{unique}-v2")
+
+
+def test_update_missing_endpoint(sm):
+    with pytest.raises(ClientError) as exc:
+        sm.update_endpoint(EndpointName="no-such-endpoint", EndpointConfigName="c")
+    assert code_and_message(exc) == ("ValidationException", 'Could not find endpoint '
+        '"arn:aws:sagemaker:us-east-1:123456789012:endpoint/no-such-endpoint".')
+
+
+def test_waiter_in_service(sm, db, config):
+    sm.create_endpoint(EndpointName=config, EndpointConfigName=config)
+
+    def serve_later() -> None:
+        time.sleep(1.0)
+        with db.session() as s:
+            endpoints_repo.mark_in_service(s, config, DEPLOYED)
+
+    t = threading.Thread(target=serve_later)
+    t.start()
+    sm.get_waiter("endpoint_in_service").wait(
+        EndpointName=config, WaiterConfig={"Delay": 1, "MaxAttempts": 20})
+    t.join()
+    d = sm.describe_endpoint(EndpointName=config)
+    assert d["ProductionVariants"][0]["VariantName"] == "AllTraffic"
+
+
+def test_waiter_in_service_fails_on_failed(sm, db, config):
+    sm.create_endpoint(EndpointName=config, EndpointConfigName=config)
+    with db.session() as s:
+        endpoints_repo.mark_failed(s, config, "process exited with code 1")
+    with pytest.raises(WaiterError) as exc:
+        sm.get_waiter("endpoint_in_service").wait(
+            EndpointName=config, WaiterConfig={"Delay": 1, "MaxAttempts": 3})
+    assert "Failed" in str(exc.value)
+    assert sm.describe_endpoint(EndpointName=config)["FailureReason"] == \
+        "process exited with code 1"
+
+
+def test_delete_undeployed_endpoint_and_waiter(sm, config):
+    sm.create_endpoint(EndpointName=config, EndpointConfigName=config)
+    sm.delete_endpoint(EndpointName=config)
+    sm.get_waiter("endpoint_deleted").wait(
+        EndpointName=config, WaiterConfig={"Delay": 1, "MaxAttempts": 5})
+    with pytest.raises(ClientError) as exc:
+        sm.delete_endpoint(EndpointName=config)
+    assert code_and_message(exc)[0] == "ValidationException"
+
+
+def test_delete_deployed_endpoint_goes_through_the_worker(sm, db, config):
+    """A deployed endpoint turns Deleting; the real Celery worker finishes the teardown."""
+    sm.create_endpoint(EndpointName=config, EndpointConfigName=config)
+    with db.session() as s:
+        endpoints_repo.mark_in_service(s, config, DEPLOYED)
+    sm.delete_endpoint(EndpointName=config)
+    sm.get_waiter("endpoint_deleted").wait(
+        EndpointName=config, WaiterConfig={"Delay": 1, "MaxAttempts": 30})

@@ -1,0 +1,96 @@
+"""The job state machine, on a real SQLite database migrated with Alembic."""
+
+from __future__ import annotations
+
+import pytest
+
+from api.errors import ResourceInUse, ResourceNotFound, ValidationException
+from db import optimization_jobs_repo as jobs
+from db.common import Account
+from db.migrate import upgrade_head
+from db.session import Database
+
+ACCOUNT = Account("us-east-1", "123456789012")
+SPEC = {
+    "OptimizationJobName": "job", "RoleArn": "arn:aws:iam::123456789012:role/r",
+    "ModelSource": {"S3": {"S3Uri": "s3://b/m/"}}, "DeploymentInstanceType": "ml.g5.2xlarge",
+    "OptimizationConfigs": [{"ModelSpeculativeDecodingConfig": {"Technique": "EAGLE"}}],
+    "OutputConfig": {"S3OutputLocation": "s3://b/o/"},
+    "StoppingCondition": {"MaxRuntimeInSeconds": 60},
+}
+
+
+@pytest.fixture
+def db(tmp_path):
+    url = f"sqlite:///{tmp_path / 't.db'}"
+    upgrade_head(url)
+    d = Database(url)
+    yield d
+    d.dispose()
+
+
+def make(db: Database, name: str = "job") -> None:
+    with db.session() as s:
+        jobs.create(s, ACCOUNT, {**SPEC, "OptimizationJobName": name})
+
+
+def status(db: Database, name: str = "job") -> str:
+    with db.session() as s:
+        return jobs.get(s, name).status
+
+
+def test_claim_complete(db):
+    make(db)
+    with db.session() as s:
+        assert jobs.claim(s, "job", "w1") is not None
+    with db.session() as s:
+        assert jobs.claim(s, "job", "w2") is None  # already owned
+        assert jobs.heartbeat(s, "job", "w2") is None
+        assert jobs.heartbeat(s, "job", "w1") == jobs.INPROGRESS
+    with db.session() as s:
+        jobs.complete(s, "job", {"OptimizationOutput": {}})
+    assert status(db) == jobs.COMPLETED
+
+
+def test_stop_owned_job_waits_for_worker(db):
+    make(db)
+    with db.session() as s:
+        jobs.claim(s, "job", "w1")
+    with db.session() as s:
+        jobs.request_stop(s, "job", lease_seconds=60)
+    assert status(db) == jobs.STOPPING
+    with db.session() as s, pytest.raises(ValidationException):
+        jobs.request_delete(s, "job", lease_seconds=60)
+    with db.session() as s:
+        jobs.acknowledge_stop(s, "job")
+    assert status(db) == jobs.STOPPED
+
+
+def test_dead_owner_is_reclaimed(db):
+    make(db, "a")
+    make(db, "b")
+    with db.session() as s:
+        jobs.claim(s, "a", "dead-worker")
+        jobs.claim(s, "b", "dead-worker")
+    with db.session() as s:
+        jobs.request_stop(s, "b", lease_seconds=60)
+    with db.session() as s:
+        names = jobs.reclaim_lost(s, lease_seconds=0)
+    assert names == ["a"]
+    assert (status(db, "a"), status(db, "b")) == (jobs.STARTING, jobs.STOPPED)
+
+
+def test_errors(db):
+    make(db)
+    with db.session() as s, pytest.raises(ResourceInUse):
+        jobs.create(s, ACCOUNT, dict(SPEC))
+    with db.session() as s, pytest.raises(ResourceNotFound):
+        jobs.get(s, "missing")
+    with db.session() as s:
+        jobs.fail(s, "job", "bad data at line 3")
+    with db.session() as s, pytest.raises(ValidationException):
+        jobs.request_stop(s, "job", lease_seconds=60)
+    with db.session() as s:
+        row = jobs.get(s, "job")
+        assert (row.status, row.failure_reason) == (jobs.FAILED, "bad data at line 3")
+        assert row.end_time is not None

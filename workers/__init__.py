@@ -1,0 +1,1 @@
+"""Celery workers, process supervision and the `eaglenest` CLI."""

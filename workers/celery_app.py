@@ -1,0 +1,46 @@
+"""create_celery(settings, broker_url): the worker's Celery app with our tasks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import Celery
+from celery.signals import worker_ready
+
+from api.settings import Settings
+from db.session import Database
+from workers import endpoints, optimize
+from workers.context import WorkerContext
+from workers.queue import SERVE_QUEUE, TRAIN_QUEUE, TaskQueue
+from workers.reconcile import reconcile
+
+#: longer than any task may run: Redis redelivers an unacked task only after this
+VISIBILITY_TIMEOUT = 48 * 3600
+
+
+def create_celery(settings: Settings, broker_url: str) -> tuple[Celery, WorkerContext]:
+    app = Celery("eaglenest", broker=broker_url, set_as_current=True)
+    app.conf.update(
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        task_ignore_result=True,
+        worker_prefetch_multiplier=1,
+        worker_hijack_root_logger=False,
+        broker_connection_retry_on_startup=True,
+        broker_transport_options={"visibility_timeout": VISIBILITY_TIMEOUT},
+        task_default_queue=TRAIN_QUEUE,
+        task_routes={"eaglenest.optimize": {"queue": TRAIN_QUEUE},
+                     "eaglenest.endpoint.*": {"queue": SERVE_QUEUE}},
+    )
+    ctx = WorkerContext(
+        settings=settings, db=Database(settings.resolved_database_url()),
+        queue=TaskQueue(broker_url, settings.broker_publish_timeout),
+    )
+    optimize.register(app, ctx)
+    endpoints.register(app, ctx)
+
+    def on_ready(**_: Any) -> None:
+        reconcile(ctx)
+
+    worker_ready.connect(on_ready, weak=False)
+    return app, ctx

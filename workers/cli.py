@@ -1,0 +1,131 @@
+"""The `eaglenest` command: up, api, worker, migrate (+ train commands when installed)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+from api.settings import Settings
+from workers.credentials import ensure_credentials, usage
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    settings = Settings()
+    if getattr(args, "data_dir", None):
+        settings = settings.model_copy(update={"data_dir": Path(args.data_dir)})
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    return settings
+
+
+def _prepare(settings: Settings) -> None:
+    from db.migrate import upgrade_head
+
+    upgrade_head(settings.resolved_database_url())
+
+
+def _broker(settings: Settings) -> tuple[str, object | None]:
+    """The configured broker, or the data dir's embedded one (started if needed)."""
+    if settings.broker_url:
+        return settings.broker_url, None
+    from workers.broker import EmbeddedBroker
+
+    broker = EmbeddedBroker(settings.data_dir)
+    url = broker.attach_or_start()
+    return url, broker if broker.process else None
+
+
+def cmd_api(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from api.app import create_app
+
+    settings = _settings(args)
+    ensure_credentials(settings)
+    _prepare(settings)
+    url, broker = _broker(settings)
+    print(usage(settings, args.host, args.port), flush=True)
+    try:
+        uvicorn.run(create_app(settings, url), host=args.host, port=args.port,
+                    log_level="warning", access_log=False)
+    finally:
+        if broker is not None:
+            broker.stop()  # type: ignore[attr-defined]
+    return 0
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from workers.celery_app import create_celery
+
+    settings = _settings(args)
+    _prepare(settings)
+    url, broker = _broker(settings)
+    app, _ = create_celery(settings, url)
+    argv = ["worker", "--pool", "threads", "--concurrency", str(args.concurrency),
+            "--queues", args.queues, "--loglevel", args.loglevel, "--without-gossip",
+            "--without-mingle", "--hostname", f"eaglenest-{os.getpid()}@%h"]
+    try:
+        app.worker_main(argv)
+    finally:
+        if broker is not None:
+            broker.stop()  # type: ignore[attr-defined]
+    return 0
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    from workers.supervisor import run_stack
+
+    settings = _settings(args)
+    ensure_credentials(settings)
+    _prepare(settings)
+    return run_stack(settings, args.host, args.port)
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    _prepare(_settings(args))
+    print("database is at head")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="eaglenest", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+    for name, func, text in (("up", cmd_up, "API + worker on embedded defaults"),
+                             ("api", cmd_api, "the API server alone")):
+        sp = sub.add_parser(name, help=text)
+        sp.add_argument("--host", default="127.0.0.1")
+        sp.add_argument("--port", type=int, default=8080)
+        sp.add_argument("--data-dir", default=None,
+                        help="default: $EAGLENEST_DATA_DIR or .eaglenest")
+        sp.set_defaults(func=func)
+    w = sub.add_parser("worker", help="a Celery worker alone")
+    w.add_argument("--data-dir", default=None)
+    w.add_argument("--queues", default="train,serve")
+    w.add_argument("--concurrency", type=int, default=4)
+    w.add_argument("--loglevel", default="INFO")
+    w.set_defaults(func=cmd_worker)
+    m = sub.add_parser("migrate", help="apply database migrations (alembic upgrade head)")
+    m.add_argument("--data-dir", default=None)
+    m.set_defaults(func=cmd_migrate)
+    _register_optional(sub)
+    return p
+
+
+def _register_optional(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    try:
+        from models import cli as models_cli  # type: ignore[attr-defined,unused-ignore]
+    except ImportError:  # the `train` extra is not installed
+        return
+    models_cli.register(sub)
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

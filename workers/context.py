@@ -1,0 +1,20 @@
+"""What a worker task needs: settings, the database and its own identity."""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass, field
+
+from api.settings import Settings
+from db.session import Database
+from workers.queue import TaskQueue
+
+
+@dataclass
+class WorkerContext:
+    settings: Settings
+    db: Database
+    queue: TaskQueue
+    owner: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
+    lease_seconds: float = 60.0
