@@ -7,6 +7,13 @@ cd "$(dirname "$0")/.."
 
 python3 -m pip install -q --disable-pip-version-check -e '.[train,dev]'
 
+# Real Postgres and Redis for tests/integration (Debian packages; the suite starts them).
+if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || [ ! -x /usr/bin/redis-server ]; then
+  if [ "$(id -u)" -eq 0 ]; then SUDO=""; else SUDO="sudo"; fi
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq postgresql redis-server >/dev/null
+fi
+
 echo "== ruff"
 python3 -m ruff check .
 echo "== mypy"

@@ -157,8 +157,7 @@ def _union_text(ctx: dict[str, Any]) -> str:
     if not chosen:
         return f"Member must have exactly one member set: none of [{', '.join(members)}] is set"
     return (
-        f"Member must have exactly one member set, but {len(chosen)} are set: "
-        f"[{', '.join(chosen)}]"
+        f"Member must have exactly one member set, but {len(chosen)} are set: [{', '.join(chosen)}]"
     )
 
 

@@ -7,7 +7,7 @@ import time
 import pytest
 import redis
 from botocore.exceptions import ClientError, EndpointConnectionError
-from conftest import Stack
+from eaglenest_testing import Stack
 
 ROLE = "arn:aws:iam::123456789012:role/EagleNestRole"
 JOB = {
