@@ -109,6 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
     m = sub.add_parser("migrate", help="apply database migrations (alembic upgrade head)")
     m.add_argument("--data-dir", default=None)
     m.set_defaults(func=cmd_migrate)
+    from workers import s3_cli
+
+    s3_cli.register(sub)
     _register_optional(sub)
     return p
 
@@ -123,6 +126,7 @@ def _register_optional(sub: argparse._SubParsersAction) -> None:  # type: ignore
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.getLogger("alembic").setLevel(logging.WARNING)
     args = build_parser().parse_args(argv)
     return int(args.func(args) or 0)
 
