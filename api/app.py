@@ -7,7 +7,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from api import protocol
+from api import protocol, runtime
 from api.registry import Context
 from api.settings import Settings
 from db.common import Account
@@ -30,12 +30,14 @@ def create_app(settings: Settings, broker_url: str | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         yield
+        await app.state.runtime_client.aclose()
         queue.close()
         db.dispose()
 
     app = FastAPI(title="EagleNest", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.ctx = ctx
     protocol.install(app, ctx)
+    runtime.install(app, ctx)
 
     @app.get("/ping")
     async def ping() -> dict[str, str]:

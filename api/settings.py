@@ -29,6 +29,9 @@ class Settings(BaseSettings):
     #: seconds a broker publish may take before the API gives up (the row stays; the
     #: worker's start-up reconciliation re-enqueues it)
     broker_publish_timeout: float = 2.0
+    #: queues the worker of `eaglenest up` consumes; empty: `up` starts no worker (for a
+    #: setup whose workers run elsewhere)
+    worker_queues: str = "train,serve"
 
     def resolved_database_url(self) -> str:
         if self.database_url:

@@ -5,6 +5,7 @@
     any ------request_delete----> Deleting (or gone at once if nothing is deployed)
     Deleting --finish_delete----> (row removed)
     Updating --rollback_update--> InService (old config kept, FailureReason set)
+    InService --begin_recovery--> SystemUpdating --finish_recovery--> InService / Failed
 
 The web layer calls the request_* functions; serving workers call the others.
 """
@@ -23,6 +24,7 @@ from db.tables import EndpointRow
 
 CREATING, IN_SERVICE, UPDATING = "Creating", "InService", "Updating"
 DELETING, FAILED = "Deleting", "Failed"
+SYSTEM_UPDATING = "SystemUpdating"
 
 
 def not_found(account: Account, name: str) -> ValidationException:
@@ -87,27 +89,50 @@ def request_delete(session: Session, account: Account, name: str) -> bool:
     return True
 
 
-def mark_in_service(session: Session, name: str, deployment: dict[str, Any]) -> None:
+def mark_in_service(session: Session, name: str, deployment: dict[str, Any]) -> bool:
+    """False if the endpoint was deleted (or changed) meanwhile: the caller must tear down."""
     row = find(session, EndpointRow, name, lock=True)
-    if row is not None and row.status == CREATING:
-        row.deployment = deployment
-        _set(row, IN_SERVICE)
+    if row is None or row.status != CREATING:
+        return False
+    row.deployment = deployment
+    _set(row, IN_SERVICE)
+    return True
 
 
 def mark_failed(session: Session, name: str, reason: str) -> None:
     row = find(session, EndpointRow, name, lock=True)
-    if row is not None and row.status in (CREATING, IN_SERVICE):
+    if row is not None and row.status in (CREATING, IN_SERVICE, SYSTEM_UPDATING):
         _set(row, FAILED, reason)
 
 
-def finish_update(session: Session, name: str, deployment: dict[str, Any]) -> None:
+def begin_recovery(session: Session, name: str) -> bool:
+    """A worker found an InService endpoint's processes dead and will restart them."""
     row = find(session, EndpointRow, name, lock=True)
-    if row is not None and row.status == UPDATING and row.pending_config_name:
-        row.config_name = row.pending_config_name
-        row.pending_config_name = None
-        row.deployment = deployment
-        row.spec = {k: v for k, v in row.spec.items() if k != "PendingUpdate"}
-        _set(row, IN_SERVICE)
+    if row is None or row.status != IN_SERVICE:
+        return False
+    _set(row, SYSTEM_UPDATING)
+    return True
+
+
+def finish_recovery(session: Session, name: str, deployment: dict[str, Any]) -> bool:
+    row = find(session, EndpointRow, name, lock=True)
+    if row is None or row.status != SYSTEM_UPDATING:
+        return False
+    row.deployment = deployment
+    _set(row, IN_SERVICE)
+    return True
+
+
+def finish_update(session: Session, name: str, deployment: dict[str, Any]) -> bool:
+    row = find(session, EndpointRow, name, lock=True)
+    if row is None or row.status != UPDATING or not row.pending_config_name:
+        return False
+    row.config_name = row.pending_config_name
+    row.pending_config_name = None
+    row.deployment = deployment
+    row.spec = {k: v for k, v in row.spec.items() if k != "PendingUpdate"}
+    _set(row, IN_SERVICE)
+    return True
 
 
 def rollback_update(session: Session, name: str, reason: str) -> None:

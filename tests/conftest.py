@@ -12,7 +12,10 @@ from eaglenest_testing import ACCESS_KEY, REGION, SECRET_KEY, Stack
 
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    s = Stack(tmp_path_factory.mktemp("stack")).start()
+    # The API suite runs the API and broker only: tasks queue up in Redis and states stay
+    # where the API put them. Worker behaviour is tested in tests/workers with full stacks.
+    s = Stack(tmp_path_factory.mktemp("stack"), extra_env={"EAGLENEST_WORKER_QUEUES": ""})
+    s.start()
     yield s
     s.stop()
 

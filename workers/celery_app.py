@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from celery import Celery
-from celery.signals import worker_ready
+from celery.signals import worker_ready, worker_shutdown
 
 from api.settings import Settings
 from db.session import Database
@@ -13,6 +13,7 @@ from workers import endpoints, optimize
 from workers.context import WorkerContext
 from workers.queue import SERVE_QUEUE, TRAIN_QUEUE, TaskQueue
 from workers.reconcile import reconcile
+from workers.serving.deploy import stop_servers
 
 #: longer than any task may run: Redis redelivers an unacked task only after this
 VISIBILITY_TIMEOUT = 48 * 3600
@@ -42,5 +43,12 @@ def create_celery(settings: Settings, broker_url: str) -> tuple[Celery, WorkerCo
     def on_ready(**_: Any) -> None:
         reconcile(ctx)
 
+    def on_shutdown(**_: Any) -> None:
+        # Serving processes live in their own sessions (they survive a worker crash and
+        # are adopted); a deliberate shutdown stops them, and the next start restarts
+        # InService endpoints (reconcile -> recover).
+        stop_servers({str(pid): {"pid": pid} for pid in ctx.serving_pids})
+
     worker_ready.connect(on_ready, weak=False)
+    worker_shutdown.connect(on_shutdown, weak=False)
     return app, ctx

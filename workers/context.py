@@ -18,3 +18,5 @@ class WorkerContext:
     queue: TaskQueue
     owner: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
     lease_seconds: float = 60.0
+    #: process groups of serving processes this worker started (stopped on shutdown)
+    serving_pids: set[int] = field(default_factory=set)

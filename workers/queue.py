@@ -14,6 +14,7 @@ OPTIMIZE_TASK = "eaglenest.optimize"
 ENDPOINT_CREATE_TASK = "eaglenest.endpoint.create"
 ENDPOINT_UPDATE_TASK = "eaglenest.endpoint.update"
 ENDPOINT_DELETE_TASK = "eaglenest.endpoint.delete"
+ENDPOINT_RECOVER_TASK = "eaglenest.endpoint.recover"
 
 
 class TaskQueue:

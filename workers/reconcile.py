@@ -23,6 +23,8 @@ _ENDPOINT_TASKS = {
     endpoints_repo.CREATING: q.ENDPOINT_CREATE_TASK,
     endpoints_repo.UPDATING: q.ENDPOINT_UPDATE_TASK,
     endpoints_repo.DELETING: q.ENDPOINT_DELETE_TASK,
+    endpoints_repo.IN_SERVICE: q.ENDPOINT_RECOVER_TASK,  # restarts dead servers
+    endpoints_repo.SYSTEM_UPDATING: q.ENDPOINT_RECOVER_TASK,
 }
 
 

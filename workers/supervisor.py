@@ -44,10 +44,9 @@ def run_stack(settings: Settings, host: str, port: int) -> int:
         broker_url = broker.attach_or_start()
     env = {**os.environ, "EAGLENEST_BROKER_URL": broker_url,
            "EAGLENEST_DATA_DIR": str(settings.data_dir.resolve())}
-    children = {
-        "api": ["api", "--host", host, "--port", str(port)],
-        "worker": ["worker"],
-    }
+    children = {"api": ["api", "--host", host, "--port", str(port)]}
+    if settings.worker_queues.strip():
+        children["worker"] = ["worker", "--queues", settings.worker_queues]
     procs = {name: _spawn(cmd, env) for name, cmd in children.items()}
     stopping = False
 
@@ -67,7 +66,8 @@ def run_stack(settings: Settings, host: str, port: int) -> int:
                     time.sleep(1)
                     procs[name] = _spawn(children[name], env)
     finally:
-        _stop(procs["worker"], timeout=60)
+        if "worker" in procs:
+            _stop(procs["worker"], timeout=60)
         _stop(procs["api"], timeout=15)
         if broker is not None:
             broker.stop()

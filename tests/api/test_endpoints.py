@@ -45,7 +45,6 @@ def test_create_is_creating_until_served(sm, config):
     arn = sm.create_endpoint(EndpointName=config, EndpointConfigName=config,
                              Tags=[{"Key": "k", "Value": "v"}])["EndpointArn"]
     assert arn == f"arn:aws:sagemaker:us-east-1:123456789012:endpoint/{config.lower()}"
-    time.sleep(0.5)  # the real worker has taken the task by now; it must not fake serving
     d = sm.describe_endpoint(EndpointName=config)
     assert d["EndpointStatus"] == "Creating"
     assert d["EndpointConfigName"] == config
@@ -140,6 +139,16 @@ def test_waiter_in_service_fails_on_failed(sm, db, config):
         "process exited with code 1"
 
 
+def test_delete_deployed_endpoint_turns_deleting(sm, db, config):
+    """A deployed endpoint is not removed by the API: it turns Deleting and a serve worker
+    (tests/workers) stops its processes and removes it."""
+    sm.create_endpoint(EndpointName=config, EndpointConfigName=config)
+    with db.session() as s:
+        endpoints_repo.mark_in_service(s, config, DEPLOYED)
+    sm.delete_endpoint(EndpointName=config)
+    assert sm.describe_endpoint(EndpointName=config)["EndpointStatus"] == "Deleting"
+
+
 def test_delete_undeployed_endpoint_and_waiter(sm, config):
     sm.create_endpoint(EndpointName=config, EndpointConfigName=config)
     sm.delete_endpoint(EndpointName=config)
@@ -148,13 +157,3 @@ def test_delete_undeployed_endpoint_and_waiter(sm, config):
     with pytest.raises(ClientError) as exc:
         sm.delete_endpoint(EndpointName=config)
     assert code_and_message(exc)[0] == "ValidationException"
-
-
-def test_delete_deployed_endpoint_goes_through_the_worker(sm, db, config):
-    """A deployed endpoint turns Deleting; the real Celery worker finishes the teardown."""
-    sm.create_endpoint(EndpointName=config, EndpointConfigName=config)
-    with db.session() as s:
-        endpoints_repo.mark_in_service(s, config, DEPLOYED)
-    sm.delete_endpoint(EndpointName=config)
-    sm.get_waiter("endpoint_deleted").wait(
-        EndpointName=config, WaiterConfig={"Delay": 1, "MaxAttempts": 30})

@@ -34,17 +34,20 @@ def test_tasks_go_through_real_redis(pg_stack, redis_url):
     sm = pg_stack.client()
     sm.create_optimization_job(
         OptimizationJobName="pg-job", RoleArn=ROLE,
-        ModelSource={"S3": {"S3Uri": "s3://b/m/"}}, DeploymentInstanceType="ml.g5.2xlarge",
+        ModelSource={"S3": {"S3Uri": "s3://bucket/m/"}}, DeploymentInstanceType="ml.g5.2xlarge",
         OptimizationConfigs=[{"ModelSpeculativeDecodingConfig": {"Technique": "EAGLE"}}],
         OutputConfig={"S3OutputLocation": "s3://b/o/"},
         StoppingCondition={"MaxRuntimeInSeconds": 60})
     import time
 
     r = redis.Redis.from_url(redis_url)
-    deadline = time.monotonic() + 20
-    while "job pg-job stays STARTING" not in pg_stack.log():
+    deadline = time.monotonic() + 60
+    while sm.describe_optimization_job(
+            OptimizationJobName="pg-job")["OptimizationJobStatus"] != "FAILED":
         assert time.monotonic() < deadline, pg_stack.log()[-2000:]
-        time.sleep(0.1)
+        time.sleep(0.2)
+    reason = sm.describe_optimization_job(OptimizationJobName="pg-job")["FailureReason"]
+    assert reason == "nothing found at s3://bucket/m/"
     assert r.llen("train") == 0
 
 

@@ -1,0 +1,203 @@
+"""sagemaker-runtime: InvokeEndpoint and InvokeEndpointWithResponseStream (rest-json).
+
+SigV4 as for the control plane; errors take their code from `x-amzn-ErrorType` (botocore
+reads it there for rest-json): ValidationError 400 for unknown endpoints and bad bodies,
+ModelError 424 when the model server fails. Streaming replies are AWS event-stream frames
+(`PayloadPart`; a mid-stream failure is a `ModelStreamError` exception frame).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import Response, StreamingResponse
+
+from api import eventstream
+from api.errors import ServiceError
+from api.registry import Context
+from api.runtime_bodies import (
+    LMI,
+    RuntimeValidationError,
+    Translated,
+    capture_record,
+    chunk_text,
+    completion_text,
+    lmi_reply,
+    translate,
+)
+from api.sigv4 import IncomingRequest, verify
+from db.common import find
+from db.tables import EndpointConfigRow, EndpointRow
+from workers.storage import make_store, parse_uri
+
+log = logging.getLogger("eaglenest.runtime")
+SERVING = ("InService", "Updating")
+
+
+class ModelError(ServiceError):
+    code = "ModelError"
+    status = 424
+
+    def __init__(self, message: str, original_status: int, original_message: str) -> None:
+        super().__init__(message)
+        self.original_status, self.original_message = original_status, original_message
+
+    def body(self) -> dict[str, Any]:
+        return {"message": self.message, "OriginalStatusCode": self.original_status,
+                "OriginalMessage": self.original_message[:2000]}
+
+
+def runtime_error(err: ServiceError) -> Response:
+    body = err.body()
+    body.pop("__type", None)
+    return Response(json.dumps(body), status_code=err.status, media_type="application/json",
+                    headers={"x-amzn-ErrorType": err.code})
+
+
+class Route:
+    def __init__(self, variant: str, url: str, served: str, capture: dict[str, Any] | None):
+        self.variant, self.url, self.served, self.capture = variant, url, served, capture
+
+
+def resolve(ctx: Context, name: str, target_variant: str | None) -> Route:
+    with ctx.db.session() as s:
+        row = find(s, EndpointRow, name)
+        if row is None:
+            raise RuntimeValidationError(
+                f"Endpoint {name} of account {ctx.account.account_id} not found.")
+        if row.status not in SERVING or not row.deployment.get("Servers"):
+            raise RuntimeValidationError(
+                f"Endpoint {name} is not in service (status {row.status}).")
+        servers: dict[str, Any] = row.deployment["Servers"]
+        config = find(s, EndpointConfigRow, row.config_name)
+        capture = config.spec.get("DataCaptureConfig") if config else None
+    if target_variant:
+        if target_variant not in servers:
+            raise RuntimeValidationError(
+                f"Target variant {target_variant} does not exist on endpoint {name}.")
+        chosen = target_variant
+    else:
+        names = list(servers)
+        weights = [float(servers[n].get("weight", 1.0)) for n in names]
+        chosen = random.choices(names, weights=weights if sum(weights) > 0 else None)[0]
+    srv = servers[chosen]
+    return Route(chosen, srv["url"], srv.get("served_name", name), capture)
+
+
+def _capture(ctx: Context, store: Any, route: Route, endpoint: str, tr: Translated,
+             text: str) -> None:
+    cfg = route.capture
+    if not cfg or not cfg.get("EnableCapture", True):
+        return
+    if random.uniform(0, 100) >= float(cfg.get("InitialSamplingPercentage", 100)):
+        return
+    stamp = time.strftime("%Y/%m/%d/%H", time.gmtime())
+    base = parse_uri(cfg["DestinationS3Uri"].rstrip("/") + "/")
+    key = base.child(f"{endpoint}/{route.variant}/{stamp}/{uuid.uuid4().hex}.jsonl")
+    record = capture_record(tr, text, endpoint, route.variant)
+    try:
+        store.put_bytes(key, (json.dumps(record) + "\n").encode())
+    except Exception as exc:  # capture must never break serving
+        log.warning("data capture to %s failed: %s", key, exc)
+
+
+async def _invoke(ctx: Context, store: Any, client: httpx.AsyncClient, request: Request,
+                  name: str, raw: bytes) -> Response:
+    route = await run_in_threadpool(
+        resolve, ctx, name, request.headers.get("x-amzn-sagemaker-target-variant"))
+    tr = translate(raw, route.served, stream=False)
+    try:
+        r = await client.post(route.url + tr.path, json=tr.body)
+    except httpx.HTTPError as exc:
+        raise ModelError(f"Received server error from model {route.variant}: {exc}", 500,
+                         str(exc)) from exc
+    if r.status_code != 200:
+        raise ModelError(f"Received client error ({r.status_code}) from primary with message "
+                         f"\"{r.text[:500]}\".", r.status_code, r.text)
+    reply = r.json()
+    await run_in_threadpool(_capture, ctx, store, route, name, tr, completion_text(reply))
+    out = lmi_reply(reply) if tr.style == LMI else reply
+    headers = {"x-Amzn-Invoked-Production-Variant": route.variant}
+    custom = request.headers.get("x-amzn-sagemaker-custom-attributes")
+    if custom:
+        headers["X-Amzn-SageMaker-Custom-Attributes"] = custom
+    return Response(json.dumps(out), media_type="application/json", headers=headers)
+
+
+async def _stream_frames(ctx: Context, store: Any, client: httpx.AsyncClient, route: Route,
+                         name: str, tr: Translated) -> AsyncIterator[bytes]:
+    parts: list[str] = []
+    try:
+        async with client.stream("POST", route.url + tr.path, json=tr.body) as r:
+            if r.status_code != 200:
+                text = (await r.aread()).decode(errors="replace")
+                yield eventstream.model_stream_error(f"model returned {r.status_code}: {text}")
+                return
+            async for line in r.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                piece = chunk_text(json.loads(line[6:]))
+                parts.append(piece)
+                if tr.style == LMI:
+                    if piece:
+                        tok = json.dumps({"token": {"text": piece}}) + "\n"
+                        yield eventstream.payload_part(tok.encode())
+                else:
+                    yield eventstream.payload_part((line + "\n\n").encode())
+    except httpx.HTTPError as exc:
+        yield eventstream.model_stream_error(f"model server failed mid-stream: {exc}")
+        return
+    if tr.style == LMI:
+        final = json.dumps({"token": None, "generated_text": "".join(parts)}) + "\n"
+        yield eventstream.payload_part(final.encode())
+    await run_in_threadpool(_capture, ctx, store, route, name, tr, "".join(parts))
+
+
+def install(app: FastAPI, ctx: Context) -> None:
+    router = APIRouter()
+    secrets = ctx.settings.credentials()
+    store = make_store(ctx.settings)
+    client = httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=5.0))
+    app.state.runtime_client = client
+
+    def auth(request: Request, body: bytes) -> None:
+        headers = {k.lower(): v for k, v in request.headers.items()}
+        verify(IncomingRequest(request.method, str(request.url), headers, body), secrets,
+               ctx.settings.region, ctx.settings.signature_max_skew)
+
+    @router.post("/endpoints/{name}/invocations")
+    async def invocations(name: str, request: Request) -> Response:
+        raw = await request.body()
+        try:
+            auth(request, raw)
+            return await _invoke(ctx, store, client, request, name, raw)
+        except ServiceError as err:
+            return runtime_error(err)
+
+    @router.post("/endpoints/{name}/invocations-response-stream")
+    async def stream(name: str, request: Request) -> Response:
+        raw = await request.body()
+        try:
+            auth(request, raw)
+            route = await run_in_threadpool(
+                resolve, ctx, name, request.headers.get("x-amzn-sagemaker-target-variant"))
+            tr = translate(raw, route.served, stream=True)
+        except ServiceError as err:
+            return runtime_error(err)
+        headers = {"x-Amzn-Invoked-Production-Variant": route.variant,
+                   "X-Amzn-SageMaker-Content-Type": "application/jsonlines"
+                   if tr.style == LMI else "text/event-stream"}
+        return StreamingResponse(_stream_frames(ctx, store, client, route, name, tr),
+                                 media_type="application/vnd.amazon.eventstream",
+                                 headers=headers)
+
+    app.include_router(router)

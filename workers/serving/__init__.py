@@ -1,0 +1,1 @@
+"""Serving backends behind one OpenAI-compatible HTTP surface: vLLM and the embedded engine."""

@@ -1,0 +1,151 @@
+"""Turning an endpoint config into running serving processes, one per production variant.
+
+Per-variant options come from the model container's `Environment` (documented in README):
+EAGLENEST_SERVING_BACKEND (vllm | embedded; default vllm when installed),
+EAGLENEST_NUM_SPECULATIVE_TOKENS (default: the K the head was trained/benchmarked with, else
+5), EAGLENEST_DECODE_MODE (embedded: chain | tree | parallel), EAGLENEST_MAX_MODEL_LEN,
+EAGLENEST_DTYPE. The head comes from the container's `eagle_model` channel.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from db.common import find
+from db.tables import EndpointConfigRow, ModelRow
+from workers.broker import free_port, pid_alive
+from workers.job_inputs import InputError, _container_uri, fetch_tree
+from workers.serving.process import EMBEDDED, VLLM, ServerProcess, ServerSpec, default_backend
+from workers.storage import ArtifactStore
+
+DEFAULT_HEALTH_TIMEOUT = 900
+
+
+class DeployError(Exception):
+    """Why an endpoint could not be deployed; becomes its FailureReason."""
+
+
+@dataclass
+class VariantPlan:
+    variant: str
+    model_name: str
+    weight: float
+    instance_count: int
+    health_timeout: int
+    model_uri: str
+    head_uri: str | None
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def plan_variants(session: Session, config_name: str) -> list[VariantPlan]:
+    config = find(session, EndpointConfigRow, config_name)
+    if config is None:
+        raise DeployError(f"Endpoint configuration {config_name} no longer exists.")
+    plans = []
+    for v in config.spec["ProductionVariants"]:
+        model = find(session, ModelRow, v["ModelName"])
+        if model is None:
+            raise DeployError(f"Model {v['ModelName']} of variant {v['VariantName']} "
+                              "no longer exists.")
+        container = model.spec.get("PrimaryContainer") or (model.spec.get("Containers")
+                                                           or [{}])[0]
+        model_uri, head_uri = _container_uri(container)
+        if not model_uri:
+            raise DeployError(f"Model {v['ModelName']} has no ModelDataSource or ModelDataUrl.")
+        plans.append(VariantPlan(
+            variant=v["VariantName"], model_name=v["ModelName"],
+            weight=float(v.get("InitialVariantWeight", 1.0)),
+            instance_count=int(v.get("InitialInstanceCount", 1)),
+            health_timeout=int(v.get("ContainerStartupHealthCheckTimeoutInSeconds",
+                                     DEFAULT_HEALTH_TIMEOUT)),
+            model_uri=model_uri, head_uri=head_uri,
+            env=dict(container.get("Environment") or {}),
+        ))
+    return plans
+
+
+def _speculative_tokens(plan: VariantPlan, head_dir: Path | None) -> int:
+    raw = plan.env.get("EAGLENEST_NUM_SPECULATIVE_TOKENS")
+    if raw:
+        if not raw.isdigit() or not 1 <= int(raw) <= 64:
+            raise DeployError(f"EAGLENEST_NUM_SPECULATIVE_TOKENS={raw!r} must be 1..64")
+        return int(raw)
+    prov = head_dir / "provenance.json" if head_dir else None
+    if prov and prov.exists():
+        cfg = json.loads(prov.read_text()).get("train_config", {})
+        return int(cfg.get("speculative_tokens", 5))
+    return 5
+
+
+def _spec(plan: VariantPlan, model_dir: Path, head_dir: Path | None, served: str) -> ServerSpec:
+    backend = plan.env.get("EAGLENEST_SERVING_BACKEND") or default_backend()
+    if backend not in (VLLM, EMBEDDED):
+        raise DeployError(f"EAGLENEST_SERVING_BACKEND={backend!r} must be vllm or embedded")
+    if backend == VLLM and default_backend() != VLLM:
+        raise DeployError("EAGLENEST_SERVING_BACKEND=vllm but vLLM is not installed on the "
+                          "worker (pip install 'EagleNest[vllm]')")
+    mode = plan.env.get("EAGLENEST_DECODE_MODE", "chain")
+    if mode not in ("chain", "tree", "parallel"):
+        raise DeployError(f"EAGLENEST_DECODE_MODE={mode!r} must be chain, tree or parallel")
+    return ServerSpec(model_dir=model_dir, served_name=served, port=free_port(),
+                      backend=backend, head_dir=head_dir,
+                      num_speculative_tokens=_speculative_tokens(plan, head_dir), mode=mode,
+                      dtype=plan.env.get("EAGLENEST_DTYPE", "float32"),
+                      max_model_len=int(plan.env.get("EAGLENEST_MAX_MODEL_LEN", "2048")))
+
+
+def start_variant(store: ArtifactStore, workdir: Path, endpoint: str,
+                  plan: VariantPlan) -> dict[str, Any]:
+    """Fetch the model (and head), start its server, wait for /health. Returns the
+    server record stored in the endpoint's deployment."""
+    gen = uuid.uuid4().hex[:8]
+    base = workdir / f"{plan.variant}-{gen}"
+    try:
+        model_dir = fetch_tree(store, plan.model_uri, base / "model")
+        head_dir = fetch_tree(store, plan.head_uri, base / "head") if plan.head_uri else None
+    except InputError as exc:
+        raise DeployError(f"Variant {plan.variant}: {exc}") from exc
+    _check_model(model_dir, plan.variant)
+    spec = _spec(plan, model_dir, head_dir, served=endpoint)
+    server = ServerProcess(spec, base / "server.log")
+    server.start(plan.health_timeout)
+    assert server.proc is not None
+    return {"url": server.base_url, "pid": server.proc.pid, "served_name": endpoint,
+            "backend": spec.backend, "weight": plan.weight, "dir": str(base),
+            "speculative": head_dir is not None, "k": spec.num_speculative_tokens}
+
+
+def _check_model(model_dir: Path, variant: str) -> None:
+    try:
+        from models.target import TargetError, check_model_files
+    except ImportError:
+        return  # a serving-only worker without the train extra: the server will tell
+    try:
+        check_model_files(model_dir)
+    except TargetError as exc:
+        raise DeployError(f"Variant {variant}: {exc}") from exc
+
+
+def stop_servers(servers: dict[str, Any]) -> None:
+    for info in servers.values():
+        pid = int(info.get("pid", 0))
+        if pid and pid_alive(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGTERM)
+
+
+def deployment(plans: list[VariantPlan], servers: dict[str, Any]) -> dict[str, Any]:
+    """What DescribeEndpoint shows (ProductionVariantSummary) plus where each variant runs."""
+    variants = [{"VariantName": p.variant, "CurrentWeight": p.weight, "DesiredWeight": p.weight,
+                 "CurrentInstanceCount": 1, "DesiredInstanceCount": p.instance_count}
+                for p in plans]
+    return {"ProductionVariants": variants, "Servers": servers}

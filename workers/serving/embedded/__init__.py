@@ -1,0 +1,1 @@
+"""The embedded engine's HTTP server: vLLM's OpenAI surface over models.decode."""

@@ -1,0 +1,84 @@
+"""Prometheus text for /metrics, with vLLM's metric names so readers never branch."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+
+@dataclass
+class ServerMetrics:
+    model: str
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    requests_ok: int = 0
+    requests_running: int = 0
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_pos: list[int] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def add_spec(self, drafts: int, draft_tokens: int, accepted: int, per_pos: list[int]) -> None:
+        with self.lock:
+            self.num_drafts += drafts
+            self.num_draft_tokens += draft_tokens
+            self.num_accepted_tokens += accepted
+            if len(per_pos) > len(self.accepted_per_pos):
+                self.accepted_per_pos += [0] * (len(per_pos) - len(self.accepted_per_pos))
+            for i, n in enumerate(per_pos):
+                self.accepted_per_pos[i] += n
+
+    def render(self) -> str:
+        label = f'model_name="{self.model}"'
+        lines = []
+
+        def counter(name: str, value: int, extra: str = "") -> None:
+            lines.append(f"# TYPE vllm:{name} counter")
+            labels = label + (f",{extra}" if extra else "")
+            lines.append(f"vllm:{name}{{{labels}}} {float(value)}")
+
+        with self.lock:
+            counter("prompt_tokens_total", self.prompt_tokens)
+            counter("generation_tokens_total", self.generation_tokens)
+            counter("request_success_total", self.requests_ok)
+            lines.append("# TYPE vllm:num_requests_running gauge")
+            lines.append(f"vllm:num_requests_running{{{label}}} {float(self.requests_running)}")
+            counter("spec_decode_num_drafts_total", self.num_drafts)
+            counter("spec_decode_num_draft_tokens_total", self.num_draft_tokens)
+            counter("spec_decode_num_accepted_tokens_total", self.num_accepted_tokens)
+            lines.append("# TYPE vllm:spec_decode_num_accepted_tokens_per_pos_total counter")
+            for pos, n in enumerate(self.accepted_per_pos):
+                lines.append(
+                    f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{label},'
+                    f'position="{pos}"}} {float(n)}'
+                )
+        return "\n".join(lines) + "\n"
+
+
+def parse_spec_counters(text: str) -> dict[str, float]:
+    """Sum vLLM's spec-decode counters from a /metrics page (either backend).
+
+    Returns keys drafts, draft_tokens, accepted and per_pos_<i>.
+    """
+    names = {
+        "vllm:spec_decode_num_drafts_total": "drafts",
+        "vllm:spec_decode_num_draft_tokens_total": "draft_tokens",
+        "vllm:spec_decode_num_accepted_tokens_total": "accepted",
+    }
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        metric, _, value = line.rpartition(" ")
+        name = metric.split("{", 1)[0]
+        try:
+            v = float(value)
+        except ValueError:
+            continue
+        if name in names:
+            out[names[name]] = out.get(names[name], 0.0) + v
+        elif name == "vllm:spec_decode_num_accepted_tokens_per_pos_total":
+            pos = metric.split('position="', 1)[1].split('"', 1)[0]
+            out[f"per_pos_{pos}"] = out.get(f"per_pos_{pos}", 0.0) + v
+    return out

@@ -1,0 +1,176 @@
+"""vLLM's OpenAI-compatible surface over the embedded engine.
+
+Routes: /health, /v1/models, /v1/completions, /v1/chat/completions (both with SSE
+streaming and `stream_options.include_usage`), /metrics (vLLM's metric names).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from workers.serving.embedded.generation import Engine, Runner
+from workers.serving.embedded.generation import Request as GenRequest
+from workers.serving.embedded.metrics import ServerMetrics
+
+
+class _Common(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    model: str | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float = Field(default=1.0, ge=0.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None
+    seed: int | None = None
+
+
+class CompletionBody(_Common):
+    prompt: str | list[int]
+
+
+class ChatBody(_Common):
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+
+
+def error(message: str, status: int = 400) -> JSONResponse:
+    kind = "BadRequestError" if status == 400 else "NotFoundError"
+    return JSONResponse({"object": "error", "message": message, "type": kind, "code": status},
+                        status_code=status)
+
+
+class EmbeddedServer:
+    def __init__(self, engine: Engine, tokenizer: Any, model_name: str,
+                 max_model_len: int = 4096, default_max_tokens: int = 256) -> None:
+        self.tokenizer, self.model_name = tokenizer, model_name
+        self.max_model_len, self.default_max_tokens = max_model_len, default_max_tokens
+        self.metrics = ServerMetrics(model_name)
+        eos = getattr(tokenizer, "eos_token_id", None)
+        self.runner = Runner(engine, tokenizer, self.metrics, (eos,) if eos is not None else ())
+
+    def _request(self, body: _Common, prompt_ids: list[int], max_tokens: int | None) -> GenRequest:
+        room = self.max_model_len - len(prompt_ids)
+        if room < 1:
+            raise ValueError(f"prompt has {len(prompt_ids)} tokens; this model's maximum "
+                             f"context length is {self.max_model_len}")
+        stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+        wanted = max_tokens or min(self.default_max_tokens, room)
+        return GenRequest(prompt_ids, min(wanted, room), body.temperature, body.top_p, stop,
+                          body.seed)
+
+    def completion_ids(self, body: CompletionBody) -> list[int]:
+        if isinstance(body.prompt, list):
+            return list(body.prompt)
+        return list(self.tokenizer(body.prompt, add_special_tokens=False)["input_ids"])
+
+    def chat_ids(self, body: ChatBody) -> list[int]:
+        ids = self.tokenizer.apply_chat_template(body.messages, add_generation_prompt=True,
+                                                 tokenize=True)
+        if isinstance(ids, dict) or hasattr(ids, "keys"):
+            ids = ids["input_ids"]
+        return list(ids)
+
+
+def _envelope(kind: str, rid: str, model: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"id": rid, "object": kind, "created": int(time.time()), "model": model,
+            "choices": choices}
+
+
+def _usage(prompt: int, completion: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion}
+
+
+async def _sse(srv: EmbeddedServer, req: GenRequest, chat: bool, include_usage: bool,
+               rid: str) -> AsyncIterator[bytes]:
+    kind = "chat.completion.chunk" if chat else "text_completion"
+    if chat:
+        first = {"index": 0, "delta": {"role": "assistant", "content": ""},
+                 "finish_reason": None}
+        yield f"data: {json.dumps(_envelope(kind, rid, srv.model_name, [first]))}\n\n".encode()
+    tokens = 0
+    async for d in srv.runner.stream(req):
+        tokens = d.completion_tokens
+        choice: dict[str, Any] = {"index": 0, "finish_reason": d.finish_reason}
+        if chat:
+            choice["delta"] = {"content": d.text} if d.text else {}
+        else:
+            choice["text"] = d.text
+        chunk = _envelope(kind, rid, srv.model_name, [choice])
+        yield f"data: {json.dumps(chunk)}\n\n".encode()
+    if include_usage:
+        chunk = _envelope(kind, rid, srv.model_name, [])
+        chunk["usage"] = _usage(len(req.prompt_ids), tokens)
+        yield f"data: {json.dumps(chunk)}\n\n".encode()
+    yield b"data: [DONE]\n\n"
+
+
+async def _respond(srv: EmbeddedServer, body: _Common, req: GenRequest, chat: bool) -> Any:
+    rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+    if body.stream:
+        usage = bool((body.stream_options or {}).get("include_usage"))
+        return StreamingResponse(_sse(srv, req, chat, usage, rid), media_type="text/event-stream")
+    text, finish, tokens = await srv.runner.complete(req)
+    choice: dict[str, Any] = {"index": 0, "finish_reason": finish, "logprobs": None}
+    if chat:
+        choice["message"] = {"role": "assistant", "content": text}
+    else:
+        choice["text"] = text
+    kind = "chat.completion" if chat else "text_completion"
+    out = _envelope(kind, rid, srv.model_name, [choice])
+    out["usage"] = _usage(len(req.prompt_ids), tokens)
+    return JSONResponse(out)
+
+
+def create_server_app(srv: EmbeddedServer) -> FastAPI:
+    app = FastAPI(title="EagleNest embedded engine", docs_url=None, redoc_url=None)
+
+    @app.get("/health")
+    async def health() -> PlainTextResponse:
+        return PlainTextResponse("")
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": srv.model_name, "object": "model",
+                                            "owned_by": "eaglenest",
+                                            "max_model_len": srv.max_model_len}]}
+
+    @app.get("/metrics")
+    async def metrics() -> PlainTextResponse:
+        return PlainTextResponse(srv.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    async def handle(request: Request, chat: bool) -> Any:
+        try:
+            raw = await request.json()
+            body: _Common = (ChatBody if chat else CompletionBody).model_validate(raw)
+            if body.model and body.model != srv.model_name:
+                return error(f"The model `{body.model}` does not exist.", 404)
+            if chat:
+                cb = ChatBody.model_validate(raw)
+                req = srv._request(cb, srv.chat_ids(cb), cb.max_completion_tokens or cb.max_tokens)
+            else:
+                pb = CompletionBody.model_validate(raw)
+                req = srv._request(pb, srv.completion_ids(pb), pb.max_tokens)
+        except ValueError as exc:  # pydantic's ValidationError is a ValueError
+            return error(str(exc).splitlines()[0] if "validation error" not in str(exc)
+                         else str(exc).replace("\n", " "))
+        return await _respond(srv, body, req, chat)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Any:
+        return await handle(request, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Any:
+        return await handle(request, chat=True)
+
+    return app

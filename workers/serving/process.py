@@ -1,0 +1,156 @@
+"""One serving process (vLLM's OpenAI server or the embedded engine's) and its lifecycle.
+
+Both speak the same HTTP API, so callers only choose a backend here and never branch
+afterwards. A process is started, waited on until `/health` answers (or it exits, or the
+start-up timeout passes), and stopped with SIGTERM then SIGKILL.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+VLLM, EMBEDDED = "vllm", "embedded"
+
+
+class ServingError(Exception):
+    """The process could not be started or did not become healthy; the message says why."""
+
+
+def vllm_installed() -> bool:
+    return importlib.util.find_spec("vllm") is not None
+
+
+def default_backend() -> str:
+    return VLLM if vllm_installed() else EMBEDDED
+
+
+def head_method(head_dir: Path) -> dict[str, Any]:
+    """vLLM's speculative-config method for a saved head (from its config.json)."""
+    cfg = json.loads((head_dir / "config.json").read_text())
+    spec = cfg.get("speculators_config") or {}
+    archs = " ".join(cfg.get("architectures", [])) + " " + str(cfg.get("speculators_model_type"))
+    parallel = bool(cfg.get("parallel_drafting") or spec.get("parallel_drafting")
+                    or "peagle" in archs.lower())
+    method = "eagle3" if ("eagle3" in archs.lower() or parallel) else "eagle"
+    out: dict[str, Any] = {"method": method}
+    if parallel:
+        out["parallel_drafting"] = True
+    return out
+
+
+@dataclass
+class ServerSpec:
+    model_dir: Path
+    served_name: str
+    port: int
+    backend: str = EMBEDDED
+    head_dir: Path | None = None
+    num_speculative_tokens: int = 5
+    mode: str = "chain"  # embedded only: chain | tree | parallel
+    dtype: str = "float32"
+    max_model_len: int = 2048
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+    def command(self) -> list[str]:
+        if self.backend == VLLM:
+            return self._vllm()
+        cmd = [sys.executable, "-m", "workers.serving.embedded", "--model", str(self.model_dir),
+               "--port", str(self.port), "--host", "127.0.0.1",
+               "--served-model-name", self.served_name, "--dtype", self.dtype,
+               "--max-model-len", str(self.max_model_len)]
+        if self.head_dir:
+            cmd += ["--head", str(self.head_dir), "--mode", self.mode,
+                    "--num-speculative-tokens", str(self.num_speculative_tokens)]
+        return cmd
+
+    def _vllm(self) -> list[str]:
+        cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+               "--model", str(self.model_dir), "--port", str(self.port), "--host", "127.0.0.1",
+               "--served-model-name", self.served_name, "--max-model-len",
+               str(self.max_model_len), "--dtype", self.dtype]
+        if not _cuda():
+            cmd.append("--enforce-eager")
+        if self.head_dir:
+            spec = {**head_method(self.head_dir), "model": str(self.head_dir),
+                    "num_speculative_tokens": self.num_speculative_tokens}
+            cmd += ["--speculative-config", json.dumps(spec)]
+        return cmd
+
+    def env(self) -> dict[str, str]:
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+               "PYTHONUNBUFFERED": "1"}
+        if self.backend == VLLM and not _cuda():
+            env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        env.update(self.extra_env)
+        return env
+
+
+def _cuda() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except ImportError:
+        return False
+
+
+class ServerProcess:
+    def __init__(self, spec: ServerSpec, log_path: Path) -> None:
+        self.spec, self.log_path = spec, log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.spec.port}"
+
+    def start(self, health_timeout: float) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")  # noqa: SIM115 (owned by the child)
+        root = Path(__file__).resolve().parents[2]
+        self.proc = subprocess.Popen(self.spec.command(), env=self.spec.env(), stdout=log,
+                                     stderr=subprocess.STDOUT, cwd=root,
+                                     start_new_session=True)
+        deadline = time.monotonic() + health_timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise ServingError(f"{self.spec.backend} server exited with code "
+                                   f"{self.proc.returncode}: {self.tail()}")
+            try:
+                if httpx.get(f"{self.base_url}/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        self.stop()
+        raise ServingError(f"{self.spec.backend} server did not answer /health within "
+                           f"{health_timeout:.0f} s: {self.tail()}")
+
+    def tail(self, n: int = 1500) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-n:].strip()
+        except OSError:
+            return ""
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, timeout: float = 20) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
