@@ -60,8 +60,9 @@ class Runner:
 
     def _deltas(self, req: Request) -> Iterator[Delta]:
         ids: list[int] = []
-        sent = ""
+        sent, text = "", ""
         finish = "length"
+        hold = max((len(x) for x in req.stop if x), default=1) - 1
         for step in self.engine.generate(req.prompt_ids, req.max_tokens, req.temperature,
                                          req.top_p, self.stop_token_ids, req.seed):
             ids.extend(step)
@@ -72,14 +73,19 @@ class Runner:
             hit = [text.index(s) for s in req.stop if s and s in text]
             if hit:
                 text, finish = text[: min(hit)], "stop"
-            if text.endswith("\ufffd") and finish == "length" and len(ids) < req.max_tokens:
-                continue  # a multi-byte character is not complete yet
-            if len(text) > len(sent):
-                yield Delta(text[len(sent):], completion_tokens=len(ids))
-                sent = text
-            if finish == "stop" or len(ids) >= req.max_tokens:
+            done = finish == "stop" or len(ids) >= req.max_tokens
+            # Hold back what may still change: an incomplete multi-byte character, and the
+            # last len(stop)-1 characters, which may turn out to start a stop string.
+            ready = len(text) if done else len(text) - hold
+            if not done and text.endswith("\ufffd"):
+                ready = min(ready, len(text.rstrip("\ufffd")))
+            if ready > len(sent) and text[: len(sent)] == sent:
+                yield Delta(text[len(sent):ready], completion_tokens=len(ids))
+                sent = text[:ready]
+            if done:
                 break
-        yield Delta("", finish, len(ids))
+        tail = text[len(sent):] if text.startswith(sent) else ""
+        yield Delta(tail, finish, len(ids))
 
     def run_sync(self, req: Request, sink: Any) -> None:
         """Generate on the engine thread, handing each Delta to `sink` (a callable)."""

@@ -1,0 +1,259 @@
+"""Save and load draft heads in the formats vLLM loads.
+
+* native EAGLE (method "eagle"): ``architectures: ["LlamaForCausalLM"]``, one layer, keys
+  ``fc.weight`` + ``layers.0.*`` (no input_layernorm); embed_tokens and lm_head are not
+  written (vLLM shares the target's).
+* native EAGLE-3 (method "eagle3"): ``architectures: ["LlamaForCausalLMEagle3"]``, keys
+  ``fc.weight``, ``layers.0.*`` (incl. ``hidden_norm``), ``norm.weight``, ``lm_head.weight``,
+  ``d2t`` (int64), ``t2d`` (bool); P-EAGLE adds ``mask_hidden`` and ``pard_token`` /
+  ``ptd_token_id`` (the keys vLLM's parallel-drafting proposer reads).
+* speculators (EAGLE-3 and P-EAGLE): the same weights; config.json carries
+  ``speculators_model_type`` ("eagle3" / "peagle"), ``speculators_config`` (proposal
+  methods + verifier) and ``transformer_layer_config``; P-EAGLE's ``mask_token_id`` is what
+  vLLM maps to ``pard_token``.
+
+Every config writes ``norm_before_residual``, ``num_aux_hidden_states``,
+``eagle_aux_hidden_state_layer_ids``, ``draft_vocab_size`` and ``mask_token_id`` explicitly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from models.heads.eagle import EagleHead
+from models.heads.eagle3 import Eagle3Head
+from models.heads.layers import HeadConfig
+from models.heads.peagle import PEagleHead
+
+WEIGHTS = "model.safetensors"
+PROVENANCE = "provenance.json"
+FORMATS = ("native", "speculators")
+SHARED = ("embed_tokens.weight",)  # never written: vLLM shares the target's embeddings
+
+
+def head_kind(head: nn.Module) -> str:
+    if isinstance(head, PEagleHead):
+        return "peagle"
+    if isinstance(head, Eagle3Head):
+        return "eagle3"
+    if isinstance(head, EagleHead):
+        return "eagle"
+    raise TypeError(f"not a draft head: {type(head).__name__}")
+
+
+def _layer_config(cfg: HeadConfig) -> dict[str, Any]:
+    """The Llama fields vLLM builds the draft layer from (default RoPE, one layer)."""
+    return {
+        "model_type": "llama",
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size,
+        "num_attention_heads": cfg.num_attention_heads,
+        "num_key_value_heads": cfg.num_key_value_heads,
+        "head_dim": cfg.head_dim,
+        "num_hidden_layers": 1,
+        "hidden_act": cfg.hidden_act,
+        "rms_norm_eps": cfg.rms_norm_eps,
+        "rope_theta": cfg.rope_theta,
+        "rope_scaling": None,
+        "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "vocab_size": cfg.vocab_size,
+        "attention_bias": cfg.attention_bias,
+        "mlp_bias": False,
+        "tie_word_embeddings": False,
+        "torch_dtype": "float32",
+    }
+
+
+def _eagle3_fields(cfg: HeadConfig, kind: str) -> dict[str, Any]:
+    return {
+        "draft_vocab_size": cfg.draft_vocab_size,
+        "target_hidden_size": cfg.hidden_size,
+        "norm_before_residual": cfg.norm_before_residual,
+        "norm_before_fc": False,
+        "norm_output": False,
+        "num_aux_hidden_states": len(cfg.aux_layer_ids),
+        "eagle_aux_hidden_state_layer_ids": list(cfg.aux_layer_ids),
+        "mask_token_id": cfg.mask_token_id if kind == "peagle" else None,
+    }
+
+
+def build_config(
+    head: nn.Module, fmt: str, verifier: str, verifier_arch: str, speculative_tokens: int
+) -> dict[str, Any]:
+    """config.json for ``head`` in ``fmt`` ("native" or "speculators")."""
+    kind, cfg = head_kind(head), head.cfg
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown checkpoint format {fmt!r}; one of {FORMATS}")
+    if kind == "eagle":
+        if fmt != "native":
+            raise ValueError("EAGLE-1/2 heads are saved in vLLM's native 'eagle' format only")
+        config = {"architectures": ["LlamaForCausalLM"], **_layer_config(cfg)}
+        config.update(norm_before_residual=False, num_aux_hidden_states=0)
+        config.update(eagle_aux_hidden_state_layer_ids=[], draft_vocab_size=None)
+        config.update(mask_token_id=None)
+    elif fmt == "native":
+        config = {"architectures": ["LlamaForCausalLMEagle3"], **_layer_config(cfg)}
+        config.update(_eagle3_fields(cfg, kind))
+        config["eagle_config"] = {
+            "eagle_aux_hidden_state_layer_ids": list(cfg.aux_layer_ids),
+            "use_aux_hidden_state": True,
+        }
+        if kind == "peagle":
+            config.update(parallel_drafting=True, pard_token=cfg.mask_token_id)
+            config["ptd_token_id"] = cfg.mask_token_id
+    else:
+        arch = "PEagleSpeculator" if kind == "peagle" else "Eagle3Speculator"
+        config = {"architectures": [arch], "speculators_model_type": kind}
+        config.update(_eagle3_fields(cfg, kind))
+        config["transformer_layer_config"] = _layer_config(cfg)
+        config["speculators_config"] = {
+            "algorithm": kind,
+            "default_proposal_method": "greedy",
+            "proposal_methods": [
+                {"proposal_type": "greedy", "speculative_tokens": speculative_tokens}
+            ],
+            "verifier": {"name_or_path": verifier, "architectures": [verifier_arch]},
+        }
+    config["eaglenest"] = {"head": kind, "format": fmt, "target_architecture": verifier_arch}
+    return config
+
+
+def git_sha() -> str | None:
+    if os.environ.get("EAGLENEST_GIT_SHA"):
+        return os.environ["EAGLENEST_GIT_SHA"]
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=Path(__file__).resolve().parent,
+            capture_output=True,
+            text=True,
+            timeout=5,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if out.returncode != 0:
+        return None
+    return out.stdout.strip() or None
+
+
+def save_head(
+    head: nn.Module,
+    out_dir: str | Path,
+    verifier: str = "",
+    fmt: str = "native",
+    speculative_tokens: int = 3,
+    provenance: dict[str, Any] | None = None,
+) -> Path:
+    """Write config.json + model.safetensors (+ provenance.json) for vLLM; returns out_dir."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    cfg: HeadConfig = head.cfg
+    config = build_config(head, fmt, verifier, cfg.target_architecture, speculative_tokens)
+    tensors = {
+        k: v.detach().to("cpu").contiguous()
+        for k, v in head.state_dict().items()
+        if k not in SHARED and not (head_kind(head) == "eagle" and k == "lm_head.weight")
+    }
+    save_file(tensors, str(out / WEIGHTS), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    if provenance is not None:
+        record = {"git_sha": git_sha(), "saved_at": time.strftime("%Y-%m-%dT%H:%M:%SZ")}
+        record.update(provenance)
+        (out / PROVENANCE).write_text(json.dumps(record, indent=2, default=str) + "\n")
+    return out
+
+
+def read_head_config(folder: str | Path) -> tuple[str, HeadConfig]:
+    """(kind, HeadConfig) from a native or speculators config.json."""
+    config = json.loads((Path(folder) / "config.json").read_text())
+    layer = config.get("transformer_layer_config", config)
+    kind = _detect_kind(config)
+    heads = int(layer["num_attention_heads"])
+    rope = layer.get("rope_parameters") or {}
+    aux = config.get("eagle_aux_hidden_state_layer_ids") or (config.get("eagle_config") or {}).get(
+        "eagle_aux_hidden_state_layer_ids", []
+    )
+    mask_id = config.get("mask_token_id", config.get("pard_token", config.get("ptd_token_id")))
+    cfg = HeadConfig(
+        hidden_size=int(layer["hidden_size"]),
+        num_attention_heads=heads,
+        num_key_value_heads=int(layer.get("num_key_value_heads") or heads),
+        head_dim=int(layer.get("head_dim") or layer["hidden_size"] // heads),
+        intermediate_size=int(layer["intermediate_size"]),
+        vocab_size=int(layer["vocab_size"]),
+        rms_norm_eps=float(layer.get("rms_norm_eps", 1e-6)),
+        rope_theta=float(rope.get("rope_theta", layer.get("rope_theta", 10000.0))),
+        max_position_embeddings=int(layer.get("max_position_embeddings", 4096)),
+        hidden_act=layer.get("hidden_act", "silu"),
+        attention_bias=bool(layer.get("attention_bias", False)),
+        draft_vocab_size=config.get("draft_vocab_size") if kind != "eagle" else None,
+        aux_layer_ids=list(aux) if kind != "eagle" else [],
+        norm_before_residual=bool(config.get("norm_before_residual", False)),
+        mask_token_id=mask_id if kind == "peagle" else None,
+        target_architecture=(config.get("eaglenest") or {}).get(
+            "target_architecture", "LlamaForCausalLM"
+        ),
+    )
+    if kind != "eagle" and not cfg.draft_vocab_size:
+        cfg.draft_vocab_size = cfg.vocab_size
+    return kind, cfg
+
+
+def _detect_kind(config: dict[str, Any]) -> str:
+    if "speculators_model_type" in config:
+        kind = config["speculators_model_type"]
+        if kind not in ("eagle3", "peagle"):
+            raise ValueError(f"unsupported speculators_model_type {kind!r}")
+        return kind
+    archs = config.get("architectures") or []
+    if any("Eagle3" in a for a in archs):
+        parallel = config.get("parallel_drafting") or "pard_token" in config
+        return "peagle" if parallel or "ptd_token_id" in config else "eagle3"
+    return "eagle"
+
+
+def _normalise_keys(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Accept the names other EAGLE trainers use: 'midlayer.' (EAGLE-3 reference), 'model.'."""
+    out = {}
+    for k, v in state.items():
+        k = k.removeprefix("model.")
+        k = k.replace("midlayer.", "layers.0.")
+        out[k] = v
+    return out
+
+
+def load_head(
+    folder: str | Path,
+    embed_weight: torch.Tensor | None = None,
+    lm_head_weight: torch.Tensor | None = None,
+) -> nn.Module:
+    """Rebuild a head from a checkpoint; the target supplies the shared weights it lacks."""
+    kind, cfg = read_head_config(folder)
+    state = _normalise_keys(load_file(str(Path(folder) / WEIGHTS)))
+    if kind == "eagle":
+        head: nn.Module = EagleHead(cfg)
+        shared = {"embed_tokens.weight": embed_weight, "lm_head.weight": lm_head_weight}
+    else:
+        d2t = state.get("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
+        t2d = state.get("t2d", torch.ones(cfg.vocab_size, dtype=torch.bool))
+        head = (PEagleHead if kind == "peagle" else Eagle3Head)(cfg, d2t, t2d)
+        shared = {"embed_tokens.weight": embed_weight}
+    for name, tensor in shared.items():
+        if name not in state:
+            if tensor is None:
+                raise ValueError(f"{folder}: checkpoint has no {name}; pass the target's")
+            state[name] = tensor.detach().to("cpu", torch.float32)
+    if "mask_hidden" in state:
+        state["mask_hidden"] = state["mask_hidden"].view(1, 1, -1)
+    head.load_state_dict(state, strict=True)
+    return head

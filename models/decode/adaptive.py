@@ -1,0 +1,102 @@
+"""Online choice of the speculation depth K (chain / parallel) or tree depth.
+
+The controller keeps exponentially decayed counts of the conditional acceptance at each
+position, a_j = P(draft j accepted | drafts < j accepted), and moving averages of the
+measured costs: one draft step, and a verification forward per number of tokens. For each
+candidate depth K it predicts
+
+    tokens(K) = 1 + sum_{j=1..K} prod_{i<=j} a_i          (expected tokens per round)
+    cost(K)   = draft_cost(K) + verify_cost(size(K))      (seconds per round)
+
+and picks the K with the best tokens(K) / cost(K). Positions never reached reuse the
+deepest estimate, so the controller explores one step beyond what it has seen when that
+looks worthwhile. Example: a = [0.9, 0.8, 0.5], draft step 5 ms, verify 100 ms flat ->
+tokens(1..3) = 1.9, 2.62, 2.98; cost = 105, 110, 115 ms -> rates 18.1, 23.8, 25.9 tok/s ->
+K = 3 (and K = 4 is tried next if a_4 ~ 0.5 keeps paying).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+
+@dataclass
+class AdaptiveDepth:
+    k_min: int = 1
+    k_max: int = 8
+    decay: float = 0.9  # per round: how fast old acceptance is forgotten
+    prior_rate: float = 0.6  # prior conditional acceptance per position
+    prior_weight: float = 2.0
+    smoothing: float = 0.3  # EMA weight of a new cost measurement
+    parallel: bool = False  # P-EAGLE: one draft forward per round whatever K is
+    accepted: list[float] = field(default_factory=list)  # decayed accepts at position j
+    reached: list[float] = field(default_factory=list)  # decayed rounds reaching position j
+    step_cost: float | None = None  # seconds per draft step
+    verify_cost: dict[int, float] = field(default_factory=dict)  # tokens -> seconds
+
+    def rate(self, j: int) -> float:
+        """Conditional acceptance at 0-based position j (beyond the data: the last one)."""
+        if j >= len(self.reached):
+            j = len(self.reached) - 1
+        if j < 0:
+            return self.prior_rate
+        num = self.accepted[j] + self.prior_rate * self.prior_weight
+        return num / (self.reached[j] + self.prior_weight)
+
+    def expected_tokens(self, k: int) -> float:
+        total, survive = 1.0, 1.0
+        for j in range(k):
+            survive *= self.rate(j)
+            total += survive
+        return total
+
+    def verify_seconds(self, size: int) -> float:
+        """Measured cost for ``size`` tokens, else interpolated / extrapolated linearly."""
+        if size in self.verify_cost:
+            return self.verify_cost[size]
+        known = sorted(self.verify_cost)
+        if not known:
+            return 1.0
+        lower = [s for s in known if s < size]
+        upper = [s for s in known if s > size]
+        if lower and upper:
+            a, b = lower[-1], upper[0]
+            t = (size - a) / (b - a)
+            return self.verify_cost[a] * (1 - t) + self.verify_cost[b] * t
+        near = lower[-1] if lower else upper[0]
+        base = self.verify_cost[near]
+        return base * (1.0 + 0.05 * (size - near))  # assume +5% per token off the table
+
+    def update(
+        self, k: int, accepted: int, draft_seconds: float, verify_seconds: float, size: int
+    ) -> None:
+        """Record one round: k drafts sent, ``accepted`` kept, and its measured costs."""
+        self.accepted = [x * self.decay for x in self.accepted]
+        self.reached = [x * self.decay for x in self.reached]
+        while len(self.reached) < k:
+            self.reached.append(0.0)
+            self.accepted.append(0.0)
+        for j in range(min(accepted + 1, k)):  # positions 0..accepted were judged
+            self.reached[j] += 1.0
+            if j < accepted:
+                self.accepted[j] += 1.0
+        step = draft_seconds if self.parallel else draft_seconds / max(k, 1)
+        self.step_cost = step if self.step_cost is None else _ema(self.step_cost, step, self)
+        old = self.verify_cost.get(size)
+        self.verify_cost[size] = verify_seconds if old is None else _ema(old, verify_seconds, self)
+
+    def choose(self, size_of: Callable[[int], int]) -> int:
+        """Best K in [k_min, k_max]; ``size_of(K)`` is the verification size for K."""
+        step = self.step_cost or 0.0
+        best_k, best_rate = self.k_min, -1.0
+        for k in range(self.k_min, self.k_max + 1):
+            cost = (step if self.parallel else k * step) + self.verify_seconds(size_of(k))
+            rate = self.expected_tokens(k) / max(cost, 1e-9)
+            if rate > best_rate:
+                best_k, best_rate = k, rate
+        return best_k
+
+
+def _ema(old: float, new: float, ctl: AdaptiveDepth) -> float:
+    return (1 - ctl.smoothing) * old + ctl.smoothing * new

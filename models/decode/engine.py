@@ -1,0 +1,290 @@
+"""Public API: ``SpeculativeEngine`` -- plain, chain, EAGLE-2 tree and P-EAGLE decoding.
+
+    engine = SpeculativeEngine(target, head, DecodeMode.TREE, depth=5, topk=4, total_tokens=16)
+    for new_ids in engine.generate(prompt_ids, max_new_tokens=64):
+        ...                                   # tokens accepted this step (stream them)
+    engine.request_stats.acceptance_length    # tau of the last request; engine.stats: all
+
+One request state (``_Request``): the target KV holds x[0..L-1]; ``pending`` = x[L] is
+committed (already emitted) but not yet run by the target. Every round runs the pending
+token plus the drafts through the target in one forward, keeps the accepted drafts' KV
+entries, and emits the accepted drafts plus one target token (correction or bonus), which
+becomes the new pending token. ``head=None`` (or mode PLAIN) runs the same loop with no
+drafts: that is the reference greedy / sampling decoder.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+import torch
+from torch import nn
+
+from models.decode.adaptive import AdaptiveDepth
+from models.decode.drafter import HeadDrafter
+from models.decode.runner import StepOutput, TargetRunner
+from models.decode.sampling import (
+    SamplingParams,
+    sample,
+    target_probs,
+    verify_greedy,
+    verify_rejection,
+)
+from models.decode.stats import SpecStats
+from models.decode.tree import accepted_path, build_tree, walk_greedy, walk_sampling
+from models.heads.peagle import PEagleHead
+
+
+class DecodeMode(StrEnum):
+    PLAIN = "plain"
+    CHAIN = "chain"
+    TREE = "tree"
+    PARALLEL = "parallel"
+
+
+@dataclass
+class _Request:
+    runner: TargetRunner
+    drafter: HeadDrafter | None
+    params: SamplingParams
+    gen: torch.Generator | None
+    stop: frozenset[int]
+    max_new: int
+    pending: int = -1
+    emitted: int = 0
+    done: bool = False
+    stats: SpecStats = field(default_factory=SpecStats)
+
+
+def _causal_lm(target: nn.Module) -> nn.Module:
+    """A models.target.Target or a transformers causal LM -> the causal LM."""
+    from models.target import Target
+
+    return target.model if isinstance(target, Target) else target
+
+
+class SpeculativeEngine:
+    """Batch-1 speculative decoding of one target with an optional draft head."""
+
+    def __init__(
+        self,
+        target: nn.Module,
+        head: nn.Module | None = None,
+        mode: DecodeMode | str = DecodeMode.CHAIN,
+        k: int = 4,
+        adaptive: bool = False,
+        depth: int = 5,
+        topk: int = 4,
+        total_tokens: int = 16,
+        k_max: int = 8,
+        drafter_factory: Callable[[], HeadDrafter] | None = None,
+    ) -> None:
+        """``drafter_factory`` replaces the head with any HeadDrafter-like draft source (tests
+        use oracle drafters); either it or ``head`` turns speculation on."""
+        self.model = _causal_lm(target).eval()
+        self.head = head.eval() if head is not None else None
+        self.drafter_factory = drafter_factory
+        speculative = head is not None or drafter_factory is not None
+        self.mode = DecodeMode(mode) if speculative else DecodeMode.PLAIN
+        parallel_ok = drafter_factory is not None or isinstance(head, PEagleHead)
+        if self.mode is DecodeMode.PARALLEL and not parallel_ok:
+            raise ValueError("parallel drafting needs a P-EAGLE head")
+        self.k, self.depth, self.topk, self.total_tokens = k, depth, topk, total_tokens
+        self.note = ""
+        layer_types = getattr(self.model.config, "layer_types", None) or []
+        if self.mode is DecodeMode.TREE and "linear_attention" in layer_types:
+            # recurrent layers read tokens in sequence: a tree cannot share one forward
+            self.mode, self.k = DecodeMode.CHAIN, depth
+            self.note = "tree mode needs attention-only targets; using chain drafting"
+        start = depth if self.mode is DecodeMode.TREE else k
+        self.controller: AdaptiveDepth | None = None
+        if adaptive and self.mode is not DecodeMode.PLAIN:
+            self.controller = AdaptiveDepth(
+                k_max=max(k_max, start), parallel=self.mode is DecodeMode.PARALLEL
+            )
+        self.current_k = start
+        self.stats = SpecStats()
+        self.request_stats = SpecStats()
+
+    # ---- public ------------------------------------------------------------------------
+    @torch.no_grad()
+    def generate(
+        self,
+        prompt_ids: Sequence[int],
+        max_new_tokens: int,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        stop_token_ids: Sequence[int] = (),
+        seed: int | None = None,
+    ) -> Iterator[list[int]]:
+        """Yield the newly accepted token ids of every step (stop tokens included, then end)."""
+        if not prompt_ids:
+            raise ValueError("prompt_ids must not be empty")
+        req = self._new_request(max_new_tokens, temperature, top_p, stop_token_ids, seed)
+        self.request_stats = req.stats
+        started = time.perf_counter()
+        try:
+            if max_new_tokens <= 0:
+                return
+            yield self._prefill(req, list(prompt_ids))
+            while not req.done:
+                yield self._round(req)
+        finally:
+            req.stats.elapsed_seconds = time.perf_counter() - started
+            self.stats.merge(req.stats)
+
+    def generate_ids(
+        self, prompt_ids: Sequence[int], max_new_tokens: int, **kw: object
+    ) -> list[int]:
+        """All generated ids of one request (convenience over ``generate``)."""
+        out: list[int] = []
+        for chunk in self.generate(prompt_ids, max_new_tokens, **kw):  # type: ignore[arg-type]
+            out.extend(chunk)
+        return out
+
+    def generate_batch(
+        self, prompts: Sequence[Sequence[int]], max_new_tokens: int, **kw: object
+    ) -> list[list[int]]:
+        """Several requests, decoded one after another (no batched forwards yet)."""
+        return [self.generate_ids(p, max_new_tokens, **kw) for p in prompts]
+
+    # ---- request lifecycle ---------------------------------------------------------------
+    def _new_request(
+        self,
+        max_new: int,
+        temperature: float,
+        top_p: float,
+        stop: Sequence[int],
+        seed: int | None,
+    ) -> _Request:
+        drafter = None
+        if self.mode is not DecodeMode.PLAIN:
+            factory = self.drafter_factory
+            drafter = factory() if factory is not None else HeadDrafter(self.head)  # type: ignore[arg-type]
+        aux = drafter.aux_layer_ids if drafter is not None else []
+        device = next(self.model.parameters()).device
+        gen = None
+        if temperature > 0:
+            gen = torch.Generator(device=device)
+            gen.manual_seed(seed if seed is not None else int(torch.seed() % (2**63)))
+        return _Request(
+            runner=TargetRunner(self.model, aux),
+            drafter=drafter,
+            params=SamplingParams(temperature, top_p),
+            gen=gen,
+            stop=frozenset(int(t) for t in stop),
+            max_new=max_new,
+        )
+
+    def _prefill(self, req: _Request, prompt: list[int]) -> list[int]:
+        out = req.runner.forward(prompt)
+        req.runner.commit(prompt, len(prompt))
+        req.stats.num_target_forwards += 1
+        first = self._pick(req, out.logits[-1])
+        emitted = self._emit(req, [first])
+        if not req.done and req.drafter is not None:
+            req.drafter.extend(prompt[1:] + [first], req.drafter.features(out, slice(None)))
+        return emitted
+
+    def _pick(self, req: _Request, logits: torch.Tensor) -> int:
+        if req.params.greedy:
+            return int(logits.argmax())
+        return sample(target_probs(logits, req.params), req.gen)
+
+    def _emit(self, req: _Request, tokens: list[int]) -> list[int]:
+        """Truncate at a stop token (kept) or at max_new_tokens; set ``pending``."""
+        out = []
+        for t in tokens:
+            out.append(t)
+            req.emitted += 1
+            if t in req.stop or req.emitted >= req.max_new:
+                req.done = True
+                break
+        req.pending = out[-1]
+        req.stats.num_emitted_tokens += len(out)
+        return out
+
+    def _round(self, req: _Request) -> list[int]:
+        req.stats.num_target_forwards += 1
+        if req.drafter is None:
+            out = req.runner.forward([req.pending])
+            req.runner.commit([req.pending], 1)
+            return self._emit(req, [self._pick(req, out.logits[0])])
+        if self.mode is DecodeMode.TREE:
+            return self._round_tree(req, req.drafter)
+        return self._round_chain(req, req.drafter)
+
+    # ---- drafting rounds -----------------------------------------------------------------
+    def _round_chain(self, req: _Request, drafter: HeadDrafter) -> list[int]:
+        k = self.current_k
+        t0 = time.perf_counter()
+        if self.mode is DecodeMode.PARALLEL:
+            drafts, q = drafter.draft_parallel(k, req.params, req.gen)
+        else:
+            drafts, q = drafter.draft_chain(k, req.params, req.gen)
+        t1 = time.perf_counter()
+        tokens = [req.pending] + drafts
+        out = req.runner.forward(tokens)
+        if req.params.greedy:
+            accepted, nxt = verify_greedy(out.logits, drafts)
+        else:
+            p = target_probs(out.logits, req.params)
+            accepted, nxt = verify_rejection(p, drafts, q, req.gen)
+        req.runner.commit(tokens, accepted + 1)
+        t2 = time.perf_counter()
+        self._account(req, k, accepted, t1 - t0, t2 - t1, len(tokens))
+        new = drafts[:accepted] + [nxt]
+        return self._finish_round(req, drafter, new, out, list(range(accepted + 1)))
+
+    def _round_tree(self, req: _Request, drafter: HeadDrafter) -> list[int]:
+        depth = self.current_k
+        total = self._tree_size(depth)
+        t0 = time.perf_counter()
+        tree = build_tree(drafter, req.pending, depth, self.topk, total)
+        t1 = time.perf_counter()
+        depths = torch.tensor(tree.depths)
+        out = req.runner.forward(tree.tokens, depths=depths, tree=tree.mask)
+        if req.params.greedy:
+            path, nxt = walk_greedy(tree, out.logits)
+        else:
+            path, nxt = walk_sampling(tree, target_probs(out.logits, req.params), req.gen)
+        rows = accepted_path(tree, path)  # [root, accepted nodes...] ascending indices
+        req.runner.keep(rows)
+        t2 = time.perf_counter()
+        self._account(req, depth, len(path), t1 - t0, t2 - t1, len(tree.tokens))
+        req.stats.num_draft_tokens += len(tree.tokens) - 1 - depth  # record() counted depth
+        new = [tree.tokens[i] for i in rows[1:]] + [nxt]
+        return self._finish_round(req, drafter, new, out, rows)
+
+    def _finish_round(
+        self,
+        req: _Request,
+        drafter: HeadDrafter,
+        new: list[int],
+        out: StepOutput,
+        rows: list[int],
+    ) -> list[int]:
+        """Emit the round's tokens; commit the head slots (token x[i+1], feature of row i)."""
+        emitted = self._emit(req, new)
+        if not req.done:
+            drafter.extend(new, drafter.features(out, rows))
+        return emitted
+
+    def _account(
+        self, req: _Request, k: int, accepted: int, draft_s: float, verify_s: float, size: int
+    ) -> None:
+        req.stats.record(k, accepted)
+        req.stats.draft_seconds += draft_s
+        req.stats.verify_seconds += verify_s
+        if self.controller is not None:
+            self.controller.update(k, accepted, draft_s, verify_s, size)
+            size_of = self._tree_size if self.mode is DecodeMode.TREE else (lambda n: n + 1)
+            self.current_k = self.controller.choose(size_of)
+
+    def _tree_size(self, depth: int) -> int:
+        """Tree nodes (root included) for a depth: total_tokens scaled with the depth."""
+        scaled = round(self.total_tokens * depth / max(self.depth, 1))
+        return max(depth + 1, min(scaled, 1 + self.topk + (depth - 1) * self.topk**2))

@@ -1,0 +1,201 @@
+"""KV-cached target forwards for any causal LM in the architecture table.
+
+``TargetRunner`` owns one request's target KV cache and runs forwards over new tokens at
+explicit positions, returning logits, the final-norm hidden state (EAGLE-1/2 features) and
+the residual stream entering the aux layers (EAGLE-3 / P-EAGLE features).
+
+Cache layout: the cache always holds the committed tokens 0..length-1 contiguously (one key
+per token, positions 0..length-1). Sliding-window layers (GPT-OSS) are given a full
+``DynamicLayer`` so that every layer has the same key axis; the window is applied through
+the mask instead. A verification forward appends keys for the new tokens; afterwards
+``keep(indices)`` gathers the accepted ones back into place and drops the rest.
+
+Targets with linear-attention (recurrent) layers (Qwen3-Next) cannot drop a suffix of
+their recurrent state: the runner snapshots those layers before each verification and, when
+some tokens are rejected, restores the snapshot and replays the accepted tokens.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+
+from models.decode.masks import additive_mask, sliding_mask
+
+
+@dataclass
+class StepOutput:
+    logits: torch.Tensor  # [q, vocab] float32
+    last_hidden: torch.Tensor  # [q, hidden] after the final norm (EAGLE-1/2 feature)
+    aux: torch.Tensor | None  # [q, n_aux * hidden] inputs of the aux layers (EAGLE-3)
+
+
+class TargetRunner:
+    """One request's KV cache over a transformers causal LM (batch 1)."""
+
+    def __init__(self, model: nn.Module, aux_layer_ids: list[int] | None = None) -> None:
+        self.model = model
+        self.config = model.config
+        self.aux_layer_ids = list(aux_layer_ids or [])
+        self.layer_types: list[str] = list(
+            getattr(self.config, "layer_types", None) or ["full_attention"]
+        )
+        self.sliding_window = getattr(self.config, "sliding_window", None)
+        self.recurrent = "linear_attention" in self.layer_types
+        self.dtype = next(model.parameters()).dtype
+        self.device = next(model.parameters()).device
+        self.cache: DynamicCache = self._new_cache()
+        self.length = 0  # committed tokens held in the cache
+        self._snapshot: dict[int, object] = {}
+
+    # ---- cache management ------------------------------------------------------------
+    def _new_cache(self) -> DynamicCache:
+        cache = DynamicCache(config=self.config)
+        for i, layer in enumerate(cache.layers):
+            if type(layer) is DynamicSlidingWindowLayer:
+                cache.layers[i] = DynamicLayer()  # full keys; the window lives in the mask
+        return cache
+
+    def reset(self) -> None:
+        self.cache = self._new_cache()
+        self.length = 0
+        self._snapshot = {}
+
+    def _attention_layers(self) -> list[DynamicLayer]:
+        return [
+            layer
+            for layer in self.cache.layers
+            if isinstance(layer, DynamicLayer)
+            and getattr(layer, "keys", None) is not None
+            and layer.keys.dim() == 4
+        ]
+
+    def _recurrent_layers(self) -> dict[int, object]:
+        return {
+            i: layer
+            for i, layer in enumerate(self.cache.layers)
+            if hasattr(layer, "recurrent_states") or hasattr(layer, "conv_states")
+        }
+
+    # ---- forwards ----------------------------------------------------------------------
+    @torch.no_grad()
+    def forward(
+        self,
+        tokens: list[int] | torch.Tensor,  # [q] new token ids
+        depths: torch.Tensor | None = None,  # [q] offsets from self.length (tree); None: 0..q-1
+        tree: torch.Tensor | None = None,  # [q, q] bool: new token i may see new token j
+    ) -> StepOutput:
+        """Run the new tokens at positions length + depth; their keys are appended (not
+        committed: call ``commit`` / ``keep`` afterwards)."""
+        ids = torch.as_tensor(tokens, dtype=torch.long, device=self.device).view(1, -1)
+        q = ids.shape[1]
+        if depths is None:
+            depths = torch.arange(q, device=self.device)
+        positions = (self.length + depths.to(self.device)).view(1, -1)
+        if self.recurrent:
+            self._snapshot = copy.deepcopy(self._recurrent_layers())
+        mask = None if tree is None else self._mask(positions[0], tree)
+        grabbed: dict[int, torch.Tensor] = {}
+        hooks = [
+            self.model.model.layers[k].register_forward_pre_hook(
+                _grab(grabbed, k), with_kwargs=True
+            )
+            for k in set(self.aux_layer_ids)
+        ]
+        try:
+            out = self.model.model(
+                input_ids=ids,
+                attention_mask=mask,
+                position_ids=positions,
+                past_key_values=self.cache,
+                use_cache=True,
+            )
+        finally:
+            for h in hooks:
+                h.remove()
+        last = out.last_hidden_state  # [1, q, hidden]
+        logits = self.model.get_output_embeddings()(last)[0].float()
+        aux = None
+        if self.aux_layer_ids:
+            aux = torch.cat([grabbed[k] for k in self.aux_layer_ids], dim=-1)[0]
+        return StepOutput(logits=logits, last_hidden=last[0], aux=aux)
+
+    def _mask(
+        self, positions: torch.Tensor, tree: torch.Tensor
+    ) -> torch.Tensor | dict[str, torch.Tensor | None]:
+        """Additive 4-D mask(s) [1, 1, q, length + q] for a tree forward.
+
+        Cached keys are all visible (they are the committed prefix); among the new tokens
+        the tree decides. Example length=2, tree=[[1,0,0],[1,1,0],[1,0,1]] (token 2 is a
+        sibling of token 1):
+            [[1, 1, 1, 0, 0],
+             [1, 1, 1, 1, 0],
+             [1, 1, 1, 0, 1]]
+        """
+        q = tree.shape[0]
+        past = torch.ones(q, self.length, dtype=torch.bool, device=self.device)
+        full = torch.cat([past, tree.to(self.device)], dim=1)  # [q, length + q]
+        masks: dict[str, torch.Tensor | None] = {"full_attention": additive_mask(full, self.dtype)}
+        if self.layer_types == ["full_attention"] or set(self.layer_types) == {"full_attention"}:
+            return masks["full_attention"]  # type: ignore[return-value]
+        if self.sliding_window:
+            key_pos = torch.cat([torch.arange(self.length, device=self.device), positions])
+            window = sliding_mask(positions, key_pos, int(self.sliding_window))
+            masks["sliding_attention"] = additive_mask(full & window, self.dtype)
+        masks["linear_attention"] = None
+        return masks
+
+    # ---- after verification --------------------------------------------------------------
+    def commit(self, new_tokens: list[int], accepted: int) -> None:
+        """Keep the first ``accepted`` of the ``len(new_tokens)`` tokens just run (chain)."""
+        q = len(new_tokens)
+        if accepted == q:
+            self.length += q
+            self._snapshot = {}
+            return
+        if self.recurrent:  # roll the recurrent state back, then replay the kept tokens
+            self._truncate(self.length)
+            self._restore()
+            if accepted:
+                self.forward(new_tokens[:accepted])
+        else:
+            self._truncate(self.length + accepted)
+        self.length += accepted
+        self._snapshot = {}
+
+    def keep(self, indices: list[int]) -> None:
+        """Keep the new tokens at ``indices`` (ascending, into the last forward's tokens).
+
+        Example length=4, last forward appended 5 keys (cache positions 4..8), indices
+        [0, 2, 3] -> cache keeps rows [0, 1, 2, 3, 4, 6, 7] and length becomes 7.
+        """
+        if self.recurrent:
+            raise RuntimeError("tree KV gathering needs an attention-only target")
+        rows = torch.tensor(list(range(self.length)) + [self.length + i for i in indices])
+        for layer in self._attention_layers():
+            rows_d = rows.to(layer.keys.device)
+            layer.keys = layer.keys.index_select(2, rows_d)  # [1, kv_heads, kept, head_dim]
+            layer.values = layer.values.index_select(2, rows_d)
+        self.length += len(indices)
+
+    def _truncate(self, length: int) -> None:
+        for layer in self._attention_layers():
+            layer.keys = layer.keys[:, :, :length]
+            layer.values = layer.values[:, :, :length]
+
+    def _restore(self) -> None:
+        for i, layer in self._snapshot.items():
+            self.cache.layers[i] = layer  # type: ignore[assignment]
+        self._snapshot = {}
+
+
+def _grab(store: dict[int, torch.Tensor], k: int):  # noqa: ANN202 - hook factory
+    def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
+        store[k] = (args[0] if args else kwargs["hidden_states"]).detach()
+
+    return hook

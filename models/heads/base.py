@@ -1,0 +1,115 @@
+"""Types and helpers shared by the draft heads (losses, greedy chains)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from models.heads.layers import KV, causal_mask, shift_left
+
+
+@dataclass
+class HeadBatch:
+    """One training batch, right-padded."""
+
+    input_ids: torch.Tensor  # [batch, seq] long
+    loss_mask: torch.Tensor  # [batch, seq] bool: token is an assistant token worth predicting
+    attention_mask: torch.Tensor  # [batch, seq] long/bool: 1 = real token, 0 = padding
+
+
+@dataclass
+class HeadLoss:
+    loss: torch.Tensor  # scalar, differentiable
+    step_losses: list[float] = field(default_factory=list)  # one per draft step / depth
+    step_accuracy: list[float] = field(default_factory=list)  # greedy draft == target argmax
+    step_counts: list[int] = field(default_factory=list)  # positions scored per step
+
+
+def soft_cross_entropy(
+    logits: torch.Tensor,  # [batch, seq, vocab] draft logits
+    target_probs: torch.Tensor,  # [batch, seq, vocab] target distribution (same vocab)
+    valid: torch.Tensor,  # [batch, seq] bool
+) -> tuple[torch.Tensor, float, int]:
+    """Masked mean of -sum(p * log q); also the greedy agreement rate and count."""
+    logq = F.log_softmax(logits.float(), dim=-1)
+    per_pos = -(target_probs * logq).sum(-1)  # [batch, seq]
+    count = int(valid.sum())
+    validf = valid.to(per_pos.dtype)
+    loss = (per_pos * validf).sum() / max(count, 1)
+    with torch.no_grad():
+        hit = (logits.argmax(-1) == target_probs.argmax(-1)) & valid
+        acc = float(hit.sum()) / max(count, 1)
+    return loss, acc, count
+
+
+def scored_steps(
+    step_logits: list[torch.Tensor],  # per step j: [batch, seq, vocab], slot i predicts x[i+2+j]
+    probs: torch.Tensor,  # [batch, seq, vocab] target distribution; position p predicts x[p+1]
+    in_vocab: torch.Tensor,  # [batch, seq] bool: target argmax at p is in the head's vocab
+    loss_mask: torch.Tensor,  # [batch, seq] bool: x[p] is a trainable (assistant) token
+    decay: float,
+    keep: torch.Tensor | None = None,  # [steps, seq] bool: slots trained at each step
+) -> HeadLoss:
+    """Sum over steps of decay**j * masked soft CE; step j at slot i is scored against the
+    target's distribution at position i+1+j where x[i+2+j] is an assistant token.
+
+    Example (seq=5, step j=1): slot 0 is scored against probs[2] if loss_mask[3]; slots 3
+    and 4 fall off the end (shift fills False) and are never scored.
+    """
+    total = torch.zeros((), device=probs.device)
+    result = HeadLoss(loss=total)
+    for j, logits in enumerate(step_logits):
+        target = shift_left(probs, 1 + j)
+        valid = shift_left(loss_mask, 2 + j, False) & shift_left(in_vocab, 1 + j, False)
+        if keep is not None:
+            valid = valid & keep[j].unsqueeze(0)
+        step_loss, acc, count = soft_cross_entropy(logits, target, valid)
+        total = total + (decay**j) * step_loss
+        result.step_losses.append(float(step_loss.detach()))
+        result.step_accuracy.append(acc)
+        result.step_counts.append(count)
+    result.loss = total
+    return result
+
+
+StepFn = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, KV | None],
+    tuple[torch.Tensor, torch.Tensor, KV],
+]
+
+
+@torch.no_grad()
+def greedy_chain(
+    step: StepFn,
+    to_target: Callable[[torch.Tensor], torch.Tensor],
+    slot_tokens: torch.Tensor,  # [1, n] token fed at each context slot
+    slot_hidden: torch.Tensor,  # [1, n, hidden] hidden fed at each context slot
+    k: int,
+) -> torch.Tensor:
+    """Prefill the context slots, then draft k tokens one at a time; returns [k] target ids.
+
+    ``step(tokens, hidden, positions, mask, past) -> (logits, next_hidden, kv)``; logits are
+    over the head's own vocabulary and ``to_target`` maps argmax ids to target ids.
+    """
+    n = slot_tokens.shape[1]
+    device = slot_tokens.device
+    positions = torch.arange(n, device=device).unsqueeze(0)
+    logits, hidden, past = step(
+        slot_tokens, slot_hidden, positions, causal_mask(n, 0, device), None
+    )
+    drafts = []
+    token = to_target(logits[:, -1].argmax(-1))  # [1]
+    hidden = hidden[:, -1:]
+    for j in range(k):
+        drafts.append(token)
+        if j == k - 1:
+            break
+        pos = torch.full((1, 1), n + j, device=device, dtype=torch.long)
+        logits, hidden, past = step(
+            token.view(1, 1), hidden, pos, causal_mask(1, past[0].shape[2], device), past
+        )
+        token = to_target(logits[:, -1].argmax(-1))
+    return torch.cat(drafts)

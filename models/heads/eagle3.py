@@ -1,0 +1,170 @@
+"""EAGLE-3 draft head: fused multi-layer target features, reduced draft vocabulary, TTT.
+
+Structure (the parameter names are what vLLM's ``Eagle3LlamaForCausalLM`` loads):
+
+    fc:        Linear(n_aux * h -> h)                       fuses the target's aux states
+    layers.0:  input_layernorm(embed) ++ hidden_norm(hidden) -> attention (2h -> h) -> MLP
+    norm:      final RMSNorm;   lm_head: Linear(h -> draft_vocab)
+    d2t / t2d: draft-id -> target-id offsets / target-vocab membership mask
+    embed_tokens: the target's embeddings, frozen and not saved (vLLM shares the target's)
+
+Slot convention (same as vLLM's proposer): slot i holds token x[i+1] paired with the
+target's features of position i, sits at position i, and predicts x[i+2]. Draft step j
+(training-time test) feeds the head's own pre-norm output back as the hidden state, the
+token x[i+1+j] at position i+j, and predicts x[i+2+j].
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from models.heads.base import HeadBatch, HeadLoss, greedy_chain, scored_steps
+from models.heads.layers import (
+    KV,
+    DraftAttention,
+    DraftMLP,
+    HeadConfig,
+    RMSNorm,
+    shift_left,
+    ttt_mask,
+)
+from models.heads.vocab import draft_to_target
+from models.target import Capture
+
+
+class Eagle3Layer(nn.Module):
+    """vLLM's first EAGLE-3 decoder layer: attention input is [norm(embed), norm(hidden)]."""
+
+    def __init__(self, cfg: HeadConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = DraftAttention(cfg, input_size=2 * cfg.hidden_size)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = DraftMLP(cfg)
+
+    def forward(
+        self,
+        embeds: torch.Tensor,  # [batch, seq, hidden]
+        hidden: torch.Tensor,  # [batch, seq, hidden]
+        positions: torch.Tensor,  # [batch, seq]
+        mask: torch.Tensor,  # [batch or 1, seq, past + seq] bool
+        past: KV | None,
+    ) -> tuple[torch.Tensor, KV]:
+        if self.cfg.norm_before_residual:
+            hidden = self.hidden_norm(hidden)
+            residual = hidden
+        else:
+            residual = hidden
+            hidden = self.hidden_norm(hidden)
+        x = torch.cat([self.input_layernorm(embeds), hidden], dim=-1)  # [batch, seq, 2h]
+        attn, kv = self.self_attn(x, positions, mask, past)
+        residual = attn + residual
+        out = self.mlp(self.post_attention_layernorm(residual)) + residual
+        return out, kv  # out is the pre-norm hidden state fed to the next draft step
+
+
+class Eagle3Head(nn.Module):
+    """EAGLE-3 head. ``d2t``/``t2d`` come from ``models.heads.vocab.build_draft_vocab``."""
+
+    def __init__(self, cfg: HeadConfig, d2t: torch.Tensor, t2d: torch.Tensor) -> None:
+        super().__init__()
+        if cfg.draft_vocab_size is None or len(cfg.aux_layer_ids) == 0:
+            raise ValueError("EAGLE-3 heads need draft_vocab_size and aux_layer_ids")
+        if d2t.shape != (cfg.draft_vocab_size,) or t2d.shape != (cfg.vocab_size,):
+            raise ValueError("d2t must be [draft_vocab_size] and t2d [vocab_size]")
+        self.cfg = cfg
+        h = cfg.hidden_size
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, h)
+        self.embed_tokens.weight.requires_grad_(False)
+        self.fc = nn.Linear(len(cfg.aux_layer_ids) * h, h, bias=False)
+        self.layers = nn.ModuleList([Eagle3Layer(cfg)])
+        self.norm = RMSNorm(h, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(h, cfg.draft_vocab_size, bias=False)
+        self.register_buffer("d2t", d2t.long().clone())
+        self.register_buffer("t2d", t2d.bool().clone())
+
+    # ---- pieces used by training and by decoding -------------------------------------
+    def combine(self, aux: torch.Tensor) -> torch.Tensor:
+        """[..., n_aux * hidden] target aux states -> [..., hidden] (vLLM combine_hidden_states)."""
+        return self.fc(aux)
+
+    def step(
+        self,
+        tokens: torch.Tensor,  # [batch, seq] target ids
+        hidden: torch.Tensor,  # [batch, seq, hidden] fused features or previous pre-norm output
+        positions: torch.Tensor,  # [batch, seq]
+        mask: torch.Tensor,  # [batch or 1, seq, past + seq] bool
+        past: KV | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, KV]:
+        """One draft forward: (draft-vocab logits, pre-norm hidden, keys/values so far)."""
+        out, kv = self.layers[0](self.embed_tokens(tokens), hidden, positions, mask, past)
+        return self.lm_head(self.norm(out)), out, kv
+
+    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return draft_to_target(draft_ids, self.d2t)
+
+    def target_id_order(self) -> torch.Tensor:
+        """[draft_vocab] target ids in draft-id order (draft id d <-> target id d + d2t[d])."""
+        return self.to_target_ids(torch.arange(self.cfg.draft_vocab_size, device=self.d2t.device))
+
+    def init_from_target(self, embed_weight: torch.Tensor, lm_head_weight: torch.Tensor) -> None:
+        """Copy the frozen embeddings; start lm_head from the target's rows for the draft vocab."""
+        with torch.no_grad():
+            self.embed_tokens.weight.copy_(embed_weight)
+            self.lm_head.weight.copy_(lm_head_weight[self.target_id_order()])
+
+    # ---- training ----------------------------------------------------------------------
+    def target_distribution(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Target logits [batch, seq, vocab] -> (probs over the draft vocab, argmax in vocab).
+
+        The second tensor [batch, seq] marks positions whose target argmax is a draft-vocab
+        token: only there can a greedy draft be accepted, so only there is the loss scored.
+        """
+        restricted = logits[..., self.target_id_order()]  # [batch, seq, draft_vocab]
+        in_vocab = self.t2d[logits.argmax(-1)]
+        return F.softmax(restricted.float(), dim=-1), in_vocab
+
+    def ttt_forward(
+        self,
+        input_ids: torch.Tensor,  # [batch, seq] teacher tokens x[0..seq-1]
+        aux: torch.Tensor,  # [batch, seq, n_aux * hidden]
+        steps: int,
+    ) -> list[torch.Tensor]:
+        """Draft-vocab logits [batch, seq, draft_vocab] of every TTT step.
+
+        Step j, slot i: token x[i+1+j] at position i+j, hidden = the head's own pre-norm
+        output of step j-1 at slot i (step 0: fc(aux[i])), predicting x[i+2+j].
+        """
+        b, t = input_ids.shape
+        device = input_ids.device
+        hidden = self.combine(aux)
+        base_pos = torch.arange(t, device=device).unsqueeze(0).expand(b, t)
+        past: KV | None = None
+        out = []
+        for j in range(steps):
+            tokens = shift_left(input_ids, 1 + j)  # slot i: x[i+1+j]
+            mask = ttt_mask(t, j, device)
+            logits, hidden, past = self.step(tokens, hidden, base_pos + j, mask, past)
+            out.append(logits)
+        return out
+
+    def loss(self, batch: HeadBatch, cap: Capture, steps: int = 3, decay: float = 0.8) -> HeadLoss:
+        """Training-time test over ``steps`` draft steps, step j weighted decay**j."""
+        probs, in_vocab = self.target_distribution(cap.logits)
+        all_logits = self.ttt_forward(batch.input_ids, cap.aux, steps)
+        return scored_steps(all_logits, probs, in_vocab, batch.loss_mask.bool(), decay)
+
+    # ---- decoding ------------------------------------------------------------------------
+    @torch.no_grad()
+    def draft_greedy(
+        self,
+        tokens: torch.Tensor,  # [1, n + 1]: the context x[0..n-1] plus the target's next token
+        aux: torch.Tensor,  # [1, n, n_aux * hidden] target aux states for x[0..n-1]
+        k: int,
+    ) -> torch.Tensor:
+        """Greedy chain of k drafts (target ids, [k]) after ``tokens``."""
+        return greedy_chain(self.step, self.to_target_ids, tokens[:, 1:], self.combine(aux), k)

@@ -1,0 +1,209 @@
+"""Building blocks shared by the draft heads: config, RMSNorm, RoPE, attention, masks.
+
+Parameter names follow the Llama layout vLLM's EAGLE loaders expect
+(``self_attn.{q,k,v,o}_proj``, ``mlp.{gate,up,down}_proj``, ``input_layernorm``,
+``post_attention_layernorm``, ``hidden_norm``), so a head's ``state_dict`` is saved as is.
+Attention takes an explicit boolean mask (True = may attend) so training-time-test and
+parallel-drafting masks are plain tensors that tests can check by hand.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers.activations import ACT2FN
+
+
+@dataclass
+class HeadConfig:
+    """Architecture of a draft head (one Llama-style decoder layer plus its extras)."""
+
+    hidden_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int  # the target's vocabulary
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    max_position_embeddings: int = 4096
+    hidden_act: str = "silu"
+    attention_bias: bool = False
+    draft_vocab_size: int | None = None  # EAGLE-3 / P-EAGLE reduced vocabulary
+    aux_layer_ids: list[int] = field(default_factory=list)  # EAGLE-3 / P-EAGLE
+    norm_before_residual: bool = False
+    mask_token_id: int | None = None  # P-EAGLE
+    target_architecture: str = "LlamaForCausalLM"
+    tie_word_embeddings: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> HeadConfig:
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+    @classmethod
+    def from_target_config(cls, config: Any, architecture: str, **overrides: Any) -> HeadConfig:
+        """Draft layer shaped like the target's attention; RoPE is always the default kind."""
+        heads = int(config.num_attention_heads)
+        rope = getattr(config, "rope_parameters", None) or {}
+        theta = rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))
+        values: dict[str, Any] = dict(
+            hidden_size=int(config.hidden_size),
+            num_attention_heads=heads,
+            num_key_value_heads=int(getattr(config, "num_key_value_heads", heads) or heads),
+            head_dim=int(getattr(config, "head_dim", None) or config.hidden_size // heads),
+            intermediate_size=_dense_intermediate_size(config),
+            vocab_size=int(config.vocab_size),
+            rms_norm_eps=float(getattr(config, "rms_norm_eps", 1e-6)),
+            rope_theta=float(theta),
+            max_position_embeddings=int(getattr(config, "max_position_embeddings", 4096)),
+            target_architecture=architecture,
+        )
+        values.update(overrides)
+        return cls(**values)
+
+
+def _dense_intermediate_size(config: Any) -> int:
+    # MoE targets (Qwen3-MoE, GPT-OSS, Qwen3-Next) list a per-expert size; a dense draft
+    # MLP uses the dense size when there is one, else 4x hidden rounded like Llama.
+    size = getattr(config, "intermediate_size", None)
+    if size and int(size) >= int(config.hidden_size):
+        return int(size)
+    return int(config.hidden_size) * 4
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., size]
+        dtype = x.dtype
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(dtype)
+
+
+def rope_cos_sin(
+    positions: torch.Tensor,  # [batch, seq] long
+    head_dim: int,
+    theta: float,
+    dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Default (neox-style) rotary tables, [batch, seq, head_dim] each."""
+    inv = 1.0 / (
+        theta ** (torch.arange(0, head_dim, 2, device=positions.device).float() / head_dim)
+    )
+    angles = positions.float().unsqueeze(-1) * inv  # [batch, seq, head_dim / 2]
+    emb = torch.cat([angles, angles], dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    # x: [batch, heads, seq, head_dim]; cos/sin: [batch, seq, head_dim]
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos.unsqueeze(1) + rotated * sin.unsqueeze(1)
+
+
+KV = tuple[torch.Tensor, torch.Tensor]  # keys, values: [batch, kv_heads, seq, head_dim]
+
+
+class DraftAttention(nn.Module):
+    def __init__(self, cfg: HeadConfig, input_size: int) -> None:
+        super().__init__()
+        self.cfg = cfg
+        nh, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        bias = cfg.attention_bias
+        self.q_proj = nn.Linear(input_size, nh * hd, bias=bias)
+        self.k_proj = nn.Linear(input_size, nkv * hd, bias=bias)
+        self.v_proj = nn.Linear(input_size, nkv * hd, bias=bias)
+        self.o_proj = nn.Linear(nh * hd, cfg.hidden_size, bias=bias)
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [batch, seq, input_size]
+        positions: torch.Tensor,  # [batch, seq] long
+        mask: torch.Tensor,  # [seq, past + seq] or [batch, seq, past + seq] bool, True = attend
+        past: KV | None = None,
+    ) -> tuple[torch.Tensor, KV]:
+        b, s, _ = x.shape
+        if mask.dim() == 2:
+            mask = mask.unsqueeze(0)
+        cfg = self.cfg
+        q = self.q_proj(x).view(b, s, cfg.num_attention_heads, cfg.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, s, cfg.num_key_value_heads, cfg.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, s, cfg.num_key_value_heads, cfg.head_dim).transpose(1, 2)
+        cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta, q.dtype)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if past is not None:
+            k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
+        groups = cfg.num_attention_heads // cfg.num_key_value_heads
+        kr = k.repeat_interleave(groups, dim=1)
+        vr = v.repeat_interleave(groups, dim=1)
+        out = F.scaled_dot_product_attention(
+            q, kr, vr, attn_mask=mask.unsqueeze(1), scale=1.0 / math.sqrt(cfg.head_dim)
+        )
+        out = out.transpose(1, 2).reshape(b, s, cfg.num_attention_heads * cfg.head_dim)
+        return self.o_proj(out), (k, v)
+
+
+class DraftMLP(nn.Module):
+    def __init__(self, cfg: HeadConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.act = ACT2FN[cfg.hidden_act]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., hidden]
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+
+
+def causal_mask(seq: int, past: int = 0, device: torch.device | None = None) -> torch.Tensor:
+    """[seq, past + seq] bool: query i sees every cached key and new keys 0..i.
+
+    Example seq=2, past=1: [[1, 1, 0],
+                            [1, 1, 1]]
+    """
+    new = torch.ones(seq, seq, dtype=torch.bool, device=device).tril()
+    return torch.cat([torch.ones(seq, past, dtype=torch.bool, device=device), new], dim=1)
+
+
+def ttt_mask(seq: int, step: int, device: torch.device | None = None) -> torch.Tensor:
+    """Training-time-test mask for draft step ``step`` (0-based): [seq, seq * (step + 1)].
+
+    Keys are laid out step by step: block 0 = the step-0 keys of every slot (computed from
+    the target's features), block m = the keys slot i produced at draft step m. A query at
+    slot i in step j sees block 0 causally (slots 0..i) and, in blocks 1..j, only its own
+    slot i -- exactly the KV cache a chain drafted from position i holds at inference.
+
+    Example seq=3, step=1 (columns: block 0 slots 0..2 | block 1 slots 0..2):
+        [[1, 0, 0,  1, 0, 0],
+         [1, 1, 0,  0, 1, 0],
+         [1, 1, 1,  0, 0, 1]]
+    """
+    blocks = [torch.ones(seq, seq, dtype=torch.bool, device=device).tril()]
+    eye = torch.eye(seq, dtype=torch.bool, device=device)
+    blocks.extend(eye for _ in range(step))
+    return torch.cat(blocks, dim=1)
+
+
+def shift_left(x: torch.Tensor, n: int, fill: float | int = 0) -> torch.Tensor:
+    """Shift along dim 1 by n: out[:, i] = x[:, i + n], the tail filled with ``fill``.
+
+    Example n=2: [a, b, c, d] -> [c, d, fill, fill].
+    """
+    if n == 0:
+        return x
+    tail = torch.full_like(x[:, :n], fill)
+    return torch.cat([x[:, n:], tail], dim=1)

@@ -1,0 +1,144 @@
+"""P-EAGLE head: an EAGLE-3 head that drafts K tokens in one forward pass.
+
+On top of EAGLE-3 it learns ``mask_hidden`` [1, 1, n_aux * hidden], a stand-in for the
+target features of positions not yet known, and uses ``mask_token_id`` as their input
+token. vLLM serves it as ``{"method": "eagle3", "parallel_drafting": true}``: after the
+real context slots it appends K - 1 slots holding (mask_token_id, fc(mask_hidden)) at the
+following positions and reads all K drafts from that single forward.
+
+Training lays the same thing out for every anchor slot i at once: block 0 holds the real
+slots (token x[i+1], fused features of i, position i, predicts x[i+2]); block k >= 1 holds
+anchor i's k-th mask slot (mask token, fc(mask_hidden), position i+k, predicts x[i+2+k]).
+Conditional drop-token (COD, from PARD) keeps anchor i's depth k only where it kept depth
+k-1, so every kept slot still has its whole prefix -- the KV a real chain would have.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from models.heads.base import HeadBatch, HeadLoss, scored_steps
+from models.heads.eagle3 import Eagle3Head
+from models.heads.layers import HeadConfig, causal_mask, shift_left, ttt_mask
+from models.target import Capture
+
+
+def parallel_mask(seq: int, depth: int, device: torch.device | None = None) -> torch.Tensor:
+    """[depth * seq, depth * seq] bool mask over (block, slot) queries and keys.
+
+    Query block k is ``ttt_mask(seq, k)`` padded with zeros for blocks deeper than k: block 0
+    causally, then anchor i's own mask slots at depths 1..k.
+
+    Example seq=2, depth=2 (rows/cols: b0s0, b0s1, b1s0, b1s1):
+        [[1, 0, 0, 0],
+         [1, 1, 0, 0],
+         [1, 0, 1, 0],
+         [1, 1, 0, 1]]
+    """
+    rows = []
+    for k in range(depth):
+        block = ttt_mask(seq, k, device)
+        pad = torch.zeros(seq, seq * (depth - 1 - k), dtype=torch.bool, device=device)
+        rows.append(torch.cat([block, pad], dim=1))
+    return torch.cat(rows, dim=0)
+
+
+def cod_keep(
+    seq: int, depth: int, keep_prob: float, device: torch.device | None = None
+) -> torch.Tensor:
+    """[depth, seq] bool: which (depth, anchor) slots to train. Row 0 is always kept.
+
+    keep[k, i] = keep[k-1, i] and u < keep_prob (u uniform, from the global torch RNG).
+    Example keep_prob=1.0 -> all True; keep_prob=0.0 -> only row 0.
+    """
+    keep = torch.ones(depth, seq, dtype=torch.bool, device=device)
+    if depth > 1:
+        draws = torch.rand(depth - 1, seq, device=device) < keep_prob
+        keep[1:] = torch.cumprod(draws.long(), dim=0).bool()
+    return keep
+
+
+class PEagleHead(Eagle3Head):
+    """EAGLE-3 head plus ``mask_hidden`` and ``mask_token_id`` for parallel drafting."""
+
+    def __init__(self, cfg: HeadConfig, d2t: torch.Tensor, t2d: torch.Tensor) -> None:
+        super().__init__(cfg, d2t, t2d)
+        if cfg.mask_token_id is None or not 0 <= cfg.mask_token_id < cfg.vocab_size:
+            raise ValueError("P-EAGLE heads need a mask_token_id inside the target vocabulary")
+        width = len(cfg.aux_layer_ids) * cfg.hidden_size
+        self.mask_hidden = nn.Parameter(torch.randn(1, 1, width) * 0.02)
+
+    def mask_slots(self, batch: int, seq: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(tokens [batch, seq], hidden [batch, seq, hidden]) for ``seq`` mask slots."""
+        tokens = torch.full((batch, seq), self.cfg.mask_token_id, device=self.d2t.device)
+        hidden = self.combine(self.mask_hidden).expand(batch, seq, -1)
+        return tokens, hidden
+
+    def parallel_forward(
+        self,
+        input_ids: torch.Tensor,  # [batch, seq] teacher tokens
+        aux: torch.Tensor,  # [batch, seq, n_aux * hidden]
+        depth: int,
+        keep: torch.Tensor,  # [depth, seq] bool from cod_keep
+    ) -> list[torch.Tensor]:
+        """Draft-vocab logits [batch, seq, draft_vocab] per depth from ONE forward.
+
+        Depth k, slot i: anchor i's k-th draft (predicts x[i+2+k]); dropped slots are 0.
+        """
+        b, t = input_ids.shape
+        device = input_ids.device
+        mask_tokens, mask_hidden = self.mask_slots(b, t)
+        tokens = [shift_left(input_ids, 1)] + [mask_tokens] * (depth - 1)
+        hidden = [self.combine(aux)] + [mask_hidden] * (depth - 1)
+        base = torch.arange(t, device=device).unsqueeze(0).expand(b, t)
+        positions = [base + k for k in range(depth)]
+        # flat index over (block, slot): block k slot i -> k * t + i; sorted, so each block's
+        # kept slots stay contiguous. Example t=3, keep=[[1,1,1],[1,0,1]] -> [0,1,2,3,5].
+        idx = keep.flatten().nonzero().squeeze(1)
+        mask = parallel_mask(t, depth, device)[idx][:, idx]
+        flat, _, _ = self.step(
+            torch.cat(tokens, 1)[:, idx],
+            torch.cat(hidden, 1)[:, idx],
+            torch.cat(positions, 1)[:, idx],
+            mask,
+        )
+        out, start = [], 0
+        for k in range(depth):
+            slots = keep[k].nonzero().squeeze(1)  # anchors kept at depth k
+            full = flat.new_zeros(b, t, flat.shape[-1])
+            full[:, slots] = flat[:, start : start + slots.numel()]
+            start += slots.numel()
+            out.append(full)
+        return out
+
+    def loss(
+        self,
+        batch: HeadBatch,
+        cap: Capture,
+        steps: int = 4,
+        decay: float = 0.8,
+        keep_prob: float = 0.7,
+    ) -> HeadLoss:
+        """One forward over the kept (depth, anchor) slots; depth k weighted decay**k."""
+        keep = cod_keep(batch.input_ids.shape[1], steps, keep_prob, batch.input_ids.device)
+        probs, in_vocab = self.target_distribution(cap.logits)
+        logits = self.parallel_forward(batch.input_ids, cap.aux, steps, keep)
+        return scored_steps(logits, probs, in_vocab, batch.loss_mask.bool(), decay, keep)
+
+    @torch.no_grad()
+    def draft_parallel(
+        self,
+        tokens: torch.Tensor,  # [1, n + 1]: context x[0..n-1] plus the target's next token
+        aux: torch.Tensor,  # [1, n, n_aux * hidden]
+        k: int,
+    ) -> torch.Tensor:
+        """All k drafts (target ids, [k]) from one forward, as vLLM's parallel drafting does."""
+        n = aux.shape[1]
+        mask_tokens, mask_hidden = self.mask_slots(1, k - 1)
+        slot_tokens = torch.cat([tokens[:, 1:], mask_tokens], dim=1)  # [1, n + k - 1]
+        slot_hidden = torch.cat([self.combine(aux), mask_hidden], dim=1)
+        positions = torch.arange(n + k - 1, device=aux.device).unsqueeze(0)
+        mask = causal_mask(n + k - 1, 0, aux.device)
+        logits, _, _ = self.step(slot_tokens, slot_hidden, positions, mask)
+        return self.to_target_ids(logits[0, n - 1 :].argmax(-1))

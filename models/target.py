@@ -1,0 +1,224 @@
+"""Load a target model from a local folder and capture what the draft heads consume.
+
+One forward pass of the target yields, per token position t:
+
+* ``aux``: the residual stream *entering* target layers ``aux_layer_ids`` (vLLM's
+  ``eagle_aux_hidden_state_layer_ids`` convention: id k = input of layer k), concatenated
+  on the last dimension -> ``[batch, seq, n_aux * hidden]``. EAGLE-3 / P-EAGLE fuse these.
+* ``last_hidden``: the base model's final output, *after* the final norm -> ``[batch, seq,
+  hidden]``. This is what vLLM hands an EAGLE-1/2 draft (the target model's returned
+  hidden states) and what the original EAGLE trains against; ``lm_head(last_hidden)`` are
+  the target logits.
+* ``logits``: the target's next-token logits ``[batch, seq, vocab]``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+REQUIRED_FILES = (
+    "config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "generation_config.json",
+)
+WEIGHT_FILE = "model.safetensors"
+WEIGHT_INDEX = "model.safetensors.index.json"
+
+
+@dataclass(frozen=True)
+class ArchitectureSupport:
+    """What EagleNest trains for one target architecture."""
+
+    architecture: str
+    head: str  # "eagle3" (also P-EAGLE) or "eagle" (EAGLE-1 head, EAGLE-2 decoding)
+
+
+SUPPORTED_ARCHITECTURES: dict[str, ArchitectureSupport] = {
+    a.architecture: a
+    for a in (
+        ArchitectureSupport("LlamaForCausalLM", "eagle3"),
+        ArchitectureSupport("Qwen2ForCausalLM", "eagle3"),
+        ArchitectureSupport("Qwen3ForCausalLM", "eagle3"),
+        ArchitectureSupport("Qwen3MoeForCausalLM", "eagle3"),
+        ArchitectureSupport("GptOssForCausalLM", "eagle3"),
+        ArchitectureSupport("Qwen3NextForCausalLM", "eagle"),
+    )
+}
+
+
+class TargetError(ValueError):
+    """A target folder that cannot be used (missing files, unsupported architecture)."""
+
+
+class UnsupportedArchitectureError(TargetError):
+    pass
+
+
+class MissingModelFilesError(TargetError):
+    def __init__(self, folder: Path, missing: list[str]) -> None:
+        self.missing = missing
+        super().__init__(f"model folder {folder} is missing required files: {', '.join(missing)}")
+
+
+def default_aux_layer_ids(num_layers: int) -> list[int]:
+    """vLLM's default EAGLE-3 aux layers: (2, L // 2, L - 3).
+
+    Example: L = 30 (SmolLM2-135M) -> [2, 15, 27]; L = 8 (tiny tests) -> [2, 4, 5].
+    """
+    return [2, num_layers // 2, num_layers - 3]
+
+
+def check_model_files(folder: str | Path) -> None:
+    """Raise MissingModelFilesError listing every required file that is absent."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise MissingModelFilesError(folder, [f"{folder} (not a directory)"])
+    missing = [name for name in REQUIRED_FILES if not (folder / name).is_file()]
+    missing.extend(_missing_weights(folder))
+    if missing:
+        raise MissingModelFilesError(folder, missing)
+
+
+def _missing_weights(folder: Path) -> list[str]:
+    if (folder / WEIGHT_FILE).is_file():
+        return []
+    index = folder / WEIGHT_INDEX
+    if not index.is_file():
+        has_bin = any(folder.glob("*.bin"))
+        note = " (only .bin weights found; safetensors required)" if has_bin else ""
+        return [f"{WEIGHT_FILE} or {WEIGHT_INDEX}{note}"]
+    shards = set(json.loads(index.read_text())["weight_map"].values())
+    return sorted(s for s in shards if not (folder / s).is_file())
+
+
+def read_architecture(folder: str | Path) -> tuple[str, ArchitectureSupport]:
+    """Return (architecture, support row); UnsupportedArchitectureError if not in the table."""
+    config = json.loads((Path(folder) / "config.json").read_text())
+    archs = config.get("architectures") or []
+    for arch in archs:
+        if arch in SUPPORTED_ARCHITECTURES:
+            return arch, SUPPORTED_ARCHITECTURES[arch]
+    supported = ", ".join(sorted(SUPPORTED_ARCHITECTURES))
+    raise UnsupportedArchitectureError(
+        f"unsupported target architecture {archs or '(none in config.json)'}; "
+        f"supported: {supported}"
+    )
+
+
+@dataclass
+class Capture:
+    """Tensors from one target forward pass (no grad)."""
+
+    aux: torch.Tensor  # [batch, seq, n_aux * hidden]
+    last_hidden: torch.Tensor  # [batch, seq, hidden] (after the final norm)
+    logits: torch.Tensor  # [batch, seq, vocab]
+
+
+class Target:
+    """A loaded target model (eval mode, frozen) plus its tokenizer."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        tokenizer: Any,
+        folder: Path | None,
+        architecture: str,
+        aux_layer_ids: list[int] | None = None,
+    ) -> None:
+        self.model = model.eval()
+        for p in self.model.parameters():
+            p.requires_grad_(False)
+        self.tokenizer = tokenizer
+        self.folder = folder
+        self.architecture = architecture
+        self.support = SUPPORTED_ARCHITECTURES[architecture]
+        self.config = model.config
+        self.aux_layer_ids = aux_layer_ids or default_aux_layer_ids(self.num_layers)
+        ids = self.aux_layer_ids
+        if any(not 0 <= k < self.num_layers for k in ids) or ids != sorted(set(ids)):
+            # vLLM appends aux states in layer order, once per layer: the ids must be
+            # strictly increasing or the fused width / order would not match at serve time.
+            raise TargetError(
+                f"aux layer ids {ids} must be strictly increasing within 0..{self.num_layers - 1}"
+                " (targets need at least 8 layers for the default (2, L//2, L-3))"
+            )
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.decoder_layers)
+
+    @property
+    def decoder_layers(self) -> nn.ModuleList:
+        return self.model.model.layers
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.config.hidden_size)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.get_output_embeddings().weight.shape[0])
+
+    def embed_weight(self) -> torch.Tensor:
+        return self.model.get_input_embeddings().weight  # [vocab, hidden]
+
+    def lm_head_weight(self) -> torch.Tensor:
+        return self.model.get_output_embeddings().weight  # [vocab, hidden]
+
+    @torch.no_grad()
+    def capture(
+        self,
+        input_ids: torch.Tensor,  # [batch, seq]
+        attention_mask: torch.Tensor | None = None,  # [batch, seq] 1 = real token
+    ) -> Capture:
+        grabbed: dict[int, torch.Tensor] = {}
+        hooks = []
+        for k in sorted(set(self.aux_layer_ids)):
+            hooks.append(
+                self.decoder_layers[k].register_forward_pre_hook(
+                    _grab_input(grabbed, k), with_kwargs=True
+                )
+            )
+        try:
+            out = self.model.model(input_ids=input_ids, attention_mask=attention_mask)
+        finally:
+            for h in hooks:
+                h.remove()
+        last = out.last_hidden_state
+        logits = self.model.get_output_embeddings()(last)
+        aux = torch.cat([grabbed[k] for k in self.aux_layer_ids], dim=-1)
+        return Capture(aux=aux.float(), last_hidden=last.float(), logits=logits.float())
+
+
+def _grab_input(store: dict[int, torch.Tensor], k: int):  # noqa: ANN202 - hook factory
+    def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
+        store[k] = (args[0] if args else kwargs["hidden_states"]).detach()
+
+    return hook
+
+
+def load_target(
+    folder: str | Path,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+    aux_layer_ids: list[int] | None = None,
+) -> Target:
+    """Load a target from a local folder: safetensors only, trust_remote_code off."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = Path(folder)
+    check_model_files(folder)
+    arch, _ = read_architecture(folder)
+    tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
+    model = AutoModelForCausalLM.from_pretrained(
+        folder, dtype=dtype, trust_remote_code=False, use_safetensors=True
+    )
+    model.to(device)
+    return Target(model, tokenizer, folder, arch, aux_layer_ids)

@@ -1,0 +1,388 @@
+"""Train a draft head against a frozen target: ``train(config, data, device) -> TrainResult``.
+
+AdamW with linear warmup then cosine decay, gradient clipping, fp32 on CPU and bf16
+autocast on CUDA, checkpoints every N steps that resume exactly (head weights, optimizer,
+scheduler, data position and RNG), optional start from an existing head, tqdm progress
+with the loss and the per-step greedy draft accuracy. Same seed, same data -> same head.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from models.checkpoint import head_kind, load_head, save_head
+from models.data.template import Sample
+from models.heads.base import HeadBatch
+from models.heads.eagle import EagleHead
+from models.heads.eagle3 import Eagle3Head
+from models.heads.layers import HeadConfig
+from models.heads.peagle import PEagleHead
+from models.heads.vocab import build_draft_vocab, token_counts
+from models.target import Target
+
+STATE_FILE = "trainer_state.pt"
+
+
+@dataclass
+class TrainConfig:
+    head: str = "eagle3"  # "eagle" (EAGLE-1/2), "eagle3" or "peagle"
+    out_dir: str | None = None
+    max_steps: int = 100
+    batch_size: int = 2
+    lr: float = 3e-4
+    weight_decay: float = 0.0
+    warmup_steps: int = 10
+    min_lr_ratio: float = 0.1
+    grad_clip: float = 0.5
+    seed: int = 0
+    ttt_steps: int = 3  # EAGLE-3 training-time-test steps
+    parallel_depth: int = 4  # P-EAGLE drafts per forward (K)
+    keep_prob: float = 0.7  # P-EAGLE conditional drop-token keep probability
+    step_decay: float = 0.8  # loss weight decay**j of draft step j
+    draft_vocab_size: int = 8192
+    norm_before_residual: bool = False
+    mask_token_id: int | None = None  # P-EAGLE; default: pad, else eos
+    checkpoint_every: int = 0  # 0: only the final save
+    stop_after: int | None = None  # stop early at this step (schedule still spans max_steps)
+    max_seconds: float | None = None  # wall-clock budget; a resumable checkpoint is saved
+    #: polled before every step; True ends training early with a resumable checkpoint
+    #: (the optimization job's stop / max-runtime check). Not part of provenance.
+    should_stop: Callable[[], bool] | None = field(default=None, repr=False, compare=False)
+    resume: bool = False
+    init_head: str | None = None
+    checkpoint_format: str = "native"  # or "speculators" (EAGLE-3 / P-EAGLE)
+    speculative_tokens: int = 3  # written into speculators configs
+    progress: bool = True
+
+
+@dataclass
+class TrainData:
+    target: Target
+    samples: list[Sample]
+    source: str = ""  # recorded in provenance.json
+
+
+@dataclass
+class TrainResult:
+    head: nn.Module
+    steps: int
+    loss: float
+    step_accuracy: list[float]  # mean over the last steps, one per draft step / depth
+    tokens_per_second: float
+    seconds: float
+    history: list[dict[str, Any]] = field(default_factory=list)
+    out_dir: Path | None = None
+
+
+# ---- head construction -------------------------------------------------------------------
+def _base_config(target: Target, **extra: Any) -> HeadConfig:
+    return HeadConfig.from_target_config(target.config, target.architecture, **extra)
+
+
+def _vocab(target: Target, samples: list[Sample], size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    seqs = ([t for t, m in zip(s.input_ids, s.loss_mask, strict=True) if m] for s in samples)
+    return build_draft_vocab(token_counts(seqs, target.vocab_size), min(size, target.vocab_size))
+
+
+def _build_eagle(target: Target, samples: list[Sample], config: TrainConfig) -> nn.Module:
+    head = EagleHead(_base_config(target))
+    head.init_from_target(target.embed_weight(), target.lm_head_weight())
+    return head
+
+
+def _eagle3_config(target: Target, d2t: torch.Tensor, config: TrainConfig, **kw: Any) -> HeadConfig:
+    return _base_config(
+        target,
+        draft_vocab_size=int(d2t.shape[0]),
+        aux_layer_ids=list(target.aux_layer_ids),
+        norm_before_residual=config.norm_before_residual,
+        **kw,
+    )
+
+
+def _build_eagle3(target: Target, samples: list[Sample], config: TrainConfig) -> nn.Module:
+    d2t, t2d = _vocab(target, samples, config.draft_vocab_size)
+    head = Eagle3Head(_eagle3_config(target, d2t, config), d2t, t2d)
+    head.init_from_target(target.embed_weight(), target.lm_head_weight())
+    return head
+
+
+def _build_peagle(target: Target, samples: list[Sample], config: TrainConfig) -> nn.Module:
+    d2t, t2d = _vocab(target, samples, config.draft_vocab_size)
+    tok = target.tokenizer
+    mask_id = config.mask_token_id
+    if mask_id is None:
+        mask_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    head = PEagleHead(_eagle3_config(target, d2t, config, mask_token_id=mask_id), d2t, t2d)
+    head.init_from_target(target.embed_weight(), target.lm_head_weight())
+    return head
+
+
+@dataclass(frozen=True)
+class HeadKind:
+    build: Callable[[Target, list[Sample], TrainConfig], nn.Module]
+    loss_kwargs: Callable[[TrainConfig], dict[str, Any]]
+
+
+HEAD_KINDS: dict[str, HeadKind] = {
+    "eagle": HeadKind(_build_eagle, lambda c: {}),
+    "eagle3": HeadKind(_build_eagle3, lambda c: {"steps": c.ttt_steps, "decay": c.step_decay}),
+    "peagle": HeadKind(
+        _build_peagle,
+        lambda c: {"steps": c.parallel_depth, "decay": c.step_decay, "keep_prob": c.keep_prob},
+    ),
+}
+
+
+# ---- data --------------------------------------------------------------------------------
+class BatchStream:
+    """Deterministic batches: a seeded permutation per epoch, position kept for resume."""
+
+    def __init__(self, samples: list[Sample], batch_size: int, seed: int) -> None:
+        if not samples:
+            raise ValueError("no training samples")
+        self.samples, self.batch_size, self.seed = samples, min(batch_size, len(samples)), seed
+        self.epoch, self.pos = 0, 0
+
+    def _order(self) -> list[int]:
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+        return torch.randperm(len(self.samples), generator=g).tolist()
+
+    def next(self) -> list[Sample]:
+        if self.pos + self.batch_size > len(self.samples):
+            self.epoch, self.pos = self.epoch + 1, 0
+        idx = self._order()[self.pos : self.pos + self.batch_size]
+        self.pos += self.batch_size
+        return [self.samples[i] for i in idx]
+
+    def state(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "pos": self.pos}
+
+    def load_state(self, state: dict[str, int]) -> None:
+        self.epoch, self.pos = int(state["epoch"]), int(state["pos"])
+
+
+def collate(samples: list[Sample], pad_id: int, device: str | torch.device) -> HeadBatch:
+    """Right-pad to the longest sample."""
+    width = max(len(s.input_ids) for s in samples)
+    ids = torch.full((len(samples), width), pad_id, dtype=torch.long)
+    loss = torch.zeros((len(samples), width), dtype=torch.bool)
+    attn = torch.zeros((len(samples), width), dtype=torch.long)
+    for row, s in enumerate(samples):
+        n = len(s.input_ids)
+        ids[row, :n] = torch.tensor(s.input_ids)
+        loss[row, :n] = torch.tensor(s.loss_mask, dtype=torch.bool)
+        attn[row, :n] = 1
+    return HeadBatch(ids.to(device), loss.to(device), attn.to(device))
+
+
+# ---- optimisation ------------------------------------------------------------------------
+def lr_lambda(config: TrainConfig) -> Callable[[int], float]:
+    """Linear warmup to 1, then cosine decay to min_lr_ratio at max_steps."""
+
+    def factor(step: int) -> float:
+        if step < config.warmup_steps:
+            return (step + 1) / config.warmup_steps
+        span = max(config.max_steps - config.warmup_steps, 1)
+        progress = min((step - config.warmup_steps) / span, 1.0)
+        cosine = 0.5 * (1 + math.cos(math.pi * progress))
+        return config.min_lr_ratio + (1 - config.min_lr_ratio) * cosine
+
+    return factor
+
+
+def make_optimizer(
+    head: nn.Module, config: TrainConfig
+) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    params = [p for p in head.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(config))
+
+
+def _autocast(device: torch.device) -> contextlib.AbstractContextManager:
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+# ---- checkpoints -------------------------------------------------------------------------
+def _save_state(
+    out: Path,
+    step: int,
+    head: nn.Module,
+    opt: Any,
+    sched: Any,
+    stream: BatchStream,
+    history: list[dict[str, Any]],
+    data: TrainData,
+    config: TrainConfig,
+) -> Path:
+    ckpt = out / "checkpoints" / f"step-{step:08d}"
+    _save_head(head, ckpt, data, config, step, history)
+    state = {
+        "step": step,
+        "optimizer": opt.state_dict(),
+        "scheduler": sched.state_dict(),
+        "stream": stream.state(),
+        "history": history,
+        "rng": torch.get_rng_state(),
+        "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+    }
+    torch.save(state, ckpt / STATE_FILE)
+    (out / "checkpoints" / "latest").write_text(ckpt.name)
+    return ckpt
+
+
+def latest_checkpoint(out_dir: str | Path) -> Path | None:
+    pointer = Path(out_dir) / "checkpoints" / "latest"
+    return pointer.parent / pointer.read_text().strip() if pointer.is_file() else None
+
+
+def _config_record(config: TrainConfig) -> dict[str, Any]:
+    return {f.name: getattr(config, f.name) for f in fields(config) if f.name != "should_stop"}
+
+
+def _save_head(
+    head: nn.Module,
+    out: Path,
+    data: TrainData,
+    config: TrainConfig,
+    step: int,
+    history: list[dict[str, Any]],
+) -> None:
+    provenance = {
+        "data": data.source,
+        "samples": len(data.samples),
+        "steps": step,
+        "seed": config.seed,
+        "head": head_kind(head),
+        "target": str(data.target.folder or ""),
+        "train_config": _config_record(config),
+        "metrics": history[-1] if history else {},
+    }
+    save_head(
+        head,
+        out,
+        verifier=str(data.target.folder or ""),
+        fmt=config.checkpoint_format,
+        speculative_tokens=config.speculative_tokens,
+        provenance=provenance,
+    )
+
+
+def _load_head(folder: str | Path, target: Target, kind: str) -> nn.Module:
+    head = load_head(folder, target.embed_weight(), target.lm_head_weight())
+    if head_kind(head) != kind:
+        raise ValueError(f"{folder} holds a {head_kind(head)} head, not {kind}")
+    if head.cfg.hidden_size != target.hidden_size or head.cfg.vocab_size != target.vocab_size:
+        raise ValueError(f"{folder}: head does not match the target's hidden size / vocabulary")
+    return head
+
+
+# ---- the loop ------------------------------------------------------------------------------
+def train(config: TrainConfig, data: TrainData, device: str | torch.device = "cpu") -> TrainResult:
+    if config.head not in HEAD_KINDS:
+        raise ValueError(f"unknown head {config.head!r}; one of {sorted(HEAD_KINDS)}")
+    device = torch.device(device)
+    out = Path(config.out_dir) if config.out_dir else None
+    torch.manual_seed(config.seed)
+    ckpt = latest_checkpoint(out) if (out and config.resume) else None
+    if ckpt is not None:
+        head = _load_head(ckpt, data.target, config.head)
+    elif config.init_head:
+        head = _load_head(config.init_head, data.target, config.head)
+    else:
+        head = HEAD_KINDS[config.head].build(data.target, data.samples, config)
+    head.to(device).train()
+    opt, sched = make_optimizer(head, config)
+    stream = BatchStream(data.samples, config.batch_size, config.seed)
+    step, history = 0, []
+    if ckpt is not None:
+        state = torch.load(ckpt / STATE_FILE, map_location="cpu", weights_only=True)
+        opt.load_state_dict(state["optimizer"])
+        sched.load_state_dict(state["scheduler"])
+        stream.load_state(state["stream"])
+        step, history = int(state["step"]), list(state["history"])
+        torch.set_rng_state(state["rng"])
+        if state["cuda_rng"]:
+            torch.cuda.set_rng_state_all(state["cuda_rng"])
+    return _run(head, opt, sched, stream, step, history, data, config, device, out)
+
+
+def _run(
+    head: nn.Module,
+    opt: Any,
+    sched: Any,
+    stream: BatchStream,
+    step: int,
+    history: list[dict[str, Any]],
+    data: TrainData,
+    config: TrainConfig,
+    device: torch.device,
+    out: Path | None,
+) -> TrainResult:
+    tok = data.target.tokenizer
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    kwargs = HEAD_KINDS[config.head].loss_kwargs(config)
+    params = [p for p in head.parameters() if p.requires_grad]
+    tokens, start = 0, time.perf_counter()
+    bar = tqdm(total=config.max_steps, initial=step, disable=not config.progress, desc="train")
+    end = min(config.max_steps, config.stop_after or config.max_steps)
+    while step < end:
+        if config.max_seconds is not None and time.perf_counter() - start > config.max_seconds:
+            break
+        if config.should_stop is not None and config.should_stop():
+            break
+        batch = collate(stream.next(), pad, device)
+        with _autocast(device):
+            cap = data.target.capture(batch.input_ids, batch.attention_mask)
+            result = head.loss(batch, cap, **kwargs)
+        opt.zero_grad(set_to_none=True)
+        result.loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, config.grad_clip)
+        opt.step()
+        sched.step()
+        step += 1
+        loss = float(result.loss.detach())
+        tokens += int(batch.attention_mask.sum())
+        history.append(
+            {
+                "step": step,
+                "loss": loss,
+                "lr": sched.get_last_lr()[0],
+                "accuracy": result.step_accuracy,
+            }
+        )
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss:.3f}", acc="/".join(f"{a:.2f}" for a in result.step_accuracy))
+        if out and config.checkpoint_every and step % config.checkpoint_every == 0:
+            _save_state(out, step, head, opt, sched, stream, history, data, config)
+    bar.close()
+    seconds = time.perf_counter() - start
+    if out and step < config.max_steps and config.checkpoint_every:
+        _save_state(out, step, head, opt, sched, stream, history, data, config)  # resumable
+    if out:
+        _save_head(head, out, data, config, step, history)
+    recent = history[-10:]
+    depth = len(recent[-1]["accuracy"]) if recent else 0
+    acc = [sum(h["accuracy"][j] for h in recent) / len(recent) for j in range(depth)]
+    return TrainResult(
+        head=head,
+        steps=step,
+        loss=recent[-1]["loss"] if recent else float("nan"),
+        step_accuracy=acc,
+        tokens_per_second=tokens / max(seconds, 1e-9),
+        seconds=seconds,
+        history=history,
+        out_dir=out,
+    )

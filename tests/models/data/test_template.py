@@ -1,0 +1,49 @@
+from __future__ import annotations
+
+import pytest
+
+from models.data import Chat, Completion, DataError, encode_example, encode_examples
+from models.data.regenerate import regenerate
+from models.data.template import assistant_spans
+
+
+def test_assistant_only_mask_chatml(llama) -> None:  # noqa: ANN001
+    tok = llama.tokenizer
+    chat = Chat(
+        [
+            {"role": "user", "content": "add two"},
+            {"role": "assistant", "content": "def add"},
+            {"role": "user", "content": "more"},
+            {"role": "assistant", "content": "return a"},
+        ]
+    )
+    text, spans = assistant_spans(chat.messages, tok)
+    assert [text[s:e] for s, e in spans] == ["def add<|im_end|>\n", "return a<|im_end|>\n"]
+    sample = encode_example(chat, tok)
+    trained = tok.decode([t for t, m in zip(sample.input_ids, sample.loss_mask, strict=True) if m])
+    assert trained == "def add<|im_end|>\nreturn a<|im_end|>\n"
+    assert sample.input_ids == tok.apply_chat_template(chat.messages, return_dict=False)
+
+
+def test_completion_mask_adds_eos(llama) -> None:  # noqa: ANN001
+    tok = llama.tokenizer
+    s = encode_example(Completion("Q: 2+2\nA:", " 4"), tok)
+    assert s.input_ids[-1] == tok.eos_token_id and s.loss_mask[-1] == 1
+    assert (
+        tok.decode([t for t, m in zip(s.input_ids, s.loss_mask, strict=True) if m])
+        == " 4<|im_end|>"
+    )
+
+
+def test_truncation_and_no_usable_sample(llama) -> None:  # noqa: ANN001
+    chat = Chat([{"role": "user", "content": "x" * 200}, {"role": "assistant", "content": "y"}])
+    with pytest.raises(DataError, match="no usable sample"):
+        encode_examples([chat], llama.tokenizer, max_length=16)
+
+
+def test_regenerate_is_greedy_and_deterministic(llama) -> None:  # noqa: ANN001
+    chat = Chat([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "old"}])
+    a = regenerate([chat, Completion("def f", "old")], llama, max_new_tokens=5)
+    b = regenerate([chat, Completion("def f", "old")], llama, max_new_tokens=5)
+    assert a == b
+    assert all(m["content"] != "old" for m in a[0].messages if m["role"] == "assistant") or not a

@@ -1,0 +1,35 @@
+"""Fixtures for the decoding tests: random heads of each kind and oracle draft sources."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from models.data.template import Sample  # noqa: E402
+from models.target import Target  # noqa: E402
+from models.train import TrainConfig, _build_eagle, _build_eagle3, _build_peagle  # noqa: E402
+
+BUILDERS = {"eagle": _build_eagle, "eagle3": _build_eagle3, "peagle": _build_peagle}
+
+
+@pytest.fixture(scope="session")
+def make_head(samples: list[Sample]) -> Callable[[Target, str], nn.Module]:
+    """(target, kind) -> a random-initialised head of that kind for the target (cached)."""
+    built: dict[tuple[int, str], nn.Module] = {}
+
+    def get(target: Target, kind: str) -> nn.Module:
+        key = (id(target), kind)
+        if key not in built:
+            torch.manual_seed(0)
+            cfg = TrainConfig(head=kind, draft_vocab_size=64)
+            built[key] = BUILDERS[kind](target, samples, cfg).eval()
+        return built[key]
+
+    return get

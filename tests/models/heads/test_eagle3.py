@@ -1,0 +1,73 @@
+from __future__ import annotations
+
+import torch
+
+from models.heads.base import HeadBatch
+from models.heads.eagle3 import Eagle3Head
+from models.heads.layers import causal_mask
+from models.train import TrainConfig, _build_eagle3
+
+
+def make_head(llama, samples, **kw) -> Eagle3Head:  # noqa: ANN001
+    torch.manual_seed(0)
+    return _build_eagle3(llama, samples, TrainConfig(draft_vocab_size=64, **kw))
+
+
+def test_structure_matches_vllm_names(llama, samples) -> None:  # noqa: ANN001
+    head = make_head(llama, samples)
+    names = set(head.state_dict())
+    h = llama.hidden_size
+    assert {"fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d"} <= names
+    for n in ("input_layernorm", "hidden_norm", "post_attention_layernorm"):
+        assert f"layers.0.{n}.weight" in names
+    assert head.fc.weight.shape == (h, 3 * h)
+    assert head.layers[0].self_attn.q_proj.weight.shape[1] == 2 * h
+    assert head.lm_head.weight.shape == (64, h)
+    assert not head.embed_tokens.weight.requires_grad
+    # lm_head starts from the target rows of the draft vocabulary
+    torch.testing.assert_close(head.lm_head.weight, llama.lm_head_weight()[head.target_id_order()])
+
+
+def test_ttt_steps_equal_sequential_drafting(llama, samples) -> None:  # noqa: ANN001
+    """TTT step j at slot i == a real chain from slot i fed the teacher tokens."""
+    head = make_head(llama, samples).eval()
+    x = torch.tensor([samples[0].input_ids[:12]])
+    aux = llama.capture(x).aux
+    ttt = head.ttt_forward(x, aux, 3)
+    for i in (0, 4, 8):
+        n = i + 1
+        pos = torch.arange(n).unsqueeze(0)
+        logits, hidden, past = head.step(
+            x[:, 1 : n + 1], head.combine(aux[:, :n]), pos, causal_mask(n)
+        )
+        torch.testing.assert_close(logits[0, -1], ttt[0][0, i], atol=1e-5, rtol=1e-5)
+        hidden = hidden[:, -1:]
+        for j in (1, 2):
+            tok = x[:, i + 1 + j : i + 2 + j]
+            pos = torch.tensor([[i + j]])
+            logits, hidden, past = head.step(
+                tok, hidden, pos, causal_mask(1, past[0].shape[2]), past
+            )
+            torch.testing.assert_close(logits[0, -1], ttt[j][0, i], atol=1e-5, rtol=1e-5)
+
+
+def test_loss_masks_and_backward(llama, samples) -> None:  # noqa: ANN001
+    head = make_head(llama, samples)
+    x = torch.tensor([samples[0].input_ids[:40]])
+    lm = torch.tensor([samples[0].loss_mask[:40]], dtype=torch.bool)
+    batch = HeadBatch(x, lm, torch.ones_like(x))
+    out = head.loss(batch, llama.capture(x), steps=3)
+    assert len(out.step_accuracy) == 3
+    # step j scores slots whose predicted token x[i+2+j] is an assistant token (and in vocab)
+    assert out.step_counts[0] <= int(lm[0, 2:].sum())
+    assert out.step_counts[0] >= out.step_counts[1] >= out.step_counts[2]
+    out.loss.backward()
+    assert head.fc.weight.grad is not None and head.embed_tokens.weight.grad is None
+
+
+def test_no_loss_without_assistant_tokens(llama, samples) -> None:  # noqa: ANN001
+    head = make_head(llama, samples)
+    x = torch.tensor([samples[0].input_ids[:20]])
+    batch = HeadBatch(x, torch.zeros_like(x, dtype=torch.bool), torch.ones_like(x))
+    out = head.loss(batch, llama.capture(x))
+    assert out.step_counts == [0, 0, 0] and float(out.loss.detach()) == 0.0

@@ -1,0 +1,134 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from vllm_reference import ReferenceDraft
+
+from models.checkpoint import load_head, read_head_config, save_head
+from models.train import TrainConfig, TrainData, train
+
+EXPLICIT = (
+    "norm_before_residual",
+    "num_aux_hidden_states",
+    "eagle_aux_hidden_state_layer_ids",
+    "draft_vocab_size",
+    "mask_token_id",
+)
+
+
+def trained(llama, samples, tmp: Path, head: str, **kw):  # noqa: ANN001, ANN201
+    config = TrainConfig(head=head, max_steps=4, draft_vocab_size=64, lr=3e-3, progress=False, **kw)
+    return train(config, TrainData(llama, samples, "gsm8k_training.jsonl")).head.eval()
+
+
+@pytest.mark.parametrize(
+    ("head", "fmt", "nbr"),
+    [
+        ("eagle", "native", False),
+        ("eagle3", "native", False),
+        ("eagle3", "native", True),
+        ("eagle3", "speculators", False),
+        ("peagle", "native", False),
+        ("peagle", "speculators", False),
+    ],
+)
+def test_saved_head_drafts_match_vllm_reference(
+    llama,
+    samples,
+    tmp_path: Path,
+    head: str,
+    fmt: str,
+    nbr: bool,  # noqa: ANN001
+) -> None:
+    model = trained(llama, samples, tmp_path, head, norm_before_residual=nbr)
+    out = save_head(model, tmp_path / "ckpt", verifier="/models/t", fmt=fmt, provenance={"x": 1})
+    config = json.loads((out / "config.json").read_text())
+    for key in EXPLICIT:
+        assert key in config, key
+    ref = ReferenceDraft(out, llama.embed_weight(), llama.lm_head_weight())
+    for sample in samples[:3]:
+        x = torch.tensor([sample.input_ids[:14]])
+        cap = llama.capture(x)
+        feats = cap.last_hidden if head == "eagle" else cap.aux
+        n = 13
+        mine = model.draft_greedy(x, feats[:, :n], 4).tolist()
+        assert mine == ref.chain(x[0], feats[0, :n], 4)
+        if head == "peagle":
+            par = model.draft_parallel(x, cap.aux[:, :n], 4).tolist()
+            assert par == ref.parallel(x[0], cap.aux[0, :n], 4)
+    # reload: same logits
+    again = load_head(out, llama.embed_weight(), llama.lm_head_weight()).eval()
+    x = torch.tensor([samples[0].input_ids[:10]])
+    feats = llama.capture(x)
+    hid = feats.last_hidden if head == "eagle" else model.combine(feats.aux)
+    pos = torch.arange(10).unsqueeze(0)
+    mask = torch.ones(10, 10, dtype=torch.bool).tril()
+    torch.testing.assert_close(model.step(x, hid, pos, mask)[0], again.step(x, hid, pos, mask)[0])
+
+
+def test_native_eagle3_config(llama, samples, tmp_path: Path) -> None:  # noqa: ANN001
+    out = save_head(trained(llama, samples, tmp_path, "eagle3"), tmp_path / "c")
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["architectures"] == ["LlamaForCausalLMEagle3"]
+    assert cfg["eagle_aux_hidden_state_layer_ids"] == [2, 4, 5]
+    assert cfg["num_hidden_layers"] == 1 and cfg["draft_vocab_size"] == 64
+    assert cfg["vocab_size"] == llama.vocab_size and cfg["norm_before_residual"] is False
+    from safetensors.torch import load_file
+
+    w = load_file(str(out / "model.safetensors"))
+    assert w["d2t"].dtype == torch.int64 and w["t2d"].dtype == torch.bool
+    assert "embed_tokens.weight" not in w  # vLLM shares the target's embeddings
+
+
+def test_peagle_speculators_config(llama, samples, tmp_path: Path) -> None:  # noqa: ANN001
+    out = save_head(
+        trained(llama, samples, tmp_path, "peagle"), tmp_path / "c", "/t", "speculators", 5
+    )
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["speculators_model_type"] == "peagle"
+    assert cfg["mask_token_id"] == llama.tokenizer.pad_token_id
+    spec = cfg["speculators_config"]
+    assert spec["proposal_methods"][0]["speculative_tokens"] == 5
+    assert spec["verifier"] == {"name_or_path": "/t", "architectures": ["LlamaForCausalLM"]}
+    assert cfg["transformer_layer_config"]["num_hidden_layers"] == 1
+    kind, hc = read_head_config(out)
+    assert kind == "peagle" and hc.mask_token_id == llama.tokenizer.pad_token_id
+
+
+def test_native_eagle_config_and_no_shared_weights(llama, samples, tmp_path: Path) -> None:  # noqa: ANN001
+    out = save_head(trained(llama, samples, tmp_path, "eagle"), tmp_path / "c")
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["architectures"] == ["LlamaForCausalLM"]
+    from safetensors.torch import load_file
+
+    assert set(load_file(str(out / "model.safetensors"))) == {
+        "fc.weight",
+        "layers.0.self_attn.q_proj.weight",
+        "layers.0.self_attn.k_proj.weight",
+        "layers.0.self_attn.v_proj.weight",
+        "layers.0.self_attn.o_proj.weight",
+        "layers.0.post_attention_layernorm.weight",
+        "layers.0.mlp.gate_proj.weight",
+        "layers.0.mlp.up_proj.weight",
+        "layers.0.mlp.down_proj.weight",
+    }
+    with pytest.raises(ValueError, match="native"):
+        save_head(trained(llama, samples, tmp_path, "eagle"), tmp_path / "d", fmt="speculators")
+
+
+def test_provenance(llama, samples, tmp_path: Path) -> None:  # noqa: ANN001
+    config = TrainConfig(
+        head="eagle3",
+        max_steps=2,
+        draft_vocab_size=64,
+        progress=False,
+        out_dir=str(tmp_path / "o"),
+        seed=7,
+    )
+    train(config, TrainData(llama, samples, "gsm8k_training.jsonl"))
+    prov = json.loads((tmp_path / "o" / "provenance.json").read_text())
+    assert prov["data"] == "gsm8k_training.jsonl" and prov["steps"] == 2 and prov["seed"] == 7
+    assert "git_sha" in prov and "accuracy" in prov["metrics"]

@@ -1,0 +1,89 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from tiny import ARCHITECTURES
+
+from models.checkpoint import load_head
+from models.data import encode_examples, load_examples
+from models.train import BatchStream, TrainConfig, TrainData, latest_checkpoint, lr_lambda, train
+
+
+def cfg(tmp: Path | None, **kw) -> TrainConfig:  # noqa: ANN003
+    base = dict(max_steps=3, draft_vocab_size=64, progress=False, lr=2e-3, warmup_steps=2)
+    base.update(kw)
+    return TrainConfig(out_dir=str(tmp) if tmp else None, **base)
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_one_step_save_reload_all_architectures(arch: str, tiny_target, tmp_path: Path) -> None:  # noqa: ANN001
+    target = tiny_target(arch)
+    samples = encode_examples(load_examples("magicoder.jsonl")[:4], target.tokenizer, 96)
+    head_kind = target.support.head
+    result = train(cfg(tmp_path, head=head_kind, max_steps=1), TrainData(target, samples))
+    assert result.steps == 1 and result.loss == result.loss  # not NaN
+    head = result.head.eval()
+    again = load_head(tmp_path, target.embed_weight(), target.lm_head_weight()).eval()
+    x = torch.tensor([samples[0].input_ids[:12]])
+    cap = target.capture(x)
+    hidden = cap.last_hidden if head_kind == "eagle" else head.combine(cap.aux)
+    pos, mask = torch.arange(12).unsqueeze(0), torch.ones(12, 12, dtype=torch.bool).tril()
+    torch.testing.assert_close(
+        head.step(x, hidden, pos, mask)[0], again.step(x, hidden, pos, mask)[0]
+    )
+    assert again.cfg.target_architecture == arch
+
+
+@pytest.mark.parametrize("head", ["eagle", "eagle3", "peagle"])
+def test_resume_is_exact(head: str, llama, samples, tmp_path: Path) -> None:  # noqa: ANN001
+    data = TrainData(llama, samples)
+    straight = train(cfg(tmp_path / "a", head=head, max_steps=6), data)
+    first = train(
+        cfg(tmp_path / "b", head=head, max_steps=6, checkpoint_every=2, stop_after=3), data
+    )
+    assert first.steps == 3 and latest_checkpoint(tmp_path / "b").name == "step-00000003"
+    resumed = train(cfg(tmp_path / "b", head=head, max_steps=6, resume=True), data)
+    assert resumed.steps == 6
+    a, b = straight.head.state_dict(), resumed.head.state_dict()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    assert [h["loss"] for h in straight.history] == [h["loss"] for h in resumed.history]
+
+
+def test_deterministic_with_seed(llama, samples) -> None:  # noqa: ANN001
+    data = TrainData(llama, samples)
+    r1 = train(cfg(None, head="peagle", seed=3), data)
+    r2 = train(cfg(None, head="peagle", seed=3), data)
+    r3 = train(cfg(None, head="peagle", seed=4), data)
+    assert torch.equal(r1.head.fc.weight, r2.head.fc.weight)
+    assert not torch.equal(r1.head.fc.weight, r3.head.fc.weight)
+
+
+def test_init_from_existing_head(llama, samples, tmp_path: Path) -> None:  # noqa: ANN001
+    data = TrainData(llama, samples)
+    base = train(cfg(tmp_path / "base", head="eagle3", max_steps=2), data)
+    tuned = train(cfg(None, head="eagle3", max_steps=1, init_head=str(tmp_path / "base")), data)
+    assert torch.equal(tuned.head.d2t, base.head.d2t)
+    assert not torch.equal(tuned.head.fc.weight, base.head.fc.weight)
+    with pytest.raises(ValueError, match="eagle3 head, not peagle"):
+        train(cfg(None, head="peagle", init_head=str(tmp_path / "base")), data)
+
+
+def test_training_reduces_loss(llama, samples) -> None:  # noqa: ANN001
+    result = train(
+        cfg(None, head="eagle3", max_steps=15, lr=5e-3, batch_size=2), TrainData(llama, samples[:2])
+    )
+    first = sum(h["loss"] for h in result.history[:3]) / 3
+    last = sum(h["loss"] for h in result.history[-3:]) / 3
+    assert last < first
+
+
+def test_schedule_and_stream() -> None:
+    f = lr_lambda(TrainConfig(max_steps=10, warmup_steps=2, min_lr_ratio=0.1))
+    assert [round(f(s), 3) for s in (0, 1, 2, 10)] == [0.5, 1.0, 1.0, 0.1]
+    stream = BatchStream(list(range(5)), 2, seed=1)  # type: ignore[arg-type]
+    seen = [tuple(stream.next()) for _ in range(3)]
+    assert stream.state() == {"epoch": 1, "pos": 2}
+    assert sorted(seen[0] + seen[1]) != list(range(5))  # an epoch drops the remainder

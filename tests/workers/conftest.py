@@ -1,0 +1,33 @@
+"""Fixtures for worker tests: a tiny random Llama target and a briefly trained EAGLE-3 head
+(real folders, as the artifact store and the serving processes see them)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tiny import build_tiny_target
+
+    return build_tiny_target(tmp_path_factory.mktemp("tiny") / "llama", "LlamaForCausalLM")
+
+
+@pytest.fixture(scope="session")
+def tiny_eagle3_dir(tmp_path_factory: pytest.TempPathFactory, tiny_llama_dir: Path) -> Path:
+    from models.data import builtin_path, encode_examples, load_examples
+    from models.target import load_target
+    from models.train import TrainConfig, TrainData, train
+
+    target = load_target(tiny_llama_dir)
+    samples = encode_examples(load_examples(builtin_path("gsm8k_training.jsonl"))[:8],
+                              target.tokenizer, max_length=128)
+    out = tmp_path_factory.mktemp("head") / "eagle3"
+    train(TrainConfig(head="eagle3", out_dir=str(out), max_steps=3, draft_vocab_size=64,
+                      progress=False), TrainData(target, samples, source="test"))
+    return out

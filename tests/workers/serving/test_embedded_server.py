@@ -1,0 +1,128 @@
+"""The embedded engine's server, started as a real process like the endpoint manager and
+the benchmark start it: vLLM's OpenAI surface, streaming, metrics, lossless greedy."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from workers.benchmark import BenchConfig, run
+from workers.broker import free_port
+from workers.serving.embedded.metrics import parse_spec_counters
+from workers.serving.process import EMBEDDED, ServerProcess, ServerSpec
+
+PROMPTS = ["Natalia sold 48 clips", "def add(a, b):", "The quick brown fox"]
+
+
+def _start(tmp_path, model_dir, head_dir, name: str) -> ServerProcess:
+    spec = ServerSpec(model_dir=model_dir, served_name="tiny", port=free_port(),
+                      backend=EMBEDDED, head_dir=head_dir, num_speculative_tokens=3,
+                      max_model_len=256)
+    proc = ServerProcess(spec, tmp_path / f"{name}.log")
+    proc.start(health_timeout=120)
+    return proc
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory, tiny_llama_dir, tiny_eagle3_dir) -> Iterator[dict[str, str]]:
+    tmp = tmp_path_factory.mktemp("servers")
+    base = _start(tmp, tiny_llama_dir, None, "base")
+    spec = _start(tmp, tiny_llama_dir, tiny_eagle3_dir, "spec")
+    yield {"base": base.base_url, "spec": spec.base_url}
+    base.stop()
+    spec.stop()
+
+
+def complete(url: str, prompt: str, **kw: object) -> dict:
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": 24, "temperature": 0, **kw}
+    r = httpx.post(f"{url}/v1/completions", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_health_and_models(servers):
+    for url in servers.values():
+        assert httpx.get(f"{url}/health").status_code == 200
+        models = httpx.get(f"{url}/v1/models").json()
+        assert [m["id"] for m in models["data"]] == ["tiny"]
+
+
+def test_greedy_output_is_lossless(servers):
+    for prompt in PROMPTS:
+        base = complete(servers["base"], prompt)
+        spec = complete(servers["spec"], prompt)
+        assert spec["choices"][0]["text"] == base["choices"][0]["text"]
+        assert spec["usage"] == base["usage"]
+        assert base["usage"]["completion_tokens"] > 0
+
+
+def test_spec_counters_on_metrics(servers):
+    complete(servers["spec"], PROMPTS[0])
+    spec = parse_spec_counters(httpx.get(f"{servers['spec']}/metrics").text)
+    assert spec["drafts"] > 0
+    assert spec["draft_tokens"] >= spec["drafts"]
+    assert 0 <= spec["accepted"] <= spec["draft_tokens"]
+    base = parse_spec_counters(httpx.get(f"{servers['base']}/metrics").text)
+    assert base.get("drafts", 0) == 0
+
+
+def test_streaming_matches_non_streaming(servers):
+    url = servers["spec"]
+    whole = complete(url, PROMPTS[1])["choices"][0]["text"]
+    body = {"model": "tiny", "prompt": PROMPTS[1], "max_tokens": 24, "temperature": 0,
+            "stream": True, "stream_options": {"include_usage": True}}
+    pieces, usage = [], None
+    with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=120) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                chunk = json.loads(line[6:])
+                usage = chunk.get("usage") or usage
+                pieces += [c["text"] for c in chunk["choices"]]
+    assert "".join(pieces) == whole
+    assert usage is not None and usage["completion_tokens"] > 0
+
+
+def test_chat_and_stop_strings(servers):
+    url = servers["base"]
+    r = httpx.post(f"{url}/v1/chat/completions", timeout=120, json={
+        "model": "tiny", "messages": [{"role": "user", "content": "hello"}],
+        "max_tokens": 16, "temperature": 0})
+    assert r.status_code == 200, r.text
+    msg = r.json()["choices"][0]["message"]
+    assert msg["role"] == "assistant"
+    full = complete(url, PROMPTS[2])["choices"][0]["text"]
+    if len(full) > 4:
+        stop = full[2:4]
+        cut = complete(url, PROMPTS[2], stop=[stop])
+        assert cut["choices"][0]["text"] == full[: full.index(stop)]
+        assert cut["choices"][0]["finish_reason"] == "stop"
+
+
+def test_bad_requests(servers):
+    url = servers["base"]
+    r = httpx.post(f"{url}/v1/completions", json={"model": "other", "prompt": "x"})
+    assert r.status_code == 404
+    r = httpx.post(f"{url}/v1/completions", json={"model": "tiny", "prompt": "x",
+                                                   "max_tokens": 0})
+    assert r.status_code == 400
+    assert r.json()["object"] == "error"
+
+
+def test_benchmark_against_both(servers):
+    rows = {}
+    for name, url in servers.items():
+        cfg = BenchConfig(base_url=url, model="tiny", prompts=PROMPTS, concurrencies=(1, 2),
+                          max_tokens=16)
+        rows[name] = asyncio.run(run(cfg))
+    for levels in rows.values():
+        assert [r.concurrency for r in levels] == [1, 2]
+        for r in levels:
+            assert r.output_tokens > 0 and r.output_throughput > 0
+            assert 0 < r.ttft_ms_p50 <= r.e2e_ms_p50
+    assert rows["base"][0].acceptance_length is None
+    assert rows["spec"][0].acceptance_length is not None
+    assert rows["spec"][0].acceptance_length >= 1.0

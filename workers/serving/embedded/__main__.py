@@ -1,0 +1,69 @@
+"""`python -m workers.serving.embedded --model DIR [--head DIR] ...`: the embedded server.
+
+Its arguments mirror vLLM's OpenAI server where they overlap (--model, --port, --host,
+--served-model-name, --dtype, --max-model-len) so the process manager treats both alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m workers.serving.embedded")
+    p.add_argument("--model", required=True)
+    p.add_argument("--head", default=None)
+    p.add_argument("--mode", default="chain", choices=["chain", "tree", "parallel"])
+    p.add_argument("--num-speculative-tokens", type=int, default=5)
+    p.add_argument("--adaptive", action="store_true")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--served-model-name", default=None)
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--max-model-len", type=int, default=2048)
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    return p
+
+
+def build_server(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    import torch
+
+    from models.checkpoint import load_head
+    from models.decode.engine import DecodeMode, SpeculativeEngine
+    from models.heads.peagle import PEagleHead
+    from models.target import load_target
+    from workers.serving.embedded.server import EmbeddedServer
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    target = load_target(args.model, device=device, dtype=getattr(torch, args.dtype))
+    head, mode = None, DecodeMode.PLAIN
+    if args.head:
+        head = load_head(args.head, target.embed_weight(), target.lm_head_weight())
+        head = head.to(device=device, dtype=getattr(torch, args.dtype))
+        mode = DecodeMode(args.mode)
+        if mode is DecodeMode.PARALLEL and not isinstance(head, PEagleHead):
+            logging.warning("parallel drafting needs a P-EAGLE head; using chain drafting")
+            mode = DecodeMode.CHAIN
+    engine = SpeculativeEngine(target.model, head, mode, k=args.num_speculative_tokens,
+                               adaptive=args.adaptive, depth=args.num_speculative_tokens)
+    name = args.served_model_name or args.model
+    return EmbeddedServer(engine, target.tokenizer, name, max_model_len=args.max_model_len)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import uvicorn
+
+    from workers.serving.embedded.server import create_server_app
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    args = build_parser().parse_args(argv)
+    server = build_server(args)
+    uvicorn.run(create_server_app(server), host=args.host, port=args.port,
+                log_level="warning", access_log=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
