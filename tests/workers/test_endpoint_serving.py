@@ -1,0 +1,201 @@
+"""Endpoints serve for real: CreateEndpoint starts the embedded engine's server through a
+real Celery worker; sagemaker-runtime InvokeEndpoint (LMI and OpenAI bodies, streaming)
+reaches it; Data Capture lands in the store; UpdateEndpoint and DeleteEndpoint manage the
+processes; a restart brings a dead endpoint back."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import pytest
+from botocore.exceptions import ClientError, WaiterError
+from eaglenest_testing import Stack
+from test_optimization_pipeline import upload
+
+ROLE = "arn:aws:iam::123456789012:role/EagleNestRole"
+ENV = {"EAGLENEST_SERVING_BACKEND": "embedded", "EAGLENEST_NUM_SPECULATIVE_TOKENS": "3",
+       "EAGLENEST_MAX_MODEL_LEN": "512"}
+
+
+def container(head: bool) -> dict:
+    c = {"Image": "eaglenest", "Environment": ENV, "ModelDataSource": {"S3DataSource": {
+        "S3Uri": "s3://models/tiny/", "S3DataType": "S3Prefix", "CompressionType": "None"}}}
+    if head:
+        c["AdditionalModelDataSources"] = [{"ChannelName": "eagle_model", "S3DataSource": {
+            "S3Uri": "s3://models/tiny-head/", "S3DataType": "S3Prefix",
+            "CompressionType": "None"}}]
+    return c
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory, tiny_llama_dir, tiny_eagle3_dir):
+    s = Stack(tmp_path_factory.mktemp("serving")).start()
+    upload(s, tiny_llama_dir, "s3://models/tiny/")
+    upload(s, tiny_eagle3_dir, "s3://models/tiny-head/")
+    sm = s.client()
+    sm.create_model(ModelName="tiny-base", ExecutionRoleArn=ROLE,
+                    PrimaryContainer=container(False))
+    sm.create_model(ModelName="tiny-eagle", ExecutionRoleArn=ROLE,
+                    PrimaryContainer=container(True))
+    yield s
+    s.stop()
+
+
+def make_config(sm, name: str, model: str, capture: bool = False) -> None:
+    kw = {}
+    if capture:
+        kw["DataCaptureConfig"] = {"EnableCapture": True, "InitialSamplingPercentage": 100,
+                                   "DestinationS3Uri": "s3://capture/traffic",
+                                   "CaptureOptions": [{"CaptureMode": "Input"},
+                                                      {"CaptureMode": "Output"}]}
+    sm.create_endpoint_config(EndpointConfigName=name, ProductionVariants=[{
+        "VariantName": "AllTraffic", "ModelName": model, "InstanceType": "ml.g5.2xlarge",
+        "InitialInstanceCount": 1, "ContainerStartupHealthCheckTimeoutInSeconds": 120}], **kw)
+
+
+def in_service(sm, name: str) -> dict:
+    sm.get_waiter("endpoint_in_service").wait(
+        EndpointName=name, WaiterConfig={"Delay": 1, "MaxAttempts": 180})
+    return sm.describe_endpoint(EndpointName=name)
+
+
+def lmi(rt, name: str, text: str, **kw) -> dict:
+    r = rt.invoke_endpoint(EndpointName=name, ContentType="application/json", Body=json.dumps(
+        {"inputs": text, "parameters": {"max_new_tokens": 12, "temperature": 0}}), **kw)
+    assert r["InvokedProductionVariant"] == "AllTraffic"
+    return json.loads(r["Body"].read())
+
+
+def test_serve_invoke_stream_capture_update_delete(stack):
+    sm, rt = stack.client(), stack.client("sagemaker-runtime")
+    make_config(sm, "cfg-eagle", "tiny-eagle", capture=True)
+    sm.create_endpoint(EndpointName="ep", EndpointConfigName="cfg-eagle")
+    d = in_service(sm, "ep")
+    assert d["ProductionVariants"][0]["VariantName"] == "AllTraffic"
+    assert d["DataCaptureConfig"]["CaptureStatus"] == "Started"
+    out = lmi(rt, "ep", "Natalia sold 48 clips")
+    assert isinstance(out["generated_text"], str) and out["generated_text"]
+    chat = rt.invoke_endpoint(EndpointName="ep", ContentType="application/json", Body=json.dumps(
+        {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "temperature": 0}))
+    assert json.loads(chat["Body"].read())["object"] == "chat.completion"
+    stream = rt.invoke_endpoint_with_response_stream(
+        EndpointName="ep", ContentType="application/json", Body=json.dumps(
+            {"inputs": "Natalia sold 48 clips", "parameters": {"max_new_tokens": 12}}))
+    lines = [json.loads(x) for e in stream["Body"] for x in
+             e["PayloadPart"]["Bytes"].decode().splitlines() if x]
+    assert lines[-1]["generated_text"] == out["generated_text"]
+    assert "".join(x["token"]["text"] for x in lines[:-1]) == out["generated_text"]
+    captured = list((stack.data_dir / "s3" / "capture" / "traffic" / "ep").rglob("*.jsonl"))
+    assert len(captured) == 3
+    records = [json.loads(p.read_text()) for p in captured]
+    assert any(r.get("prompt") == "Natalia sold 48 clips"
+               and r.get("completion") == out["generated_text"] for r in records)
+    assert any(r.get("messages", [{}])[-1].get("role") == "assistant" for r in records)
+    old_url = _server_url(stack, "ep")
+    make_config(sm, "cfg-base", "tiny-base")
+    sm.update_endpoint(EndpointName="ep", EndpointConfigName="cfg-base")
+    assert sm.describe_endpoint(EndpointName="ep")["EndpointStatus"] == "Updating"
+    lmi(rt, "ep", "still serving during the update")
+    d = in_service(sm, "ep")
+    assert d["EndpointConfigName"] == "cfg-base"
+    assert _server_url(stack, "ep") != old_url
+    _gone(old_url)
+    assert lmi(rt, "ep", "Natalia sold 48 clips") == out  # greedy is lossless
+    new_url = _server_url(stack, "ep")
+    sm.delete_endpoint(EndpointName="ep")
+    sm.get_waiter("endpoint_deleted").wait(
+        EndpointName="ep", WaiterConfig={"Delay": 1, "MaxAttempts": 60})
+    _gone(new_url)
+
+
+def _server_url(stack: Stack, name: str) -> str:
+    from db.session import Database
+    from db.tables import EndpointRow
+
+    db = Database(stack.database_url)
+    try:
+        with db.session() as s:
+            row = s.query(EndpointRow).filter_by(name=name).one()
+            return str(row.deployment["Servers"]["AllTraffic"]["url"])
+    finally:
+        db.dispose()
+
+
+def _gone(url: str) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            httpx.get(f"{url}/health", timeout=1)
+        except httpx.HTTPError:
+            return
+        time.sleep(0.3)
+    raise AssertionError(f"{url} still answers")
+
+
+def test_runtime_errors(stack):
+    rt = stack.client("sagemaker-runtime")
+    with pytest.raises(ClientError) as exc:
+        rt.invoke_endpoint(EndpointName="nope", Body=b"{}", ContentType="application/json")
+    assert exc.value.response["Error"]["Code"] == "ValidationError"
+    assert exc.value.response["Error"]["Message"] == \
+        "Endpoint nope of account 123456789012 not found."
+    sm = stack.client()
+    make_config(sm, "cfg-err", "tiny-base")
+    sm.create_endpoint(EndpointName="ep-err", EndpointConfigName="cfg-err")
+    in_service(sm, "ep-err")
+    with pytest.raises(ClientError) as exc:
+        rt.invoke_endpoint(EndpointName="ep-err", Body=b"not json",
+                           ContentType="application/json")
+    assert exc.value.response["Error"]["Code"] == "ValidationError"
+    with pytest.raises(ClientError) as exc:
+        rt.invoke_endpoint(EndpointName="ep-err", ContentType="application/json",
+                           Body=json.dumps({"inputs": "x", "parameters": {"top_p": 7}}))
+    assert exc.value.response["Error"]["Code"] == "ModelError"
+    assert exc.value.response["ResponseMetadata"]["HTTPStatusCode"] == 424
+    with pytest.raises(ClientError) as exc:
+        rt.invoke_endpoint(EndpointName="ep-err", ContentType="application/json",
+                           Body=b"{}", TargetVariant="Other")
+    assert exc.value.response["Error"]["Code"] == "ValidationError"
+    sm.delete_endpoint(EndpointName="ep-err")
+
+
+def test_bad_model_files_fail_the_endpoint(stack, tiny_llama_dir, tmp_path):
+    import shutil
+
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_llama_dir, broken)
+    (broken / "config.json").unlink()
+    upload(stack, broken, "s3://models/broken/")
+    sm = stack.client()
+    c = container(False)
+    c["ModelDataSource"]["S3DataSource"]["S3Uri"] = "s3://models/broken/"
+    sm.create_model(ModelName="broken", ExecutionRoleArn=ROLE, PrimaryContainer=c)
+    make_config(sm, "cfg-broken", "broken")
+    sm.create_endpoint(EndpointName="ep-broken", EndpointConfigName="cfg-broken")
+    with pytest.raises(WaiterError):
+        in_service(sm, "ep-broken")
+    d = sm.describe_endpoint(EndpointName="ep-broken")
+    assert d["EndpointStatus"] == "Failed"
+    assert "config.json" in d["FailureReason"]
+
+
+def test_restart_recovers_dead_endpoint(stack):
+    sm = stack.client()
+    make_config(sm, "cfg-rec", "tiny-base")
+    sm.create_endpoint(EndpointName="ep-rec", EndpointConfigName="cfg-rec")
+    in_service(sm, "ep-rec")
+    url = _server_url(stack, "ep-rec")
+    stack.stop()  # graceful: the worker stops its serving processes
+    _gone(url)
+    stack.start()
+    deadline = time.monotonic() + 180
+    while _server_url(stack, "ep-rec") == url:  # the worker's reconciliation restarts it
+        assert time.monotonic() < deadline, stack.log()[-3000:]
+        time.sleep(0.5)
+    d = in_service(stack.client(), "ep-rec")
+    assert d["EndpointStatus"] == "InService"
+    assert httpx.get(f"{_server_url(stack, 'ep-rec')}/health").status_code == 200
+    lmi(stack.client("sagemaker-runtime"), "ep-rec", "back again")
+    stack.client().delete_endpoint(EndpointName="ep-rec")

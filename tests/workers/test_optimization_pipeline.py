@@ -1,0 +1,160 @@
+"""CreateOptimizationJob end to end: a real stack (API, Celery worker, embedded Redis,
+local artifact store), a tiny real target, built-in data, real training, a real benchmark
+(embedded backend, baseline vs EAGLE), outputs published, output model registered."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from eaglenest_testing import Stack
+
+ROLE = "arn:aws:iam::123456789012:role/EagleNestRole"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def upload(stack: Stack, src: Path, dst: str) -> None:
+    env = {**os.environ, "EAGLENEST_DATA_DIR": str(stack.data_dir)}
+    env.pop("EAGLENEST_S3_ENDPOINT_URL", None)
+    r = subprocess.run([sys.executable, "-m", "workers.cli", "s3", "cp", str(src), dst],
+                       env=env, capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+
+
+def job(model_uri: str, **env: str) -> dict:
+    return {
+        "RoleArn": ROLE, "ModelSource": {"S3": {"S3Uri": model_uri}},
+        "DeploymentInstanceType": "ml.g5.2xlarge",
+        "OptimizationEnvironment": {
+            "EAGLENEST_MAX_STEPS": "4", "EAGLENEST_MAX_LENGTH": "192",
+            "EAGLENEST_DATASET": "gsm8k_training.jsonl", "EAGLENEST_HOLDOUT": "2",
+            "EAGLENEST_BENCH_CONCURRENCY": "1,2", "EAGLENEST_BENCH_MAX_TOKENS": "8",
+            "EAGLENEST_SERVING_BACKEND": "embedded", "EAGLENEST_NUM_SPECULATIVE_TOKENS": "3",
+            **env,
+        },
+        "OptimizationConfigs": [{"ModelSpeculativeDecodingConfig": {"Technique": "EAGLE"}}],
+        "OutputConfig": {"S3OutputLocation": "s3://output/jobs/",
+                         "SageMakerModel": {"ModelName": "optimized"}},
+        "StoppingCondition": {"MaxRuntimeInSeconds": 1800},
+    }
+
+
+def wait_status(sm, name: str, want: set[str], timeout: float = 300) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        d = sm.describe_optimization_job(OptimizationJobName=name)
+        if d["OptimizationJobStatus"] in want:
+            return d
+        assert time.monotonic() < deadline, d
+        time.sleep(0.5)
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory, tiny_llama_dir):
+    s = Stack(tmp_path_factory.mktemp("pipeline")).start()
+    upload(s, tiny_llama_dir, "s3://models/tiny-llama/")
+    yield s
+    s.stop()
+
+
+def test_job_trains_benchmarks_and_publishes(stack):
+    sm = stack.client()
+    sm.create_optimization_job(OptimizationJobName="tiny-eagle3",
+                               **job("s3://models/tiny-llama/"))
+    d = wait_status(sm, "tiny-eagle3", {"COMPLETED", "FAILED"})
+    assert d["OptimizationJobStatus"] == "COMPLETED", d.get("FailureReason")
+    assert d["OptimizationStartTime"] <= d["OptimizationEndTime"]
+    assert d["OptimizationOutput"] == {"RecommendedInferenceImage": "vllm"}
+    out = stack.data_dir / "s3" / "output" / "jobs" / "tiny-eagle3"
+    manifest = json.loads((out / "_MANIFEST.json").read_text())["files"]
+    for f in ("eagle_model/config.json", "eagle_model/model.safetensors",
+              "eagle_model/provenance.json", "benchmark.json", "benchmark.md", "benchmark.png",
+              "training_log.jsonl", "provenance.json"):
+        assert f in manifest and (out / f).is_file(), f
+    bench = json.loads((out / "benchmark.json").read_text())
+    assert bench["backend"] == "embedded"
+    for name in ("baseline", "eagle"):
+        assert [r["concurrency"] for r in bench["results"][name]] == [1, 2]
+        assert all(r["output_tokens"] > 0 for r in bench["results"][name])
+    assert bench["results"]["eagle"][0]["acceptance_length"] >= 1.0
+    assert "| eagle | 1 |" in (out / "benchmark.md").read_text()
+    assert (out / "benchmark.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    log_lines = (out / "training_log.jsonl").read_text().splitlines()
+    assert [json.loads(x)["step"] for x in log_lines] == [1, 2, 3, 4]
+    head_cfg = json.loads((out / "eagle_model" / "config.json").read_text())
+    assert head_cfg["eagle_aux_hidden_state_layer_ids"] == [2, 4, 5]
+    model = sm.describe_model(ModelName="optimized")
+    extra = model["PrimaryContainer"]["AdditionalModelDataSources"]
+    assert extra == [{"ChannelName": "eagle_model", "S3DataSource": {
+        "S3Uri": "s3://output/jobs/tiny-eagle3/eagle_model/", "S3DataType": "S3Prefix",
+        "CompressionType": "None"}}]
+    assert not (stack.data_dir / "jobs" / "tiny-eagle3").exists()  # work dir cleaned
+
+
+def test_stop_during_training(stack):
+    sm = stack.client()
+    sm.create_optimization_job(OptimizationJobName="to-stop", **job(
+        "s3://models/tiny-llama/", EAGLENEST_MAX_STEPS="100000"))
+    wait_status(sm, "to-stop", {"INPROGRESS"})
+    time.sleep(2)
+    sm.stop_optimization_job(OptimizationJobName="to-stop")
+    assert sm.describe_optimization_job(
+        OptimizationJobName="to-stop")["OptimizationJobStatus"] in ("STOPPING", "STOPPED")
+    d = wait_status(sm, "to-stop", {"STOPPED", "FAILED", "COMPLETED"}, timeout=60)
+    assert d["OptimizationJobStatus"] == "STOPPED"
+
+
+def test_max_runtime_is_enforced(stack):
+    sm = stack.client()
+    args = job("s3://models/tiny-llama/", EAGLENEST_MAX_STEPS="100000")
+    args["StoppingCondition"] = {"MaxRuntimeInSeconds": 5}
+    sm.create_optimization_job(OptimizationJobName="too-long", **args)
+    d = wait_status(sm, "too-long", {"FAILED", "COMPLETED", "STOPPED"}, timeout=120)
+    assert d["OptimizationJobStatus"] == "FAILED"
+    assert d["FailureReason"] == ("The job ran longer than StoppingCondition."
+                                  "MaxRuntimeInSeconds (5 s) and was stopped.")
+
+
+def test_missing_model_files_fail_clearly(stack, tiny_llama_dir, tmp_path):
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_llama_dir, broken)
+    (broken / "tokenizer.json").unlink()
+    (broken / "generation_config.json").unlink()
+    upload(stack, broken, "s3://models/broken/")
+    sm = stack.client()
+    sm.create_optimization_job(OptimizationJobName="broken", **job("s3://models/broken/"))
+    d = wait_status(sm, "broken", {"FAILED", "COMPLETED"})
+    assert d["OptimizationJobStatus"] == "FAILED"
+    assert "missing required files" in d["FailureReason"]
+    assert "tokenizer.json" in d["FailureReason"]
+    assert "generation_config.json" in d["FailureReason"]
+
+
+def test_bad_dataset_line_fails_with_file_and_line(stack, tmp_path):
+    data = tmp_path / "train.jsonl"
+    good = json.dumps({"prompt": "1+1=", "completion": " 2"})
+    data.write_text("\n".join([good] * 5 + ["{not json"] + [good] * 5) + "\n")
+    upload(stack, data, "s3://data/bad/train.jsonl")
+    sm = stack.client()
+    args = job("s3://models/tiny-llama/")
+    args["OptimizationConfigs"] = [{"ModelSpeculativeDecodingConfig": {
+        "Technique": "EAGLE", "TrainingDataSource": {"S3Uri": "s3://data/bad/",
+                                                     "S3DataType": "S3Prefix"}}}]
+    sm.create_optimization_job(OptimizationJobName="bad-data", **args)
+    d = wait_status(sm, "bad-data", {"FAILED", "COMPLETED"})
+    assert d["OptimizationJobStatus"] == "FAILED"
+    assert "train.jsonl:6" in d["FailureReason"]
+
+
+def test_bad_option_fails_naming_the_variable(stack):
+    sm = stack.client()
+    sm.create_optimization_job(OptimizationJobName="bad-option", **job(
+        "s3://models/tiny-llama/", EAGLENEST_HEAD="medusa"))
+    d = wait_status(sm, "bad-option", {"FAILED", "COMPLETED"})
+    assert d["FailureReason"] == "EAGLENEST_HEAD='medusa' must be one of eagle, eagle3, peagle"
