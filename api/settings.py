@@ -32,6 +32,9 @@ class Settings(BaseSettings):
     #: queues the worker of `eaglenest up` consumes; empty: `up` starts no worker (for a
     #: setup whose workers run elsewhere)
     worker_queues: str = "train,serve"
+    #: the address other hosts reach this worker's serving processes at; anything but
+    #: 127.0.0.1 makes them listen on all interfaces (docker compose, several hosts)
+    advertise_host: str = "127.0.0.1"
 
     def resolved_database_url(self) -> str:
         if self.database_url:

@@ -104,7 +104,7 @@ def _spec(plan: VariantPlan, model_dir: Path, head_dir: Path | None, served: str
 
 
 def start_variant(store: ArtifactStore, workdir: Path, endpoint: str,
-                  plan: VariantPlan) -> dict[str, Any]:
+                  plan: VariantPlan, advertise_host: str = "127.0.0.1") -> dict[str, Any]:
     """Fetch the model (and head), start its server, wait for /health. Returns the
     server record stored in the endpoint's deployment."""
     gen = uuid.uuid4().hex[:8]
@@ -116,10 +116,13 @@ def start_variant(store: ArtifactStore, workdir: Path, endpoint: str,
         raise DeployError(f"Variant {plan.variant}: {exc}") from exc
     _check_model(model_dir, plan.variant)
     spec = _spec(plan, model_dir, head_dir, served=endpoint)
+    if advertise_host != "127.0.0.1":
+        spec.bind_host = "0.0.0.0"
     server = ServerProcess(spec, base / "server.log")
     server.start(plan.health_timeout)
     assert server.proc is not None
-    return {"url": server.base_url, "pid": server.proc.pid, "served_name": endpoint,
+    return {"url": f"http://{advertise_host}:{spec.port}", "pid": server.proc.pid,
+            "served_name": endpoint,
             "backend": spec.backend, "weight": plan.weight, "dir": str(base),
             "speculative": head_dir is not None, "k": spec.num_speculative_tokens}
 

@@ -59,6 +59,7 @@ class ServerSpec:
     num_speculative_tokens: int = 5
     mode: str = "chain"  # embedded only: chain | tree | parallel
     dtype: str = "float32"
+    bind_host: str = "127.0.0.1"
     max_model_len: int = 2048
     extra_env: dict[str, str] = field(default_factory=dict)
 
@@ -66,7 +67,7 @@ class ServerSpec:
         if self.backend == VLLM:
             return self._vllm()
         cmd = [sys.executable, "-m", "workers.serving.embedded", "--model", str(self.model_dir),
-               "--port", str(self.port), "--host", "127.0.0.1",
+               "--port", str(self.port), "--host", self.bind_host,
                "--served-model-name", self.served_name, "--dtype", self.dtype,
                "--max-model-len", str(self.max_model_len)]
         if self.head_dir:
@@ -76,7 +77,7 @@ class ServerSpec:
 
     def _vllm(self) -> list[str]:
         cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-               "--model", str(self.model_dir), "--port", str(self.port), "--host", "127.0.0.1",
+               "--model", str(self.model_dir), "--port", str(self.port), "--host", self.bind_host,
                "--served-model-name", self.served_name, "--max-model-len",
                str(self.max_model_len), "--dtype", self.dtype]
         if not _cuda():

@@ -1,0 +1,28 @@
+"""`generate` subcommand on a tiny target with a saved head."""
+
+from __future__ import annotations
+
+import argparse
+
+from models.checkpoint import save_head
+from models.decode import cli
+
+
+def test_generate_command(tmp_path, tiny_dir, llama, make_head, capsys) -> None:  # noqa: ANN001
+    head_dir = save_head(make_head(llama, "peagle"), tmp_path / "head")
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers()
+    cli.register(sub)
+    for mode in ("chain", "tree", "parallel"):
+        args = parser.parse_args([
+            "generate", "--target", str(tiny_dir("LlamaForCausalLM")), "--head", str(head_dir),
+            "--prompt", "def add(a, b):", "--mode", mode, "--k", "3", "--max-new-tokens", "6",
+            "--adaptive",
+        ])
+        assert args.func(args) == 0
+        out = capsys.readouterr().out
+        assert f"[{mode}]" in out and "tok/s" in out and "acceptance length" in out
+    args = parser.parse_args(["generate", "--target", str(tiny_dir("LlamaForCausalLM")),
+                              "--prompt", "hi", "--max-new-tokens", "4", "--temperature", "0.7",
+                              "--seed", "1"])
+    assert args.func(args) == 0 and "[plain]" in capsys.readouterr().out
