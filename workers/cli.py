@@ -122,6 +122,9 @@ def _register_optional(sub: argparse._SubParsersAction) -> None:  # type: ignore
     except ImportError:  # the `train` extra is not installed
         return
     models_cli.register(sub)
+    from models.decode import cli as decode_cli
+
+    decode_cli.register(sub)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -56,7 +56,8 @@ def _launch(ctx: WorkerContext, name: str, config_name: str) -> dict[str, Any]:
     workdir = ctx.settings.data_dir / "endpoints" / name
     try:
         for plan in plans:
-            servers[plan.variant] = start_variant(store, workdir, name, plan)
+            servers[plan.variant] = start_variant(store, workdir, name, plan,
+                                                  ctx.settings.advertise_host)
             ctx.serving_pids.add(servers[plan.variant]["pid"])
     except BaseException:
         stop_servers(servers)

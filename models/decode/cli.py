@@ -1,0 +1,100 @@
+"""``eaglenest generate``: decode a prompt with an optional draft head and report speed.
+
+    eaglenest generate --target DIR [--head DIR] --prompt TEXT [--mode chain|tree|parallel]
+                       [--k N] [--adaptive] [--max-new-tokens N] [--temperature T]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+from models.decode.engine import DecodeMode, SpeculativeEngine
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser("generate", help="generate text with speculative decoding")
+    p.add_argument("--target", required=True, help="target model folder")
+    p.add_argument("--head", default=None, help="draft head folder (omit: plain decoding)")
+    p.add_argument("--prompt", required=True)
+    p.add_argument("--mode", choices=["chain", "tree", "parallel"], default="chain")
+    p.add_argument("--k", type=int, default=4, help="drafts per step (tree: depth)")
+    p.add_argument("--topk", type=int, default=4, help="tree branching")
+    p.add_argument("--total-tokens", type=int, default=16, help="tree size after rerank")
+    p.add_argument("--adaptive", action="store_true", help="adapt K / depth online")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    p.set_defaults(func=cmd_generate)
+
+
+def build_engine(args: argparse.Namespace) -> tuple[SpeculativeEngine, Any]:
+    """(engine, tokenizer) from the CLI arguments."""
+    import torch
+
+    from models.checkpoint import load_head
+    from models.target import load_target
+
+    dtype = getattr(torch, args.dtype)
+    target = load_target(args.target, dtype=dtype)
+    head = None
+    if args.head:
+        head = load_head(args.head, target.embed_weight(), target.lm_head_weight()).to(dtype)
+    engine = SpeculativeEngine(
+        target,
+        head,
+        DecodeMode(args.mode),
+        k=args.k,
+        depth=args.k,
+        topk=args.topk,
+        total_tokens=args.total_tokens,
+        adaptive=args.adaptive,
+    )
+    return engine, target.tokenizer
+
+
+def encode_prompt(tokenizer: Any, text: str, chat: bool) -> list[int]:
+    if chat:
+        messages = [{"role": "user", "content": text}]
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        return list(ids["input_ids"] if isinstance(ids, dict) else ids)
+    return list(tokenizer(text)["input_ids"])
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    engine, tok = build_engine(args)
+    prompt = encode_prompt(tok, args.prompt, args.chat)
+    stop = [tok.eos_token_id] if tok.eos_token_id is not None else []
+    started = time.perf_counter()
+    out: list[int] = []
+    for chunk in engine.generate(
+        prompt, args.max_new_tokens, args.temperature, args.top_p, stop, args.seed
+    ):
+        out.extend(chunk)
+    elapsed = time.perf_counter() - started
+    st = engine.request_stats
+    print(tok.decode(out, skip_special_tokens=True))
+    print(
+        f"[{engine.mode.value}] {len(out)} tokens in {elapsed:.2f}s = "
+        f"{len(out) / max(elapsed, 1e-9):.1f} tok/s; acceptance length {st.acceptance_length:.2f} "
+        f"(drafts {st.num_drafts}, accepted {st.num_accepted_tokens}/{st.num_draft_tokens})"
+    )
+    if engine.note:
+        print(f"note: {engine.note}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="eaglenest-decode")
+    sub = parser.add_subparsers(dest="command", required=True)
+    register(sub)
+    args = parser.parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
