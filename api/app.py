@@ -25,6 +25,7 @@ def create_app(settings: Settings, broker_url: str | None = None) -> FastAPI:
     ctx = Context(
         settings=settings, db=db, queue=queue,
         account=Account(settings.region, settings.account_id),
+        lease_seconds=settings.job_lease_seconds,
     )
 
     @asynccontextmanager

@@ -35,6 +35,9 @@ class Settings(BaseSettings):
     #: the address other hosts reach this worker's serving processes at; anything but
     #: 127.0.0.1 makes them listen on all interfaces (docker compose, several hosts)
     advertise_host: str = "127.0.0.1"
+    #: a job whose worker has not heartbeaten for this long is presumed dead and resumed
+    #: elsewhere; workers heartbeat every third of it and re-check every lease
+    job_lease_seconds: float = Field(default=60.0, ge=3.0)
 
     def resolved_database_url(self) -> str:
         if self.database_url:

@@ -533,9 +533,9 @@ def print_throughput(rows: list[ThroughputRow], iterations: int, repeats: int) -
     print("caveat: moto's ListModels ignores MaxResults and returns every model (see "
           "models/list), so its list cost grows during each run; moto is reset per run.")
     for r in rows:
-        for run in r.runs:
-            for sample in run.error_samples[:2]:
-                print(f"error sample ({r.server}, {r.threads} thr): {sample}")
+        samples = dict.fromkeys(s for run in r.runs for s in run.error_samples)
+        for sample in list(samples)[:2]:  # distinct ones; all of them are in the JSON
+            print(f"error sample ({r.server}, {r.threads} thr): {sample}")
 
 
 def ratios(rows: list[ThroughputRow]) -> dict[int, float]:

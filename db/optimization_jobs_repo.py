@@ -161,9 +161,26 @@ def acknowledge_stop(session: Session, name: str) -> None:
         _set(row, STOPPED)
 
 
+def release(session: Session, name: str, owner: str) -> bool:
+    """A worker shutting down hands its job back: INPROGRESS -> STARTING (resumed from its
+    checkpoint by the next worker). False if the job is not ours or not running."""
+    row = find(session, OptimizationJobRow, name, lock=True)
+    if row is None or row.owner != owner or row.status != INPROGRESS:
+        return False
+    row.owner, row.heartbeat_time = None, None
+    _set(row, STARTING)
+    return True
+
+
+def pending(session: Session) -> list[str]:
+    """Every STARTING job (re-enqueued by a worker that starts)."""
+    stmt = select(OptimizationJobRow.name).where(OptimizationJobRow.status == STARTING)
+    return sorted(session.scalars(stmt))
+
+
 def reclaim_lost(session: Session, lease_seconds: float) -> list[str]:
     """Jobs whose owner stopped heartbeating: STOPPING ones become STOPPED, INPROGRESS ones
-    go back to STARTING so the next worker resumes them. Returns the names to re-enqueue."""
+    go back to STARTING so the next worker resumes them. Returns the reclaimed names."""
     cutoff = now() - lease_seconds
     stmt = select(OptimizationJobRow).where(
         OptimizationJobRow.status.in_((INPROGRESS, STOPPING)),
@@ -178,5 +195,4 @@ def reclaim_lost(session: Session, lease_seconds: float) -> list[str]:
         row.owner, row.heartbeat_time = None, None
         _set(row, STARTING)
         names.append(row.name)
-    starting = select(OptimizationJobRow.name).where(OptimizationJobRow.status == STARTING)
-    return sorted(set(names) | set(session.scalars(starting)))
+    return sorted(names)

@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Select, and_, or_
+from sqlalchemy import Select, tuple_
 from sqlalchemy.orm import InstrumentedAttribute, Session
 
 from api.errors import ValidationException
@@ -61,10 +61,10 @@ def paginate(
     col, idc = page.sort_column, page.id_column
     if page.next_token:
         value, row_id = _decode(page.next_token, page.fingerprint)
-        if page.descending:
-            stmt = stmt.where(or_(col < value, and_(col == value, idc < row_id)))
-        else:
-            stmt = stmt.where(or_(col > value, and_(col == value, idc > row_id)))
+        # Row-value comparison, so the database seeks the (col, id) index straight to the
+        # cursor; the equivalent OR form makes SQLite scan from the start of the index.
+        key, cursor = tuple_(col, idc), tuple_(value, row_id)
+        stmt = stmt.where(key < cursor if page.descending else key > cursor)
     order = (col.desc(), idc.desc()) if page.descending else (col.asc(), idc.asc())
     rows = list(session.scalars(stmt.order_by(*order).limit(page.max_results + 1)))
     if len(rows) <= page.max_results:

@@ -5,14 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 from celery import Celery
-from celery.signals import worker_ready, worker_shutdown
+from celery.signals import worker_ready, worker_shutdown, worker_shutting_down
 
 from api.settings import Settings
 from db.session import Database
 from workers import endpoints, optimize
 from workers.context import WorkerContext
 from workers.queue import SERVE_QUEUE, TRAIN_QUEUE, TaskQueue
-from workers.reconcile import reconcile
+from workers.reconcile import reconcile, start_watchdog
 from workers.serving.deploy import stop_servers
 
 #: longer than any task may run: Redis redelivers an unacked task only after this
@@ -36,12 +36,17 @@ def create_celery(settings: Settings, broker_url: str) -> tuple[Celery, WorkerCo
     ctx = WorkerContext(
         settings=settings, db=Database(settings.resolved_database_url()),
         queue=TaskQueue(broker_url, settings.broker_publish_timeout),
+        lease_seconds=settings.job_lease_seconds,
     )
     optimize.register(app, ctx)
     endpoints.register(app, ctx)
 
     def on_ready(**_: Any) -> None:
         reconcile(ctx)
+        start_watchdog(ctx)
+
+    def on_shutting_down(**_: Any) -> None:
+        ctx.shutting_down.set()  # running jobs checkpoint, hand back, and are re-enqueued
 
     def on_shutdown(**_: Any) -> None:
         # Serving processes live in their own sessions (they survive a worker crash and
@@ -51,4 +56,5 @@ def create_celery(settings: Settings, broker_url: str) -> tuple[Celery, WorkerCo
 
     worker_ready.connect(on_ready, weak=False)
     worker_shutdown.connect(on_shutdown, weak=False)
+    worker_shutting_down.connect(on_shutting_down, weak=False)
     return app, ctx

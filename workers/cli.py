@@ -116,20 +116,45 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _register_optional(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    try:
-        from models import cli as models_cli  # type: ignore[attr-defined,unused-ignore]
-    except ImportError:  # the `train` extra is not installed
-        return
-    models_cli.register(sub)
-    from models.decode import cli as decode_cli
+#: subcommands implemented in models/ (they import torch): parsed lazily so that `eaglenest
+#: api`, `worker` and `s3` start in a fraction of a second
+_LAZY = {
+    "train": ("models.cli", "train an EAGLE / EAGLE-3 / P-EAGLE draft head"),
+    "prepare-target": ("models.cli", "write SmolLM2-135M-Instruct as a model folder"),
+    "generate": ("models.decode.cli", "generate text with the embedded speculative engine"),
+}
 
-    decode_cli.register(sub)
+
+def _register_optional(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    for name, (module, text) in _LAZY.items():
+        sp = sub.add_parser(name, help=text, add_help=False)
+        sp.add_argument("rest", nargs=argparse.REMAINDER)
+        sp.set_defaults(func=_run_lazy, lazy=(name, module))
+
+
+def _run_lazy(args: argparse.Namespace) -> int:
+    import importlib
+
+    name, module = args.lazy
+    try:
+        mod = importlib.import_module(module)
+    except ImportError as exc:
+        print(f"eaglenest {name} needs the `train` extra: pip install 'EagleNest[train]' "
+              f"({exc})", file=sys.stderr)
+        return 2
+    parser = argparse.ArgumentParser(prog="eaglenest")
+    mod.register(parser.add_subparsers(dest="command", required=True))
+    real = parser.parse_args([name, *args.rest])
+    return int(real.func(real) or 0)
 
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     logging.getLogger("alembic").setLevel(logging.WARNING)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in _LAZY:  # hand every argument (--help too) to the real parser
+        ns = argparse.Namespace(lazy=(argv[0], _LAZY[argv[0]][0]), rest=argv[1:])
+        return _run_lazy(ns)
     args = build_parser().parse_args(argv)
     return int(args.func(args) or 0)
 

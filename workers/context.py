@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 from dataclasses import dataclass, field
 
 from api.settings import Settings
@@ -20,3 +21,5 @@ class WorkerContext:
     lease_seconds: float = 60.0
     #: process groups of serving processes this worker started (stopped on shutdown)
     serving_pids: set[int] = field(default_factory=set)
+    #: set when the worker begins a warm shutdown: running jobs checkpoint and hand back
+    shutting_down: threading.Event = field(default_factory=threading.Event)

@@ -20,13 +20,14 @@ log = logging.getLogger("eaglenest.optimize")
 class JobStopped(Exception):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
-        self.reason = reason  # "stopped", "deleted" or "max-runtime"
+        self.reason = reason  # "stopped", "deleted", "max-runtime" or "shutdown"
 
 
 class JobControl:
     def __init__(self, ctx: WorkerContext, name: str, max_runtime: float | None,
-                 started_at: float, interval: float = 5.0) -> None:
-        self.ctx, self.name, self.interval = ctx, name, interval
+                 started_at: float, interval: float | None = None) -> None:
+        self.ctx, self.name = ctx, name
+        self.interval = interval or ctx.lease_seconds / 3
         self.deadline = started_at + max_runtime if max_runtime else None
         self.reason: str | None = None
         self._done = threading.Event()
@@ -62,6 +63,8 @@ class JobControl:
     def should_stop(self) -> bool:
         if self.deadline is not None and time.time() > self.deadline:
             self.reason = self.reason or "max-runtime"
+        if self.ctx.shutting_down.is_set():
+            self.reason = self.reason or "shutdown"
         return self.reason is not None
 
     def check(self) -> None:

@@ -22,7 +22,7 @@ from workers.context import WorkerContext
 from workers.job_control import JobControl, JobStopped
 from workers.job_inputs import EAGLE_CHANNEL, InputError, resolve_sources
 from workers.job_options import OptionError, parse_options
-from workers.queue import OPTIMIZE_TASK
+from workers.queue import OPTIMIZE_TASK, TRAIN_QUEUE
 from workers.serving.process import ServingError
 from workers.storage import StorageError, make_store
 
@@ -122,6 +122,13 @@ def _stopped(ctx: WorkerContext, name: str, reason: str, max_runtime: int | None
     if reason == "max-runtime":
         return _fail(ctx, name, f"The job ran longer than StoppingCondition.MaxRuntimeInSeconds "
                                 f"({max_runtime} s) and was stopped.")
+    if reason == "shutdown":
+        with ctx.db.session() as s:
+            released = jobs.release(s, name, ctx.owner)
+        if released:
+            log.warning("job %s handed back at shutdown; it resumes from its checkpoint", name)
+            ctx.queue.send(OPTIMIZE_TASK, name, TRAIN_QUEUE)
+        return "released"
     if reason == "stopped":
         with ctx.db.session() as s:
             jobs.acknowledge_stop(s, name)

@@ -1,13 +1,17 @@
-"""Start-up reconciliation: the database is the truth, the broker only a hint.
+"""Reconciliation: the database is the truth, the broker only a hint.
 
-Jobs whose owner died are put back to STARTING (or STOPPED if a stop was pending) and,
-with every other pending job and endpoint, re-enqueued, so no job or endpoint is stranded
-by a crash, a lost message or a broker that was down when the API accepted the call.
+At worker start: jobs whose owner died are put back to STARTING (or STOPPED if a stop was
+pending) and, with every other pending job and every endpoint in a transitional state,
+re-enqueued, so nothing is stranded by a crash, a lost message or a broker that was down
+when the API accepted the call. While the worker runs, a background thread repeats the
+dead-owner check every lease period, so a job whose worker died is resumed even if no
+worker restarts.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 
 from sqlalchemy import select
 
@@ -30,7 +34,8 @@ _ENDPOINT_TASKS = {
 
 def reconcile(ctx: WorkerContext) -> dict[str, int]:
     with ctx.db.session() as s:
-        job_names = jobs.reclaim_lost(s, ctx.lease_seconds)
+        reclaimed = jobs.reclaim_lost(s, ctx.lease_seconds)
+        job_names = sorted(set(reclaimed) | set(jobs.pending(s)))
         pending = select(EndpointRow.name, EndpointRow.status).where(
             EndpointRow.status.in_(list(_ENDPOINT_TASKS))
         )
@@ -42,3 +47,25 @@ def reconcile(ctx: WorkerContext) -> dict[str, int]:
     counts = {"jobs": len(job_names), "endpoints": len(endpoints)}
     log.info("reconciled: re-enqueued %(jobs)d jobs and %(endpoints)d endpoints", counts)
     return counts
+
+
+def reclaim_once(ctx: WorkerContext) -> list[str]:
+    with ctx.db.session() as s:
+        names = jobs.reclaim_lost(s, ctx.lease_seconds)
+    for name in names:
+        log.warning("job %s lost its worker; re-enqueued to resume from its checkpoint", name)
+        ctx.queue.send(q.OPTIMIZE_TASK, name, q.TRAIN_QUEUE)
+    return names
+
+
+def start_watchdog(ctx: WorkerContext) -> threading.Thread:
+    def loop() -> None:
+        while not ctx.shutting_down.wait(ctx.lease_seconds):
+            try:
+                reclaim_once(ctx)
+            except Exception as exc:  # database blip: try again next period
+                log.warning("reclaim check failed: %s", exc)
+
+    t = threading.Thread(target=loop, name="eaglenest-watchdog", daemon=True)
+    t.start()
+    return t
