@@ -60,7 +60,7 @@ def runtime_error(err: ServiceError) -> Response:
     body = err.body()
     body.pop("__type", None)
     return Response(json.dumps(body), status_code=err.status, media_type="application/json",
-                    headers={"x-amzn-ErrorType": err.code})
+                    headers={"x-amzn-ErrorType": err.code, "x-amzn-RequestId": str(uuid.uuid4())})
 
 
 class Route:
@@ -126,7 +126,8 @@ async def _invoke(ctx: Context, store: Any, client: httpx.AsyncClient, request: 
     reply = r.json()
     await run_in_threadpool(_capture, ctx, store, route, name, tr, completion_text(reply))
     out = lmi_reply(reply) if tr.style == LMI else reply
-    headers = {"x-Amzn-Invoked-Production-Variant": route.variant}
+    headers = {"x-Amzn-Invoked-Production-Variant": route.variant,
+               "x-amzn-RequestId": str(uuid.uuid4())}
     custom = request.headers.get("x-amzn-sagemaker-custom-attributes")
     if custom:
         headers["X-Amzn-SageMaker-Custom-Attributes"] = custom
