@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 import uuid
 from typing import Any
 
@@ -21,6 +22,7 @@ from api.errors import (
     ServiceUnavailable,
     UnknownOperationException,
 )
+from api.observability import ApiMetrics
 from api.registry import REGISTRY, Context
 from api.sigv4 import IncomingRequest, verify
 
@@ -70,15 +72,30 @@ def dispatch(ctx: Context, target: str, body: bytes) -> dict[str, Any]:
 
 def install(app: FastAPI, ctx: Context) -> None:
     router = APIRouter()
+    metrics = ApiMetrics()
+    app.state.metrics = metrics
     secrets = ctx.settings.credentials()  # read once: the key pair is fixed at start
 
     @router.post("/")
     async def aws_json(request: Request) -> Response:
-        body = await request.body()
-        authenticate(request, ctx, secrets, body)
+        start = time.perf_counter()
         target = request.headers.get("x-amz-target", "")
-        result = await run_in_threadpool(dispatch, ctx, target, body)
+        op = target.removeprefix(TARGET_PREFIX) if target[len(TARGET_PREFIX):] in REGISTRY \
+            else "Unknown"
+        try:
+            body = await request.body()
+            authenticate(request, ctx, secrets, body)
+            result = await run_in_threadpool(dispatch, ctx, target, body)
+        except ServiceError as err:
+            metrics.observe(op, err.code, time.perf_counter() - start)
+            raise
+        metrics.observe(op, "OK", time.perf_counter() - start)
         return json_response(result)
+
+    @router.get("/metrics")
+    async def prometheus() -> Response:
+        text = await run_in_threadpool(metrics.render, ctx.db)
+        return Response(text, media_type="text/plain; version=0.0.4")
 
     app.include_router(router)
 

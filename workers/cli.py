@@ -109,9 +109,10 @@ def build_parser() -> argparse.ArgumentParser:
     m = sub.add_parser("migrate", help="apply database migrations (alembic upgrade head)")
     m.add_argument("--data-dir", default=None)
     m.set_defaults(func=cmd_migrate)
-    from workers import s3_cli
+    from workers import s3_cli, status
 
     s3_cli.register(sub)
+    status.register(sub)
     _register_optional(sub)
     return p
 

@@ -92,3 +92,13 @@ def test_unknown_operation_and_bad_json(signed_post):
     assert r.status_code == 400
     assert r.json()["__type"] == "SerializationException"
     assert r.json()["message"] == "Invalid type at 'maxResults': expected integer, got string"
+
+
+def test_prometheus_metrics(stack, sm, unique):
+    sm.list_models(MaxResults=1)
+    with pytest.raises(ClientError):
+        sm.describe_model(ModelName=f"{unique}-missing")
+    text = httpx.get(f"{stack.url}/metrics").text
+    assert 'eaglenest_requests_total{operation="ListModels",code="OK"}' in text
+    assert 'eaglenest_requests_total{operation="DescribeModel",code="ValidationException"}' in text
+    assert "eaglenest_database_up 1" in text

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import redis
@@ -92,5 +95,12 @@ def test_reconcile_runs_jobs_accepted_while_no_worker_ran(tmp_path):
         assert d["OptimizationStartTime"] <= d["OptimizationEndTime"]
         assert "reconciled: re-enqueued 1 jobs" in stack.log()
         assert broker(stack).llen("train") == 0
+        status = subprocess.run(
+            [sys.executable, "-m", "workers.cli", "status"], env=stack.env(),
+            capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2])
+        assert status.returncode == 0, status.stderr
+        assert "jobs: FAILED 1" in status.stdout
+        assert "queues: train 0 waiting, serve 0 waiting" in status.stdout
+        assert "workers: eaglenest-" in status.stdout
     finally:
         stack.stop()

@@ -1,0 +1,51 @@
+"""Prometheus `/metrics` for the API: requests and errors by operation and code (this
+process), plus job and endpoint counts by status (from the database, at scrape time)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+
+from sqlalchemy import func, select
+
+from db.session import Database
+from db.tables import EndpointRow, OptimizationJobRow
+
+
+class ApiMetrics:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.requests: Counter[tuple[str, str]] = Counter()  # (operation, code) -> n
+        self.seconds: dict[str, float] = {}  # operation -> total seconds
+        self.started = time.time()
+
+    def observe(self, operation: str, code: str, seconds: float) -> None:
+        with self._lock:
+            self.requests[(operation, code)] += 1
+            self.seconds[operation] = self.seconds.get(operation, 0.0) + seconds
+
+    def render(self, db: Database) -> str:
+        lines = ["# TYPE eaglenest_requests_total counter"]
+        with self._lock:
+            for (op, code), n in sorted(self.requests.items()):
+                lines.append(f'eaglenest_requests_total{{operation="{op}",code="{code}"}} {n}')
+            lines.append("# TYPE eaglenest_request_seconds_total counter")
+            for op, secs in sorted(self.seconds.items()):
+                lines.append(f'eaglenest_request_seconds_total{{operation="{op}"}} {secs:.6f}')
+        lines.append("# TYPE eaglenest_optimization_jobs gauge")
+        lines.append("# TYPE eaglenest_endpoints gauge")
+        try:
+            with db.session() as session:
+                for table, metric in ((OptimizationJobRow, "eaglenest_optimization_jobs"),
+                                      (EndpointRow, "eaglenest_endpoints")):
+                    status_col = table.status  # type: ignore[attr-defined]
+                    rows = session.execute(
+                        select(status_col, func.count()).group_by(status_col))
+                    for status, n in rows:
+                        lines.append(f'{metric}{{status="{status}"}} {n}')
+            lines.append("eaglenest_database_up 1")
+        except Exception:  # the scrape still answers during a database outage
+            lines.append("eaglenest_database_up 0")
+        lines.append(f"eaglenest_uptime_seconds {time.time() - self.started:.1f}")
+        return "\n".join(lines) + "\n"
