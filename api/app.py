@@ -32,6 +32,7 @@ def create_app(settings: Settings, broker_url: str | None = None) -> FastAPI:
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         yield
         await app.state.runtime_client.aclose()
+        app.state.capture.close()
         queue.close()
         db.dispose()
 

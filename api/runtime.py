@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import logging
 import random
-import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -22,6 +21,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response, StreamingResponse
 
 from api import eventstream
+from api.capture import CaptureWriter
 from api.errors import ServiceError
 from api.registry import Context
 from api.runtime_bodies import (
@@ -37,7 +37,8 @@ from api.runtime_bodies import (
 from api.sigv4 import IncomingRequest, verify
 from db.common import find
 from db.tables import EndpointConfigRow, EndpointRow
-from workers.storage import make_store, parse_uri
+from workers import queue as q
+from workers.storage import make_store
 
 log = logging.getLogger("eaglenest.runtime")
 SERVING = ("InService", "Updating")
@@ -93,38 +94,38 @@ def resolve(ctx: Context, name: str, target_variant: str | None) -> Route:
     return Route(chosen, srv["url"], srv.get("served_name", name), capture)
 
 
-def _capture(ctx: Context, store: Any, route: Route, endpoint: str, tr: Translated,
+def _capture(capture: CaptureWriter, route: Route, endpoint: str, tr: Translated,
              text: str) -> None:
     cfg = route.capture
     if not cfg or not cfg.get("EnableCapture", True):
         return
     if random.uniform(0, 100) >= float(cfg.get("InitialSamplingPercentage", 100)):
         return
-    stamp = time.strftime("%Y/%m/%d/%H", time.gmtime())
-    base = parse_uri(cfg["DestinationS3Uri"].rstrip("/") + "/")
-    key = base.child(f"{endpoint}/{route.variant}/{stamp}/{uuid.uuid4().hex}.jsonl")
-    record = capture_record(tr, text, endpoint, route.variant)
-    try:
-        store.put_bytes(key, (json.dumps(record) + "\n").encode())
-    except Exception as exc:  # capture must never break serving
-        log.warning("data capture to %s failed: %s", key, exc)
+    capture.add(cfg["DestinationS3Uri"], endpoint, route.variant,
+                capture_record(tr, text, endpoint, route.variant))
 
 
-async def _invoke(ctx: Context, store: Any, client: httpx.AsyncClient, request: Request,
+def _backend_failed(ctx: Context, name: str, route: Route, exc: Exception) -> ModelError:
+    """The model server did not answer: have a serve worker check and restart it."""
+    ctx.queue.send(q.ENDPOINT_RECOVER_TASK, name, q.SERVE_QUEUE)
+    return ModelError(f"Received server error from model {route.variant}: the model server "
+                      f"did not answer ({exc.__class__.__name__}).", 500, str(exc))
+
+
+async def _invoke(ctx: Context, capture: CaptureWriter, client: httpx.AsyncClient, request: Request,
                   name: str, raw: bytes) -> Response:
     route = await run_in_threadpool(
         resolve, ctx, name, request.headers.get("x-amzn-sagemaker-target-variant"))
     tr = translate(raw, route.served, stream=False)
     try:
         r = await client.post(route.url + tr.path, json=tr.body)
-    except httpx.HTTPError as exc:
-        raise ModelError(f"Received server error from model {route.variant}: {exc}", 500,
-                         str(exc)) from exc
+    except httpx.TransportError as exc:
+        raise _backend_failed(ctx, name, route, exc) from exc
     if r.status_code != 200:
         raise ModelError(f"Received client error ({r.status_code}) from primary with message "
                          f"\"{r.text[:500]}\".", r.status_code, r.text)
     reply = r.json()
-    await run_in_threadpool(_capture, ctx, store, route, name, tr, completion_text(reply))
+    _capture(capture, route, name, tr, completion_text(reply))
     out = lmi_reply(reply) if tr.style == LMI else reply
     headers = {"x-Amzn-Invoked-Production-Variant": route.variant,
                "x-amzn-RequestId": str(uuid.uuid4())}
@@ -134,8 +135,8 @@ async def _invoke(ctx: Context, store: Any, client: httpx.AsyncClient, request: 
     return Response(json.dumps(out), media_type="application/json", headers=headers)
 
 
-async def _stream_frames(ctx: Context, store: Any, client: httpx.AsyncClient, route: Route,
-                         name: str, tr: Translated) -> AsyncIterator[bytes]:
+async def _stream_frames(ctx: Context, capture: CaptureWriter, client: httpx.AsyncClient,
+                         route: Route, name: str, tr: Translated) -> AsyncIterator[bytes]:
     parts: list[str] = []
     try:
         async with client.stream("POST", route.url + tr.path, json=tr.body) as r:
@@ -155,20 +156,23 @@ async def _stream_frames(ctx: Context, store: Any, client: httpx.AsyncClient, ro
                 else:
                     yield eventstream.payload_part((line + "\n\n").encode())
     except httpx.HTTPError as exc:
+        if isinstance(exc, httpx.TransportError):
+            _backend_failed(ctx, name, route, exc)
         yield eventstream.model_stream_error(f"model server failed mid-stream: {exc}")
         return
     if tr.style == LMI:
         final = json.dumps({"token": None, "generated_text": "".join(parts)}) + "\n"
         yield eventstream.payload_part(final.encode())
-    await run_in_threadpool(_capture, ctx, store, route, name, tr, "".join(parts))
+    _capture(capture, route, name, tr, "".join(parts))
 
 
 def install(app: FastAPI, ctx: Context) -> None:
     router = APIRouter()
     secrets = ctx.settings.credentials()
-    store = make_store(ctx.settings)
+    capture = CaptureWriter(make_store(ctx.settings), ctx.settings.capture_flush_seconds)
     client = httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=5.0))
     app.state.runtime_client = client
+    app.state.capture = capture
 
     def auth(request: Request, body: bytes) -> None:
         headers = {k.lower(): v for k, v in request.headers.items()}
@@ -180,7 +184,7 @@ def install(app: FastAPI, ctx: Context) -> None:
         raw = await request.body()
         try:
             auth(request, raw)
-            return await _invoke(ctx, store, client, request, name, raw)
+            return await _invoke(ctx, capture, client, request, name, raw)
         except ServiceError as err:
             return runtime_error(err)
 
@@ -197,7 +201,7 @@ def install(app: FastAPI, ctx: Context) -> None:
         headers = {"x-Amzn-Invoked-Production-Variant": route.variant,
                    "X-Amzn-SageMaker-Content-Type": "application/jsonlines"
                    if tr.style == LMI else "text/event-stream"}
-        return StreamingResponse(_stream_frames(ctx, store, client, route, name, tr),
+        return StreamingResponse(_stream_frames(ctx, capture, client, route, name, tr),
                                  media_type="application/vnd.amazon.eventstream",
                                  headers=headers)
 

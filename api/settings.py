@@ -38,6 +38,8 @@ class Settings(BaseSettings):
     #: a job whose worker has not heartbeaten for this long is presumed dead and resumed
     #: elsewhere; workers heartbeat every third of it and re-check every lease
     job_lease_seconds: float = Field(default=60.0, ge=3.0)
+    #: Data Capture files are rolled at this age (or at 4 MiB)
+    capture_flush_seconds: float = Field(default=60.0, gt=0)
 
     def resolved_database_url(self) -> str:
         if self.database_url:

@@ -31,7 +31,8 @@ def container(head: bool) -> dict:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory, tiny_llama_dir, tiny_eagle3_dir):
-    s = Stack(tmp_path_factory.mktemp("serving")).start()
+    s = Stack(tmp_path_factory.mktemp("serving"),
+              extra_env={"EAGLENEST_CAPTURE_FLUSH_SECONDS": "1"}).start()
     upload(s, tiny_llama_dir, "s3://models/tiny/")
     upload(s, tiny_eagle3_dir, "s3://models/tiny-head/")
     sm = s.client()
@@ -87,9 +88,7 @@ def test_serve_invoke_stream_capture_update_delete(stack):
              e["PayloadPart"]["Bytes"].decode().splitlines() if x]
     assert lines[-1]["generated_text"] == out["generated_text"]
     assert "".join(x["token"]["text"] for x in lines[:-1]) == out["generated_text"]
-    captured = list((stack.data_dir / "s3" / "capture" / "traffic" / "ep").rglob("*.jsonl"))
-    assert len(captured) == 3
-    records = [json.loads(p.read_text()) for p in captured]
+    records = wait_captured(stack, "ep", 3)
     assert any(r.get("prompt") == "Natalia sold 48 clips"
                and r.get("completion") == out["generated_text"] for r in records)
     assert any(r.get("messages", [{}])[-1].get("role") == "assistant" for r in records)
@@ -199,3 +198,135 @@ def test_restart_recovers_dead_endpoint(stack):
     assert httpx.get(f"{_server_url(stack, 'ep-rec')}/health").status_code == 200
     lmi(stack.client("sagemaker-runtime"), "ep-rec", "back again")
     stack.client().delete_endpoint(EndpointName="ep-rec")
+
+
+def wait_captured(stack: Stack, endpoint: str, n: int, timeout: float = 30) -> list[dict]:
+    """Captured records (files are rolled every second in these tests)."""
+    root = stack.data_dir / "s3" / "capture" / "traffic" / endpoint
+    deadline = time.monotonic() + timeout
+    while True:
+        records = [json.loads(line) for p in sorted(root.rglob("*.jsonl"))
+                   for line in p.read_text().splitlines()]
+        if len(records) >= n or time.monotonic() > deadline:
+            assert len(records) == n, records
+            return records
+        time.sleep(0.3)
+
+
+def test_killed_backend_is_model_error_then_recovered(stack):
+    import os
+    import signal
+
+    sm, rt = stack.client(), stack.client("sagemaker-runtime")
+    make_config(sm, "cfg-kill", "tiny-base")
+    sm.create_endpoint(EndpointName="ep-kill", EndpointConfigName="cfg-kill")
+    in_service(sm, "ep-kill")
+    url = _server_url(stack, "ep-kill")
+    os.killpg(_server_pid(stack, "ep-kill"), signal.SIGKILL)
+    _gone(url)
+    with pytest.raises(ClientError) as exc:
+        lmi(rt, "ep-kill", "anyone there?")
+    assert exc.value.response["Error"]["Code"] == "ModelError"
+    assert exc.value.response["ResponseMetadata"]["HTTPStatusCode"] == 424
+    deadline = time.monotonic() + 180  # the failed call had a serve worker check it
+    while _server_url(stack, "ep-kill") == url:
+        assert time.monotonic() < deadline, stack.log()[-3000:]
+        time.sleep(0.5)
+    assert in_service(sm, "ep-kill")["EndpointStatus"] == "InService"
+    lmi(rt, "ep-kill", "back")
+    sm.delete_endpoint(EndpointName="ep-kill")
+
+
+def _server_pid(stack: Stack, name: str) -> int:
+    from db.session import Database
+    from db.tables import EndpointRow
+
+    db = Database(stack.database_url)
+    try:
+        with db.session() as s:
+            row = s.query(EndpointRow).filter_by(name=name).one()
+            return int(row.deployment["Servers"]["AllTraffic"]["pid"])
+    finally:
+        db.dispose()
+
+
+def test_two_variants_split_traffic_and_target_variant(stack):
+    sm, rt = stack.client(), stack.client("sagemaker-runtime")
+    variants = [{"VariantName": v, "ModelName": "tiny-base", "InstanceType": "ml.g5.2xlarge",
+                 "InitialInstanceCount": 1, "InitialVariantWeight": w,
+                 "ContainerStartupHealthCheckTimeoutInSeconds": 120}
+                for v, w in (("A", 1.0), ("B", 1.0))]
+    sm.create_endpoint_config(EndpointConfigName="cfg-ab", ProductionVariants=variants)
+    sm.create_endpoint(EndpointName="ep-ab", EndpointConfigName="cfg-ab")
+    d = in_service(sm, "ep-ab")
+    assert sorted(v["VariantName"] for v in d["ProductionVariants"]) == ["A", "B"]
+    body = json.dumps({"inputs": "x", "parameters": {"max_new_tokens": 1}})
+    seen = {rt.invoke_endpoint(EndpointName="ep-ab", ContentType="application/json",
+                               Body=body)["InvokedProductionVariant"] for _ in range(24)}
+    assert seen == {"A", "B"}  # 1 - 2 * 0.5**24 chance
+    for v in ("A", "B"):
+        r = rt.invoke_endpoint(EndpointName="ep-ab", ContentType="application/json", Body=body,
+                               TargetVariant=v, CustomAttributes="trace=1")
+        assert r["InvokedProductionVariant"] == v
+        assert r["CustomAttributes"] == "trace=1"
+    sm.delete_endpoint(EndpointName="ep-ab")
+
+
+def test_captured_traffic_trains_the_next_head(stack):
+    """The adaptive loop: serve, invoke, train on the capture, redeploy with UpdateEndpoint."""
+    sm, rt = stack.client(), stack.client("sagemaker-runtime")
+    make_config(sm, "cfg-loop", "tiny-base", capture=True)
+    sm.create_endpoint(EndpointName="ep-loop", EndpointConfigName="cfg-loop")
+    in_service(sm, "ep-loop")
+    prompts = ["Natalia sold 48 clips", "def add(a, b):", "The quick brown fox",
+               "import os", "user assistant system"]
+    for p in prompts:
+        lmi(rt, "ep-loop", p)
+    assert {r["prompt"] for r in wait_captured(stack, "ep-loop", 5)} == set(prompts)
+    sm.create_optimization_job(
+        OptimizationJobName="from-traffic", RoleArn=ROLE,
+        ModelSource={"SageMakerModel": {"ModelName": "tiny-base"}},
+        DeploymentInstanceType="ml.g5.2xlarge",
+        OptimizationEnvironment={"EAGLENEST_MAX_STEPS": "3", "EAGLENEST_HOLDOUT": "1",
+                                 "EAGLENEST_BENCHMARK": "0", "EAGLENEST_MAX_LENGTH": "128"},
+        OptimizationConfigs=[{"ModelSpeculativeDecodingConfig": {
+            "Technique": "EAGLE", "TrainingDataSource": {
+                "S3Uri": "s3://capture/traffic/ep-loop/", "S3DataType": "S3Prefix"}}}],
+        OutputConfig={"S3OutputLocation": "s3://output/loop/",
+                      "SageMakerModel": {"ModelName": "tiny-from-traffic"}},
+        StoppingCondition={"MaxRuntimeInSeconds": 600})
+    deadline = time.monotonic() + 300
+    while (d := sm.describe_optimization_job(OptimizationJobName="from-traffic"))[
+            "OptimizationJobStatus"] not in ("COMPLETED", "FAILED"):
+        assert time.monotonic() < deadline
+        time.sleep(0.5)
+    assert d["OptimizationJobStatus"] == "COMPLETED", d.get("FailureReason")
+    make_config(sm, "cfg-loop-2", "tiny-from-traffic")
+    sm.update_endpoint(EndpointName="ep-loop", EndpointConfigName="cfg-loop-2")
+    assert in_service(sm, "ep-loop")["EndpointConfigName"] == "cfg-loop-2"
+    before = lmi(rt, "ep-loop", prompts[0])
+    assert before["generated_text"]
+    sm.delete_endpoint(EndpointName="ep-loop")
+
+
+def test_failed_update_rolls_back_and_keeps_serving(stack, tiny_llama_dir, tmp_path):
+    import shutil
+
+    sm, rt = stack.client(), stack.client("sagemaker-runtime")
+    make_config(sm, "cfg-rb", "tiny-base")
+    sm.create_endpoint(EndpointName="ep-rb", EndpointConfigName="cfg-rb")
+    in_service(sm, "ep-rb")
+    broken = tmp_path / "nocfg"
+    shutil.copytree(tiny_llama_dir, broken)
+    (broken / "tokenizer_config.json").unlink()
+    upload(stack, broken, "s3://models/nocfg/")
+    c = container(False)
+    c["ModelDataSource"]["S3DataSource"]["S3Uri"] = "s3://models/nocfg/"
+    sm.create_model(ModelName="nocfg", ExecutionRoleArn=ROLE, PrimaryContainer=c)
+    make_config(sm, "cfg-rb-bad", "nocfg")
+    sm.update_endpoint(EndpointName="ep-rb", EndpointConfigName="cfg-rb-bad")
+    d = in_service(sm, "ep-rb")
+    assert d["EndpointConfigName"] == "cfg-rb"
+    assert "rolled back" in d["FailureReason"] and "tokenizer_config.json" in d["FailureReason"]
+    lmi(rt, "ep-rb", "still here")
+    sm.delete_endpoint(EndpointName="ep-rb")
