@@ -5,7 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from celery import Celery
-from celery.signals import worker_ready, worker_shutdown, worker_shutting_down
+from celery.signals import (
+    worker_process_init,
+    worker_ready,
+    worker_shutdown,
+    worker_shutting_down,
+)
 
 from api.settings import Settings
 from db.session import Database
@@ -22,6 +27,9 @@ VISIBILITY_TIMEOUT = 48 * 3600
 def create_celery(settings: Settings, broker_url: str) -> tuple[Celery, WorkerContext]:
     app = Celery("eaglenest", broker=broker_url, set_as_current=True)
     app.conf.update(
+        task_serializer="json",
+        accept_content=["json"],
+        worker_max_tasks_per_child=1,  # prefork pool (GPU train workers): a fresh process
         task_acks_late=True,
         task_reject_on_worker_lost=True,
         task_ignore_result=True,
@@ -54,7 +62,11 @@ def create_celery(settings: Settings, broker_url: str) -> tuple[Celery, WorkerCo
         # InService endpoints (reconcile -> recover).
         stop_servers({str(pid): {"pid": pid} for pid in ctx.serving_pids})
 
+    def on_child_start(**_: Any) -> None:
+        ctx.db.engine.dispose(close=False)  # never share pooled connections across fork
+
     worker_ready.connect(on_ready, weak=False)
+    worker_process_init.connect(on_child_start, weak=False)
     worker_shutdown.connect(on_shutdown, weak=False)
     worker_shutting_down.connect(on_shutting_down, weak=False)
     return app, ctx

@@ -63,7 +63,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     _prepare(settings)
     url, broker = _broker(settings)
     app, _ = create_celery(settings, url)
-    argv = ["worker", "--pool", "threads", "--concurrency", str(args.concurrency),
+    argv = ["worker", "--pool", args.pool, "--concurrency", str(args.concurrency),
             "--queues", args.queues, "--loglevel", args.loglevel, "--without-gossip",
             "--without-mingle", "--hostname", f"eaglenest-{os.getpid()}@%h"]
     try:
@@ -105,13 +105,16 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--queues", default="train,serve")
     w.add_argument("--concurrency", type=int, default=4)
     w.add_argument("--loglevel", default="INFO")
+    w.add_argument("--pool", default="threads", choices=["threads", "prefork", "solo"],
+                   help="prefork: one process per task (GPU training hosts)")
     w.set_defaults(func=cmd_worker)
     m = sub.add_parser("migrate", help="apply database migrations (alembic upgrade head)")
     m.add_argument("--data-dir", default=None)
     m.set_defaults(func=cmd_migrate)
-    from workers import s3_cli, status
+    from workers import bench_cli, s3_cli, status
 
     s3_cli.register(sub)
+    bench_cli.register(sub)
     status.register(sub)
     _register_optional(sub)
     return p

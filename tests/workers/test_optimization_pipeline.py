@@ -158,3 +158,56 @@ def test_bad_option_fails_naming_the_variable(stack):
         "s3://models/tiny-llama/", EAGLENEST_HEAD="medusa"))
     d = wait_status(sm, "bad-option", {"FAILED", "COMPLETED"})
     assert d["FailureReason"] == "EAGLENEST_HEAD='medusa' must be one of eagle, eagle3, peagle"
+
+
+def test_unsupported_architecture(stack, tiny_llama_dir, tmp_path):
+    other = tmp_path / "gpt2ish"
+    shutil.copytree(tiny_llama_dir, other)
+    cfg = json.loads((other / "config.json").read_text())
+    cfg["architectures"] = ["GPT2LMHeadModel"]
+    (other / "config.json").write_text(json.dumps(cfg))
+    upload(stack, other, "s3://models/gpt2ish/")
+    sm = stack.client()
+    sm.create_optimization_job(OptimizationJobName="arch", **job("s3://models/gpt2ish/"))
+    d = wait_status(sm, "arch", {"FAILED", "COMPLETED"})
+    assert d["OptimizationJobStatus"] == "FAILED"
+    assert "GPT2LMHeadModel" in d["FailureReason"]
+    assert "LlamaForCausalLM" in d["FailureReason"]  # the message lists what is supported
+
+
+def test_unknown_builtin_dataset_and_empty_dataset(stack, tmp_path):
+    sm = stack.client()
+    sm.create_optimization_job(OptimizationJobName="no-such-data", **job(
+        "s3://models/tiny-llama/", EAGLENEST_DATASET="wikipedia.jsonl"))
+    d = wait_status(sm, "no-such-data", {"FAILED", "COMPLETED"})
+    assert d["FailureReason"].startswith("EAGLENEST_DATASET: unknown built-in dataset")
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n\n")
+    upload(stack, empty, "s3://data/empty/empty.jsonl")
+    args = job("s3://models/tiny-llama/")
+    args["OptimizationConfigs"] = [{"ModelSpeculativeDecodingConfig": {
+        "Technique": "EAGLE", "TrainingDataSource": {"S3Uri": "s3://data/empty/",
+                                                     "S3DataType": "S3Prefix"}}}]
+    sm.create_optimization_job(OptimizationJobName="empty-data", **args)
+    d = wait_status(sm, "empty-data", {"FAILED", "COMPLETED"})
+    assert d["OptimizationJobStatus"] == "FAILED"
+    assert "empty.jsonl" in d["FailureReason"]
+    args["OptimizationConfigs"][0]["ModelSpeculativeDecodingConfig"]["TrainingDataSource"][
+        "S3Uri"] = "s3://data/nothing-here/"
+    sm.create_optimization_job(OptimizationJobName="no-files", **args)
+    d = wait_status(sm, "no-files", {"FAILED", "COMPLETED"})
+    assert d["FailureReason"] == "TrainingDataSource: nothing found at s3://data/nothing-here/"
+
+
+def test_bench_cli(tiny_llama_dir, tiny_eagle3_dir, tmp_path):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("Natalia sold 48 clips\ndef add(a, b):\n")
+    r = subprocess.run(
+        [sys.executable, "-m", "workers.cli", "bench", "--target", str(tiny_llama_dir),
+         "--head", str(tiny_eagle3_dir), "--out", str(tmp_path / "out"), "--prompts",
+         str(prompts), "--concurrency", "1", "--max-tokens", "8", "--backend", "embedded",
+         "--num-speculative-tokens", "3"], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "| baseline | 1 |" in r.stdout and "| eagle | 1 |" in r.stdout
+    report = json.loads((tmp_path / "out" / "benchmark.json").read_text())
+    assert report["backend"] == "embedded" and "1" in report["speedup"]
