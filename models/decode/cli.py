@@ -61,7 +61,7 @@ def encode_prompt(tokenizer: Any, text: str, chat: bool) -> list[int]:
     if chat:
         messages = [{"role": "user", "content": text}]
         ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        return list(ids["input_ids"] if isinstance(ids, dict) else ids)
+        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)  # BatchEncoding too
     return list(tokenizer(text)["input_ids"])
 
 

@@ -100,30 +100,11 @@ class TargetRunner:
         if self.recurrent:
             self._snapshot = copy.deepcopy(self._recurrent_layers())
         mask = None if tree is None else self._mask(positions[0], tree)
-        grabbed: dict[int, torch.Tensor] = {}
-        hooks = [
-            self.model.model.layers[k].register_forward_pre_hook(
-                _grab(grabbed, k), with_kwargs=True
-            )
-            for k in set(self.aux_layer_ids)
-        ]
-        try:
-            out = self.model.model(
-                input_ids=ids,
-                attention_mask=mask,
-                position_ids=positions,
-                past_key_values=self.cache,
-                use_cache=True,
-            )
-        finally:
-            for h in hooks:
-                h.remove()
-        last = out.last_hidden_state  # [1, q, hidden]
-        logits = self.model.get_output_embeddings()(last)[0].float()
-        aux = None
-        if self.aux_layer_ids:
-            aux = torch.cat([grabbed[k] for k in self.aux_layer_ids], dim=-1)[0]
-        return StepOutput(logits=logits, last_hidden=last[0], aux=aux)
+        logits, last, aux = model_forward(
+            self.model, ids, positions, mask, self.cache, self.aux_layer_ids
+        )
+        first_aux = None if aux is None else aux[0]
+        return StepOutput(logits=logits[0], last_hidden=last[0], aux=first_aux)
 
     def _mask(
         self, positions: torch.Tensor, tree: torch.Tensor
@@ -192,6 +173,41 @@ class TargetRunner:
         for i, layer in self._snapshot.items():
             self.cache.layers[i] = layer  # type: ignore[assignment]
         self._snapshot = {}
+
+
+@torch.no_grad()
+def model_forward(
+    model: nn.Module,
+    ids: torch.Tensor,  # [B, q] new token ids
+    positions: torch.Tensor,  # [B, q] their positions
+    mask: torch.Tensor | dict[str, torch.Tensor | None] | None,  # [B, 1, q, keys] or per type
+    cache: DynamicCache,
+    aux_layer_ids: list[int],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """One KV-cached forward of a causal LM: (logits [B, q, vocab] float32, final-norm hidden
+    [B, q, hidden], aux-layer inputs [B, q, n_aux * hidden] or None). Appends q keys."""
+    grabbed: dict[int, torch.Tensor] = {}
+    hooks = [
+        model.model.layers[k].register_forward_pre_hook(_grab(grabbed, k), with_kwargs=True)
+        for k in set(aux_layer_ids)
+    ]
+    try:
+        out = model.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+        )
+    finally:
+        for h in hooks:
+            h.remove()
+    last = out.last_hidden_state  # [B, q, hidden]
+    logits = model.get_output_embeddings()(last).float()
+    aux = None
+    if aux_layer_ids:
+        aux = torch.cat([grabbed[k] for k in aux_layer_ids], dim=-1)
+    return logits, last, aux
 
 
 def _grab(store: dict[int, torch.Tensor], k: int):  # noqa: ANN202 - hook factory

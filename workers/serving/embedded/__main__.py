@@ -24,6 +24,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    p.add_argument("--max-num-seqs", type=int, default=8,
+                   help="requests decoded together (continuous batching); 1 = one at a time")
     return p
 
 
@@ -31,6 +33,7 @@ def build_server(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     import torch
 
     from models.checkpoint import load_head
+    from models.decode.batch import BatchEngine
     from models.decode.engine import DecodeMode, SpeculativeEngine
     from models.heads.peagle import PEagleHead
     from models.target import load_target
@@ -46,8 +49,13 @@ def build_server(args: argparse.Namespace):  # type: ignore[no-untyped-def]
         if mode is DecodeMode.PARALLEL and not isinstance(head, PEagleHead):
             logging.warning("parallel drafting needs a P-EAGLE head; using chain drafting")
             mode = DecodeMode.CHAIN
-    engine = SpeculativeEngine(target.model, head, mode, k=args.num_speculative_tokens,
-                               adaptive=args.adaptive, depth=args.num_speculative_tokens)
+    kw = dict(k=args.num_speculative_tokens, adaptive=args.adaptive,
+              depth=args.num_speculative_tokens)
+    layer_types = getattr(target.model.config, "layer_types", None) or []
+    if args.max_num_seqs > 1 and "linear_attention" not in layer_types:
+        engine = BatchEngine(target.model, head, mode, max_num_seqs=args.max_num_seqs, **kw)
+    else:  # recurrent layers cannot drop rejected drafts per row: one request at a time
+        engine = SpeculativeEngine(target.model, head, mode, **kw)  # type: ignore[arg-type]
     name = args.served_model_name or args.model
     return EmbeddedServer(engine, target.tokenizer, name, max_model_len=args.max_model_len)
 

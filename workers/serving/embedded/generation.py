@@ -1,14 +1,23 @@
-"""One request's generation: token ids from the engine -> text deltas, stop strings, usage.
+"""Requests -> engine -> text deltas, stop strings, usage and metrics.
 
-The engine is not thread-safe, so requests run one at a time on a dedicated thread (the
-`Runner`); a streaming request receives its deltas through an asyncio queue.
+Two ways to drive the engine, chosen by what it offers:
+
+* a batching engine (``submit`` / ``step`` / ``cancel`` / ``abort_all`` / ``has_work``, i.e.
+  models.decode.batch.BatchEngine): one background thread runs the step loop; requests join
+  between steps and every step decodes all of them in one target forward, so concurrent
+  requests are not serialised;
+* a batch-1 engine (``generate`` only): requests run one at a time on a dedicated thread.
+
+Either way each request's token ids go through a ``Detokenizer`` (text deltas, stop strings,
+hold-back) and a streaming request receives its deltas through an asyncio queue.
 """
 
 from __future__ import annotations
 
 import asyncio
+import queue
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -40,6 +49,9 @@ class Delta:
     completion_tokens: int = 0
 
 
+Sink = Callable[[Delta | BaseException | None], None]  # None = end of the stream
+
+
 def spec_counters(engine: Any) -> tuple[int, int, int, list[int]]:
     """The engine's cumulative spec-decode counters (zeros for a plain target engine)."""
     stats = getattr(engine, "stats", None)
@@ -50,6 +62,56 @@ def spec_counters(engine: Any) -> tuple[int, int, int, list[int]]:
             list(getattr(stats, "accepted_per_pos", []) or []))
 
 
+class Detokenizer:
+    """One request's ids -> text deltas: stop tokens and strings, and hold-back."""
+
+    def __init__(self, tokenizer: Any, req: Request, stop_token_ids: tuple[int, ...]) -> None:
+        self.tokenizer, self.req, self.stop_token_ids = tokenizer, req, stop_token_ids
+        self.ids: list[int] = []
+        self.sent, self.text, self.finish = "", "", "length"
+        self.hold = max((len(x) for x in req.stop if x), default=1) - 1
+        self.done = False
+
+    def feed(self, step: list[int]) -> list[Delta]:
+        """The deltas that are final after this step's tokens (sets ``done``)."""
+        ids, req = self.ids, self.req
+        ids.extend(step)
+        if ids and ids[-1] in self.stop_token_ids:
+            ids.pop()
+            self.finish = "stop"
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        hit = [text.index(s) for s in req.stop if s and s in text]
+        if hit:
+            text, self.finish = text[: min(hit)], "stop"
+        self.text = text
+        self.done = self.finish == "stop" or len(ids) >= req.max_tokens
+        # Hold back what may still change: an incomplete multi-byte character, and the
+        # last len(stop)-1 characters, which may turn out to start a stop string.
+        ready = len(text) if self.done else len(text) - self.hold
+        if not self.done and text.endswith("\ufffd"):
+            ready = min(ready, len(text.rstrip("\ufffd")))
+        if ready > len(self.sent) and text[: len(self.sent)] == self.sent:
+            out = [Delta(text[len(self.sent):ready], completion_tokens=len(ids))]
+            self.sent = text[:ready]
+            return out
+        return []
+
+    def close(self) -> Delta:
+        """The final delta: what is left of the text, the finish reason and the usage."""
+        tail = self.text[len(self.sent):] if self.text.startswith(self.sent) else ""
+        return Delta(tail, self.finish, len(self.ids))
+
+
+@dataclass
+class _Job:
+    req: Request
+    sink: Sink
+    detok: Detokenizer
+    rid: int = -1
+    cancelled: bool = False  # set by the HTTP side when the client goes away
+    finished: bool = False
+
+
 class Runner:
     def __init__(self, engine: Engine, tokenizer: Any, metrics: ServerMetrics,
                  stop_token_ids: tuple[int, ...]) -> None:
@@ -57,73 +119,141 @@ class Runner:
         self.stop_token_ids = stop_token_ids
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
         self.lock = threading.Lock()
+        self.batched = all(callable(getattr(engine, name, None))
+                           for name in ("submit", "step", "cancel", "abort_all"))
+        self._inbox: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._spec_seen = spec_counters(engine)
+        if self.batched:
+            threading.Thread(target=self._loop, name="engine-loop", daemon=True).start()
 
-    def _deltas(self, req: Request) -> Iterator[Delta]:
-        ids: list[int] = []
-        sent, text = "", ""
-        finish = "length"
-        hold = max((len(x) for x in req.stop if x), default=1) - 1
-        for step in self.engine.generate(req.prompt_ids, req.max_tokens, req.temperature,
-                                         req.top_p, self.stop_token_ids, req.seed):
-            ids.extend(step)
-            if ids and ids[-1] in self.stop_token_ids:
-                ids.pop()
-                finish = "stop"
-            text = self.tokenizer.decode(ids, skip_special_tokens=True)
-            hit = [text.index(s) for s in req.stop if s and s in text]
-            if hit:
-                text, finish = text[: min(hit)], "stop"
-            done = finish == "stop" or len(ids) >= req.max_tokens
-            # Hold back what may still change: an incomplete multi-byte character, and the
-            # last len(stop)-1 characters, which may turn out to start a stop string.
-            ready = len(text) if done else len(text) - hold
-            if not done and text.endswith("\ufffd"):
-                ready = min(ready, len(text.rstrip("\ufffd")))
-            if ready > len(sent) and text[: len(sent)] == sent:
-                yield Delta(text[len(sent):ready], completion_tokens=len(ids))
-                sent = text[:ready]
-            if done:
-                break
-        tail = text[len(sent):] if text.startswith(sent) else ""
-        yield Delta(tail, finish, len(ids))
+    # ---- metrics ---------------------------------------------------------------------------
+    def _started(self) -> None:
+        with self.metrics.lock:
+            self.metrics.requests_running += 1
 
-    def run_sync(self, req: Request, sink: Any) -> None:
+    def _finished(self, req: Request, completion: int, ok: bool = True) -> None:
+        with self.metrics.lock:
+            self.metrics.requests_running -= 1
+            self.metrics.requests_ok += int(ok)
+            self.metrics.prompt_tokens += len(req.prompt_ids)
+            self.metrics.generation_tokens += completion
+
+    def _sync_spec(self) -> None:
+        """Add the engine's spec-decode counters since the last call to the metrics."""
+        before, after = self._spec_seen, spec_counters(self.engine)
+        per_pos = [a - (before[3][i] if i < len(before[3]) else 0) for i, a in enumerate(after[3])]
+        self.metrics.add_spec(after[0] - before[0], after[1] - before[1], after[2] - before[2],
+                              per_pos)
+        self._spec_seen = after
+
+    # ---- batch-1 engine: one request at a time ----------------------------------------------
+    def run_sync(self, req: Request, sink: Callable[[Delta], None]) -> None:
         """Generate on the engine thread, handing each Delta to `sink` (a callable)."""
         with self.lock:
-            before = spec_counters(self.engine)
-            with self.metrics.lock:
-                self.metrics.requests_running += 1
-            completion = 0
+            self._started()
+            detok = Detokenizer(self.tokenizer, req, self.stop_token_ids)
             try:
-                for delta in self._deltas(req):
-                    completion = delta.completion_tokens
-                    sink(delta)
+                for step in self.engine.generate(req.prompt_ids, req.max_tokens, req.temperature,
+                                                 req.top_p, self.stop_token_ids, req.seed):
+                    for delta in detok.feed(step):
+                        sink(delta)
+                    if detok.done:
+                        break
+                sink(detok.close())
             finally:
-                after = spec_counters(self.engine)
-                per_pos = [a - (before[3][i] if i < len(before[3]) else 0)
-                           for i, a in enumerate(after[3])]
-                self.metrics.add_spec(after[0] - before[0], after[1] - before[1],
-                                      after[2] - before[2], per_pos)
-                with self.metrics.lock:
-                    self.metrics.requests_running -= 1
-                    self.metrics.requests_ok += 1
-                    self.metrics.prompt_tokens += len(req.prompt_ids)
-                    self.metrics.generation_tokens += completion
+                self._sync_spec()
+                self._finished(req, len(detok.ids))
 
+    # ---- batching engine: the step loop --------------------------------------------------------
+    def _loop(self) -> None:
+        engine: Any = self.engine
+        jobs: dict[int, _Job] = {}
+        while True:
+            self._take(jobs, block=not engine.has_work)
+            for job in [j for j in jobs.values() if j.cancelled]:
+                engine.cancel(job.rid)
+                self._end(jobs, job, None, ok=False)
+            if not engine.has_work:
+                continue
+            try:
+                events = engine.step()
+            except Exception as exc:  # fail every request in flight, keep serving
+                engine.abort_all()
+                for job in list(jobs.values()):
+                    self._end(jobs, job, exc, ok=False)
+                continue
+            for rid, new, done in events:
+                job = jobs.get(rid)
+                if job is None:
+                    continue  # already ended earlier in this step (a stop string)
+                for delta in job.detok.feed(new):
+                    job.sink(delta)
+                if job.detok.done or done:
+                    if not done:
+                        engine.cancel(rid)
+                    self._end(jobs, job, job.detok.close())
+            self._sync_spec()
+
+    def _take(self, jobs: dict[int, _Job], block: bool) -> None:
+        """Submit the jobs waiting in the inbox (waiting for one if ``block``)."""
+        try:
+            job = self._inbox.get(block=block)
+            while True:
+                if job is not None:
+                    self._started()
+                    try:
+                        r = job.req
+                        job.rid = self.engine.submit(  # type: ignore[attr-defined]
+                            r.prompt_ids, r.max_tokens, r.temperature, r.top_p,
+                            self.stop_token_ids, r.seed)
+                        jobs[job.rid] = job
+                    except Exception as exc:
+                        self._end(jobs, job, exc, ok=False)
+                job = self._inbox.get_nowait()
+        except queue.Empty:
+            return
+
+    def _end(self, jobs: dict[int, _Job], job: _Job, last: Delta | BaseException | None,
+             ok: bool = True) -> None:
+        jobs.pop(job.rid, None)
+        job.finished = True
+        if last is not None:
+            job.sink(last)
+        job.sink(None)
+        self._finished(job.req, len(job.detok.ids), ok)
+
+    # ---- HTTP side ---------------------------------------------------------------------------
     async def stream(self, req: Request) -> AsyncIterator[Delta]:
         loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[Delta | BaseException | None] = asyncio.Queue()
+        inbox: asyncio.Queue[Delta | BaseException | None] = asyncio.Queue()
+
+        def put(item: Delta | BaseException | None) -> None:
+            loop.call_soon_threadsafe(inbox.put_nowait, item)
+
+        if self.batched:
+            job = _Job(req, put, Detokenizer(self.tokenizer, req, self.stop_token_ids))
+            self._inbox.put(job)
+            try:
+                while (item := await inbox.get()) is not None:
+                    if isinstance(item, BaseException):
+                        raise item
+                    yield item
+            finally:
+                if not job.finished:  # the client went away: free the batch slot
+                    job.cancelled = True
+                    self._inbox.put(None)
+            return
 
         def work() -> None:
             try:
-                self.run_sync(req, lambda d: loop.call_soon_threadsafe(queue.put_nowait, d))
+                self.run_sync(req, put)
             except BaseException as exc:  # surfaced to the HTTP layer
-                loop.call_soon_threadsafe(queue.put_nowait, exc)
+                put(exc)
             finally:
-                loop.call_soon_threadsafe(queue.put_nowait, None)
+                put(None)
 
         fut = loop.run_in_executor(self.pool, work)
-        while (item := await queue.get()) is not None:
+        while (item := await inbox.get()) is not None:
             if isinstance(item, BaseException):
                 raise item
             yield item

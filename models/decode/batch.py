@@ -1,0 +1,241 @@
+"""Continuous batching: ``BatchEngine`` decodes many requests with ONE target forward a step.
+
+    engine = BatchEngine(target, head, "chain", k=4, max_num_seqs=8)
+    a = engine.submit(prompt_a, max_new_tokens=64)
+    b = engine.submit(prompt_b, max_new_tokens=16, temperature=0.7, seed=1)
+    while engine.has_work:
+        for rid, new_ids, finished in engine.step():   # requests may join between steps
+            ...
+
+A step: (1) admit waiting requests (up to ``max_num_seqs`` active): each is prefilled on its
+own (a batch-1 forward, exactly as ``SpeculativeEngine``) and its KV joins ``BatchKV`` as a
+new row; (2) every active request drafts on its own (chain / parallel / EAGLE-2 tree, with
+its own head KV cache, sampling parameters and generator); (3) one target forward verifies
+all rows' tokens (padded, per-row positions and masks, see batch_kv.py); (4) every row
+verifies and emits like ``SpeculativeEngine`` and keeps its accepted KV columns; finished
+rows leave. Drafting is per request (B x K head steps a step); only the target is batched.
+Each request keeps its own ``SpecStats``, merged into ``engine.stats`` when it finishes.
+All modes share the batched verification (a tree is just a row with a tree mask). With
+``adaptive`` one controller serves the batch: K is read once per step for every row and
+each row's round is recorded with the whole batched forward's time as its verify cost.
+
+Greedy output equals the batch-1 engine's token for token in fp32 (tests/models/decode/
+test_batch.py); sampled output follows the same per-request generator sequence.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from models.decode.batch_kv import BatchKV
+from models.decode.engine import DecodeMode, SpeculativeEngine, _Request
+from models.decode.runner import StepOutput
+from models.decode.sampling import target_probs, verify_greedy, verify_rejection
+from models.decode.tree import DraftTree, accepted_path, build_tree, walk_greedy, walk_sampling
+
+Event = tuple[int, list[int], bool]  # (request id, tokens emitted this step, finished)
+
+
+@dataclass
+class _Plan:
+    """One row's tokens for the batched forward, and what verification needs."""
+
+    tokens: list[int]  # [q] pending token + drafts (chain) or tree nodes
+    depths: list[int]  # [q] position offsets from the row's length
+    local: torch.Tensor  # [q, q] bool: which new tokens each new token sees
+    k: int = 0  # drafts (chain) or tree depth; 0 = plain
+    drafts: list[int] | None = None
+    q: torch.Tensor | None = None  # [k, vocab] draft distributions (sampling)
+    tree: DraftTree | None = None
+    draft_s: float = 0.0
+
+
+@dataclass
+class _Slot:
+    rid: int
+    req: _Request
+    started: float
+
+
+class BatchEngine(SpeculativeEngine):
+    """``SpeculativeEngine`` (its batch-1 ``generate`` still works) plus a batched step loop.
+    Not thread-safe: one thread calls submit / step / cancel."""
+
+    def __init__(
+        self,
+        target: nn.Module,
+        head: nn.Module | None = None,
+        mode: DecodeMode | str = DecodeMode.CHAIN,
+        max_num_seqs: int = 8,
+        compact_slack: int = 32,
+        **kw: object,
+    ) -> None:
+        super().__init__(target, head, mode, **kw)  # type: ignore[arg-type]
+        if "linear_attention" in (getattr(self.model.config, "layer_types", None) or []):
+            raise ValueError("batched decoding needs an attention-only target")
+        self.max_num_seqs = max(1, max_num_seqs)
+        self.compact_slack = compact_slack
+        self.kv: BatchKV | None = None
+        self.waiting: deque[tuple[_Slot, list[int]]] = deque()
+        self.active: list[_Slot] = []  # active[b] is BatchKV row b
+        self._next_id = 0
+
+    # ---- public ------------------------------------------------------------------------
+    def submit(
+        self,
+        prompt_ids: Sequence[int],
+        max_new_tokens: int,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        stop_token_ids: Sequence[int] = (),
+        seed: int | None = None,
+    ) -> int:
+        """Queue a request; it joins the batch at the next step. Returns its id."""
+        if not prompt_ids:
+            raise ValueError("prompt_ids must not be empty")
+        req = self._new_request(max_new_tokens, temperature, top_p, stop_token_ids, seed)
+        rid, self._next_id = self._next_id, self._next_id + 1
+        self.waiting.append((_Slot(rid, req, 0.0), list(prompt_ids)))
+        return rid
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.active)
+
+    def cancel(self, rid: int) -> None:
+        """Drop a request now (e.g. a stop string matched or the client went away)."""
+        self.waiting = deque(w for w in self.waiting if w[0].rid != rid)
+        rows = [b for b, s in enumerate(self.active) if s.rid == rid]
+        self._retire(rows)
+
+    def abort_all(self) -> None:
+        """Forget every request (after a failed step the batch state cannot be trusted)."""
+        self.waiting.clear()
+        self.active, self.kv = [], None
+
+    @torch.no_grad()
+    def step(self) -> list[Event]:
+        """Admit, draft, verify all active requests in one target forward, retire."""
+        events = self._admit()
+        if not self.active:
+            return events
+        assert self.kv is not None
+        k = self.current_k
+        plans = [self._plan(s.req, k) for s in self.active]
+        t0 = time.perf_counter()
+        logits, last, aux = self.kv.forward(
+            [p.tokens for p in plans], [p.depths for p in plans], [p.local for p in plans]
+        )
+        verify_s = time.perf_counter() - t0
+        for b, (slot, plan) in enumerate(zip(self.active, plans, strict=True)):
+            n = len(plan.tokens)
+            out = StepOutput(logits[b, :n], last[b, :n], None if aux is None else aux[b, :n])
+            emitted, kept = self._verify(slot.req, plan, out, verify_s)
+            self.kv.commit(b, kept)
+            events.append((slot.rid, emitted, slot.req.done))
+        self._retire([b for b, s in enumerate(self.active) if s.req.done])
+        return events
+
+    def generate_batch(
+        self, prompts: Sequence[Sequence[int]], max_new_tokens: int, **kw: object
+    ) -> list[list[int]]:
+        """Several requests decoded together (same parameters); outputs in prompt order."""
+        ids = [self.submit(p, max_new_tokens, **kw) for p in prompts]  # type: ignore[arg-type]
+        outs: dict[int, list[int]] = {rid: [] for rid in ids}
+        while self.has_work:
+            for rid, new, _ in self.step():
+                outs[rid].extend(new)
+        return [outs[rid] for rid in ids]
+
+    # ---- joining and leaving -------------------------------------------------------------
+    def _admit(self) -> list[Event]:
+        events: list[Event] = []
+        while self.waiting and len(self.active) < self.max_num_seqs:
+            slot, prompt = self.waiting.popleft()
+            slot.started = time.perf_counter()
+            req = slot.req
+            if req.max_new <= 0:
+                events.append((slot.rid, [], True))
+                self._close(slot)
+                continue
+            events.append((slot.rid, self._prefill(req, prompt), req.done))
+            if req.done:
+                self._close(slot)
+                continue
+            if self.kv is None:
+                aux = req.drafter.aux_layer_ids if req.drafter is not None else []
+                self.kv = BatchKV(self.model, aux, self.compact_slack)
+            self.kv.add(req.runner.cache, req.runner.length)
+            req.runner.reset()  # the prompt's KV now lives in the batch
+            self.active.append(slot)
+        return events
+
+    def _retire(self, rows: list[int]) -> None:
+        if not rows:
+            return
+        assert self.kv is not None
+        self.kv.remove(rows)
+        for b in rows:
+            self._close(self.active[b])
+        self.active = [s for b, s in enumerate(self.active) if b not in set(rows)]
+
+    def _close(self, slot: _Slot) -> None:
+        slot.req.done = True
+        slot.req.stats.elapsed_seconds = time.perf_counter() - slot.started
+        self.stats.merge(slot.req.stats)
+        self.request_stats = slot.req.stats
+
+    # ---- per-row drafting and verification ------------------------------------------------
+    def _plan(self, req: _Request, k: int) -> _Plan:
+        drafter = req.drafter
+        if drafter is None:
+            return _Plan([req.pending], [0], torch.ones(1, 1, dtype=torch.bool))
+        t0 = time.perf_counter()
+        if self.mode is DecodeMode.TREE:
+            tree = build_tree(drafter, req.pending, k, self.topk, self._tree_size(k))
+            return _Plan(tree.tokens, tree.depths, tree.mask, k, tree=tree,
+                         draft_s=time.perf_counter() - t0)
+        if self.mode is DecodeMode.PARALLEL:
+            drafts, q = drafter.draft_parallel(k, req.params, req.gen)
+        else:
+            drafts, q = drafter.draft_chain(k, req.params, req.gen)
+        n = len(drafts) + 1
+        causal = torch.ones(n, n, dtype=torch.bool).tril()
+        return _Plan([req.pending, *drafts], list(range(n)), causal, k, drafts, q,
+                     draft_s=time.perf_counter() - t0)
+
+    def _verify(
+        self, req: _Request, plan: _Plan, out: StepOutput, verify_s: float
+    ) -> tuple[list[int], list[int]]:
+        """(emitted tokens, kept indices into the row's new tokens), as the batch-1 rounds."""
+        req.stats.num_target_forwards += 1
+        drafter = req.drafter
+        if drafter is None:
+            return self._emit(req, [self._pick(req, out.logits[0])]), [0]
+        if plan.tree is not None:
+            tree = plan.tree
+            if req.params.greedy:
+                path, nxt = walk_greedy(tree, out.logits)
+            else:
+                path, nxt = walk_sampling(tree, target_probs(out.logits, req.params), req.gen)
+            rows = accepted_path(tree, path)
+            self._account(req, plan.k, len(path), plan.draft_s, verify_s, len(tree.tokens))
+            req.stats.num_draft_tokens += len(tree.tokens) - 1 - plan.k
+            new = [tree.tokens[i] for i in rows[1:]] + [nxt]
+            return self._finish_round(req, drafter, new, out, rows), rows
+        drafts = plan.drafts or []
+        if req.params.greedy:
+            accepted, nxt = verify_greedy(out.logits, drafts)
+        else:
+            p = target_probs(out.logits, req.params)
+            accepted, nxt = verify_rejection(p, drafts, plan.q, req.gen)
+        kept = list(range(accepted + 1))
+        self._account(req, plan.k, accepted, plan.draft_s, verify_s, len(plan.tokens))
+        new = drafts[:accepted] + [nxt]
+        return self._finish_round(req, drafter, new, out, kept), kept
