@@ -52,6 +52,7 @@ def build_server(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     kw = dict(k=args.num_speculative_tokens, adaptive=args.adaptive,
               depth=args.num_speculative_tokens)
     layer_types = getattr(target.model.config, "layer_types", None) or []
+    engine: SpeculativeEngine
     if args.max_num_seqs > 1 and "linear_attention" not in layer_types:
         engine = BatchEngine(target.model, head, mode, max_num_seqs=args.max_num_seqs, **kw)
     else:  # recurrent layers cannot drop rejected drafts per row: one request at a time

@@ -183,9 +183,10 @@ class Runner:
                     self._end(jobs, job, exc, ok=False)
                 continue
             for rid, new, done in events:
-                job = jobs.get(rid)
-                if job is None:
+                found = jobs.get(rid)
+                if found is None:
                     continue  # already ended earlier in this step (a stop string)
+                job = found
                 for delta in job.detok.feed(new):
                     job.sink(delta)
                 if job.detok.done or done:
