@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 import uuid
 from typing import Any
@@ -50,13 +51,26 @@ def authenticate(request: Request, ctx: Context, secrets: dict[str, str], body: 
     verify(incoming, secrets, ctx.settings.region, ctx.settings.signature_max_skew)
 
 
+def _not_json(token: str) -> Any:
+    """Python's json reads NaN / Infinity / -Infinity; JSON (and botocore) has no such thing."""
+    raise ValueError(f"{token} is not a JSON value")
+
+
+def _finite(text: str) -> float:
+    """A JSON number too large for a double (1e400) would become inf: refuse it as well."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"number out of range: {text[:32]}")
+    return value
+
+
 def dispatch(ctx: Context, target: str, body: bytes) -> dict[str, Any]:
     """Run one control-plane operation; raise ServiceError for every failure."""
     if not target.startswith(TARGET_PREFIX) or target[len(TARGET_PREFIX):] not in REGISTRY:
         raise UnknownOperationException(f"Operation '{target}' is not supported by EagleNest.")
     op = target[len(TARGET_PREFIX):]
     try:
-        payload = json.loads(body or b"{}")
+        payload = json.loads(body or b"{}", parse_constant=_not_json, parse_float=_finite)
     except ValueError as exc:
         raise SerializationException("Request body is not valid JSON.") from exc
     if not isinstance(payload, dict):

@@ -172,6 +172,15 @@ def release(session: Session, name: str, owner: str) -> bool:
     return True
 
 
+def stale_starting(session: Session, older_than: float) -> list[str]:
+    """STARTING jobs untouched for `older_than` seconds (their message may have been lost)."""
+    stmt = select(OptimizationJobRow.name).where(
+        OptimizationJobRow.status == STARTING,
+        OptimizationJobRow.last_modified_time < now() - older_than,
+    )
+    return sorted(session.scalars(stmt))
+
+
 def pending(session: Session) -> list[str]:
     """Every STARTING job (re-enqueued by a worker that starts)."""
     stmt = select(OptimizationJobRow.name).where(OptimizationJobRow.status == STARTING)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,12 +36,32 @@ def fingerprint(**query: Any) -> str:
     return hashlib.sha256(raw).hexdigest()[:16]
 
 
-def _decode(token: str, fp: str) -> tuple[Any, int]:
+_MAX_ID = 2**63 - 1  # what a database integer key holds
+
+
+def _well_typed(value: Any, row_id: Any, kind: type) -> bool:
+    """A token's cursor must be what `_encode` wrote: the sort column's type and an id.
+
+    Tokens are only base64 JSON, so a caller can forge one with the right fingerprint; a
+    list, a huge int or a string where a number belongs must not reach the database.
+    """
+    if not isinstance(row_id, int) or isinstance(row_id, bool) or abs(row_id) > _MAX_ID:
+        return False
+    if kind is str:
+        return isinstance(value, str) and "\x00" not in value
+    if isinstance(value, float):
+        return math.isfinite(value)
+    return isinstance(value, int) and not isinstance(value, bool) and abs(value) <= _MAX_ID
+
+
+def _decode(token: str, fp: str, kind: type) -> tuple[Any, int]:
     try:
         data = json.loads(base64.urlsafe_b64decode(token.encode()))
-        value, row_id, token_fp = data["v"], int(data["i"]), data["f"]
+        value, row_id, token_fp = data["v"], data["i"], data["f"]
     except Exception as exc:  # any garbage is the caller's error, not ours
         raise ValidationException("Invalid pagination token: NextToken is malformed.") from exc
+    if not _well_typed(value, row_id, kind):
+        raise ValidationException("Invalid pagination token: NextToken is malformed.")
     if token_fp != fp:
         raise ValidationException(
             "Invalid pagination token: NextToken does not belong to this query "
@@ -60,7 +81,7 @@ def paginate(
     """Run `stmt` (already filtered) one page at a time; return (rows, next_token)."""
     col, idc = page.sort_column, page.id_column
     if page.next_token:
-        value, row_id = _decode(page.next_token, page.fingerprint)
+        value, row_id = _decode(page.next_token, page.fingerprint, col.type.python_type)
         # Row-value comparison, so the database seeks the (col, id) index straight to the
         # cursor; the equivalent OR form makes SQLite scan from the start of the index.
         key, cursor = tuple_(col, idc), tuple_(value, row_id)

@@ -39,10 +39,15 @@ def signed_post(stack: Stack):  # type: ignore[no-untyped-def]
     from botocore.awsrequest import AWSRequest
     from botocore.credentials import Credentials
 
+    # One client for the session: httpx.post builds a new client (and SSL context) per
+    # call, about 50 ms, which the fuzz suite (tests/api/test_fuzz.py) cannot afford.
+    http = httpx.Client(timeout=30)
+
     def post(target: str, body: bytes) -> httpx.Response:
         req = AWSRequest(method="POST", url=f"{stack.url}/", data=body, headers={
             "X-Amz-Target": target, "Content-Type": "application/x-amz-json-1.1"})
         SigV4Auth(Credentials(ACCESS_KEY, SECRET_KEY), "sagemaker", REGION).add_auth(req)
-        return httpx.post(req.url, content=body, headers=dict(req.headers.items()))
+        return http.post(req.url, content=body, headers=dict(req.headers.items()))
 
-    return post
+    yield post
+    http.close()

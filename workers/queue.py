@@ -46,5 +46,14 @@ class TaskQueue:
             return False
         return True
 
+    def waiting(self, queue: str) -> int | None:
+        """Messages waiting in `queue` (Redis broker), None if that cannot be read."""
+        try:
+            with self.app.connection_for_read() as conn:
+                client = conn.default_channel.client
+                return int(client.llen(queue))
+        except Exception:
+            return None
+
     def close(self) -> None:
         self.app.close()

@@ -52,9 +52,18 @@ def reconcile(ctx: WorkerContext) -> dict[str, int]:
 def reclaim_once(ctx: WorkerContext) -> list[str]:
     with ctx.db.session() as s:
         names = jobs.reclaim_lost(s, ctx.lease_seconds)
+        stale = jobs.stale_starting(s, ctx.lease_seconds)
     for name in names:
         log.warning("job %s lost its worker; re-enqueued to resume from its checkpoint", name)
         ctx.queue.send(q.OPTIMIZE_TASK, name, q.TRAIN_QUEUE)
+    # A job accepted while the broker was down has no message anywhere. When the queue is
+    # empty, STARTING jobs older than a lease are re-sent (a duplicate is a no-op: claiming
+    # a job is atomic).
+    if stale and ctx.queue.waiting(q.TRAIN_QUEUE) == 0:
+        for name in stale:
+            if name not in names:
+                log.warning("job %s was never picked up; re-enqueued", name)
+                ctx.queue.send(q.OPTIMIZE_TASK, name, q.TRAIN_QUEUE)
     return names
 
 

@@ -120,7 +120,10 @@ def to_utc(value: object) -> datetime:
         raise _type_error("timestamp")
     if parsed.tzinfo is None:
         return parsed.replace(tzinfo=UTC)
-    return parsed.astimezone(UTC)
+    try:
+        return parsed.astimezone(UTC)
+    except OverflowError:  # e.g. 0001-01-01T00:00+01:00: before year 1 in UTC
+        raise _type_error("timestamp") from None
 
 
 def to_epoch(value: datetime) -> float:
