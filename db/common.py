@@ -8,6 +8,7 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 from sqlalchemy import Select, select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from db.pagination import PageRequest, fingerprint, paginate
@@ -28,6 +29,16 @@ class Account:
     def arn(self, kind: str, name: str) -> str:
         """`arn:aws:sagemaker:<region>:<account>:<kind>/<lower-cased name>`."""
         return f"arn:aws:sagemaker:{self.region}:{self.account_id}:{kind}/{name.lower()}"
+
+
+def insert_unique(session: Session, row: Base, duplicate: Exception) -> None:
+    """Insert `row`; if its unique name is taken, raise `duplicate` (nothing is written)."""
+    try:
+        with session.begin_nested():
+            session.add(row)
+            session.flush()
+    except IntegrityError as exc:
+        raise duplicate from exc
 
 
 def find(session: Session, table: type[RowT], name: str, *, lock: bool = False) -> RowT | None:

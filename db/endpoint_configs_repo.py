@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from api.errors import ValidationException
 from db import models_repo
-from db.common import Account, find, now
+from db.common import Account, find, insert_unique, now
 from db.tables import EndpointConfigRow, ModelRow
 
 
@@ -48,14 +47,9 @@ def create(session: Session, account: Account, spec: dict[str, Any]) -> Endpoint
         name=name, name_key=name.lower(), arn=account.arn("endpoint-config", name),
         creation_time=now(), spec=spec, tags=tags,
     )
-    try:
-        with session.begin_nested():
-            session.add(row)
-            session.flush()
-    except IntegrityError as exc:
-        raise ValidationException(
-            f'Cannot create already existing endpoint configuration "{row.arn}".'
-        ) from exc
+    duplicate = ValidationException(
+        f'Cannot create already existing endpoint configuration "{row.arn}".')
+    insert_unique(session, row, duplicate)
     return row
 
 

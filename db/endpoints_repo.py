@@ -14,12 +14,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from api.errors import ValidationException
 from db import endpoint_configs_repo
-from db.common import Account, find, now
+from db.common import Account, find, insert_unique, now
 from db.tables import EndpointRow
 
 CREATING, IN_SERVICE, UPDATING = "Creating", "InService", "Updating"
@@ -41,12 +40,8 @@ def create(session: Session, account: Account, spec: dict[str, Any]) -> Endpoint
         creation_time=t, last_modified_time=t, spec=spec, tags=tags,
         status=CREATING, config_name=config.name, deployment={},
     )
-    try:
-        with session.begin_nested():
-            session.add(row)
-            session.flush()
-    except IntegrityError as exc:
-        raise ValidationException(f'Cannot create already existing endpoint "{row.arn}".') from exc
+    duplicate = ValidationException(f'Cannot create already existing endpoint "{row.arn}".')
+    insert_unique(session, row, duplicate)
     return row
 
 

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from api.errors import ValidationException
-from db.common import Account, find, now
+from db.common import Account, find, insert_unique, now
 from db.tables import ModelRow
 
 
@@ -23,14 +22,8 @@ def create(session: Session, account: Account, spec: dict[str, Any]) -> ModelRow
         name=name, name_key=name.lower(), arn=account.arn("model", name),
         creation_time=now(), spec=spec, tags=tags,
     )
-    try:
-        with session.begin_nested():
-            session.add(row)
-            session.flush()
-    except IntegrityError as exc:
-        raise ValidationException(
-            f'Cannot create already existing model "{account.arn("model", name)}".'
-        ) from exc
+    duplicate = ValidationException(f'Cannot create already existing model "{row.arn}".')
+    insert_unique(session, row, duplicate)
     return row
 
 

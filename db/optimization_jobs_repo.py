@@ -14,12 +14,11 @@ from __future__ import annotations
 from typing import Any
 
 from sqlalchemy import select
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from api.errors import ResourceInUse, ResourceNotFound, ValidationException
 from db import models_repo
-from db.common import Account, find, now
+from db.common import Account, find, insert_unique, now
 from db.tables import ModelRow, OptimizationJobRow
 
 STARTING, INPROGRESS, COMPLETED = "STARTING", "INPROGRESS", "COMPLETED"
@@ -72,12 +71,7 @@ def create(session: Session, account: Account, spec: dict[str, Any]) -> Optimiza
         creation_time=t, last_modified_time=t, spec=spec, tags=tags, status=STARTING,
         optimization_types=",".join(types), output={},
     )
-    try:
-        with session.begin_nested():
-            session.add(row)
-            session.flush()
-    except IntegrityError as exc:
-        raise ResourceInUse(f"Optimization job {name} already exists.") from exc
+    insert_unique(session, row, ResourceInUse(f"Optimization job {name} already exists."))
     return row
 
 
