@@ -1,3 +1,4 @@
+
 """Control-plane benchmark: EagleNest against moto_server, through boto3, in one run.
 
     python -m benchmarks.control_plane [--iterations N] [--repeats R] [--grow-to M]
@@ -28,7 +29,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -44,6 +44,8 @@ import boto3
 import httpx
 from botocore.config import Config
 
+from workers.broker import free_port
+
 ROOT = Path(__file__).resolve().parent.parent
 ACCESS_KEY = "AKIAEAGLENESTBENCH01"
 SECRET_KEY = "bench-secret-key-0123456789abcdefghijklmn"
@@ -55,12 +57,6 @@ START_TIMEOUT_S = 90.0
 STOP_TIMEOUT_S = 90.0
 LIST_CALLS = 50
 MAX_ERROR_SAMPLES = 5
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def make_client(url: str) -> Any:

