@@ -49,8 +49,13 @@ def test_cli_reports_aws_errors(stack):
     assert "ResourceNotFound" in r.stderr
 
 
-@pytest.mark.parametrize("op", ["list-endpoints", "list-endpoint-configs", "list-optimization-jobs"])
-def test_cli_lists(stack, op):
+@pytest.mark.parametrize(("op", "key"), [("list-endpoints", "Endpoints"),
+                                         ("list-endpoint-configs", "EndpointConfigs"),
+                                         ("list-optimization-jobs", "OptimizationJobSummaries")])
+def test_cli_lists(stack, op, key):
     r = aws(stack, op, "--max-results", "5")
     assert r.returncode == 0, r.stderr
-    json.loads(r.stdout)
+    assert isinstance(json.loads(r.stdout)[key], list)
+    r = aws(stack, op, "--max-results", "101")
+    assert r.returncode != 0
+    assert "ValidationException" in r.stderr and "less than or equal to 100" in r.stderr
