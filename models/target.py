@@ -114,11 +114,41 @@ def read_architecture(folder: str | Path) -> tuple[str, ArchitectureSupport]:
 
 @dataclass
 class Capture:
-    """Tensors from one target forward pass (no grad)."""
+    """Tensors from one target forward pass (no grad).
+
+    A live capture carries the full ``logits``; a cached one (models.capture_cache) keeps
+    only the hidden states plus the target's argmax and recomputes the logits it needs
+    from ``last_hidden`` with ``lm_head``: the draft-vocabulary heads need only 8k of the
+    vocabulary's columns, so caching them all (100 MB per 512-token sample) is not needed.
+    """
 
     aux: torch.Tensor  # [batch, seq, n_aux * hidden]
     last_hidden: torch.Tensor  # [batch, seq, hidden] (after the final norm)
-    logits: torch.Tensor  # [batch, seq, vocab]
+    logits: torch.Tensor | None = None  # [batch, seq, vocab]
+    lm_head: nn.Module | None = None  # the target's output projection (hidden -> vocab)
+    argmax: torch.Tensor | None = None  # [batch, seq] long: the target's greedy next token
+
+    def full_logits(self) -> torch.Tensor:  # [batch, seq, vocab]
+        if self.logits is not None:
+            return self.logits
+        if self.lm_head is None:
+            raise ValueError("capture has neither logits nor an lm_head")
+        with torch.no_grad():
+            return self.lm_head(self.last_hidden).float()
+
+    def logits_for(self, rows: torch.Tensor) -> torch.Tensor:
+        """Logits of the target ids ``rows`` [n] only: [batch, seq, n]."""
+        if self.logits is not None:
+            return self.logits[..., rows]
+        if not isinstance(self.lm_head, nn.Linear):
+            return self.full_logits()[..., rows]
+        bias = None if self.lm_head.bias is None else self.lm_head.bias[rows]
+        with torch.no_grad():
+            w = self.lm_head.weight[rows].to(self.last_hidden.dtype)
+            return nn.functional.linear(self.last_hidden, w, bias).float()
+
+    def target_argmax(self) -> torch.Tensor:  # [batch, seq] long
+        return self.argmax if self.argmax is not None else self.full_logits().argmax(-1)
 
 
 class Target:

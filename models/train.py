@@ -20,6 +20,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from models.capture_cache import CaptureCache
 from models.checkpoint import head_kind, load_head, save_head
 from models.data.template import Sample
 from models.heads.base import HeadBatch
@@ -61,6 +62,8 @@ class TrainConfig:
     resume: bool = False
     init_head: str | None = None
     checkpoint_format: str = "native"  # or "speculators" (EAGLE-3 / P-EAGLE)
+    #: target hidden states kept (CPU RAM) so later epochs skip the target forward; 0: none
+    capture_cache_mb: int = 4096
     speculative_tokens: int = 3  # written into speculators configs
     progress: bool = True
 
@@ -70,6 +73,8 @@ class TrainData:
     target: Target
     samples: list[Sample]
     source: str = ""  # recorded in provenance.json
+    #: captures shared across runs on the same samples (e.g. several heads); None: own cache
+    cache: CaptureCache | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass
@@ -158,12 +163,15 @@ class BatchStream:
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
         return torch.randperm(len(self.samples), generator=g).tolist()
 
-    def next(self) -> list[Sample]:
+    def next_indices(self) -> list[int]:
         if self.pos + self.batch_size > len(self.samples):
             self.epoch, self.pos = self.epoch + 1, 0
         idx = self._order()[self.pos : self.pos + self.batch_size]
         self.pos += self.batch_size
-        return [self.samples[i] for i in idx]
+        return idx
+
+    def next(self) -> list[Sample]:
+        return [self.samples[i] for i in self.next_indices()]
 
     def state(self) -> dict[str, int]:
         return {"epoch": self.epoch, "pos": self.pos}
@@ -335,6 +343,10 @@ def _run(
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     kwargs = HEAD_KINDS[config.head].loss_kwargs(config)
     params = [p for p in head.parameters() if p.requires_grad]
+    cache = data.cache
+    if cache is None or cache.samples is not data.samples:
+        cache = CaptureCache(data.target, data.samples, config.capture_cache_mb << 20,
+                             _autocast(device))
     tokens, start = 0, time.perf_counter()
     bar = tqdm(total=config.max_steps, initial=step, disable=not config.progress, desc="train")
     end = min(config.max_steps, config.stop_after or config.max_steps)
@@ -343,9 +355,10 @@ def _run(
             break
         if config.should_stop is not None and config.should_stop():
             break
-        batch = collate(stream.next(), pad, device)
+        indices = stream.next_indices()
+        batch = collate([data.samples[i] for i in indices], pad, device)
+        cap = cache.capture(indices, batch.input_ids.shape[1], device)
         with _autocast(device):
-            cap = data.target.capture(batch.input_ids, batch.attention_mask)
             result = head.loss(batch, cap, **kwargs)
         opt.zero_grad(set_to_none=True)
         result.loss.backward()

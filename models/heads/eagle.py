@@ -103,7 +103,7 @@ class EagleHead(nn.Module):
         per_pos = F.smooth_l1_loss(out, target_feat, reduction="none").mean(-1)  # [batch, seq]
         count = max(int(valid.sum()), 1)
         vloss = (per_pos * valid.to(per_pos.dtype)).sum() / count
-        probs = F.softmax(shift_left(cap.logits, 1), dim=-1)
+        probs = F.softmax(shift_left(cap.full_logits(), 1), dim=-1)
         ploss, acc, n = soft_cross_entropy(logits, probs, valid)
         total = value_weight * vloss + prob_weight * ploss
         return HeadLoss(

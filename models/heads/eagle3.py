@@ -118,14 +118,14 @@ class Eagle3Head(nn.Module):
             self.lm_head.weight.copy_(lm_head_weight[self.target_id_order()])
 
     # ---- training ----------------------------------------------------------------------
-    def target_distribution(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Target logits [batch, seq, vocab] -> (probs over the draft vocab, argmax in vocab).
+    def target_distribution(self, cap: Capture) -> tuple[torch.Tensor, torch.Tensor]:
+        """Target capture -> (probs over the draft vocab [batch, seq, draft_vocab], in vocab).
 
         The second tensor [batch, seq] marks positions whose target argmax is a draft-vocab
         token: only there can a greedy draft be accepted, so only there is the loss scored.
         """
-        restricted = logits[..., self.target_id_order()]  # [batch, seq, draft_vocab]
-        in_vocab = self.t2d[logits.argmax(-1)]
+        restricted = cap.logits_for(self.target_id_order())  # [batch, seq, draft_vocab]
+        in_vocab = self.t2d[cap.target_argmax()]
         return F.softmax(restricted.float(), dim=-1), in_vocab
 
     def ttt_forward(
@@ -154,7 +154,7 @@ class Eagle3Head(nn.Module):
 
     def loss(self, batch: HeadBatch, cap: Capture, steps: int = 3, decay: float = 0.8) -> HeadLoss:
         """Training-time test over ``steps`` draft steps, step j weighted decay**j."""
-        probs, in_vocab = self.target_distribution(cap.logits)
+        probs, in_vocab = self.target_distribution(cap)
         all_logits = self.ttt_forward(batch.input_ids, cap.aux, steps)
         return scored_steps(all_logits, probs, in_vocab, batch.loss_mask.bool(), decay)
 

@@ -122,7 +122,7 @@ class PEagleHead(Eagle3Head):
     ) -> HeadLoss:
         """One forward over the kept (depth, anchor) slots; depth k weighted decay**k."""
         keep = cod_keep(batch.input_ids.shape[1], steps, keep_prob, batch.input_ids.device)
-        probs, in_vocab = self.target_distribution(cap.logits)
+        probs, in_vocab = self.target_distribution(cap)
         logits = self.parallel_forward(batch.input_ids, cap.aux, steps, keep)
         return scored_steps(logits, probs, in_vocab, batch.loss_mask.bool(), decay, keep)
 
