@@ -1,120 +1,309 @@
-"""Tokens/s and acceptance length: plain decoding vs chain / tree / parallel / adaptive.
+"""Decoding speed and acceptance: HF generate, prompt lookup, vLLM and our engine's modes.
 
-    python benchmarks/decode.py --target DIR [--head DIR] [--prompts FILE.jsonl] \
-        [--max-new-tokens 128] [--k 4] [--depth 5 --topk 4 --total-tokens 16]
+    python -m benchmarks.decode --target DIR --head DIR [--peagle-head DIR] \
+        [--max-new-tokens 128] [--ks 3,5] [--concurrency 4,8] [--no-vllm] [--json PATH]
 
-Every row runs the same prompts at batch 1, temperature 0 (greedy, so every row must emit
-the same text: the table also reports how many outputs differ from the plain baseline).
-Not run in tests.
+Prompts: the held-out examples of the built-in datasets (the same split as
+benchmarks/train_heads.py: never trained on), as two sets, ``chat`` (gsm8k, ultrachat) and
+``code`` (magicoder, opencodeinstruct, swebench), chat-templated. Every row runs the same
+prompts at batch 1, temperature 0, in this one process, one row after another:
+
+* ``hf generate``: transformers' ``generate`` (greedy, KV cache) - the baseline (1.00x);
+* ``hf prompt lookup``: transformers' prompt-lookup decoding (``prompt_lookup_num_tokens``);
+* ``ours plain``, ``ours chain K``, ``ours tree``, ``ours parallel K`` (P-EAGLE head),
+  ``ours chain adaptive`` and ``ours tree adaptive``: models.decode.SpeculativeEngine;
+* ``vllm`` and ``vllm eagle K``: vLLM's OpenAI server (when installed) through
+  workers.benchmark at concurrency 1 (HTTP and streaming included, so slightly pessimistic).
+
+Greedy decoding is lossless, so each row reports how many outputs differ from hf generate
+(0 expected; vLLM compares its own target-only row). Then ``--concurrency`` levels through the
+OpenAI servers (embedded with and without the head, vLLM with and without), output tokens/s.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
-import sys
 import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
 
-import torch  # noqa: E402
+from benchmarks.train_heads import first_user_prompt, split_builtin
+from models.decode.engine import SpeculativeEngine
+from models.decode.stats import SpecStats
+from models.target import Target
+from workers.benchmark import BenchConfig, run
+from workers.broker import free_port
+from workers.serving.process import EMBEDDED, VLLM, ServerProcess, ServerSpec
 
-from models.decode.engine import SpeculativeEngine  # noqa: E402
-from models.decode.stats import SpecStats  # noqa: E402
-
-DEFAULT_PROMPTS = [
-    "Write a Python function that returns the n-th Fibonacci number.",
-    "Explain in two sentences why the sky is blue.",
-    "def quicksort(items):\n",
-    "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips"
-    " in May. How many clips did Natalia sell altogether in April and May?",
-]
+CODE_SETS = ("magicoder", "opencodeinstruct", "swebench")
 
 
-def load_prompts(path: str | None) -> list[str]:
-    if not path:
-        return DEFAULT_PROMPTS
-    rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
-    return [r.get("prompt") or r["messages"][0]["content"] for r in rows]
+@dataclass
+class Row:
+    name: str
+    prompt_set: str
+    tokens_per_second: float
+    tau: float | None
+    differ: int
+    speedup: float = 1.0
+    outputs: list[list[int]] = field(default_factory=list, repr=False)
 
 
-def run_row(
-    engine: SpeculativeEngine, prompts: list[list[int]], n: int, stop: list[int]
-) -> tuple[float, SpecStats, list[list[int]]]:
-    stats, outs, elapsed = SpecStats(), [], 0.0
+def held_out_prompts(target: Target, held_out: int) -> dict[str, list[str]]:
+    """{"chat": [...], "code": [...]}: templated first user turns of the held-out examples."""
+    from models.data import BUILTIN_NAMES, load_examples
+
+    sets: dict[str, list[str]] = {"chat": [], "code": []}
+    _, eval_ex = split_builtin(held_out)
+    names = [n for n in BUILTIN_NAMES for _ in load_examples(n)[-held_out:]]
+    for name, ex in zip(names, eval_ex, strict=True):
+        kind = "code" if name.startswith(CODE_SETS) else "chat"
+        sets[kind].append(first_user_prompt(ex, target))
+    return sets
+
+
+def _truncate(ids: list[int], stop: int | None) -> list[int]:
+    return ids[: ids.index(stop) + 1] if stop is not None and stop in ids else ids
+
+
+def time_rows(fn: Callable[[list[int]], tuple[list[int], SpecStats | None]],
+              prompts: list[list[int]]) -> tuple[float, float | None, list[list[int]]]:
+    outs, elapsed, stats = [], 0.0, SpecStats()
+    speculative = False
     for ids in prompts:
         t0 = time.perf_counter()
-        outs.append(engine.generate_ids(ids, n, stop_token_ids=stop))
+        out, st = fn(ids)
         elapsed += time.perf_counter() - t0
-        stats.merge(engine.request_stats)
-    return sum(len(o) for o in outs) / elapsed, stats, outs
+        outs.append(out)
+        if st is not None:
+            speculative = True
+            stats.merge(st)
+    rate = sum(len(o) for o in outs) / max(elapsed, 1e-9)
+    return rate, (stats.acceptance_length if speculative else None), outs
 
 
-def engines(target: Any, head: Any, args: argparse.Namespace) -> dict[str, SpeculativeEngine]:
-    rows = {"plain": SpeculativeEngine(target, None)}
-    if head is None:
-        return rows
+def hf_rows(target: Target, n: int, eos: int | None) -> dict[str, Callable]:
+    model = target.model
+
+    def hf(extra: dict[str, Any]) -> Callable[[list[int]], tuple[list[int], None]]:
+        def go(ids: list[int]) -> tuple[list[int], None]:
+            x = torch.tensor([ids])
+            with torch.no_grad():
+                out = model.generate(  # type: ignore[operator]
+                    x, attention_mask=torch.ones_like(x), max_new_tokens=n,
+                                     do_sample=False, pad_token_id=eos, **extra)
+            return _truncate(out[0, len(ids):].tolist(), eos), None
+        return go
+
+    return {"hf generate": hf({}), "hf prompt lookup": hf({"prompt_lookup_num_tokens": 10})}
+
+
+def engine_rows(target: Target, head: Any, peagle: Any, args: argparse.Namespace,
+                ) -> dict[str, SpeculativeEngine]:
     tree = dict(depth=args.depth, topk=args.topk, total_tokens=args.total_tokens)
-    rows[f"chain k={args.k}"] = SpeculativeEngine(target, head, "chain", k=args.k)
-    rows["chain adaptive"] = SpeculativeEngine(target, head, "chain", k=args.k, adaptive=True)
-    rows[f"tree d={args.depth} k={args.topk} n={args.total_tokens}"] = SpeculativeEngine(
-        target, head, "tree", **tree
-    )
-    rows["tree adaptive"] = SpeculativeEngine(target, head, "tree", adaptive=True, **tree)
-    from models.heads.peagle import PEagleHead
-
-    if isinstance(head, PEagleHead):
-        rows[f"parallel k={args.k}"] = SpeculativeEngine(target, head, "parallel", k=args.k)
-        rows["parallel adaptive"] = SpeculativeEngine(
-            target, head, "parallel", k=args.k, adaptive=True
-        )
+    model = target.model
+    rows = {"ours plain": SpeculativeEngine(model, None)}
+    for k in args.ks:
+        rows[f"ours chain K={k}"] = SpeculativeEngine(model, head, "chain", k=k)
+    rows[f"ours tree d={args.depth} top{args.topk} n={args.total_tokens}"] = SpeculativeEngine(
+        model, head, "tree", **tree)
+    rows["ours chain adaptive"] = SpeculativeEngine(model, head, "chain", k=max(args.ks),
+                                                    adaptive=True)
+    rows["ours tree adaptive"] = SpeculativeEngine(model, head, "tree", adaptive=True, **tree)
+    if peagle is not None:
+        for k in args.ks:
+            rows[f"ours parallel K={k}"] = SpeculativeEngine(model, peagle, "parallel", k=k)
+        rows["ours parallel adaptive"] = SpeculativeEngine(model, peagle, "parallel",
+                                                           k=max(args.ks), adaptive=True)
     return rows
 
 
-def main(argv: list[str] | None = None) -> int:
+def engine_fn(engine: SpeculativeEngine, n: int, eos: int | None) -> Callable:
+    stop = [eos] if eos is not None else []
+
+    def go(ids: list[int]) -> tuple[list[int], SpecStats | None]:
+        out = engine.generate_ids(ids, n, stop_token_ids=stop)
+        return out, (engine.request_stats if engine.head is not None else None)
+    return go
+
+
+def serve(args: argparse.Namespace, backend: str, log: Path, head: Path | None = None,
+          k: int = 3) -> ServerProcess:
+    spec = ServerSpec(model_dir=Path(args.target), served_name="smol", port=free_port(),
+                      backend=backend, head_dir=head, num_speculative_tokens=k,
+                      dtype="float32", max_model_len=2048)
+    server = ServerProcess(spec, log)
+    server.start(900.0)
+    return server
+
+
+def served_level(server: ServerProcess, prompts: list[str], n: int, c: int) -> Any:
+    cfg = BenchConfig(base_url=server.base_url, model="smol", prompts=prompts,
+                      concurrencies=(c,), max_tokens=n, requests_per_level=max(len(prompts), c))
+    (level,) = asyncio.run(run(cfg))
+    return level
+
+
+def server_configs(args: argparse.Namespace) -> list[tuple[str, str, Path | None, int]]:
+    k = max(args.ks)
+    configs = [("embedded plain", EMBEDDED, None, k),
+               (f"embedded chain K={k}", EMBEDDED, Path(args.head), k)]
+    if not args.no_vllm and _vllm_installed():
+        configs = [("vllm", VLLM, None, k), (f"vllm eagle3 K={k}", VLLM, Path(args.head), k),
+                   *configs]
+    return configs
+
+
+def _vllm_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
+
+
+def markdown(rows: list[Row], levels: list[dict[str, Any]]) -> str:
+    lines = ["| prompts | row | tok/s | vs hf generate | tau | outputs differing |",
+             "|---|---|---|---|---|---|"]
+    for r in rows:
+        tau = f"{r.tau:.2f}" if r.tau else "-"
+        lines.append(f"| {r.prompt_set} | {r.name} | {r.tokens_per_second:.1f} | "
+                     f"{r.speedup:.2f}x | {tau} | {r.differ} |")
+    if levels:
+        lines += ["", "| server | concurrency | output tok/s | TTFT p50 ms | tau |",
+                  "|---|---|---|---|---|"]
+        for lv in levels:
+            tau = f"{lv['tau']:.2f}" if lv["tau"] else "-"
+            lines.append(f"| {lv['server']} | {lv['concurrency']} | {lv['output_tps']:.1f} | "
+                         f"{lv['ttft_ms']:.0f} | {tau} |")
+    return "\n".join(lines)
+
+
+def vllm_batch1(server: ServerProcess, prompts: list[str], n: int,
+                ) -> tuple[float, float | None, list[str]]:
+    """(tokens/s, tau, texts) of the prompts one at a time, non-streaming, temperature 0."""
+    import httpx
+
+    from workers.serving.embedded.metrics import parse_spec_counters
+
+    with httpx.Client(timeout=3600) as client:
+        before = parse_spec_counters(client.get(f"{server.base_url}/metrics").text)
+        texts, tokens, elapsed = [], 0, 0.0
+        for p in prompts:
+            body = {"model": "smol", "prompt": p, "max_tokens": n, "temperature": 0.0}
+            t0 = time.perf_counter()
+            r = client.post(f"{server.base_url}/v1/completions", json=body).json()
+            elapsed += time.perf_counter() - t0
+            texts.append(r["choices"][0]["text"])
+            tokens += int(r["usage"]["completion_tokens"])
+        after = parse_spec_counters(client.get(f"{server.base_url}/metrics").text)
+    drafts = after.get("drafts", 0.0) - before.get("drafts", 0.0)
+    accepted = after.get("accepted", 0.0) - before.get("accepted", 0.0)
+    return tokens / max(elapsed, 1e-9), (1 + accepted / drafts) if drafts else None, texts
+
+
+def in_process(target: Target, head: Any, peagle: Any, sets: dict[str, list[list[int]]],
+               args: argparse.Namespace) -> list[Row]:
+    eos = target.tokenizer.eos_token_id
+    n = args.max_new_tokens
+    fns: dict[str, Callable] = hf_rows(target, n, eos)
+    fns.update({name: engine_fn(e, n, eos)
+                for name, e in engine_rows(target, head, peagle, args).items()})
+    time_rows(fns["hf generate"], next(iter(sets.values()))[:1])  # warm-up
+    rows: list[Row] = []
+    for set_name, prompts in sets.items():
+        base: Row | None = None
+        for name, fn in fns.items():
+            rate, tau, outs = time_rows(fn, prompts)
+            ref = base.outputs if base else outs
+            row = Row(name, set_name, rate, tau, sum(a != b for a, b in zip(outs, ref,
+                                                                            strict=True)),
+                      rate / base.tokens_per_second if base else 1.0, outs)
+            base = base or row
+            rows.append(row)
+            print(f"{set_name:5} {name:34} {rate:7.2f} tok/s {row.speedup:5.2f}x "
+                  f"tau {tau or 0:.2f} differ {row.differ}", flush=True)
+    return rows
+
+
+def served(args: argparse.Namespace, sets: dict[str, list[str]],
+           base_rates: dict[str, float]) -> tuple[list[Row], list[dict[str, Any]]]:
+    rows, levels = [], []
+    everything = [p for ps in sets.values() for p in ps]
+    reference: dict[str, list[str]] = {}
+    for name, backend, head, k in server_configs(args):
+        server = serve(args, backend, args.out / f"{name.replace(' ', '_')}.log", head, k)
+        try:
+            if backend == VLLM:
+                for set_name, prompts in sets.items():
+                    rate, tau, texts = vllm_batch1(server, prompts, args.max_new_tokens)
+                    ref = reference.setdefault(set_name, texts)
+                    rows.append(Row(name, set_name, rate, tau,
+                                    sum(a != b for a, b in zip(texts, ref, strict=True)),
+                                    rate / base_rates[set_name]))
+                    print(f"{set_name:5} {name:34} {rate:7.2f} tok/s tau {tau or 0:.2f}",
+                          flush=True)
+            for c in args.concurrency:
+                lv = served_level(server, everything, args.max_new_tokens, c)
+                levels.append({"server": name, "concurrency": c,
+                               "output_tps": lv.output_throughput,
+                               "ttft_ms": lv.ttft_ms_p50, "tau": lv.acceptance_length})
+                print(f"      {name:34} c={c} {lv.output_throughput:7.2f} tok/s", flush=True)
+        finally:
+            server.stop()
+    return rows, levels
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--target", required=True)
-    ap.add_argument("--head", default=None)
-    ap.add_argument("--prompts", default=None, help="JSONL with prompt or messages")
+    ap.add_argument("--target", default=None, help="default: the prepared SmolLM2 target")
+    ap.add_argument("--head", required=True, help="an EAGLE-3 (or EAGLE) head folder")
+    ap.add_argument("--peagle-head", default=None, help="a P-EAGLE head for parallel rows")
     ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--ks", default="3,5")
     ap.add_argument("--depth", type=int, default=5)
     ap.add_argument("--topk", type=int, default=4)
     ap.add_argument("--total-tokens", type=int, default=16)
-    ap.add_argument("--chat", action="store_true")
-    ap.add_argument("--threads", type=int, default=0)
-    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    ap.add_argument("--held-out", type=int, default=2)
+    ap.add_argument("--concurrency", default="4,8")
+    ap.add_argument("--no-vllm", action="store_true")
+    ap.add_argument("--out", type=Path, default=Path("/tmp/eaglenest-decode"))
+    ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    args.ks = [int(k) for k in args.ks.split(",")]
+    args.concurrency = [int(c) for c in args.concurrency.split(",") if c]
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
     from models.checkpoint import load_head
-    from models.decode.cli import encode_prompt
+    from models.prepare import cached_smollm2
     from models.target import load_target
 
-    dtype = getattr(torch, args.dtype)
-    target = load_target(args.target, dtype=dtype)
-    head = None
-    if args.head:
-        head = load_head(args.head, target.embed_weight(), target.lm_head_weight()).to(dtype)
+    args = parse_args(argv)
+    args.target = args.target or str(cached_smollm2())
+    args.out.mkdir(parents=True, exist_ok=True)
+    target = load_target(args.target)
+    emb, lm = target.embed_weight(), target.lm_head_weight()
+    head = load_head(args.head, emb, lm).eval()
+    peagle = load_head(args.peagle_head, emb, lm).eval() if args.peagle_head else None
+    texts = held_out_prompts(target, args.held_out)
     tok = target.tokenizer
-    prompts = [encode_prompt(tok, p, args.chat) for p in load_prompts(args.prompts)]
-    stop = [tok.eos_token_id] if tok.eos_token_id is not None else []
-    rows = engines(target, head, args)
-    run_row(rows["plain"], prompts[:1], 8, stop)  # warm-up
-    base_rate, _, base_out = run_row(rows["plain"], prompts, args.max_new_tokens, stop)
-    print(f"{'row':34} {'tok/s':>8} {'speedup':>8} {'tau':>6} {'differ':>7}")
-    print(f"{'plain':34} {base_rate:8.2f} {1.0:8.2f} {1.0:6.2f} {0:7d}")
-    for name, engine in rows.items():
-        if name == "plain":
-            continue
-        rate, stats, outs = run_row(engine, prompts, args.max_new_tokens, stop)
-        differ = sum(a != b for a, b in zip(outs, base_out, strict=True))
-        print(
-            f"{name:34} {rate:8.2f} {rate / base_rate:8.2f} "
-            f"{stats.acceptance_length:6.2f} {differ:7d}"
-        )
+    ids = {k: [list(tok(p, add_special_tokens=False)["input_ids"]) for p in v]
+           for k, v in texts.items()}
+    rows = in_process(target, head, peagle, ids, args)
+    base = {r.prompt_set: r.tokens_per_second for r in rows if r.name == "hf generate"}
+    more, levels = served(args, texts, base)
+    rows += more
+    print(markdown(rows, levels))
+    if args.json:
+        args.json.write_text(json.dumps({"rows": [{k: v for k, v in asdict(r).items()
+                                                   if k != "outputs"} for r in rows],
+                                         "levels": levels}, indent=2))
     return 0
 
 

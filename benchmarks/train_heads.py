@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import resource
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -39,6 +40,7 @@ from models.target import Target, load_target
 from models.train import TrainConfig, TrainData, train
 from workers.benchmark import BenchConfig, run
 from workers.broker import free_port
+from workers.serving.embedded.metrics import parse_spec_counters
 from workers.serving.process import VLLM, ServerProcess, ServerSpec
 
 HEALTH_TIMEOUT_S = 900.0
@@ -54,6 +56,8 @@ class HeadFigures:
     final_loss: float
     step_accuracy: list[float]
     tau: dict[int, float | None] = field(default_factory=dict)
+    cpu_seconds: float = 0.0  # user + system CPU time of this process while training
+    accepted_per_position: dict[int, list[float]] = field(default_factory=dict)
 
 
 class PeakRss:
@@ -84,6 +88,11 @@ class PeakRss:
         self._stop.set()
         self._thread.join()
         self.peak_kib = max(self.peak_kib, self.current_kib())
+
+
+def _cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def prepared_target() -> Path:
@@ -169,7 +178,8 @@ def load_or_regenerate(args: argparse.Namespace, train_ex: list[Example], target
         return [Chat(json.loads(line)["messages"]) for line in cached.read_text().splitlines()]
     chats = regenerate_with_vllm(train_ex, target, target_dir, args.out / "regen.log",
                                  args.regen_tokens, args.regen_samples)
-    cached.write_text("".join(json.dumps({"messages": c.messages}) + "\n" for c in chats))
+    cached.write_text("".join(json.dumps({"messages": c.messages}) + "\n"
+                              for c in chats if isinstance(c, Chat)))
     return chats
 
 
@@ -180,16 +190,23 @@ def train_config(kind: str, **kw: Any) -> TrainConfig:
     return TrainConfig(**base)
 
 
-def train_head(kind: str, data: TrainData, minutes: float, out: Path) -> tuple[Path, HeadFigures]:
-    """Train for ``minutes`` of wall clock; the cosine schedule is sized to end with it."""
+def train_head(kind: str, data: TrainData, minutes: float, out: Path,
+               steps: int | None = None) -> tuple[Path, HeadFigures]:
+    """Train for ``minutes`` of wall clock (the cosine schedule sized to end with it), or
+    for exactly ``steps`` steps when given (robust on a shared machine: CPU time is shown)."""
     target = data.target
-    config = train_config(kind, max_steps=estimated_steps(kind, data, minutes),
-                          max_seconds=60 * minutes)
+    if steps:
+        config = train_config(kind, max_steps=steps)
+    else:
+        config = train_config(kind, max_steps=estimated_steps(kind, data, minutes),
+                              max_seconds=60 * minutes)
+    cpu0 = _cpu_seconds()
     with PeakRss() as rss:
         result = train(config, data)
     head_dir = save_head(result.head.eval(), out / kind, verifier=str(target.folder))
     figures = HeadFigures(kind, result.steps, result.seconds, result.tokens_per_second,
-                          rss.peak_kib / 1024, result.loss, result.step_accuracy)
+                          rss.peak_kib / 1024, result.loss, result.step_accuracy,
+                          cpu_seconds=_cpu_seconds() - cpu0)
     return head_dir, figures
 
 
@@ -218,26 +235,36 @@ def estimated_steps(kind: str, data: TrainData, minutes: float, probe_steps: int
 
 
 def measure_tau(target_dir: Path, head_dir: Path, k: int, prompts: list[str],
-                max_tokens: int, log: Path) -> float | None:
+                max_tokens: int, log: Path) -> tuple[float | None, list[float]]:
+    """(tau, acceptance rate at each draft position) from vLLM's counters over the prompts."""
     server = serve(target_dir, log, head_dir, k)
     try:
+        before = _counters(server.base_url)
         cfg = BenchConfig(base_url=server.base_url, model="smol", prompts=prompts,
                           concurrencies=(1,), max_tokens=max_tokens,
                           requests_per_level=len(prompts))
         (level,) = asyncio.run(run(cfg))
-        return level.acceptance_length
+        after = _counters(server.base_url)
     finally:
         server.stop()
+    drafts = after.get("drafts", 0.0) - before.get("drafts", 0.0)
+    rates = [(after.get(f"per_pos_{i}", 0.0) - before.get(f"per_pos_{i}", 0.0)) / drafts
+             if drafts else 0.0 for i in range(k)]
+    return level.acceptance_length, rates
+
+
+def _counters(base_url: str) -> dict[str, float]:
+    return parse_spec_counters(httpx.get(f"{base_url}/metrics", timeout=60).text)
 
 
 def table(rows: list[HeadFigures], ks: list[int]) -> str:
-    head = ("| head | steps | train s | train tok/s | peak RSS MiB | loss | step acc | "
+    head = ("| head | steps | train s | CPU s | train tok/s | peak RSS MiB | loss | step acc | "
             + " | ".join(f"tau K={k}" for k in ks) + " |")
-    lines = [head, "|" + "---|" * (6 + len(ks) + 1)]
+    lines = [head, "|" + "---|" * (7 + len(ks) + 1)]
     for r in rows:
         taus = " | ".join(f"{r.tau[k]:.2f}" if r.tau.get(k) else "-" for k in ks)
         acc = "/".join(f"{a:.2f}" for a in r.step_accuracy)
-        lines.append(f"| {r.head} | {r.steps} | {r.train_seconds:.0f} | "
+        lines.append(f"| {r.head} | {r.steps} | {r.train_seconds:.0f} | {r.cpu_seconds:.0f} | "
                      f"{r.tokens_per_second:.0f} | {r.peak_rss_mib:.0f} | {r.final_loss:.3f} | "
                      f"{acc} | {taus} |")
     return "\n".join(lines)
@@ -246,6 +273,8 @@ def table(rows: list[HeadFigures], ks: list[int]) -> str:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--minutes", type=float, default=10.0, help="CPU training budget per head")
+    p.add_argument("--steps", type=int, default=None,
+                   help="train exactly this many steps instead of a wall-clock budget")
     p.add_argument("--heads", default="eagle,eagle3,peagle")
     p.add_argument("--data", choices=("regen", "builtin"), default="regen")
     p.add_argument("--ks", default="3,5")
@@ -280,10 +309,10 @@ def main(argv: list[str] | None = None) -> int:
     data = TrainData(target, samples, args.data)
     data.cache = CaptureCache(target, samples, 8 << 30)  # shared: later heads skip the target
     for kind in args.heads.split(","):
-        head_dir, fig = train_head(kind, data, args.minutes, args.out)
+        head_dir, fig = train_head(kind, data, args.minutes, args.out, args.steps)
         for k in ks:
-            fig.tau[k] = measure_tau(target_dir, head_dir, k, prompts, args.eval_tokens,
-                                     args.out / f"{kind}-k{k}.log")
+            fig.tau[k], fig.accepted_per_position[k] = measure_tau(
+                target_dir, head_dir, k, prompts, args.eval_tokens, args.out / f"{kind}-k{k}.log")
         print(json.dumps(asdict(fig)), flush=True)
         rows.append(fig)
     print(table(rows, ks))

@@ -97,6 +97,42 @@ def test_job_trains_benchmarks_and_publishes(stack):
     assert not (stack.data_dir / "jobs" / "tiny-eagle3").exists()  # work dir cleaned
 
 
+def _step_losses(stack: Stack, name: str) -> list[float]:
+    log = stack.data_dir / "s3" / "output" / "jobs" / name / "training_log.jsonl"
+    return [json.loads(x)["loss"] for x in log.read_text().splitlines()]
+
+
+def test_bring_your_own_eagle_trains_further(stack):
+    """SageMaker's second path: the source model carries a trained head as the
+    `eagle_model` channel (here: the output model of the first job); the job starts from
+    that head instead of a fresh one."""
+    sm = stack.client()
+    if not sm.list_models(NameContains="optimized")["Models"]:
+        sm.create_optimization_job(OptimizationJobName="tiny-eagle3",
+                                   **job("s3://models/tiny-llama/"))
+        wait_status(sm, "tiny-eagle3", {"COMPLETED"})
+    args = job("s3://models/tiny-llama/")
+    args["ModelSource"] = {"SageMakerModel": {"ModelName": "optimized"}}
+    args["OutputConfig"] = {"S3OutputLocation": "s3://output/jobs/"}
+    sm.create_optimization_job(OptimizationJobName="byo-eagle", **args)
+    d = wait_status(sm, "byo-eagle", {"COMPLETED", "FAILED"})
+    assert d["OptimizationJobStatus"] == "COMPLETED", d.get("FailureReason")
+    out = stack.data_dir / "s3" / "output" / "jobs" / "byo-eagle"
+    prov = json.loads((out / "eagle_model" / "provenance.json").read_text())
+    assert prov["train_config"]["init_head"], prov["train_config"]
+    # Same data order and seed as the first job: step 1 sees the same batch, so a head
+    # that starts trained starts with a lower loss than the first job's fresh head did.
+    first, again = _step_losses(stack, "tiny-eagle3"), _step_losses(stack, "byo-eagle")
+    assert again[0] < first[0], (first, again)
+    # the wrong head kind for the channel's head fails with a reason, not a crash
+    args["OptimizationEnvironment"] = {**args["OptimizationEnvironment"],
+                                       "EAGLENEST_HEAD": "eagle"}
+    sm.create_optimization_job(OptimizationJobName="byo-wrong-kind", **args)
+    d = wait_status(sm, "byo-wrong-kind", {"COMPLETED", "FAILED"})
+    assert d["OptimizationJobStatus"] == "FAILED"
+    assert "holds a eagle3 head, not eagle" in d["FailureReason"], d["FailureReason"]
+
+
 def test_stop_during_training(stack):
     sm = stack.client()
     sm.create_optimization_job(OptimizationJobName="to-stop", **job(
