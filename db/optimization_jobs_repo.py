@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from api.errors import ResourceInUse, ResourceNotFound, ValidationException
@@ -122,8 +122,20 @@ def claim(session: Session, name: str, owner: str) -> OptimizationJobRow | None:
     row = find(session, OptimizationJobRow, name, lock=True)
     if row is None or row.status != STARTING:
         return None
-    row.owner, row.heartbeat_time, row.start_time = owner, now(), now()
-    _set(row, INPROGRESS)
+    # Compare-and-set: SQLite ignores FOR UPDATE, so two deliveries of the same job (a
+    # re-send plus the start-up reconcile) could both read STARTING; only one UPDATE of a
+    # row still STARTING can match.
+    t = now()
+    won = session.execute(
+        update(OptimizationJobRow)
+        .where(OptimizationJobRow.id == row.id, OptimizationJobRow.status == STARTING)
+        .values(status=INPROGRESS, owner=owner, heartbeat_time=t, start_time=t,
+                last_modified_time=t)
+        .execution_options(synchronize_session=False)
+    )
+    if won.rowcount != 1:  # type: ignore[attr-defined]
+        return None
+    session.refresh(row)
     return row
 
 

@@ -52,6 +52,21 @@ def test_claim_complete(db):
     assert status(db) == jobs.COMPLETED
 
 
+def test_two_claims_racing_on_a_stale_read_only_one_wins(db):
+    """SQLite ignores FOR UPDATE: a session that read STARTING before another worker's claim
+    committed must not take the job too (the compare-and-set UPDATE matches nothing)."""
+    make(db)
+    with db.session() as late:
+        stale = jobs.get(late, "job")
+        assert stale.status == jobs.STARTING  # read before the other worker's claim
+        with db.session() as early:
+            assert jobs.claim(early, "job", "w1") is not None
+        assert jobs.claim(late, "job", "w2") is None
+    with db.session() as s:
+        row = jobs.get(s, "job")
+        assert (row.status, row.owner) == (jobs.INPROGRESS, "w1")
+
+
 def test_stop_owned_job_waits_for_worker(db):
     make(db)
     with db.session() as s:
