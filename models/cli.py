@@ -1,16 +1,25 @@
 """``eaglenest train`` and ``eaglenest prepare-target``.
 
 The main CLI calls ``register(subparsers)``; each subcommand sets ``func(args) -> int``.
+
+Several GPUs (or CPU processes) of one host: ``eaglenest train --nproc N ...`` re-launches
+itself as ``python -m torch.distributed.run --standalone --nproc-per-node N -m models.cli
+train ...`` (torchrun), and every process trains its share of each batch with DDP
+(``models/distributed.py``). Running that torchrun command directly works too.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
 import sys
 from typing import Any
 
 HEADS = ("eagle", "eagle3", "peagle")
+#: (dest, flag, takes no value) of every ``train`` option, to re-launch under torchrun
+_TRAIN_FLAGS: list[tuple[str, str, bool]] = []
 
 
 def register(subparsers: Any) -> None:
@@ -48,10 +57,44 @@ def _register_train(subparsers: Any) -> None:
     p.add_argument("--regenerate", action="store_true", help="answer with the target first")
     p.add_argument("--regenerate-max-tokens", type=int, default=256)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--nproc", type=int, default=1,
+        help="data-parallel processes on this host (torchrun + DDP; one per GPU with cuda)",
+    )
     p.set_defaults(func=train_command)
+    _TRAIN_FLAGS[:] = [
+        (a.dest, a.option_strings[-1], a.nargs == 0)
+        for a in p._actions
+        if a.option_strings and a.dest not in ("help", "nproc")
+    ]
+
+
+def _torchrun(args: argparse.Namespace) -> int:
+    """Re-run this command in ``args.nproc`` processes under torchrun; its exit status."""
+    argv = ["train"]
+    for dest, flag, is_switch in _TRAIN_FLAGS:
+        value = getattr(args, dest)
+        if is_switch:
+            argv += [flag] if value else []
+        elif value is not None:
+            argv += [flag, str(value)]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc-per-node={args.nproc}", "-m", "models.cli", *argv]
+    return subprocess.call(cmd)
 
 
 def train_command(args: argparse.Namespace) -> int:
+    if args.nproc > 1 and "WORLD_SIZE" not in os.environ:
+        return _torchrun(args)
+    from models import distributed
+
+    try:
+        return _train(args, distributed.local_device(args.device))
+    finally:
+        distributed.shutdown()
+
+
+def _train(args: argparse.Namespace, device: Any) -> int:
     import torch
 
     from models.data import DataError, encode_examples, load_examples
@@ -61,7 +104,7 @@ def train_command(args: argparse.Namespace) -> int:
 
     try:
         dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
-        target = load_target(args.target, device=args.device, dtype=dtype)
+        target = load_target(args.target, device=device, dtype=dtype)
         head = args.head or target.support.head
         if head != target.support.head and not (
             head == "peagle" and target.support.head == "eagle3"
@@ -96,10 +139,12 @@ def train_command(args: argparse.Namespace) -> int:
         progress=not args.quiet,
     )
     try:
-        result = train(config, TrainData(target, samples, str(args.data)), args.device)
+        result = train(config, TrainData(target, samples, str(args.data)), device)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if int(os.environ.get("RANK", "0")) != 0:
+        return 0  # rank 0 reports for all
     summary = {
         "out": str(result.out_dir),
         "head": head,

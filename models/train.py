@@ -4,6 +4,8 @@ AdamW with linear warmup then cosine decay, gradient clipping, fp32 on CPU and b
 autocast on CUDA, checkpoints every N steps that resume exactly (head weights, optimizer,
 scheduler, data position and RNG), optional start from an existing head, tqdm progress
 with the loss and the per-step greedy draft accuracy. Same seed, same data -> same head.
+Under torchrun the same call trains data-parallel (DDP) on every process: see
+``models/distributed.py``.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from models import distributed
 from models.capture_cache import CaptureCache
 from models.checkpoint import head_kind, load_head, save_head
 from models.data.template import Sample
@@ -59,6 +62,8 @@ class TrainConfig:
     #: polled before every step; True ends training early with a resumable checkpoint
     #: (the optimization job's stop / max-runtime check). Not part of provenance.
     should_stop: Callable[[], bool] | None = field(default=None, repr=False, compare=False)
+    #: called with each checkpoint folder once written (the job mirrors it to the store)
+    on_checkpoint: Callable[[Path], None] | None = field(default=None, repr=False, compare=False)
     resume: bool = False
     init_head: str | None = None
     checkpoint_format: str = "native"  # or "speculators" (EAGLE-3 / P-EAGLE)
@@ -234,8 +239,12 @@ def _save_state(
     history: list[dict[str, Any]],
     data: TrainData,
     config: TrainConfig,
+    place: distributed.Dist = distributed.Dist(),
 ) -> Path:
     ckpt = out / "checkpoints" / f"step-{step:08d}"
+    rng = distributed.gather(_rng_state(), place)  # a collective: every rank gets here
+    if not place.is_main:
+        return ckpt
     _save_head(head, ckpt, data, config, step, history)
     state = {
         "step": step,
@@ -243,12 +252,30 @@ def _save_state(
         "scheduler": sched.state_dict(),
         "stream": stream.state(),
         "history": history,
+        **rng[0],
+    }
+    if place.enabled:
+        state["rank_rng"] = rng
+    torch.save(state, ckpt / STATE_FILE)
+    (out / "checkpoints" / "latest").write_text(ckpt.name)
+    if config.on_checkpoint is not None:
+        config.on_checkpoint(ckpt)
+    return ckpt
+
+
+def _rng_state() -> dict[str, Any]:
+    return {
         "rng": torch.get_rng_state(),
         "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
     }
-    torch.save(state, ckpt / STATE_FILE)
-    (out / "checkpoints" / "latest").write_text(ckpt.name)
-    return ckpt
+
+
+def _load_rng(state: dict[str, Any], place: distributed.Dist) -> None:
+    ranks = state.get("rank_rng") or []
+    mine = ranks[place.rank] if len(ranks) == place.world_size else state
+    torch.set_rng_state(mine["rng"])
+    if mine["cuda_rng"]:
+        torch.cuda.set_rng_state_all(mine["cuda_rng"])
 
 
 def latest_checkpoint(out_dir: str | Path) -> Path | None:
@@ -256,8 +283,11 @@ def latest_checkpoint(out_dir: str | Path) -> Path | None:
     return pointer.parent / pointer.read_text().strip() if pointer.is_file() else None
 
 
+_HOOKS = ("should_stop", "on_checkpoint")
+
+
 def _config_record(config: TrainConfig) -> dict[str, Any]:
-    return {f.name: getattr(config, f.name) for f in fields(config) if f.name != "should_stop"}
+    return {f.name: getattr(config, f.name) for f in fields(config) if f.name not in _HOOKS}
 
 
 def _save_head(
@@ -301,7 +331,7 @@ def _load_head(folder: str | Path, target: Target, kind: str) -> nn.Module:
 def train(config: TrainConfig, data: TrainData, device: str | torch.device = "cpu") -> TrainResult:
     if config.head not in HEAD_KINDS:
         raise ValueError(f"unknown head {config.head!r}; one of {sorted(HEAD_KINDS)}")
-    device = torch.device(device)
+    place, device = distributed.setup(device)
     out = Path(config.out_dir) if config.out_dir else None
     torch.manual_seed(config.seed)
     ckpt = latest_checkpoint(out) if (out and config.resume) else None
@@ -313,7 +343,7 @@ def train(config: TrainConfig, data: TrainData, device: str | torch.device = "cp
         head = HEAD_KINDS[config.head].build(data.target, data.samples, config)
     head.to(device).train()
     opt, sched = make_optimizer(head, config)
-    stream = BatchStream(data.samples, config.batch_size, config.seed)
+    stream = BatchStream(data.samples, config.batch_size * place.world_size, config.seed)
     step, history = 0, []
     if ckpt is not None:
         state = torch.load(ckpt / STATE_FILE, map_location="cpu", weights_only=True)
@@ -321,10 +351,8 @@ def train(config: TrainConfig, data: TrainData, device: str | torch.device = "cp
         sched.load_state_dict(state["scheduler"])
         stream.load_state(state["stream"])
         step, history = int(state["step"]), list(state["history"])
-        torch.set_rng_state(state["rng"])
-        if state["cuda_rng"]:
-            torch.cuda.set_rng_state_all(state["cuda_rng"])
-    return _run(head, opt, sched, stream, step, history, data, config, device, out)
+        _load_rng(state, place)
+    return _run(head, opt, sched, stream, step, history, data, config, device, out, place)
 
 
 def _run(
@@ -338,54 +366,61 @@ def _run(
     config: TrainConfig,
     device: torch.device,
     out: Path | None,
+    place: distributed.Dist = distributed.Dist(),
 ) -> TrainResult:
     tok = data.target.tokenizer
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     kwargs = HEAD_KINDS[config.head].loss_kwargs(config)
+    loss_fn = distributed.loss_fn(head, kwargs, place, device, config.head)  # DDP when >1 rank
     params = [p for p in head.parameters() if p.requires_grad]
     cache = data.cache
     if cache is None or cache.samples is not data.samples:
         cache = CaptureCache(data.target, data.samples, config.capture_cache_mb << 20,
                              _autocast(device))
     tokens, start = 0, time.perf_counter()
-    bar = tqdm(total=config.max_steps, initial=step, disable=not config.progress, desc="train")
+    show = config.progress and place.is_main
+    bar = tqdm(total=config.max_steps, initial=step, disable=not show, desc="train")
     end = min(config.max_steps, config.stop_after or config.max_steps)
     while step < end:
-        if config.max_seconds is not None and time.perf_counter() - start > config.max_seconds:
+        stop = config.max_seconds is not None and time.perf_counter() - start > config.max_seconds
+        stop = stop or (config.should_stop is not None and config.should_stop())
+        if distributed.agree(stop, place, device):  # all ranks stop at the same step
             break
-        if config.should_stop is not None and config.should_stop():
-            break
-        indices = stream.next_indices()
+        indices = distributed.shard(stream.next_indices(), place)  # this rank's share
         batch = collate([data.samples[i] for i in indices], pad, device)
         cap = cache.capture(indices, batch.input_ids.shape[1], device)
         with _autocast(device):
-            result = head.loss(batch, cap, **kwargs)
+            result = loss_fn(batch, cap)
         opt.zero_grad(set_to_none=True)
         result.loss.backward()
         torch.nn.utils.clip_grad_norm_(params, config.grad_clip)
         opt.step()
         sched.step()
         step += 1
-        loss = float(result.loss.detach())
+        loss, *accuracy = distributed.mean(  # mean over ranks; unchanged in one process
+            [float(result.loss.detach()), *result.step_accuracy], place, device
+        )
         tokens += int(batch.attention_mask.sum())
         history.append(
             {
                 "step": step,
                 "loss": loss,
                 "lr": sched.get_last_lr()[0],
-                "accuracy": result.step_accuracy,
+                "accuracy": accuracy,
             }
         )
         bar.update(1)
-        bar.set_postfix(loss=f"{loss:.3f}", acc="/".join(f"{a:.2f}" for a in result.step_accuracy))
+        bar.set_postfix(loss=f"{loss:.3f}", acc="/".join(f"{a:.2f}" for a in accuracy))
         if out and config.checkpoint_every and step % config.checkpoint_every == 0:
-            _save_state(out, step, head, opt, sched, stream, history, data, config)
+            _save_state(out, step, head, opt, sched, stream, history, data, config, place)
     bar.close()
+    tokens = distributed.total(tokens, place, device)
     seconds = time.perf_counter() - start
     if out and step < config.max_steps and config.checkpoint_every:
-        _save_state(out, step, head, opt, sched, stream, history, data, config)  # resumable
-    if out:
+        _save_state(out, step, head, opt, sched, stream, history, data, config, place)
+    if out and place.is_main:
         _save_head(head, out, data, config, step, history)
+    distributed.barrier(place)  # the output is complete when train() returns on any rank
     recent = history[-10:]
     depth = len(recent[-1]["accuracy"]) if recent else 0
     acc = [sum(h["accuracy"][j] for h in recent) / len(recent) for j in range(depth)]

@@ -14,12 +14,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from workers.checkpoint_sync import CheckpointSync
 from workers.job_bench import BenchPlan, run_benchmark
 from workers.job_control import JobControl
 from workers.job_inputs import InputError, JobSources, fetch_data, fetch_tree
 from workers.job_options import JobOptions
 from workers.serving.process import default_backend
-from workers.storage import ArtifactStore, publish_dir
+from workers.storage import ArtifactStore, StorageError, publish_dir
 
 log = logging.getLogger("eaglenest.optimize")
 HEAD_FILES = ("config.json", "model.safetensors", "provenance.json")
@@ -126,6 +127,11 @@ class Pipeline:
         samples = encode_examples(examples, target.tokenizer, self.options.max_length)
         self.stage(f"train {head} head on {len(samples)} samples")
         out_dir = self.work / "train"
+        sync = self.checkpoints()
+        try:
+            sync.restore(out_dir)  # another host's checkpoint, when this host has none
+        except StorageError as exc:
+            log.warning("job %s: could not restore the uploaded checkpoint: %s", self.name, exc)
         config = TrainConfig(
             head=head, out_dir=str(out_dir), max_steps=self.options.max_steps,
             batch_size=self.options.batch_size, lr=self.options.lr, seed=self.options.seed,
@@ -135,7 +141,7 @@ class Pipeline:
             init_head=str(init_head) if init_head else None,
             checkpoint_format="speculators" if head == "peagle" else "native",
             speculative_tokens=self.options.num_speculative_tokens, progress=False,
-            should_stop=self.control.should_stop,
+            should_stop=self.control.should_stop, on_checkpoint=sync.upload,
         )
         result = train(config, TrainData(target, samples, source=self._data_label()),
                        self._device())
@@ -147,6 +153,14 @@ class Pipeline:
         return {"steps": result.steps, "loss": result.loss,
                 "step_accuracy": result.step_accuracy,
                 "tokens_per_second": result.tokens_per_second, "seconds": result.seconds}
+
+    @property
+    def output_base(self) -> str:
+        return self.spec["OutputConfig"]["S3OutputLocation"].rstrip("/") + f"/{self.name}/"
+
+    def checkpoints(self) -> CheckpointSync:
+        """Checkpoints mirrored under the output location, for resume on another host."""
+        return CheckpointSync(self.store, self.output_base + "_checkpoints/")
 
     def _data_label(self) -> str:
         return self.sources.data_uri or f"builtin:{self.options.dataset or 'all'}"
@@ -172,7 +186,8 @@ class Pipeline:
         (out / "provenance.json").write_text(json.dumps(
             {"job": self.name, "sources": self.sources.__dict__, "options":
              self.options.__dict__, "train": train}, indent=1, default=str))
-        base = self.spec["OutputConfig"]["S3OutputLocation"].rstrip("/") + f"/{self.name}/"
+        base = self.output_base
         publish_dir(self.store, out, base)
+        self.checkpoints().clear()
         return PipelineResult(head=head, output_uri=base, head_uri=base + "eagle_model/",
                               train=train, benchmark=bench)

@@ -63,6 +63,7 @@ class ArtifactStore(Protocol):
     def list_keys(self, prefix: S3Uri) -> list[str]: ...
     def put_file(self, uri: S3Uri, path: Path) -> None: ...
     def get_file(self, uri: S3Uri, path: Path) -> None: ...
+    def delete(self, uri: S3Uri) -> None: ...
 
 
 class LocalStore:
@@ -111,6 +112,10 @@ class LocalStore:
         path.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(src, path)
 
+    def delete(self, uri: S3Uri) -> None:
+        """Remove one object (no error if it is already gone)."""
+        self._path(uri).unlink(missing_ok=True)
+
 
 class S3Store:
     def __init__(self, endpoint_url: str | None, region: str, **client_kw: Any) -> None:
@@ -155,6 +160,9 @@ class S3Store:
             self.client.download_file(uri.bucket, uri.key, str(path))
         except Exception as exc:
             raise self._missing(exc, uri) from exc
+
+    def delete(self, uri: S3Uri) -> None:
+        self.client.delete_object(Bucket=uri.bucket, Key=uri.key)
 
 
 def make_store(settings: Settings) -> ArtifactStore:
