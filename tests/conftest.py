@@ -1,9 +1,12 @@
-"""Shared fixtures: the running stack and boto3 clients (see eaglenest_testing.py)."""
+"""Shared fixtures: the running stack and boto3 clients (see eaglenest_testing.py), and the
+tiny Llama target folder."""
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -18,6 +21,18 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     s.start()
     yield s
     s.stop()
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random LlamaForCausalLM model folder (tests/models/tiny.py), built once per
+    session; shared by tests/workers and tests/integration."""
+    models_tests = str(Path(__file__).resolve().parent / "models")
+    if models_tests not in sys.path:
+        sys.path.insert(0, models_tests)
+    from tiny import build_tiny_target
+
+    return build_tiny_target(tmp_path_factory.mktemp("tiny") / "llama", "LlamaForCausalLM")
 
 
 @pytest.fixture(scope="session")

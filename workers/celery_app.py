@@ -6,6 +6,9 @@ from typing import Any
 
 from celery import Celery
 from celery.signals import (
+    setup_logging,
+    task_postrun,
+    task_prerun,
     worker_process_init,
     worker_ready,
     worker_shutdown,
@@ -16,12 +19,41 @@ from api.settings import Settings
 from db.session import Database
 from workers import endpoints, optimize
 from workers.context import WorkerContext
-from workers.queue import SERVE_QUEUE, TRAIN_QUEUE, TaskQueue
+from workers.logs import configure_logging, enter_context, leave_context
+from workers.queue import OPTIMIZE_TASK, SERVE_QUEUE, TRAIN_QUEUE, TaskQueue
 from workers.reconcile import reconcile, start_watchdog
 from workers.serving.deploy import stop_servers
 
 #: longer than any task may run: Redis redelivers an unacked task only after this
 VISIBILITY_TIMEOUT = 48 * 3600
+#: log-context tokens of the tasks running now, by task id (see _task_started)
+_log_tokens: dict[str, Any] = {}
+
+
+def task_log_fields(task_name: str, args: Any) -> dict[str, str]:
+    """What a task's log lines say they are about: `job` for the optimization task,
+    `endpoint` for endpoint tasks (every task takes the resource name first)."""
+    if not args:
+        return {}
+    if task_name == OPTIMIZE_TASK:
+        return {"job": str(args[0])}
+    if task_name.startswith("eaglenest.endpoint."):
+        return {"endpoint": str(args[0])}
+    return {}
+
+
+def _task_started(task_id: str | None = None, task: Any = None, args: Any = None,
+                  **_: Any) -> None:
+    # prerun, the task body, Celery's "succeeded"/"raised" line and postrun all run in the
+    # same thread (or prefork child): everything logged in between carries job / endpoint
+    if task_id and task is not None:
+        _log_tokens[task_id] = enter_context(**task_log_fields(task.name, args))
+
+
+def _task_finished(task_id: str | None = None, **_: Any) -> None:
+    token = _log_tokens.pop(task_id or "", None)
+    if token is not None:
+        leave_context(token)
 
 
 def create_celery(settings: Settings, broker_url: str) -> tuple[Celery, WorkerContext]:
@@ -65,6 +97,17 @@ def create_celery(settings: Settings, broker_url: str) -> tuple[Celery, WorkerCo
     def on_child_start(**_: Any) -> None:
         ctx.db.engine.dispose(close=False)  # never share pooled connections across fork
 
+    def on_setup_logging(loglevel: Any = None, **_: Any) -> None:
+        # A receiver here means Celery leaves logging to us: our format (text or JSON,
+        # EAGLENEST_LOG_FORMAT) at the worker's --loglevel, Celery's own loggers included;
+        # print() output is still turned into log records, as Celery would.
+        configure_logging(settings.log_format, loglevel or "INFO")
+        if app.conf.worker_redirect_stdouts:
+            app.log.redirect_stdouts(app.conf.worker_redirect_stdouts_level)
+
+    setup_logging.connect(on_setup_logging, weak=False, dispatch_uid="eaglenest-logging")
+    task_prerun.connect(_task_started, weak=False, dispatch_uid="eaglenest-log-context")
+    task_postrun.connect(_task_finished, weak=False, dispatch_uid="eaglenest-log-context")
     worker_ready.connect(on_ready, weak=False)
     worker_process_init.connect(on_child_start, weak=False)
     worker_shutdown.connect(on_shutdown, weak=False)

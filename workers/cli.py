@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 from pathlib import Path
 
 from api.settings import Settings
 from workers.credentials import ensure_credentials, usage
+from workers.logs import configure_logging
 
 
 def _settings(args: argparse.Namespace) -> Settings:
@@ -48,12 +48,37 @@ def cmd_api(args: argparse.Namespace) -> int:
     url, broker = _broker(settings)
     print(usage(settings, args.host, args.port), flush=True)
     try:
+        # log_config=None: uvicorn's loggers go through the root handler (configure_logging),
+        # so EAGLENEST_LOG_FORMAT=json covers them too
         uvicorn.run(create_app(settings, url), host=args.host, port=args.port,
-                    log_level="warning", access_log=False)
+                    log_level="warning", access_log=False, log_config=None)
     finally:
         if broker is not None:
             broker.stop()  # type: ignore[attr-defined]
     return 0
+
+
+def preload_training_modules() -> bool:
+    """Import torch, transformers and models/ in the main thread before any task runs.
+
+    transformers resolves its top-level names lazily, and that lookup is not thread-safe:
+    two job threads importing `models.target` at once (a re-delivered job and its
+    re-enqueued copy after a worker restart, say) can make one of them fail with
+    "cannot import name 'AutoModelForCausalLM' from 'transformers'". Resolving the names
+    once here, before the thread pool starts, removes the race. False when the `train`
+    extra is not installed (a serve-only worker).
+    """
+    try:
+        import transformers
+
+        import models.target  # noqa: F401
+        import models.train  # noqa: F401
+        import workers.pipeline  # noqa: F401
+    except ImportError:
+        return False
+    for name in ("AutoConfig", "AutoModelForCausalLM", "AutoTokenizer", "DynamicCache"):
+        getattr(transformers, name)
+    return True
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -61,9 +86,13 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     _prepare(settings)
+    if "train" in args.queues.split(","):
+        preload_training_modules()
     url, broker = _broker(settings)
     app, _ = create_celery(settings, url)
-    argv = ["worker", "--pool", args.pool, "--concurrency", str(args.concurrency),
+    # JSON logs: no banner (it is not a log line); Celery's own records come through ours
+    argv = ["--quiet"] if settings.log_format == "json" else []
+    argv += ["worker", "--pool", args.pool, "--concurrency", str(args.concurrency),
             "--queues", args.queues, "--loglevel", args.loglevel, "--without-gossip",
             "--without-mingle", "--hostname", f"eaglenest-{os.getpid()}@%h"]
     try:
@@ -153,8 +182,7 @@ def _run_lazy(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    logging.getLogger("alembic").setLevel(logging.WARNING)
+    configure_logging(Settings().log_format)  # text, or JSON lines (EAGLENEST_LOG_FORMAT)
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] in _LAZY:  # hand every argument (--help too) to the real parser
         ns = argparse.Namespace(lazy=(argv[0], _LAZY[argv[0]][0]), rest=argv[1:])

@@ -51,7 +51,7 @@ class JobControl:
             with self.ctx.db.session() as s:
                 status = jobs.heartbeat(s, self.name, self.ctx.owner)
         except Exception as exc:  # database blip: keep working, try again next beat
-            log.warning("heartbeat for %s failed: %s", self.name, exc)
+            log.warning("heartbeat for %s failed: %s", self.name, exc, extra={"job": self.name})
             return
         if status is None:
             self.reason = self.reason or "deleted"

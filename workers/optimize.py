@@ -52,6 +52,7 @@ def run_job(ctx: WorkerContext, job_name: str) -> str:
         if (spec["ModelSource"].get("SageMakerModel") or {}).get("ModelName"):
             m = find(s, ModelRow, spec["ModelSource"]["SageMakerModel"]["ModelName"])
             model = dict(m.spec) if m else None
+    log.info("job %s claimed by worker %s", job_name, ctx.owner)
     max_runtime = spec["StoppingCondition"].get("MaxRuntimeInSeconds")
     try:
         with JobControl(ctx, job_name, max_runtime, started) as control:
@@ -65,6 +66,7 @@ def run_job(ctx: WorkerContext, job_name: str) -> str:
         return _fail(ctx, job_name, f"Internal error: {type(exc).__name__}: {exc}")
     with ctx.db.session() as s:
         jobs.complete(s, job_name, output)
+    log.info("job %s COMPLETED", job_name)
     shutil.rmtree(ctx.settings.data_dir / "jobs" / job_name, ignore_errors=True)
     return jobs.COMPLETED
 

@@ -40,6 +40,8 @@ def reconcile(ctx: WorkerContext) -> dict[str, int]:
             EndpointRow.status.in_(list(_ENDPOINT_TASKS))
         )
         endpoints = list(s.execute(pending))
+    for name in reclaimed:
+        log.warning("job %s lost its worker; re-enqueued to resume from its checkpoint", name)
     for name in job_names:
         ctx.queue.send(q.OPTIMIZE_TASK, name, q.TRAIN_QUEUE)
     for name, status in endpoints:

@@ -1,5 +1,6 @@
-"""Fixtures for worker tests: a tiny random Llama target and a briefly trained EAGLE-3 head
-(real folders, as the artifact store and the serving processes see them)."""
+"""Fixtures for worker tests: a briefly trained EAGLE-3 head on the tiny random Llama target
+(`tiny_llama_dir`, in tests/conftest.py: tests/integration uses it too), as real folders,
+as the artifact store and the serving processes see them."""
 
 from __future__ import annotations
 
@@ -9,13 +10,6 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
-
-
-@pytest.fixture(scope="session")
-def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tiny import build_tiny_target
-
-    return build_tiny_target(tmp_path_factory.mktemp("tiny") / "llama", "LlamaForCausalLM")
 
 
 @pytest.fixture(scope="session")
