@@ -4,13 +4,19 @@ SigV4 as for the control plane; errors take their code from `x-amzn-ErrorType` (
 reads it there for rest-json): ValidationError 400 for unknown endpoints and bad bodies,
 ModelError 424 when the model server fails. Streaming replies are AWS event-stream frames
 (`PayloadPart`; a mid-stream failure is a `ModelStreamError` exception frame).
+
+A request goes to a variant by weight (or TargetVariant), then round-robin to one of that
+variant's instances; an instance that refuses the connection is skipped for the next one
+(the request never reached it) and a serve worker is asked to restart it.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import random
+import threading
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -38,10 +44,13 @@ from api.sigv4 import IncomingRequest, verify
 from db.common import find
 from db.tables import EndpointConfigRow, EndpointRow
 from workers import queue as q
+from workers.serving.deploy import instances_of
 from workers.storage import make_store
 
 log = logging.getLogger("eaglenest.runtime")
-SERVING = ("InService", "Updating")
+#: statuses that take requests: SystemUpdating restarts dead instances while the live ones
+#: serve (SageMaker serves during its maintenance too)
+SERVING = ("InService", "Updating", "SystemUpdating")
 
 
 class ModelError(ServiceError):
@@ -65,8 +74,23 @@ def runtime_error(err: ServiceError) -> Response:
 
 
 class Route:
-    def __init__(self, variant: str, url: str, served: str, capture: dict[str, Any] | None):
-        self.variant, self.url, self.served, self.capture = variant, url, served, capture
+    def __init__(self, variant: str, urls: list[str], served: str,
+                 capture: dict[str, Any] | None, status: str):
+        #: the variant's instances, the one whose turn it is first
+        self.variant, self.urls, self.served, self.capture = variant, urls, served, capture
+        self.status = status
+
+
+_turns: dict[tuple[str, str], itertools.count[int]] = {}
+_turns_lock = threading.Lock()
+
+
+def _rotation(name: str, variant: str, urls: list[str]) -> list[str]:
+    """Round-robin over a variant's instances: each call starts one further along."""
+    with _turns_lock:
+        turn = next(_turns.setdefault((name, variant), itertools.count()))
+    start = turn % len(urls)
+    return urls[start:] + urls[:start]
 
 
 def resolve(ctx: Context, name: str, target_variant: str | None) -> Route:
@@ -79,6 +103,7 @@ def resolve(ctx: Context, name: str, target_variant: str | None) -> Route:
             raise RuntimeValidationError(
                 f"Endpoint {name} is not in service (status {row.status}).")
         servers: dict[str, Any] = row.deployment["Servers"]
+        status = row.status
         config = find(s, EndpointConfigRow, row.config_name)
         capture = config.spec.get("DataCaptureConfig") if config else None
     if target_variant:
@@ -91,7 +116,8 @@ def resolve(ctx: Context, name: str, target_variant: str | None) -> Route:
         weights = [float(servers[n].get("weight", 1.0)) for n in names]
         chosen = random.choices(names, weights=weights if sum(weights) > 0 else None)[0]
     srv = servers[chosen]
-    return Route(chosen, srv["url"], srv.get("served_name", name), capture)
+    urls = _rotation(name, chosen, [str(i["url"]) for i in instances_of(srv)])
+    return Route(chosen, urls, srv.get("served_name", name), capture, status)
 
 
 def _capture(capture: CaptureWriter, route: Route, endpoint: str, tr: Translated,
@@ -105,11 +131,31 @@ def _capture(capture: CaptureWriter, route: Route, endpoint: str, tr: Translated
                 capture_record(tr, text, endpoint, route.variant))
 
 
+def _ask_recovery(ctx: Context, name: str, route: Route) -> None:
+    """A model server did not answer: have a serve worker check and restart it (unless a
+    recovery is already under way)."""
+    if route.status != "SystemUpdating":
+        ctx.queue.send(q.ENDPOINT_RECOVER_TASK, name, q.SERVE_QUEUE)
+
+
 def _backend_failed(ctx: Context, name: str, route: Route, exc: Exception) -> ModelError:
-    """The model server did not answer: have a serve worker check and restart it."""
-    ctx.queue.send(q.ENDPOINT_RECOVER_TASK, name, q.SERVE_QUEUE)
+    _ask_recovery(ctx, name, route)
     return ModelError(f"Received server error from model {route.variant}: the model server "
                       f"did not answer ({exc.__class__.__name__}).", 500, str(exc))
+
+
+async def _send(ctx: Context, client: httpx.AsyncClient, route: Route, name: str,
+                tr: Translated, stream: bool = False) -> httpx.Response:
+    """POST to the route's instances in turn until one takes the connection; an instance
+    that refused it never saw the request, so the next one may have it."""
+    for url in route.urls[:-1]:
+        try:
+            return await client.send(client.build_request("POST", url + tr.path, json=tr.body),
+                                     stream=stream)
+        except httpx.ConnectError:
+            _ask_recovery(ctx, name, route)
+    return await client.send(client.build_request("POST", route.urls[-1] + tr.path,
+                                                  json=tr.body), stream=stream)
 
 
 async def _invoke(ctx: Context, capture: CaptureWriter, client: httpx.AsyncClient, request: Request,
@@ -118,7 +164,7 @@ async def _invoke(ctx: Context, capture: CaptureWriter, client: httpx.AsyncClien
         resolve, ctx, name, request.headers.get("x-amzn-sagemaker-target-variant"))
     tr = translate(raw, route.served, stream=False)
     try:
-        r = await client.post(route.url + tr.path, json=tr.body)
+        r = await _send(ctx, client, route, name, tr)
     except httpx.TransportError as exc:
         raise _backend_failed(ctx, name, route, exc) from exc
     if r.status_code != 200:
@@ -135,26 +181,35 @@ async def _invoke(ctx: Context, capture: CaptureWriter, client: httpx.AsyncClien
     return Response(json.dumps(out), media_type="application/json", headers=headers)
 
 
+async def _relay(r: httpx.Response, tr: Translated, parts: list[str]) -> AsyncIterator[bytes]:
+    """The model server's SSE lines as event-stream payload parts (LMI: token JSON lines)."""
+    async for line in r.aiter_lines():
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        piece = chunk_text(json.loads(line[6:]))
+        parts.append(piece)
+        if tr.style == LMI:
+            if piece:
+                tok = json.dumps({"token": {"text": piece}}) + "\n"
+                yield eventstream.payload_part(tok.encode())
+        else:
+            yield eventstream.payload_part((line + "\n\n").encode())
+
+
 async def _stream_frames(ctx: Context, capture: CaptureWriter, client: httpx.AsyncClient,
                          route: Route, name: str, tr: Translated) -> AsyncIterator[bytes]:
     parts: list[str] = []
     try:
-        async with client.stream("POST", route.url + tr.path, json=tr.body) as r:
+        r = await _send(ctx, client, route, name, tr, stream=True)
+        try:
             if r.status_code != 200:
                 text = (await r.aread()).decode(errors="replace")
                 yield eventstream.model_stream_error(f"model returned {r.status_code}: {text}")
                 return
-            async for line in r.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                piece = chunk_text(json.loads(line[6:]))
-                parts.append(piece)
-                if tr.style == LMI:
-                    if piece:
-                        tok = json.dumps({"token": {"text": piece}}) + "\n"
-                        yield eventstream.payload_part(tok.encode())
-                else:
-                    yield eventstream.payload_part((line + "\n\n").encode())
+            async for frame in _relay(r, tr, parts):
+                yield frame
+        finally:
+            await r.aclose()
     except httpx.HTTPError as exc:
         if isinstance(exc, httpx.TransportError):
             _backend_failed(ctx, name, route, exc)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import configparser
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -40,6 +41,12 @@ class Settings(BaseSettings):
     job_lease_seconds: float = Field(default=60.0, ge=3.0)
     #: Data Capture files are rolled at this age (or at 4 MiB)
     capture_flush_seconds: float = Field(default=60.0, gt=0)
+    #: the most serving processes (InitialInstanceCount) one production variant may ask for;
+    #: CreateEndpointConfig refuses more (each is a full model server on this host)
+    max_instances_per_variant: int = Field(default=4, ge=1)
+    #: log lines of every process (`eaglenest up/api/worker`): plain text, or one JSON
+    #: object per line (ts, level, logger, message, job/endpoint, exc) for log shippers
+    log_format: Literal["text", "json"] = "text"
 
     def resolved_database_url(self) -> str:
         if self.database_url:

@@ -2,10 +2,15 @@
 OpenAI API, same endpoint, same prompts, concurrency 1 and 8, side by side in one run.
 
     python -m benchmarks.endpoint [--target DIR] [--requests 40] [--max-tokens 16]
+                                  [--rounds 3]
 
 Without --target a tiny random Llama is built (tests/models/tiny.py): its forward is cheap,
-so the proxy's own cost is as visible as it can be. Prints requests/s, TTFT p50 and ITL p50
-for both paths and the proxy's added TTFT (% and ms per request).
+so the proxy's own cost is as visible as it can be. Both paths are warmed up first (8
+requests each), keep their connections open between requests (one httpx.Client, one boto3
+client, as a real caller would), and are measured in interleaved rounds (direct, runtime,
+runtime, direct, ...) so that drift in machine load hits both alike; each figure is the
+median over the rounds. Prints requests/s, TTFT p50, ITL p50 and e2e p50 for both paths and
+the proxy's added TTFT and e2e (ms per request and %).
 """
 
 from __future__ import annotations
@@ -30,12 +35,13 @@ from eaglenest_testing import Stack  # noqa: E402
 PROMPTS = ["Natalia sold 48 clips", "def add(a, b):", "The quick brown fox", "import os"]
 
 
-def _direct(url: str, prompt: str, max_tokens: int) -> tuple[float, list[float], float]:
+def _direct(http: httpx.Client, url: str, prompt: str,
+            max_tokens: int) -> tuple[float, list[float], float]:
     start = time.perf_counter()
     marks: list[float] = []
     body = {"model": "ep", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
             "stream": True}
-    with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=120) as r:
+    with http.stream("POST", f"{url}/v1/completions", json=body, timeout=120) as r:
         for line in r.iter_lines():
             if line.startswith("data: {") and json.loads(line[6:])["choices"][0].get("text"):
                 marks.append(time.perf_counter())
@@ -96,9 +102,26 @@ def deploy(stack: Stack, target: Path) -> str:
     db = Database(stack.database_url)
     with db.session() as s:
         row = s.query(EndpointRow).filter_by(name="ep").one()
-        url = str(row.deployment["Servers"]["AllTraffic"]["url"])
+        url = str(row.deployment["Servers"]["AllTraffic"]["instances"][0]["url"])
     db.dispose()
     return url
+
+
+def _median_of(rounds: list[dict[str, float]]) -> dict[str, float]:
+    return {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
+
+
+def compare(direct: object, proxied: object, requests: int, conc: int,
+            rounds: int) -> tuple[dict[str, float], dict[str, float]]:
+    """Interleaved rounds (ABBA...), median per figure, after a warm-up of both paths."""
+    measure(direct, 8, min(conc, 8))
+    measure(proxied, 8, min(conc, 8))
+    got: dict[str, list[dict[str, float]]] = {"direct": [], "runtime": []}
+    for i in range(rounds):
+        order = (("direct", direct), ("runtime", proxied))
+        for name, call in order if i % 2 == 0 else order[::-1]:
+            got[name].append(measure(call, requests, conc))
+    return _median_of(got["direct"]), _median_of(got["runtime"])
 
 
 def main() -> int:
@@ -106,6 +129,7 @@ def main() -> int:
     p.add_argument("--target", type=Path, default=None)
     p.add_argument("--requests", type=int, default=40)
     p.add_argument("--max-tokens", type=int, default=16)
+    p.add_argument("--rounds", type=int, default=3)
     args = p.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="eaglenest-bench-"))
     target = args.target
@@ -118,16 +142,22 @@ def main() -> int:
     try:
         url = deploy(stack, target)
         rt = stack.client("sagemaker-runtime")
+        http = httpx.Client(limits=httpx.Limits(max_keepalive_connections=16))
+        print(f"median of {args.rounds} interleaved rounds of {args.requests} requests, "
+              f"{args.max_tokens} tokens each")
         print("conc  path        req/s   TTFT p50 ms  ITL p50 ms  e2e p50 ms")
         for conc in (1, 8):
-            direct = measure(lambda q: _direct(url, q, args.max_tokens), args.requests, conc)
-            proxied = measure(lambda q: _proxied(rt, q, args.max_tokens), args.requests, conc)
+            direct, proxied = compare(
+                lambda q: _direct(http, url, q, args.max_tokens),
+                lambda q: _proxied(rt, q, args.max_tokens), args.requests, conc, args.rounds)
             for name, m in (("direct", direct), ("runtime", proxied)):
                 print(f"{conc:>4}  {name:<9} {m['req_s']:>7.1f} {m['ttft_ms']:>12.1f} "
                       f"{m['itl_ms']:>11.2f} {m['e2e_ms']:>11.1f}")
             added = proxied["ttft_ms"] - direct["ttft_ms"]
+            e2e = proxied["e2e_ms"] - direct["e2e_ms"]
             print(f"      proxy adds {added:+.1f} ms TTFT ({100 * added / direct['ttft_ms']:+.1f}%)"
-                  f", {proxied['e2e_ms'] - direct['e2e_ms']:+.1f} ms per request (e2e p50)")
+                  f", {e2e:+.1f} ms per request e2e ({100 * e2e / direct['e2e_ms']:+.1f}%)")
+        http.close()
     finally:
         stack.stop()
     return 0

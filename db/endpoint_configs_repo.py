@@ -6,7 +6,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from api.errors import ValidationException
+from api.errors import ResourceLimitExceeded, ValidationException
 from db import models_repo
 from db.common import Account, find, insert_unique, now
 from db.tables import EndpointConfigRow, ModelRow
@@ -15,6 +15,21 @@ from db.tables import EndpointConfigRow, ModelRow
 def not_found(account: Account, name: str) -> ValidationException:
     arn = account.arn("endpoint-config", name)
     return ValidationException(f'Could not find endpoint configuration "{arn}".')
+
+
+def _check_instance_counts(spec: dict[str, Any], max_instances: int) -> None:
+    """Each instance is a whole model server on the serving host: cap them per variant.
+
+    A quota, not a shape constraint (botocore allows any count >= 1), so it is refused the
+    way SageMaker refuses instances beyond an account quota: ResourceLimitExceeded."""
+    for key in ("ProductionVariants", "ShadowProductionVariants"):
+        for i, v in enumerate(spec.get(key) or [], start=1):
+            count = v.get("InitialInstanceCount") or 1
+            if count > max_instances:
+                raise ResourceLimitExceeded(
+                    f"{key}.{i}.InitialInstanceCount is {count}, but this service runs at "
+                    f"most {max_instances} instances (model server processes) per variant "
+                    f"(EAGLENEST_MAX_INSTANCES_PER_VARIANT).")
 
 
 def _check_variants(session: Session, account: Account, spec: dict[str, Any]) -> None:
@@ -39,7 +54,10 @@ def _check_variants(session: Session, account: Account, spec: dict[str, Any]) ->
             raise models_repo.not_found(account, model)
 
 
-def create(session: Session, account: Account, spec: dict[str, Any]) -> EndpointConfigRow:
+def create(session: Session, account: Account, spec: dict[str, Any],
+           max_instances: int | None = None) -> EndpointConfigRow:
+    if max_instances is not None:
+        _check_instance_counts(spec, max_instances)
     _check_variants(session, account, spec)
     name = spec["EndpointConfigName"]
     tags = spec.pop("Tags", None) or []

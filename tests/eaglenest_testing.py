@@ -82,6 +82,19 @@ class Stack:
         path = self.data_dir / "stack.log"
         return path.read_text(errors="replace") if path.exists() else ""
 
+    def deployment(self, endpoint: str) -> dict:
+        """The endpoint row's deployment as the worker stored it (`Servers`: per variant the
+        record with its `instances`, each with url and pid)."""
+        from db.session import Database
+        from db.tables import EndpointRow
+
+        db = Database(self.database_url)
+        try:
+            with db.session() as s:
+                return dict(s.query(EndpointRow).filter_by(name=endpoint).one().deployment)
+        finally:
+            db.dispose()
+
     def client(self, service: str = "sagemaker", **kw: str) -> object:
         return boto3.client(
             service, endpoint_url=self.url, region_name=kw.get("region", REGION),
@@ -89,3 +102,24 @@ class Stack:
             aws_secret_access_key=kw.get("secret", SECRET_KEY),
             config=Config(retries={"total_max_attempts": 1}),
         )
+
+
+def process_group_alive(pgid: int) -> bool:
+    """Whether any process of this process group (a serving process and its children) is
+    still running; zombies waiting to be reaped count as gone."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
+
+
+def wait_group_gone(pgid: int, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while process_group_alive(pgid):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"process group {pgid} still runs after {timeout:.0f} s")
+        time.sleep(0.3)

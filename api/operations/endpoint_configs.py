@@ -14,7 +14,8 @@ from db.tables import EndpointConfigRow
 @operation("CreateEndpointConfig")
 def create_endpoint_config(ctx: Context, req: Any) -> dict[str, Any]:
     with ctx.db.session() as s:
-        row = endpoint_configs_repo.create(s, ctx.account, spec_of(req))
+        row = endpoint_configs_repo.create(s, ctx.account, spec_of(req),
+                                           ctx.settings.max_instances_per_variant)
         return {"EndpointConfigArn": row.arn}
 
 

@@ -89,3 +89,21 @@ def test_bad_instance_type_enum(sm, model, unique):
     msg = exc.value.response["Error"]["Message"]
     assert "Value 'ml.bogus.type' at 'productionVariants.1.member.instanceType'" in msg
     assert "Member must satisfy enum value set:" in msg
+
+
+def test_instance_count_is_capped_per_variant(sm, model, unique):
+    """Each instance is a whole model server on the serving host: at most
+    EAGLENEST_MAX_INSTANCES_PER_VARIANT (default 4) per variant; botocore only checks >= 1."""
+    with pytest.raises(ClientError) as exc:
+        sm.create_endpoint_config(EndpointConfigName=unique, ProductionVariants=[
+            variant(model, "a"), variant(model, "b", InitialInstanceCount=5)])
+    assert exc.value.response["Error"]["Code"] == "ResourceLimitExceeded"
+    assert exc.value.response["Error"]["Message"] == (
+        "ProductionVariants.2.InitialInstanceCount is 5, but this service runs at most 4 "
+        "instances (model server processes) per variant (EAGLENEST_MAX_INSTANCES_PER_VARIANT).")
+    with pytest.raises(ClientError):
+        sm.describe_endpoint_config(EndpointConfigName=unique)  # nothing was created
+    sm.create_endpoint_config(EndpointConfigName=unique, ProductionVariants=[
+        variant(model, InitialInstanceCount=4)])
+    assert sm.describe_endpoint_config(EndpointConfigName=unique)[
+        "ProductionVariants"][0]["InitialInstanceCount"] == 4

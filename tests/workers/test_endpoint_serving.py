@@ -11,7 +11,7 @@ import time
 import httpx
 import pytest
 from botocore.exceptions import ClientError, WaiterError
-from eaglenest_testing import Stack
+from eaglenest_testing import Stack, wait_group_gone
 from test_optimization_pipeline import upload
 
 ROLE = "arn:aws:iam::123456789012:role/EagleNestRole"
@@ -330,3 +330,55 @@ def test_failed_update_rolls_back_and_keeps_serving(stack, tiny_llama_dir, tmp_p
     assert "rolled back" in d["FailureReason"] and "tokenizer_config.json" in d["FailureReason"]
     lmi(rt, "ep-rb", "still here")
     sm.delete_endpoint(EndpointName="ep-rb")
+
+
+def _requests_served(url: str) -> float:
+    """vllm:request_success_total from one serving process's /metrics."""
+    for line in httpx.get(f"{url}/metrics", timeout=5).text.splitlines():
+        if line.startswith("vllm:request_success_total"):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{url}/metrics has no vllm:request_success_total")
+
+
+def test_instance_count_starts_spreads_recovers_and_stops_each(stack):
+    """InitialInstanceCount=2: two processes, requests alternate between them, a killed one
+    is skipped and restarted alone, and DeleteEndpoint stops both."""
+    import os
+    import signal
+
+    sm, rt = stack.client(), stack.client("sagemaker-runtime")
+    sm.create_endpoint_config(EndpointConfigName="cfg-two", ProductionVariants=[{
+        "VariantName": "AllTraffic", "ModelName": "tiny-eagle", "InstanceType": "ml.g5.2xlarge",
+        "InitialInstanceCount": 2, "ContainerStartupHealthCheckTimeoutInSeconds": 120}])
+    sm.create_endpoint(EndpointName="ep-two", EndpointConfigName="cfg-two")
+    d = in_service(sm, "ep-two")
+    assert d["ProductionVariants"][0]["CurrentInstanceCount"] == 2
+    assert d["ProductionVariants"][0]["DesiredInstanceCount"] == 2
+    first = stack.deployment("ep-two")["Servers"]["AllTraffic"]["instances"]
+    assert len({i["url"] for i in first}) == 2 and len({i["pid"] for i in first}) == 2
+    assert all(httpx.get(f"{i['url']}/health").status_code == 200 for i in first)
+    out = {json.dumps(lmi(rt, "ep-two", "Natalia sold 48 clips")) for _ in range(6)}
+    assert len(out) == 1  # greedy: whichever instance answered, the same text
+    assert [_requests_served(i["url"]) for i in first] == [3.0, 3.0]  # round-robin
+
+    os.killpg(first[1]["pid"], signal.SIGKILL)
+    _gone(first[1]["url"])
+    for _ in range(4):  # the dead instance is skipped: no request fails
+        assert json.dumps(lmi(rt, "ep-two", "Natalia sold 48 clips")) in out
+    deadline = time.monotonic() + 180  # and a serve worker restarts it, and only it
+    while (now := stack.deployment("ep-two")["Servers"]["AllTraffic"]["instances"])[1] == first[1]:
+        assert time.monotonic() < deadline, stack.log()[-3000:]
+        time.sleep(0.5)
+    assert now[0] == first[0] and now[1]["url"] != first[1]["url"]
+    assert in_service(sm, "ep-two")["ProductionVariants"][0]["CurrentInstanceCount"] == 2
+    before = [_requests_served(i["url"]) for i in now]
+    for _ in range(2):
+        lmi(rt, "ep-two", "Natalia sold 48 clips")
+    assert [_requests_served(i["url"]) - b for i, b in zip(now, before, strict=True)] == [1.0, 1.0]
+
+    sm.delete_endpoint(EndpointName="ep-two")
+    sm.get_waiter("endpoint_deleted").wait(
+        EndpointName="ep-two", WaiterConfig={"Delay": 1, "MaxAttempts": 60})
+    for inst in now:
+        _gone(inst["url"])
+        wait_group_gone(inst["pid"])

@@ -1,4 +1,5 @@
-"""Turning an endpoint config into running serving processes, one per production variant.
+"""Turning an endpoint config into running serving processes: per production variant,
+InitialInstanceCount processes (one port each) over one fetched copy of the model.
 
 Per-variant options come from the model container's `Environment` (documented in README):
 EAGLENEST_SERVING_BACKEND (vllm | embedded; default vllm when installed),
@@ -13,6 +14,7 @@ import contextlib
 import json
 import os
 import signal
+import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -105,8 +107,9 @@ def _spec(plan: VariantPlan, model_dir: Path, head_dir: Path | None, served: str
 
 def start_variant(store: ArtifactStore, workdir: Path, endpoint: str,
                   plan: VariantPlan, advertise_host: str = "127.0.0.1") -> dict[str, Any]:
-    """Fetch the model (and head), start its server, wait for /health. Returns the
-    server record stored in the endpoint's deployment."""
+    """Fetch the model (and head), start `plan.instance_count` servers side by side, wait
+    for each /health. Returns the variant's record stored in the endpoint's deployment:
+    `instances` lists every process (url, pid); `url`/`pid` repeat the first one."""
     gen = uuid.uuid4().hex[:8]
     base = workdir / f"{plan.variant}-{gen}"
     try:
@@ -115,16 +118,65 @@ def start_variant(store: ArtifactStore, workdir: Path, endpoint: str,
     except InputError as exc:
         raise DeployError(f"Variant {plan.variant}: {exc}") from exc
     _check_model(model_dir, plan.variant)
-    spec = _spec(plan, model_dir, head_dir, served=endpoint)
-    if advertise_host != "127.0.0.1":
-        spec.bind_host = "0.0.0.0"
-    server = ServerProcess(spec, base / "server.log")
-    server.start(plan.health_timeout)
-    assert server.proc is not None
-    return {"url": f"http://{advertise_host}:{spec.port}", "pid": server.proc.pid,
-            "served_name": endpoint,
-            "backend": spec.backend, "weight": plan.weight, "dir": str(base),
-            "speculative": head_dir is not None, "k": spec.num_speculative_tokens}
+    specs, started = _start_instances(plan, base, model_dir, head_dir, endpoint,
+                                      advertise_host, list(range(plan.instance_count)))
+    return {**started[0], "served_name": endpoint, "backend": specs[0].backend,
+            "weight": plan.weight, "dir": str(base), "speculative": head_dir is not None,
+            "k": specs[0].num_speculative_tokens, "instances": started}
+
+
+def _start_instances(plan: VariantPlan, base: Path, model_dir: Path, head_dir: Path | None,
+                     endpoint: str, advertise_host: str,
+                     indexes: list[int]) -> tuple[list[ServerSpec], list[dict[str, Any]]]:
+    """Launch one server per index (log `server-<i>.log`), then wait for all of them under
+    one deadline; if any fails, stop every one of them and raise."""
+    specs: list[ServerSpec] = []
+    for _ in indexes:
+        spec = _spec(plan, model_dir, head_dir, served=endpoint)
+        while spec.port in {s.port for s in specs}:  # free_port() may hand out one twice
+            spec.port = free_port()
+        if advertise_host != "127.0.0.1":
+            spec.bind_host = "0.0.0.0"
+        specs.append(spec)
+    servers = [ServerProcess(spec, base / f"server-{i}.log") for i, spec in zip(indexes, specs,
+                                                                                strict=True)]
+    deadline = time.monotonic() + plan.health_timeout
+    try:
+        for server in servers:
+            server.launch()
+        for server in servers:
+            server.wait_healthy(deadline)
+    except BaseException:
+        for server in servers:
+            server.stop()
+        raise
+    return specs, [{"url": f"http://{advertise_host}:{srv.spec.port}",
+                    "pid": srv.proc.pid if srv.proc else 0} for srv in servers]
+
+
+def restart_instances(plan: VariantPlan, record: dict[str, Any], dead: list[int],
+                      advertise_host: str = "127.0.0.1") -> dict[str, Any]:
+    """Replace the instances at `dead` of a running variant (same model files, new ports),
+    keeping the others. Returns the updated record; the new instances are the ones at
+    `dead` in its `instances`."""
+    base = Path(record["dir"])
+    head_dir = base / "head" if record.get("speculative") else None
+    if not (base / "model").is_dir() or (head_dir is not None and not head_dir.is_dir()):
+        raise DeployError(f"Variant {plan.variant}: its model files are gone from {base}.")
+    old = instances_of(record)
+    stop_servers({str(i): old[i] for i in dead})  # one that hangs must not linger
+    _, started = _start_instances(plan, base, base / "model", head_dir, record["served_name"],
+                                  advertise_host, dead)
+    new = list(old)
+    for i, inst in zip(dead, started, strict=True):
+        new[i] = inst
+    return {**record, **new[0], "instances": new}
+
+
+def instances_of(record: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every serving process of a variant (a record written before `instances` existed
+    describes one process itself)."""
+    return list(record.get("instances") or [record])
 
 
 def _check_model(model_dir: Path, variant: str) -> None:
@@ -139,16 +191,19 @@ def _check_model(model_dir: Path, variant: str) -> None:
 
 
 def stop_servers(servers: dict[str, Any]) -> None:
-    for info in servers.values():
-        pid = int(info.get("pid", 0))
-        if pid and pid_alive(pid):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, signal.SIGTERM)
+    """SIGTERM every process (each instance's process group) of these variant records."""
+    for record in servers.values():
+        for info in instances_of(record):
+            pid = int(info.get("pid", 0))
+            if pid and pid_alive(pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGTERM)
 
 
 def deployment(plans: list[VariantPlan], servers: dict[str, Any]) -> dict[str, Any]:
     """What DescribeEndpoint shows (ProductionVariantSummary) plus where each variant runs."""
     variants = [{"VariantName": p.variant, "CurrentWeight": p.weight, "DesiredWeight": p.weight,
-                 "CurrentInstanceCount": 1, "DesiredInstanceCount": p.instance_count}
+                 "CurrentInstanceCount": len(instances_of(servers[p.variant])),
+                 "DesiredInstanceCount": p.instance_count}
                 for p in plans]
     return {"ProductionVariants": variants, "Servers": servers}

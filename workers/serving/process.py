@@ -110,19 +110,29 @@ class ServerProcess:
     def __init__(self, spec: ServerSpec, log_path: Path) -> None:
         self.spec, self.log_path = spec, log_path
         self.proc: subprocess.Popen[bytes] | None = None
+        self.launched_at = 0.0
 
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.spec.port}"
 
     def start(self, health_timeout: float) -> None:
+        self.launch()
+        self.wait_healthy(time.monotonic() + health_timeout)
+
+    def launch(self) -> None:
+        """Start the process without waiting for it (several can then start side by side)."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_path, "ab")  # noqa: SIM115 (owned by the child)
-        root = Path(__file__).resolve().parents[2]
-        self.proc = subprocess.Popen(self.spec.command(), env=self.spec.env(), stdout=log,
-                                     stderr=subprocess.STDOUT, cwd=root,
-                                     start_new_session=True)
-        deadline = time.monotonic() + health_timeout
+        with open(self.log_path, "ab") as log:  # the child keeps its own copy of the fd
+            root = Path(__file__).resolve().parents[2]
+            self.proc = subprocess.Popen(self.spec.command(), env=self.spec.env(), stdout=log,
+                                         stderr=subprocess.STDOUT, cwd=root,
+                                         start_new_session=True)
+        self.launched_at = time.monotonic()
+
+    def wait_healthy(self, deadline: float) -> None:
+        """Until /health answers; stop it and raise if it exits or `deadline` passes."""
+        assert self.proc is not None, "launch() first"
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise ServingError(f"{self.spec.backend} server exited with code "
@@ -135,7 +145,7 @@ class ServerProcess:
             time.sleep(0.5)
         self.stop()
         raise ServingError(f"{self.spec.backend} server did not answer /health within "
-                           f"{health_timeout:.0f} s: {self.tail()}")
+                           f"{deadline - self.launched_at:.0f} s: {self.tail()}")
 
     def tail(self, n: int = 1500) -> str:
         try:
