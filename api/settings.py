@@ -47,6 +47,9 @@ class Settings(BaseSettings):
     #: log lines of every process (`eaglenest up/api/worker`): plain text, or one JSON
     #: object per line (ts, level, logger, message, job/endpoint, exc) for log shippers
     log_format: Literal["text", "json"] = "text"
+    #: a train worker's default for jobs that do not set EAGLENEST_TRAIN_PROCESSES: >1 trains
+    #: each job's head data-parallel in that many processes (torchrun DDP, one per GPU)
+    train_processes: int = Field(default=1, ge=1, le=64)
 
     def resolved_database_url(self) -> str:
         if self.database_url:

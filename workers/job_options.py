@@ -36,6 +36,9 @@ class JobOptions:
     num_speculative_tokens: int = 5  # EAGLENEST_NUM_SPECULATIVE_TOKENS (K)
     backend: str | None = None  # EAGLENEST_SERVING_BACKEND: vllm | embedded
     device: str | None = None  # EAGLENEST_DEVICE: cpu | cuda (default: cuda if available)
+    #: EAGLENEST_TRAIN_PROCESSES: data-parallel training processes (torchrun DDP, one per
+    #: GPU); None: the worker's EAGLENEST_TRAIN_PROCESSES setting (default 1, in-process)
+    train_processes: int | None = None
 
 
 _INTS = {
@@ -48,6 +51,7 @@ _INTS = {
     "EAGLENEST_HOLDOUT": ("holdout", 1, 10_000),
     "EAGLENEST_BENCH_MAX_TOKENS": ("bench_max_tokens", 1, 100_000),
     "EAGLENEST_NUM_SPECULATIVE_TOKENS": ("num_speculative_tokens", 1, 64),
+    "EAGLENEST_TRAIN_PROCESSES": ("train_processes", 1, 64),
 }
 _CHOICES = {
     "EAGLENEST_HEAD": ("head", HEADS),

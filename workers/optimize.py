@@ -8,6 +8,7 @@ job back to STARTING and resumes it from its last training checkpoint.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import shutil
 from typing import Any
@@ -78,6 +79,8 @@ def _execute(ctx: WorkerContext, name: str, spec: dict[str, Any], model: dict[st
     except ImportError as exc:
         raise InputError(f"this worker cannot train: install the `train` extra ({exc})") from exc
     options = parse_options(spec.get("OptimizationEnvironment"))
+    if options.train_processes is None:
+        options = dataclasses.replace(options, train_processes=ctx.settings.train_processes)
     sources = resolve_sources(spec, model)
     work = ctx.settings.data_dir / "jobs" / name
     pipeline = Pipeline(name, spec, options, sources, make_store(ctx.settings), work, control)

@@ -143,16 +143,36 @@ class Pipeline:
             speculative_tokens=self.options.num_speculative_tokens, progress=False,
             should_stop=self.control.should_stop, on_checkpoint=sync.upload,
         )
-        result = train(config, TrainData(target, samples, source=self._data_label()),
-                       self._device())
+        procs = self.options.train_processes or 1
+        if procs > 1:
+            summary = self._train_processes(config, target, samples, procs)
+        else:
+            result = train(config, TrainData(target, samples, source=self._data_label()),
+                           self._device())
+            summary = {"steps": result.steps, "loss": result.loss,
+                       "step_accuracy": result.step_accuracy,
+                       "tokens_per_second": result.tokens_per_second,
+                       "seconds": result.seconds, "history": result.history}
         self.control.check()  # a stop during the last steps ends the job here
         (self.work / "out").mkdir(parents=True, exist_ok=True)
         with open(self.work / "out" / "training_log.jsonl", "w") as fh:
-            for row in result.history:
+            for row in summary.pop("history"):
                 fh.write(json.dumps(row) + "\n")
-        return {"steps": result.steps, "loss": result.loss,
-                "step_accuracy": result.step_accuracy,
-                "tokens_per_second": result.tokens_per_second, "seconds": result.seconds}
+        return summary
+
+    def _train_processes(self, config: Any, target: Any, samples: list[Any],
+                         procs: int) -> dict[str, Any]:
+        """Train in ``procs`` data-parallel processes (workers/train_launch.py)."""
+        from workers.train_launch import launch, write_run
+
+        self.stage(f"train in {procs} data-parallel processes (torchrun)")
+        if next(target.model.parameters()).is_cuda:  # the ranks load their own copies
+            target.model.to("cpu")
+        run = write_run(self.work / "ddp", config, Path(target.folder), self._device(),
+                        self._data_label(), samples)
+        summary = launch(run, procs, self.control.should_stop, config.on_checkpoint)
+        summary["processes"] = procs
+        return summary
 
     @property
     def output_base(self) -> str:

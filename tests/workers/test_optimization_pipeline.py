@@ -146,6 +146,41 @@ def test_stop_during_training(stack):
     assert d["OptimizationJobStatus"] == "STOPPED"
 
 
+def test_job_trains_in_two_data_parallel_processes(stack):
+    """EAGLENEST_TRAIN_PROCESSES=2: the training stage runs under torchrun (2 gloo ranks on
+    the CPU); the job's outputs are the same as in one process."""
+    sm = stack.client()
+    args = job("s3://models/tiny-llama/", EAGLENEST_TRAIN_PROCESSES="2",
+               EAGLENEST_BENCHMARK="0", EAGLENEST_CHECKPOINT_EVERY="2")
+    del args["OutputConfig"]["SageMakerModel"]
+    sm.create_optimization_job(OptimizationJobName="tiny-ddp", **args)
+    d = wait_status(sm, "tiny-ddp", {"COMPLETED", "FAILED"})
+    assert d["OptimizationJobStatus"] == "COMPLETED", d.get("FailureReason")
+    assert "job tiny-ddp: train in 2 data-parallel processes (torchrun)" in stack.log()
+    out = stack.data_dir / "s3" / "output" / "jobs" / "tiny-ddp"
+    log = [json.loads(x)["step"] for x in (out / "training_log.jsonl").read_text().splitlines()]
+    assert log == [1, 2, 3, 4]
+    assert json.loads((out / "eagle_model" / "provenance.json").read_text())["steps"] == 4
+
+
+def test_stop_reaches_data_parallel_processes(stack):
+    sm = stack.client()
+    args = job("s3://models/tiny-llama/", EAGLENEST_TRAIN_PROCESSES="2",
+               EAGLENEST_MAX_STEPS="100000")
+    del args["OutputConfig"]["SageMakerModel"]
+    sm.create_optimization_job(OptimizationJobName="ddp-stop", **args)
+    wait_status(sm, "ddp-stop", {"INPROGRESS"})
+    ranks_log = stack.data_dir / "jobs" / "ddp-stop" / "ddp" / "ranks.log"
+    deadline = time.monotonic() + 120
+    while not ranks_log.exists():
+        assert time.monotonic() < deadline, stack.log()[-3000:]
+        time.sleep(0.2)
+    time.sleep(3)
+    sm.stop_optimization_job(OptimizationJobName="ddp-stop")
+    d = wait_status(sm, "ddp-stop", {"STOPPED", "FAILED", "COMPLETED"}, timeout=90)
+    assert d["OptimizationJobStatus"] == "STOPPED", d.get("FailureReason")
+
+
 def test_max_runtime_is_enforced(stack):
     sm = stack.client()
     args = job("s3://models/tiny-llama/", EAGLENEST_MAX_STEPS="100000")
