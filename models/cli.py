@@ -78,9 +78,9 @@ def _torchrun(args: argparse.Namespace) -> int:
             argv += [flag] if value else []
         elif value is not None:
             argv += [flag, str(value)]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc-per-node={args.nproc}", "-m", "models.cli", *argv]
-    return subprocess.call(cmd)
+    from models.distributed import torchrun_argv
+
+    return subprocess.call([*torchrun_argv(args.nproc), "-m", "models.cli", *argv])
 
 
 def train_command(args: argparse.Namespace) -> int:

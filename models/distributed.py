@@ -41,6 +41,7 @@ NCCL / ``cuda:LOCAL_RANK`` path has not run on a multi-GPU host yet.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, cast
@@ -87,6 +88,15 @@ def _env_int(name: str, default: int) -> int:
 def under_launcher() -> bool:
     """True when started by torchrun with more than one process."""
     return _env_int("WORLD_SIZE", 1) > 1
+
+
+def torchrun_argv(nproc: int) -> list[str]:
+    """The command prefix that starts ``nproc`` ranks on this host; append ``-m module ...``.
+
+    ``python -m torch.distributed.run`` rather than the ``torchrun`` script: a pyenv shim
+    is a shell script and the launcher re-executes ``sys.executable`` anyway."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+            f"--nproc-per-node={nproc}"]
 
 
 def local_device(device: str | torch.device) -> torch.device:

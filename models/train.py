@@ -286,7 +286,8 @@ def latest_checkpoint(out_dir: str | Path) -> Path | None:
 _HOOKS = ("should_stop", "on_checkpoint")
 
 
-def _config_record(config: TrainConfig) -> dict[str, Any]:
+def config_record(config: TrainConfig) -> dict[str, Any]:
+    """The config's fields without its callbacks (provenance; a run file for other processes)."""
     return {f.name: getattr(config, f.name) for f in fields(config) if f.name not in _HOOKS}
 
 
@@ -305,7 +306,7 @@ def _save_head(
         "seed": config.seed,
         "head": head_kind(head),
         "target": str(data.target.folder or ""),
-        "train_config": _config_record(config),
+        "train_config": config_record(config),
         "metrics": history[-1] if history else {},
     }
     save_head(

@@ -23,7 +23,6 @@ session or store:
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import re
@@ -47,8 +46,9 @@ def write_run(run_dir: Path, config: Any, target_dir: Path, device: str, source:
               samples: list[Any]) -> Path:
     """Write what every rank needs to ``run_dir``; the path of ``run.json``."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    fields = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)
-              if f.name not in ("should_stop", "on_checkpoint")}
+    from models.train import config_record
+
+    fields = config_record(config)
     (run_dir / "samples.json").write_text(json.dumps(
         [{"input_ids": s.input_ids, "loss_mask": s.loss_mask} for s in samples]))
     run = {"config": fields, "target": str(target_dir), "device": device, "source": source}
@@ -63,8 +63,9 @@ def launch(run_file: Path, nproc: int, should_stop: Callable[[], bool],
     """Run the ranks to the end; the result rank 0 wrote. Raises LaunchError on failure."""
     run_dir = run_file.parent
     ckpts = Path(json.loads(run_file.read_text())["config"]["out_dir"]) / "checkpoints"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc-per-node={nproc}", "-m", "workers.train_launch", str(run_file)]
+    from models.distributed import torchrun_argv
+
+    cmd = [*torchrun_argv(nproc), "-m", "workers.train_launch", str(run_file)]
     with open(run_dir / "ranks.log", "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
