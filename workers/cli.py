@@ -37,6 +37,10 @@ def _broker(settings: Settings) -> tuple[str, object | None]:
     return url, broker if broker.process else None
 
 
+#: idle keep-alive connections are kept this long (AWS load balancers: 60 s)
+KEEP_ALIVE_SECONDS = 75
+
+
 def cmd_api(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -50,8 +54,12 @@ def cmd_api(args: argparse.Namespace) -> int:
     try:
         # log_config=None: uvicorn's loggers go through the root handler (configure_logging),
         # so EAGLENEST_LOG_FORMAT=json covers them too
+        # timeout_keep_alive: uvicorn's default (5 s) equals a boto3 waiter's usual Delay, so
+        # a waiter re-used a pooled connection just as the server closed it (connection
+        # reset, seen in CI); idle connections now live longer than any waiter's delay
         uvicorn.run(create_app(settings, url), host=args.host, port=args.port,
-                    log_level="warning", access_log=False, log_config=None)
+                    log_level="warning", access_log=False, log_config=None,
+                    timeout_keep_alive=KEEP_ALIVE_SECONDS)
     finally:
         if broker is not None:
             broker.stop()  # type: ignore[attr-defined]
