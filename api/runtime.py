@@ -17,16 +17,17 @@ import json
 import logging
 import random
 import threading
+import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response, StreamingResponse
 
 from api import eventstream
+from api.backend_http import BackendClient, BackendConnectError, BackendError, BackendResponse
 from api.capture import CaptureWriter
 from api.errors import ServiceError
 from api.registry import Context
@@ -75,10 +76,19 @@ def runtime_error(err: ServiceError) -> Response:
 
 class Route:
     def __init__(self, variant: str, urls: list[str], served: str,
-                 capture: dict[str, Any] | None, status: str):
+                 capture: dict[str, Any] | None, status: str, cached: bool = False):
         #: the variant's instances, the one whose turn it is first
         self.variant, self.urls, self.served, self.capture = variant, urls, served, capture
-        self.status = status
+        self.status, self.cached = status, cached
+
+
+class _Snapshot:
+    """What an invocation needs from an endpoint's rows, read in one session."""
+
+    def __init__(self, servers: dict[str, Any], status: str,
+                 capture: dict[str, Any] | None, expires: float) -> None:
+        self.servers, self.status, self.capture = servers, status, capture
+        self.expires = expires
 
 
 _turns: dict[tuple[str, str], itertools.count[int]] = {}
@@ -93,7 +103,7 @@ def _rotation(name: str, variant: str, urls: list[str]) -> list[str]:
     return urls[start:] + urls[:start]
 
 
-def resolve(ctx: Context, name: str, target_variant: str | None) -> Route:
+def _load(ctx: Context, name: str, ttl: float) -> _Snapshot:
     with ctx.db.session() as s:
         row = find(s, EndpointRow, name)
         if row is None:
@@ -102,10 +112,36 @@ def resolve(ctx: Context, name: str, target_variant: str | None) -> Route:
         if row.status not in SERVING or not row.deployment.get("Servers"):
             raise RuntimeValidationError(
                 f"Endpoint {name} is not in service (status {row.status}).")
-        servers: dict[str, Any] = row.deployment["Servers"]
-        status = row.status
         config = find(s, EndpointConfigRow, row.config_name)
         capture = config.spec.get("DataCaptureConfig") if config else None
+        return _Snapshot(dict(row.deployment["Servers"]), row.status, capture,
+                         time.monotonic() + ttl)
+
+
+class Routes:
+    """Endpoint name -> its serving snapshot, read from the database at most every `ttl`
+    seconds (a thread hop and two queries per invocation otherwise); `fresh=True` (after an
+    instance refused a connection) reads it again."""
+
+    def __init__(self, ctx: Context, ttl: float) -> None:
+        self.ctx, self.ttl = ctx, ttl
+        self._snapshots: dict[str, _Snapshot] = {}
+
+    async def resolve(self, name: str, target_variant: str | None,
+                      fresh: bool = False) -> Route:
+        snap = self._snapshots.get(name)
+        cached = not fresh and snap is not None and snap.expires > time.monotonic()
+        if not cached:
+            self._snapshots.pop(name, None)
+            snap = await run_in_threadpool(_load, self.ctx, name, self.ttl)
+            if self.ttl > 0:
+                self._snapshots[name] = snap
+        assert snap is not None
+        return _choose(name, snap, target_variant, cached)
+
+
+def _choose(name: str, snap: _Snapshot, target_variant: str | None, cached: bool) -> Route:
+    servers = snap.servers
     if target_variant:
         if target_variant not in servers:
             raise RuntimeValidationError(
@@ -117,7 +153,8 @@ def resolve(ctx: Context, name: str, target_variant: str | None) -> Route:
         chosen = random.choices(names, weights=weights if sum(weights) > 0 else None)[0]
     srv = servers[chosen]
     urls = _rotation(name, chosen, [str(i["url"]) for i in instances_of(srv)])
-    return Route(chosen, urls, srv.get("served_name", name), capture, status)
+    return Route(chosen, urls, srv.get("served_name", name), snap.capture, snap.status,
+                 cached)
 
 
 def _capture(capture: CaptureWriter, route: Route, endpoint: str, tr: Translated,
@@ -144,34 +181,58 @@ def _backend_failed(ctx: Context, name: str, route: Route, exc: Exception) -> Mo
                       f"did not answer ({exc.__class__.__name__}).", 500, str(exc))
 
 
-async def _send(ctx: Context, client: httpx.AsyncClient, route: Route, name: str,
-                tr: Translated, stream: bool = False) -> httpx.Response:
+async def _send(ctx: Context, client: BackendClient, route: Route, name: str,
+                tr: Translated) -> BackendResponse:
     """POST to the route's instances in turn until one takes the connection; an instance
     that refused it never saw the request, so the next one may have it."""
     for url in route.urls[:-1]:
         try:
-            return await client.send(client.build_request("POST", url + tr.path, json=tr.body),
-                                     stream=stream)
-        except httpx.ConnectError:
+            return await client.post(url + tr.path, tr.body)
+        except BackendConnectError:
             _ask_recovery(ctx, name, route)
-    return await client.send(client.build_request("POST", route.urls[-1] + tr.path,
-                                                  json=tr.body), stream=stream)
+    return await client.post(route.urls[-1] + tr.path, tr.body)
 
 
-async def _invoke(ctx: Context, capture: CaptureWriter, client: httpx.AsyncClient, request: Request,
-                  name: str, raw: bytes) -> Response:
-    route = await run_in_threadpool(
-        resolve, ctx, name, request.headers.get("x-amzn-sagemaker-target-variant"))
-    tr = translate(raw, route.served, stream=False)
+class Proxy:
+    """What every invocation shares: context, routes, the backend client, capture."""
+
+    def __init__(self, ctx: Context, routes: Routes, client: BackendClient,
+                 capture: CaptureWriter) -> None:
+        self.ctx, self.routes, self.client, self.capture = ctx, routes, client, capture
+
+    async def open(self, request: Request, name: str, raw: bytes,
+                   stream: bool) -> tuple[Route, Translated, BackendResponse]:
+        """Resolve the route, translate the body, send it; returns once the model server
+        answered with its status line. A cached route whose instance refused the
+        connection is read again from the database (the instance was replaced) and the
+        request goes out once more on the fresh one."""
+        target_variant = request.headers.get("x-amzn-sagemaker-target-variant")
+        route = await self.routes.resolve(name, target_variant)
+        tr = translate(raw, route.served, stream=stream)
+        try:
+            if route.cached:
+                try:
+                    return route, tr, await self.client.post(route.urls[0] + tr.path, tr.body)
+                except BackendConnectError:
+                    route = await self.routes.resolve(name, target_variant, fresh=True)
+                    tr = translate(raw, route.served, stream=stream)
+            return route, tr, await _send(self.ctx, self.client, route, name, tr)
+        except BackendError as exc:
+            raise _backend_failed(self.ctx, name, route, exc) from exc
+
+
+async def _invoke(px: Proxy, request: Request, name: str, raw: bytes) -> Response:
+    route, tr, r = await px.open(request, name, raw, stream=False)
     try:
-        r = await _send(ctx, client, route, name, tr)
-    except httpx.TransportError as exc:
-        raise _backend_failed(ctx, name, route, exc) from exc
+        body = await r.aread()
+    except BackendError as exc:
+        raise _backend_failed(px.ctx, name, route, exc) from exc
     if r.status_code != 200:
+        text = body.decode(errors="replace")
         raise ModelError(f"Received client error ({r.status_code}) from primary with message "
-                         f"\"{r.text[:500]}\".", r.status_code, r.text)
-    reply = r.json()
-    _capture(capture, route, name, tr, completion_text(reply))
+                         f"\"{text[:500]}\".", r.status_code, text)
+    reply = json.loads(body)
+    _capture(px.capture, route, name, tr, completion_text(reply))
     out = lmi_reply(reply) if tr.style == LMI else reply
     headers = {"x-Amzn-Invoked-Production-Variant": route.variant,
                "x-amzn-RequestId": str(uuid.uuid4())}
@@ -181,7 +242,7 @@ async def _invoke(ctx: Context, capture: CaptureWriter, client: httpx.AsyncClien
     return Response(json.dumps(out), media_type="application/json", headers=headers)
 
 
-async def _relay(r: httpx.Response, tr: Translated, parts: list[str]) -> AsyncIterator[bytes]:
+async def _relay(r: BackendResponse, tr: Translated, parts: list[str]) -> AsyncIterator[bytes]:
     """The model server's SSE lines as event-stream payload parts (LMI: token JSON lines)."""
     async for line in r.aiter_lines():
         if not line.startswith("data: ") or line == "data: [DONE]":
@@ -196,38 +257,54 @@ async def _relay(r: httpx.Response, tr: Translated, parts: list[str]) -> AsyncIt
             yield eventstream.payload_part((line + "\n\n").encode())
 
 
-async def _stream_frames(ctx: Context, capture: CaptureWriter, client: httpx.AsyncClient,
-                         route: Route, name: str, tr: Translated) -> AsyncIterator[bytes]:
+async def _stream_frames(px: Proxy, route: Route, name: str, tr: Translated,
+                         r: BackendResponse) -> AsyncIterator[bytes]:
     parts: list[str] = []
     try:
-        r = await _send(ctx, client, route, name, tr, stream=True)
-        try:
-            if r.status_code != 200:
-                text = (await r.aread()).decode(errors="replace")
-                yield eventstream.model_stream_error(f"model returned {r.status_code}: {text}")
-                return
-            async for frame in _relay(r, tr, parts):
-                yield frame
-        finally:
-            await r.aclose()
-    except httpx.HTTPError as exc:
-        if isinstance(exc, httpx.TransportError):
-            _backend_failed(ctx, name, route, exc)
+        async for frame in _relay(r, tr, parts):
+            yield frame
+    except BackendError as exc:
+        _backend_failed(px.ctx, name, route, exc)
         yield eventstream.model_stream_error(f"model server failed mid-stream: {exc}")
         return
+    finally:
+        await r.aclose()
     if tr.style == LMI:
         final = json.dumps({"token": None, "generated_text": "".join(parts)}) + "\n"
         yield eventstream.payload_part(final.encode())
-    _capture(capture, route, name, tr, "".join(parts))
+    _capture(px.capture, route, name, tr, "".join(parts))
+
+
+async def _open_stream(px: Proxy, request: Request, name: str, raw: bytes) -> Response:
+    """The model server's answer is awaited before replying, so a model server that is
+    down or refuses the request is a ModelError (424) like InvokeEndpoint's; a failure
+    after the first byte is a ModelStreamError frame in the stream."""
+    route, tr, r = await px.open(request, name, raw, stream=True)
+    if r.status_code != 200:
+        try:
+            text = (await r.aread()).decode(errors="replace")
+        except BackendError as exc:
+            raise _backend_failed(px.ctx, name, route, exc) from exc
+        raise ModelError(f"Received client error ({r.status_code}) from primary with message "
+                         f"\"{text[:500]}\".", r.status_code, text)
+    headers = {"x-Amzn-Invoked-Production-Variant": route.variant,
+               "X-Amzn-SageMaker-Content-Type": "application/jsonlines"
+               if tr.style == LMI else "text/event-stream"}
+    custom = request.headers.get("x-amzn-sagemaker-custom-attributes")
+    if custom:
+        headers["X-Amzn-SageMaker-Custom-Attributes"] = custom
+    return StreamingResponse(_stream_frames(px, route, name, tr, r),
+                             media_type="application/vnd.amazon.eventstream", headers=headers)
 
 
 def install(app: FastAPI, ctx: Context) -> None:
     router = APIRouter()
     secrets = ctx.settings.credentials()
-    capture = CaptureWriter(make_store(ctx.settings), ctx.settings.capture_flush_seconds)
-    client = httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=5.0))
-    app.state.runtime_client = client
-    app.state.capture = capture
+    px = Proxy(ctx, Routes(ctx, ctx.settings.route_cache_seconds),
+               BackendClient(connect_timeout=5.0, read_timeout=600.0),
+               CaptureWriter(make_store(ctx.settings), ctx.settings.capture_flush_seconds))
+    app.state.runtime_client = px.client
+    app.state.capture = px.capture
 
     def auth(request: Request, body: bytes) -> None:
         headers = {k.lower(): v for k, v in request.headers.items()}
@@ -239,7 +316,7 @@ def install(app: FastAPI, ctx: Context) -> None:
         raw = await request.body()
         try:
             auth(request, raw)
-            return await _invoke(ctx, capture, client, request, name, raw)
+            return await _invoke(px, request, name, raw)
         except ServiceError as err:
             return runtime_error(err)
 
@@ -248,16 +325,8 @@ def install(app: FastAPI, ctx: Context) -> None:
         raw = await request.body()
         try:
             auth(request, raw)
-            route = await run_in_threadpool(
-                resolve, ctx, name, request.headers.get("x-amzn-sagemaker-target-variant"))
-            tr = translate(raw, route.served, stream=True)
+            return await _open_stream(px, request, name, raw)
         except ServiceError as err:
             return runtime_error(err)
-        headers = {"x-Amzn-Invoked-Production-Variant": route.variant,
-                   "X-Amzn-SageMaker-Content-Type": "application/jsonlines"
-                   if tr.style == LMI else "text/event-stream"}
-        return StreamingResponse(_stream_frames(ctx, capture, client, route, name, tr),
-                                 media_type="application/vnd.amazon.eventstream",
-                                 headers=headers)
 
     app.include_router(router)

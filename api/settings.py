@@ -41,6 +41,10 @@ class Settings(BaseSettings):
     job_lease_seconds: float = Field(default=60.0, ge=3.0)
     #: Data Capture files are rolled at this age (or at 4 MiB)
     capture_flush_seconds: float = Field(default=60.0, gt=0)
+    #: sagemaker-runtime keeps an endpoint's routes (its instances' addresses) this long
+    #: instead of reading the database on every invocation; 0 reads it every time. An
+    #: instance that refuses the connection makes the route be read again at once.
+    route_cache_seconds: float = Field(default=1.0, ge=0)
     #: the most serving processes (InitialInstanceCount) one production variant may ask for;
     #: CreateEndpointConfig refuses more (each is a full model server on this host)
     max_instances_per_variant: int = Field(default=4, ge=1)

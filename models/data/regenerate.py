@@ -12,39 +12,78 @@ from models.data.readers import Chat, Completion, Example
 from models.target import Target
 
 
-def _generate(target: Target, ids: list[int], max_new_tokens: int, temperature: float) -> str:
+def _generate_batch(
+    target: Target, prompts: list[list[int]], max_new_tokens: int, temperature: float
+) -> list[str]:
+    """One `generate` call for several prompts, left-padded so every row ends at the same
+    column and the new tokens start together.
+
+    Worked example, pad id 0, prompts [5, 6, 7] and [8]:
+        input_ids      [[5, 6, 7], [0, 0, 8]]
+        attention_mask [[1, 1, 1], [0, 0, 1]]
+    transformers derives position ids from the mask (cumsum - 1), so row 2's token 8 sits
+    at position 0 as it would alone; the continuation of every row is `out[:, 3:]`.
+    """
     device = next(target.model.parameters()).device
-    x = torch.tensor([ids], device=device)
+    tok = target.tokenizer
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    width = max(len(ids) for ids in prompts)
+    x = torch.full((len(prompts), width), pad, dtype=torch.long)  # [batch, width]
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)  # [batch, width]
+    for row, ids in enumerate(prompts):
+        x[row, width - len(ids) :] = torch.tensor(ids)
+        mask[row, width - len(ids) :] = 1
     kwargs: dict = {"do_sample": temperature > 0, "max_new_tokens": max_new_tokens}
     if temperature > 0:
         kwargs["temperature"] = temperature
-    tok = target.tokenizer
-    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     with torch.no_grad():
         out = target.model.generate(
-            x, attention_mask=torch.ones_like(x), pad_token_id=pad, **kwargs
+            x.to(device), attention_mask=mask.to(device), pad_token_id=pad, **kwargs
         )
-    return tok.decode(out[0, len(ids) :], skip_special_tokens=True)
+    return [tok.decode(row[width:], skip_special_tokens=True) for row in out]
+
+
+class _Pending:
+    """One example being rewritten: the turns kept so far and the ones still to go."""
+
+    def __init__(self, example: Example, tok: object) -> None:
+        self.example = example
+        if isinstance(example, Completion):
+            self.done: list[dict[str, str]] = []
+            self.todo: list[dict[str, str]] = [{"role": "assistant", "content": ""}]
+            self.prompt_ids = list(tok(example.prompt, add_special_tokens=False)["input_ids"])  # type: ignore[operator]
+        else:
+            self.done, self.todo = [], [dict(m) for m in example.messages]
+        self.tok = tok
+        self._advance()
+
+    def _advance(self) -> None:
+        while self.todo and self.todo[0]["role"] != "assistant":
+            self.done.append(self.todo.pop(0))
+
+    def next_prompt(self) -> list[int] | None:
+        if not self.todo:
+            return None
+        if isinstance(self.example, Completion):
+            return self.prompt_ids
+        return list(self.tok.apply_chat_template(  # type: ignore[attr-defined]
+            self.done, tokenize=True, add_generation_prompt=True, return_dict=False))
+
+    def answer(self, text: str) -> None:
+        self.todo.pop(0)
+        self.done.append({"role": "assistant", "content": text})
+        self._advance()
+
+    def result(self) -> Example:
+        if isinstance(self.example, Completion):
+            return Completion(self.example.prompt, self.done[-1]["content"])
+        return Chat(self.done)
 
 
 def regenerate_example(
     example: Example, target: Target, max_new_tokens: int = 256, temperature: float = 0.0
 ) -> Example:
-    tok = target.tokenizer
-    if isinstance(example, Completion):
-        ids = tok(example.prompt, add_special_tokens=False)["input_ids"]
-        return Completion(example.prompt, _generate(target, ids, max_new_tokens, temperature))
-    messages: list[dict[str, str]] = []
-    for msg in example.messages:
-        if msg["role"] != "assistant":
-            messages.append(dict(msg))
-            continue
-        ids = tok.apply_chat_template(
-            messages, tokenize=True, add_generation_prompt=True, return_dict=False
-        )
-        text = _generate(target, list(ids), max_new_tokens, temperature)
-        messages.append({"role": "assistant", "content": text})
-    return Chat(messages)
+    return regenerate([example], target, max_new_tokens, temperature, keep_empty=True)[0]
 
 
 def regenerate(
@@ -53,15 +92,31 @@ def regenerate(
     max_new_tokens: int = 256,
     temperature: float = 0.0,
     seed: int = 0,
+    batch_size: int = 8,
+    keep_empty: bool = False,
 ) -> list[Example]:
-    """Every assistant turn / completion replaced by the target's own continuation."""
+    """Every assistant turn / completion replaced by the target's own continuation.
+
+    Turn t of every example is generated before turn t + 1 (it conditions on the rewritten
+    turn t), `batch_size` prompts per `generate` call, similar lengths together so little
+    compute goes to padding. Greedy output does not depend on the batching beyond float
+    rounding in the padded matmuls.
+    """
     torch.manual_seed(seed)
-    out = []
-    for e in examples:
-        new = regenerate_example(e, target, max_new_tokens, temperature)
-        if isinstance(new, Chat) and not any(
-            m["role"] == "assistant" and m["content"] for m in new.messages
-        ):
-            continue  # the target answered with nothing usable
-        out.append(new)
-    return out
+    pending = [_Pending(e, target.tokenizer) for e in examples]
+    while True:
+        ready = [(p, ids) for p in pending if (ids := p.next_prompt()) is not None]
+        if not ready:
+            break
+        ready.sort(key=lambda item: len(item[1]))
+        for i in range(0, len(ready), batch_size):
+            chunk = ready[i : i + batch_size]
+            texts = _generate_batch(target, [ids for _, ids in chunk], max_new_tokens,
+                                    temperature)
+            for (p, _), text in zip(chunk, texts, strict=True):
+                p.answer(text)
+    out = [p.result() for p in pending]
+    if keep_empty:
+        return out
+    return [e for e in out if not isinstance(e, Chat) or any(
+        m["role"] == "assistant" and m["content"] for m in e.messages)]

@@ -153,6 +153,12 @@ def test_runtime_errors(stack):
                            Body=json.dumps({"inputs": "x", "parameters": {"top_p": 7}}))
     assert exc.value.response["Error"]["Code"] == "ModelError"
     assert exc.value.response["ResponseMetadata"]["HTTPStatusCode"] == 424
+    with pytest.raises(ClientError) as exc:  # the model server's 400, before any frame
+        rt.invoke_endpoint_with_response_stream(
+            EndpointName="ep-err", ContentType="application/json",
+            Body=json.dumps({"inputs": "x", "parameters": {"top_p": 7}}))
+    assert exc.value.response["Error"]["Code"] == "ModelError"
+    assert "(400)" in exc.value.response["Error"]["Message"]
     with pytest.raises(ClientError) as exc:
         rt.invoke_endpoint(EndpointName="ep-err", ContentType="application/json",
                            Body=b"{}", TargetVariant="Other")
@@ -228,6 +234,12 @@ def test_killed_backend_is_model_error_then_recovered(stack):
         lmi(rt, "ep-kill", "anyone there?")
     assert exc.value.response["Error"]["Code"] == "ModelError"
     assert exc.value.response["ResponseMetadata"]["HTTPStatusCode"] == 424
+    with pytest.raises(ClientError) as exc:  # streaming too: the error before any frame
+        rt.invoke_endpoint_with_response_stream(
+            EndpointName="ep-kill", ContentType="application/json",
+            Body=json.dumps({"inputs": "anyone?", "parameters": {"max_new_tokens": 4}}))
+    assert exc.value.response["Error"]["Code"] == "ModelError"
+    assert "did not answer" in exc.value.response["Error"]["Message"]
     deadline = time.monotonic() + 180  # the failed call had a serve worker check it
     while _server_url(stack, "ep-kill") == url:
         assert time.monotonic() < deadline, stack.log()[-3000:]

@@ -47,3 +47,24 @@ def test_regenerate_is_greedy_and_deterministic(llama) -> None:  # noqa: ANN001
     b = regenerate([chat, Completion("def f", "old")], llama, max_new_tokens=5)
     assert a == b
     assert all(m["content"] != "old" for m in a[0].messages if m["role"] == "assistant") or not a
+
+
+def test_regenerate_batched_equals_one_at_a_time(llama) -> None:  # noqa: ANN001
+    """Left-padded batches give each example the text it gets alone (greedy); turn 2 of a
+    two-turn chat is generated after, and conditioned on, the rewritten turn 1."""
+    examples = [
+        Chat([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "old"},
+              {"role": "user", "content": "and then a longer second question"},
+              {"role": "assistant", "content": "old"}]),
+        Completion("def f", "old"),
+        Completion("a much longer completion prompt with many more tokens", "old"),
+        Chat([{"role": "system", "content": "be brief"}, {"role": "user", "content": "q"},
+              {"role": "assistant", "content": "old"}]),
+    ]
+    alone = [regenerate([e], llama, max_new_tokens=6, keep_empty=True)[0] for e in examples]
+    batched = regenerate(examples, llama, max_new_tokens=6, batch_size=4, keep_empty=True)
+    assert batched == alone
+    first = batched[0]
+    assert isinstance(first, Chat) and [m["role"] for m in first.messages] == [
+        "user", "assistant", "user", "assistant"]
+    assert first.messages[1]["content"] != "old" and first.messages[3]["content"] != "old"

@@ -1,0 +1,131 @@
+"""The runtime proxy's HTTP client against real sockets: a raw asyncio server that answers
+exactly as scripted (chunked SSE, Content-Length JSON, closing idle or mid-reply)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+from api.backend_http import BackendClient, BackendConnectError, BackendError
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+async def read_request(reader: asyncio.StreamReader) -> tuple[str, dict]:
+    head = (await reader.readuntil(b"\r\n\r\n")).decode()
+    line, *fields = head.split("\r\n")
+    length = next(int(f.split(":")[1]) for f in fields if f.lower().startswith("content-length"))
+    return line, json.loads(await reader.readexactly(length))
+
+
+def run(handler: Handler, body: Callable[[str, BackendClient], Awaitable[None]]) -> list[int]:
+    """Serve `handler` on a free port, run `body(url, client)`; returns connection ids."""
+    conns: list[int] = []
+
+    async def main() -> None:
+        async def counted(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+            conns.append(len(conns))
+            try:
+                await handler(r, w)
+            finally:
+                w.close()
+
+        server = await asyncio.start_server(counted, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        client = BackendClient(connect_timeout=2, read_timeout=5)
+        try:
+            await body(f"http://127.0.0.1:{port}", client)
+        finally:
+            await client.aclose()
+            server.close()
+
+    asyncio.run(main())
+    return conns
+
+
+async def sse_server(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+    """Keep-alive: each request gets 3 SSE events, one chunk each, split mid-line once."""
+    while True:
+        try:
+            line, body = await read_request(r)
+        except asyncio.IncompleteReadError:
+            return
+        if not line.startswith("POST /v1/completions") or body != {"prompt": "hi"}:
+            return  # no reply: the client's read fails
+        w.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                b"transfer-encoding: chunked\r\n\r\n")
+        for piece in (b'data: {"n": 1}\n\ndata: {"n"', b': 2}\n\n', b"data: [DONE]\n\n"):
+            w.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+            await w.drain()
+        w.write(b"0\r\n\r\n")
+        await w.drain()
+
+
+def test_chunked_lines_and_keep_alive() -> None:
+    async def body(url: str, client: BackendClient) -> None:
+        for _ in range(3):
+            r = await client.post(url + "/v1/completions", {"prompt": "hi"})
+            assert r.status_code == 200 and r.headers["content-type"] == "text/event-stream"
+            lines = [x async for x in r.aiter_lines() if x]
+            assert lines == ['data: {"n": 1}', 'data: {"n": 2}', "data: [DONE]"]
+
+    assert run(sse_server, body) == [0]  # three requests, one connection
+
+
+def test_content_length_reply_and_error_status() -> None:
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await read_request(r)
+        payload = b'{"error": "bad top_p"}'
+        w.write(b"HTTP/1.1 400 Bad Request\r\ncontent-length: %d\r\n\r\n%s"
+                % (len(payload), payload))
+        await w.drain()
+        await asyncio.sleep(1)
+
+    async def body(url: str, client: BackendClient) -> None:
+        r = await client.post(url + "/v1/completions", {"prompt": "hi"})
+        assert r.status_code == 400
+        assert json.loads(await r.aread()) == {"error": "bad top_p"}
+
+    run(handler, body)
+
+
+def test_idle_connection_closed_by_server_is_retried_once() -> None:
+    """The server answers one request per connection, then closes it: the pooled
+    connection is dead on the next request, which goes out again on a fresh one."""
+
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await read_request(r)
+        w.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}")
+        await w.drain()
+
+    async def body(url: str, client: BackendClient) -> None:
+        for _ in range(3):
+            r = await client.post(url + "/x", {"prompt": "hi"})
+            assert await r.aread() == b"{}"
+            await asyncio.sleep(0.05)  # the server's close reaches the pooled socket
+
+    assert len(run(handler, body)) >= 3
+
+
+def test_refused_connection_and_mid_reply_close() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead_port = s.getsockname()[1]  # bound, not listening: connections are refused
+
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await read_request(r)
+        w.write(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n{\"partial\"")
+        await w.drain()
+
+    async def body(url: str, client: BackendClient) -> None:
+        with pytest.raises(BackendConnectError):
+            await client.post(f"http://127.0.0.1:{dead_port}/x", {})
+        r = await client.post(url + "/x", {})
+        with pytest.raises(BackendError, match="closed the connection mid-reply"):
+            await r.aread()
+
+    run(handler, body)
