@@ -115,6 +115,11 @@ class Pipeline:
 
         return "cuda" if torch.cuda.is_available() else "cpu"
 
+    def _regenerated(self, done: int, total: int) -> None:
+        """Between regeneration batches: a progress line, and a stop ends the job here."""
+        log.info("job %s: regenerated %d/%d assistant turns", self.name, done, total)
+        self.control.check()
+
     def _train(self, target: Any, examples: list[Any], head: str,
                init_head: Path | None) -> dict[str, Any]:
         from models.data import encode_examples
@@ -123,7 +128,8 @@ class Pipeline:
 
         if self.options.regenerate:
             self.stage("regenerate assistant turns with the target")
-            examples = regenerate(examples, target, seed=self.options.seed)
+            examples = regenerate(examples, target, seed=self.options.seed,
+                                  progress=self._regenerated)
         samples = encode_examples(examples, target.tokenizer, self.options.max_length)
         self.stage(f"train {head} head on {len(samples)} samples")
         out_dir = self.work / "train"

@@ -6,6 +6,8 @@ predict at serve time. Greedy by default (temperature 0); sampled with a seeded 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from models.data.readers import Chat, Completion, Example
@@ -94,16 +96,20 @@ def regenerate(
     seed: int = 0,
     batch_size: int = 8,
     keep_empty: bool = False,
+    progress: Callable[[int, int], None] | None = None,
 ) -> list[Example]:
     """Every assistant turn / completion replaced by the target's own continuation.
 
     Turn t of every example is generated before turn t + 1 (it conditions on the rewritten
     turn t), `batch_size` prompts per `generate` call, similar lengths together so little
     compute goes to padding. Greedy output does not depend on the batching beyond float
-    rounding in the padded matmuls.
+    rounding in the padded matmuls. `progress(done, total)` is called after every batch
+    (turns written so far, turns in all); it may raise to abandon the work.
     """
     torch.manual_seed(seed)
     pending = [_Pending(e, target.tokenizer) for e in examples]
+    total = sum(1 for p in pending for m in p.todo if m["role"] == "assistant")
+    done = 0
     while True:
         ready = [(p, ids) for p in pending if (ids := p.next_prompt()) is not None]
         if not ready:
@@ -115,6 +121,9 @@ def regenerate(
                                     temperature)
             for (p, _), text in zip(chunk, texts, strict=True):
                 p.answer(text)
+            done += len(chunk)
+            if progress is not None:
+                progress(done, total)
     out = [p.result() for p in pending]
     if keep_empty:
         return out

@@ -62,8 +62,12 @@ def test_regenerate_batched_equals_one_at_a_time(llama) -> None:  # noqa: ANN001
               {"role": "assistant", "content": "old"}]),
     ]
     alone = [regenerate([e], llama, max_new_tokens=6, keep_empty=True)[0] for e in examples]
-    batched = regenerate(examples, llama, max_new_tokens=6, batch_size=4, keep_empty=True)
+    seen: list[tuple[int, int]] = []
+    batched = regenerate(examples, llama, max_new_tokens=6, batch_size=3, keep_empty=True,
+                         progress=lambda done, total: seen.append((done, total)))
     assert batched == alone
+    # turn 1 of all four (a batch of 3, then 1), then the chat's turn 2
+    assert seen == [(3, 5), (4, 5), (5, 5)]
     first = batched[0]
     assert isinstance(first, Chat) and [m["role"] for m in first.messages] == [
         "user", "assistant", "user", "assistant"]
