@@ -1,6 +1,12 @@
 """Proxy overhead: sagemaker-runtime (boto3, SigV4, event-stream) vs the model server's own
 OpenAI API, same endpoint, same prompts, concurrency 1 and 8, side by side in one run.
 
+Three paths: `direct` (httpx to the model server), `signed` (the same httpx client to
+sagemaker-runtime's URL with SigV4 headers from botocore's signer: the proxy's own cost,
+with the client held equal) and `boto3` (invoke_endpoint_with_response_stream: adds
+boto3's request building and event-stream parsing on the client). The API process's CPU
+time per request is printed for each path too (load-independent, unlike latency).
+
     python -m benchmarks.endpoint [--target DIR] [--requests 40] [--max-tokens 16]
                                   [--rounds 3]
 
@@ -21,6 +27,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -61,16 +68,46 @@ def _proxied(rt: object, prompt: str, max_tokens: int) -> tuple[float, list[floa
     return _timings(start, marks)
 
 
+def _signed(http: httpx.Client, base: str, prompt: str,
+            max_tokens: int) -> tuple[float, list[float], float]:
+    from botocore.auth import SigV4Auth
+    from botocore.awsrequest import AWSRequest
+    from botocore.credentials import Credentials
+    from eaglenest_testing import ACCESS_KEY, REGION, SECRET_KEY
+
+    start = time.perf_counter()
+    url = f"{base}/endpoints/ep/invocations-response-stream"
+    body = json.dumps({"prompt": prompt, "max_tokens": max_tokens, "temperature": 0})
+    req = AWSRequest("POST", url, data=body, headers={"Content-Type": "application/json"})
+    SigV4Auth(Credentials(ACCESS_KEY, SECRET_KEY), "sagemaker", REGION).add_auth(req)
+    marks: list[float] = []
+    with http.stream("POST", url, content=body, headers=dict(req.headers), timeout=120) as r:
+        from botocore.eventstream import EventStreamBuffer
+
+        buf = EventStreamBuffer()
+        for chunk in r.iter_bytes():
+            buf.add_data(chunk)
+            for msg in buf:
+                for line in msg.payload.decode().splitlines():
+                    if line.startswith("data: {") and \
+                            json.loads(line[6:])["choices"][0].get("text"):
+                        marks.append(time.perf_counter())
+    return _timings(start, marks)
+
+
 def _timings(start: float, marks: list[float]) -> tuple[float, list[float], float]:
     end = time.perf_counter()
     ttft = (marks[0] if marks else end) - start
     return ttft, [b - a for a, b in zip(marks, marks[1:], strict=False)], end - start
 
 
-def measure(call: object, n: int, concurrency: int) -> dict[str, float]:
+Call = Callable[[str], tuple[float, list[float], float]]
+
+
+def measure(call: Call, n: int, concurrency: int) -> dict[str, float]:
     t0 = time.perf_counter()
     with ThreadPoolExecutor(concurrency) as pool:
-        results = list(pool.map(call, [PROMPTS[i % len(PROMPTS)] for i in range(n)]))  # type: ignore[arg-type]
+        results = list(pool.map(call, [PROMPTS[i % len(PROMPTS)] for i in range(n)]))
     wall = time.perf_counter() - t0
     itl = [x for r in results for x in r[1]]
     return {"req_s": n / wall, "ttft_ms": 1000 * statistics.median(r[0] for r in results),
@@ -111,17 +148,36 @@ def _median_of(rounds: list[dict[str, float]]) -> dict[str, float]:
     return {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
 
 
-def compare(direct: object, proxied: object, requests: int, conc: int,
-            rounds: int) -> tuple[dict[str, float], dict[str, float]]:
-    """Interleaved rounds (ABBA...), median per figure, after a warm-up of both paths."""
-    measure(direct, 8, min(conc, 8))
-    measure(proxied, 8, min(conc, 8))
-    got: dict[str, list[dict[str, float]]] = {"direct": [], "runtime": []}
+def _api_cpu(stack: Stack) -> float:
+    """CPU seconds the API process (`eaglenest api`, a child of `eaglenest up`) has used."""
+    import psutil
+
+    assert stack.proc is not None
+    for child in psutil.Process(stack.proc.pid).children(recursive=True):
+        try:
+            if " api " in " ".join(child.cmdline()):
+                t = child.cpu_times()
+                return float(t.user + t.system)
+        except psutil.Error:
+            continue
+    raise RuntimeError("no API process found")
+
+
+def compare(paths: dict[str, Call], stack: Stack, requests: int, conc: int,
+            rounds: int) -> dict[str, dict[str, float]]:
+    """Interleaved rounds (the order reversed every other round), median per figure, after
+    a warm-up of every path; `api_cpu_ms` is the API process's CPU per request."""
+    for call in paths.values():
+        measure(call, 8, min(conc, 8))
+    got: dict[str, list[dict[str, float]]] = {name: [] for name in paths}
     for i in range(rounds):
-        order = (("direct", direct), ("runtime", proxied))
+        order = list(paths.items())
         for name, call in order if i % 2 == 0 else order[::-1]:
-            got[name].append(measure(call, requests, conc))
-    return _median_of(got["direct"]), _median_of(got["runtime"])
+            cpu0 = _api_cpu(stack)
+            m = measure(call, requests, conc)
+            m["api_cpu_ms"] = 1000 * (_api_cpu(stack) - cpu0) / requests
+            got[name].append(m)
+    return {name: _median_of(r) for name, r in got.items()}
 
 
 def main() -> int:
@@ -145,18 +201,22 @@ def main() -> int:
         http = httpx.Client(limits=httpx.Limits(max_keepalive_connections=16))
         print(f"median of {args.rounds} interleaved rounds of {args.requests} requests, "
               f"{args.max_tokens} tokens each")
-        print("conc  path        req/s   TTFT p50 ms  ITL p50 ms  e2e p50 ms")
+        print("conc  path      req/s   TTFT p50 ms  ITL p50 ms  e2e p50 ms  API CPU ms/req")
         for conc in (1, 8):
-            direct, proxied = compare(
-                lambda q: _direct(http, url, q, args.max_tokens),
-                lambda q: _proxied(rt, q, args.max_tokens), args.requests, conc, args.rounds)
-            for name, m in (("direct", direct), ("runtime", proxied)):
-                print(f"{conc:>4}  {name:<9} {m['req_s']:>7.1f} {m['ttft_ms']:>12.1f} "
-                      f"{m['itl_ms']:>11.2f} {m['e2e_ms']:>11.1f}")
-            added = proxied["ttft_ms"] - direct["ttft_ms"]
-            e2e = proxied["e2e_ms"] - direct["e2e_ms"]
-            print(f"      proxy adds {added:+.1f} ms TTFT ({100 * added / direct['ttft_ms']:+.1f}%)"
-                  f", {e2e:+.1f} ms per request e2e ({100 * e2e / direct['e2e_ms']:+.1f}%)")
+            got = compare({
+                "direct": lambda q: _direct(http, url, q, args.max_tokens),
+                "signed": lambda q: _signed(http, stack.url, q, args.max_tokens),
+                "boto3": lambda q: _proxied(rt, q, args.max_tokens)},
+                stack, args.requests, conc, args.rounds)
+            for name, m in got.items():
+                print(f"{conc:>4}  {name:<7} {m['req_s']:>7.1f} {m['ttft_ms']:>12.1f} "
+                      f"{m['itl_ms']:>11.2f} {m['e2e_ms']:>11.1f} {m['api_cpu_ms']:>15.2f}")
+            base = got["direct"]
+            for name in ("signed", "boto3"):
+                added = got[name]["ttft_ms"] - base["ttft_ms"]
+                e2e = got[name]["e2e_ms"] - base["e2e_ms"]
+                print(f"      {name}: +{added:.1f} ms TTFT ({100 * added / base['ttft_ms']:+.1f}%)"
+                      f", {e2e:+.1f} ms per request e2e ({100 * e2e / base['e2e_ms']:+.1f}%)")
         http.close()
     finally:
         stack.stop()
