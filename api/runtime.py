@@ -214,6 +214,7 @@ class Proxy:
                 try:
                     return route, tr, await self.client.post(route.urls[0] + tr.path, tr.body)
                 except BackendConnectError:
+                    _ask_recovery(self.ctx, name, route)  # as _send does for a refusal
                     route = await self.routes.resolve(name, target_variant, fresh=True)
                     tr = translate(raw, route.served, stream=stream)
             return route, tr, await _send(self.ctx, self.client, route, name, tr)
