@@ -75,8 +75,6 @@ class BackendResponse:
         async with asyncio.timeout(self._timeout):
             data = await self._conn.reader.read(READ_SIZE)
         if not data:
-            if self.status_code and not self._complete:
-                self._parser.feed_data(b"")  # a close-delimited body ends here
             return False
         try:
             self._parser.feed_data(data)
@@ -167,8 +165,6 @@ class BackendClient:
         conn = pooled or await self._connect(key)
         try:
             return await self._exchange(key, conn, head + payload)
-        except BackendConnectError:
-            raise
         except (BackendError, OSError, TimeoutError) as exc:
             conn.close()
             if pooled is None or isinstance(exc, TimeoutError):

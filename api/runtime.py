@@ -222,24 +222,36 @@ class Proxy:
             raise _backend_failed(self.ctx, name, route, exc) from exc
 
 
-async def _invoke(px: Proxy, request: Request, name: str, raw: bytes) -> Response:
-    route, tr, r = await px.open(request, name, raw, stream=False)
+async def _read(px: Proxy, name: str, route: Route, r: BackendResponse) -> bytes:
     try:
-        body = await r.aread()
+        return await r.aread()
     except BackendError as exc:
         raise _backend_failed(px.ctx, name, route, exc) from exc
-    if r.status_code != 200:
-        text = body.decode(errors="replace")
-        raise ModelError(f"Received client error ({r.status_code}) from primary with message "
-                         f"\"{text[:500]}\".", r.status_code, text)
-    reply = json.loads(body)
-    _capture(px.capture, route, name, tr, completion_text(reply))
-    out = lmi_reply(reply) if tr.style == LMI else reply
-    headers = {"x-Amzn-Invoked-Production-Variant": route.variant,
-               "x-amzn-RequestId": str(uuid.uuid4())}
+
+
+def _client_error(status: int, body: bytes) -> ModelError:
+    text = body.decode(errors="replace")
+    return ModelError(f"Received client error ({status}) from primary with message "
+                      f"\"{text[:500]}\".", status, text)
+
+
+def _reply_headers(request: Request, route: Route) -> dict[str, str]:
+    headers = {"x-Amzn-Invoked-Production-Variant": route.variant}
     custom = request.headers.get("x-amzn-sagemaker-custom-attributes")
     if custom:
         headers["X-Amzn-SageMaker-Custom-Attributes"] = custom
+    return headers
+
+
+async def _invoke(px: Proxy, request: Request, name: str, raw: bytes) -> Response:
+    route, tr, r = await px.open(request, name, raw, stream=False)
+    body = await _read(px, name, route, r)
+    if r.status_code != 200:
+        raise _client_error(r.status_code, body)
+    reply = json.loads(body)
+    _capture(px.capture, route, name, tr, completion_text(reply))
+    out = lmi_reply(reply) if tr.style == LMI else reply
+    headers = {**_reply_headers(request, route), "x-amzn-RequestId": str(uuid.uuid4())}
     return Response(json.dumps(out), media_type="application/json", headers=headers)
 
 
@@ -282,18 +294,10 @@ async def _open_stream(px: Proxy, request: Request, name: str, raw: bytes) -> Re
     after the first byte is a ModelStreamError frame in the stream."""
     route, tr, r = await px.open(request, name, raw, stream=True)
     if r.status_code != 200:
-        try:
-            text = (await r.aread()).decode(errors="replace")
-        except BackendError as exc:
-            raise _backend_failed(px.ctx, name, route, exc) from exc
-        raise ModelError(f"Received client error ({r.status_code}) from primary with message "
-                         f"\"{text[:500]}\".", r.status_code, text)
-    headers = {"x-Amzn-Invoked-Production-Variant": route.variant,
+        raise _client_error(r.status_code, await _read(px, name, route, r))
+    headers = {**_reply_headers(request, route),
                "X-Amzn-SageMaker-Content-Type": "application/jsonlines"
                if tr.style == LMI else "text/event-stream"}
-    custom = request.headers.get("x-amzn-sagemaker-custom-attributes")
-    if custom:
-        headers["X-Amzn-SageMaker-Custom-Attributes"] = custom
     return StreamingResponse(_stream_frames(px, route, name, tr, r),
                              media_type="application/vnd.amazon.eventstream", headers=headers)
 

@@ -32,12 +32,16 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
+from botocore.auth import SigV4Auth
+from botocore.awsrequest import AWSRequest
+from botocore.credentials import Credentials
+from botocore.eventstream import EventStreamBuffer
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "tests" / "models"))
 
-from eaglenest_testing import Stack  # noqa: E402
+from eaglenest_testing import ACCESS_KEY, REGION, SECRET_KEY, Stack  # noqa: E402
 
 PROMPTS = ["Natalia sold 48 clips", "def add(a, b):", "The quick brown fox", "import os"]
 
@@ -70,11 +74,6 @@ def _proxied(rt: object, prompt: str, max_tokens: int) -> tuple[float, list[floa
 
 def _signed(http: httpx.Client, base: str, prompt: str,
             max_tokens: int) -> tuple[float, list[float], float]:
-    from botocore.auth import SigV4Auth
-    from botocore.awsrequest import AWSRequest
-    from botocore.credentials import Credentials
-    from eaglenest_testing import ACCESS_KEY, REGION, SECRET_KEY
-
     start = time.perf_counter()
     url = f"{base}/endpoints/ep/invocations-response-stream"
     body = json.dumps({"prompt": prompt, "max_tokens": max_tokens, "temperature": 0})
@@ -82,8 +81,6 @@ def _signed(http: httpx.Client, base: str, prompt: str,
     SigV4Auth(Credentials(ACCESS_KEY, SECRET_KEY), "sagemaker", REGION).add_auth(req)
     marks: list[float] = []
     with http.stream("POST", url, content=body, headers=dict(req.headers), timeout=120) as r:
-        from botocore.eventstream import EventStreamBuffer
-
         buf = EventStreamBuffer()
         for chunk in r.iter_bytes():
             buf.add_data(chunk)

@@ -7,6 +7,7 @@ predict at serve time. Greedy by default (temperature 0); sampled with a seeded 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -48,12 +49,12 @@ def _generate_batch(
 class _Pending:
     """One example being rewritten: the turns kept so far and the ones still to go."""
 
-    def __init__(self, example: Example, tok: object) -> None:
+    def __init__(self, example: Example, tok: Any) -> None:
         self.example = example
         if isinstance(example, Completion):
             self.done: list[dict[str, str]] = []
             self.todo: list[dict[str, str]] = [{"role": "assistant", "content": ""}]
-            self.prompt_ids = list(tok(example.prompt, add_special_tokens=False)["input_ids"])  # type: ignore[operator]
+            self.prompt_ids = list(tok(example.prompt, add_special_tokens=False)["input_ids"])
         else:
             self.done, self.todo = [], [dict(m) for m in example.messages]
         self.tok = tok
@@ -68,7 +69,7 @@ class _Pending:
             return None
         if isinstance(self.example, Completion):
             return self.prompt_ids
-        return list(self.tok.apply_chat_template(  # type: ignore[attr-defined]
+        return list(self.tok.apply_chat_template(
             self.done, tokenize=True, add_generation_prompt=True, return_dict=False))
 
     def answer(self, text: str) -> None:
