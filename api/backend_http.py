@@ -2,14 +2,17 @@
 
 The hop is the proxy's per-token cost: every streamed token is one chunk read here and one
 frame written to the caller. httpx parses responses in pure Python (h11) under anyio
-cancel scopes, about as much work per chunk again as the rest of the proxy; this client
-reads with asyncio streams and parses with httptools (C), keeps connections alive per
-server, and does nothing else: POST with a JSON body, status, headers, body chunks.
+cancel scopes, about as much work per chunk again as the rest of the proxy. Here each
+connection is an asyncio `Protocol` whose `data_received` feeds httptools (C) directly:
+per chunk there is no StreamReader, no per-read timeout context and no task switch unless
+the reader is actually waiting. The read timeout is one timer per response, re-armed only
+when it fires early (a read that makes progress costs a float store, not a timer).
 
 Errors: `BackendConnectError` when the server refused the connection (the request never
 reached it, so another instance may take it), `BackendError` for anything after that.
-A pooled connection the server closed while idle is retried once on a fresh connection
-when it failed before any byte of the response came back.
+A pooled connection the server closed while idle is dropped when it is taken from the
+pool; one that fails before any byte of the response came back is retried once on a fresh
+connection.
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ from urllib.parse import urlsplit
 
 import httptools
 
-READ_SIZE = 1 << 16
+#: unread body bytes above which the socket stops being read (the caller is slower)
+HIGH_WATER = 1 << 18
 
 
 class BackendError(Exception):
@@ -33,12 +37,41 @@ class BackendConnectError(BackendError):
     pass
 
 
-class _Conn:
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader, self.writer = reader, writer
+class BackendTimeout(BackendError):
+    """The model server sent nothing for the read timeout (not retried: it may be busy)."""
+
+
+class _Conn(asyncio.Protocol):
+    """One kept-alive connection; bytes go to the response being read, if any."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.response: BackendResponse | None = None
+        self.lost = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        if self.response is None:  # bytes on an idle connection: it is unusable
+            self.close()
+            return
+        self.response._data(data)
+
+    def eof_received(self) -> bool:
+        if self.response is not None:
+            self.response._end(None)
+        return False  # close the transport
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+        if self.response is not None:
+            self.response._end(exc)
 
     def close(self) -> None:
-        self.writer.close()
+        self.lost = True
+        if self.transport is not None:
+            self.transport.close()
 
 
 class BackendResponse:
@@ -47,14 +80,20 @@ class BackendResponse:
     def __init__(self, client: BackendClient, key: tuple[str, int], conn: _Conn,
                  read_timeout: float) -> None:
         self._client, self._key, self._conn = client, key, conn
+        self._loop = asyncio.get_running_loop()
         self._timeout = read_timeout
         self._chunks: list[bytes] = []
-        self._complete = False
+        self._buffered = 0
+        self._complete = self._ended = self._closed = self._paused = False
         self._keep_alive = True
-        self._closed = False
+        self._error: BaseException | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        self._last = self._loop.time()
+        self._timer = self._loop.call_at(self._last + read_timeout, self._check_idle)
         self.status_code = 0
         self.headers: dict[str, str] = {}
         self._parser = httptools.HttpResponseParser(self)
+        conn.response = self
 
     # httptools callbacks
     def on_header(self, name: bytes, value: bytes) -> None:
@@ -66,43 +105,83 @@ class BackendResponse:
 
     def on_body(self, body: bytes) -> None:
         self._chunks.append(body)
+        self._buffered += len(body)
 
     def on_message_complete(self) -> None:
         self._complete = True
 
-    async def _feed(self) -> bool:
-        """Read once from the socket into the parser; False at end of stream."""
-        async with asyncio.timeout(self._timeout):
-            data = await self._conn.reader.read(READ_SIZE)
-        if not data:
-            return False
+    # protocol events
+    def _data(self, data: bytes) -> None:
+        self._last = self._loop.time()
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as exc:
-            raise BackendError(f"bad response from the model server: {exc}") from exc
-        return True
+            self._error = BackendError(f"bad response from the model server: {exc}")
+        if self._buffered > HIGH_WATER and not self._paused and self._conn.transport:
+            self._paused = True
+            self._conn.transport.pause_reading()
+        self._wake()
+
+    def _end(self, exc: Exception | None) -> None:
+        self._ended = True
+        if exc is not None and self._error is None and not self._complete:
+            self._error = BackendError(f"reading from the model server failed: {exc!r}")
+        self._wake()
+
+    def _check_idle(self) -> None:
+        """The read timeout's timer: fires once per `read_timeout`; re-armed from the last
+        bytes received, so it only fails a reply that has been silent that long."""
+        due = self._last + self._timeout
+        if self._loop.time() < due:
+            self._timer = self._loop.call_at(due, self._check_idle)
+            return
+        if self._error is None:
+            self._error = BackendTimeout(
+                f"the model server sent nothing for {self._timeout:g} s (read timeout)")
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def _wait(self) -> None:
+        """Until new bytes, the end of the stream, an error or the read timeout."""
+        self._waiter = self._loop.create_future()
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
+
+    def _take(self) -> list[bytes]:
+        chunks, self._chunks, self._buffered = self._chunks, [], 0
+        if self._paused and self._conn.transport:
+            self._paused = False
+            self._conn.transport.resume_reading()
+        return chunks
 
     async def read_head(self) -> None:
         while not self.status_code:
-            if not await self._feed():
+            if self._error is not None:
+                raise self._error
+            if self._ended:
                 raise BackendError("the model server closed the connection without a reply")
+            await self._wait()
 
     async def aiter_raw(self) -> AsyncIterator[bytes]:
-        try:
-            while True:
-                if self._chunks:
-                    chunks, self._chunks = self._chunks, []
-                    for chunk in chunks:
-                        yield chunk
-                if self._complete:
-                    break
-                if not await self._feed():
-                    if not self._complete and self.headers.get("content-length") is not None:
-                        raise BackendError("the model server closed the connection mid-reply")
-                    self._keep_alive = False
-                    break
-        except (OSError, TimeoutError) as exc:
-            raise BackendError(f"reading from the model server failed: {exc!r}") from exc
+        while True:
+            if self._chunks:
+                for chunk in self._take():
+                    yield chunk
+            if self._complete or self._closed:
+                break
+            if self._error is not None:
+                raise self._error
+            if self._ended:
+                if self.headers.get("content-length") is not None:
+                    raise BackendError("the model server closed the connection mid-reply")
+                self._keep_alive = False
+                break
+            await self._wait()
         await self.aclose()
 
     async def aiter_lines(self) -> AsyncIterator[str]:
@@ -119,10 +198,18 @@ class BackendResponse:
         return b"".join([chunk async for chunk in self.aiter_raw()])
 
     async def aclose(self) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Give the connection back to the pool when the reply was read to its end, else
+        close it (the model server sees the caller go and stops generating)."""
         if self._closed:
             return
-        self._closed = True
-        if self._complete and self._keep_alive:
+        self._closed = self._ended = True
+        self._timer.cancel()
+        self._wake()  # a reader waiting on this response stops
+        self._conn.response = None
+        if self._complete and self._keep_alive and self._error is None:
             self._client._release(self._key, self._conn)
         else:
             self._conn.close()
@@ -138,16 +225,25 @@ class BackendClient:
         self._idle: dict[tuple[str, int], list[_Conn]] = {}
 
     async def _connect(self, key: tuple[str, int]) -> _Conn:
+        loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(self.connect_timeout):
-                reader, writer = await asyncio.open_connection(*key)
+                _, conn = await loop.create_connection(_Conn, *key)
         except (OSError, TimeoutError) as exc:
             raise BackendConnectError(f"cannot connect to {key[0]}:{key[1]}: {exc!r}") from exc
-        return _Conn(reader, writer)
+        return conn
+
+    def _pooled(self, key: tuple[str, int]) -> _Conn | None:
+        idle = self._idle.get(key)
+        while idle:
+            conn = idle.pop()
+            if not conn.lost:
+                return conn
+        return None
 
     def _release(self, key: tuple[str, int], conn: _Conn) -> None:
         idle = self._idle.setdefault(key, [])
-        if len(idle) < self.max_idle and not conn.writer.is_closing():
+        if len(idle) < self.max_idle and not conn.lost:
             idle.append(conn)
         else:
             conn.close()
@@ -157,32 +253,32 @@ class BackendClient:
         parts = urlsplit(url)
         key = (parts.hostname or "127.0.0.1", parts.port or 80)
         payload = json.dumps(body).encode()
-        head = (f"POST {parts.path or '/'} HTTP/1.1\r\nHost: {parts.netloc}\r\n"
-                f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n"
-                "Accept: */*\r\n\r\n").encode()
-        idle = self._idle.get(key)
-        pooled = idle.pop() if idle else None
+        request = (f"POST {parts.path or '/'} HTTP/1.1\r\nHost: {parts.netloc}\r\n"
+                   f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n"
+                   "Accept: */*\r\n\r\n").encode() + payload
+        pooled = self._pooled(key)
         conn = pooled or await self._connect(key)
         try:
-            return await self._exchange(key, conn, head + payload)
-        except (BackendError, OSError, TimeoutError) as exc:
-            conn.close()
-            if pooled is None or isinstance(exc, TimeoutError):
-                raise BackendError(f"the model server failed: {exc!r}") from exc
+            return await self._exchange(key, conn, request)
+        except BackendError as exc:
+            if pooled is None or isinstance(exc, BackendTimeout):
+                raise
         # the server had closed the idle pooled connection: once more on a fresh one
-        fresh = await self._connect(key)
-        try:
-            return await self._exchange(key, fresh, head + payload)
-        except (BackendError, OSError, TimeoutError) as exc:
-            fresh.close()
-            raise BackendError(f"the model server failed: {exc!r}") from exc
+        return await self._exchange(key, await self._connect(key), request)
 
     async def _exchange(self, key: tuple[str, int], conn: _Conn,
                         request: bytes) -> BackendResponse:
-        conn.writer.write(request)
-        await conn.writer.drain()
         response = BackendResponse(self, key, conn, self.read_timeout)
-        await response.read_head()
+        try:
+            if conn.lost or conn.transport is None:
+                raise BackendError("the connection to the model server was closed")
+            conn.transport.write(request)
+            await response.read_head()
+        except BaseException:  # a failure or a cancellation: the connection is unusable
+            response._timer.cancel()
+            conn.response = None
+            conn.close()
+            raise
         return response
 
     async def aclose(self) -> None:

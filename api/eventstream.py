@@ -24,7 +24,10 @@ def _headers(headers: dict[str, str]) -> bytes:
 
 
 def frame(headers: dict[str, str], payload: bytes) -> bytes:
-    h = _headers(headers)
+    return _frame(_headers(headers), payload)
+
+
+def _frame(h: bytes, payload: bytes) -> bytes:
     total = 12 + len(h) + len(payload) + 4
     prelude = struct.pack("!II", total, len(h))
     prelude += struct.pack("!I", zlib.crc32(prelude) & 0xFFFFFFFF)
@@ -32,9 +35,13 @@ def frame(headers: dict[str, str], payload: bytes) -> bytes:
     return body + struct.pack("!I", zlib.crc32(body) & 0xFFFFFFFF)
 
 
+#: a PayloadPart's headers, encoded once (every streamed token is one such frame)
+_PAYLOAD_PART = _headers({":message-type": "event", ":event-type": "PayloadPart",
+                          ":content-type": "application/octet-stream"})
+
+
 def payload_part(data: bytes) -> bytes:
-    return frame({":message-type": "event", ":event-type": "PayloadPart",
-                  ":content-type": "application/octet-stream"}, data)
+    return _frame(_PAYLOAD_PART, data)
 
 
 def model_stream_error(message: str, error_code: str = "ModelStreamError") -> bytes:

@@ -5,26 +5,29 @@ reads it there for rest-json): ValidationError 400 for unknown endpoints and bad
 ModelError 424 when the model server fails. Streaming replies are AWS event-stream frames
 (`PayloadPart`; a mid-stream failure is a `ModelStreamError` exception frame).
 
-A request goes to a variant by weight (or TargetVariant), then round-robin to one of that
-variant's instances; an instance that refuses the connection is skipped for the next one
-(the request never reached it) and a serve worker is asked to restart it.
+The two routes are served by a plain ASGI layer ahead of FastAPI's router (`RuntimeASGI`):
+every streamed token costs one read from the model server and one frame to the caller, and
+FastAPI's request and StreamingResponse machinery (a task group, a disconnect listener and
+three send wrappers per frame) cost about as much again. A caller that goes away mid-stream
+closes the model server's connection, which stops its generation.
+
+Routing (variant by weight or TargetVariant, round-robin over instances, the route cache)
+is in `api.runtime_routes`; an instance that refuses the connection is skipped for the next
+one (the request never reached it) and a serve worker is asked to restart it.
 """
 
 from __future__ import annotations
 
-import itertools
+import asyncio
 import json
 import logging
 import random
-import threading
-import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any
 
-from fastapi import APIRouter, FastAPI, Request
-from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import Response, StreamingResponse
+from fastapi import FastAPI
+from starlette.datastructures import URL
 
 from api import eventstream
 from api.backend_http import BackendClient, BackendConnectError, BackendError, BackendResponse
@@ -33,7 +36,6 @@ from api.errors import ServiceError
 from api.registry import Context
 from api.runtime_bodies import (
     LMI,
-    RuntimeValidationError,
     Translated,
     capture_record,
     chunk_text,
@@ -41,17 +43,18 @@ from api.runtime_bodies import (
     lmi_reply,
     translate,
 )
+from api.runtime_routes import Route, Routes
 from api.sigv4 import IncomingRequest, verify
-from db.common import find
-from db.tables import EndpointConfigRow, EndpointRow
 from workers import queue as q
-from workers.serving.deploy import instances_of
 from workers.storage import make_store
 
 log = logging.getLogger("eaglenest.runtime")
-#: statuses that take requests: SystemUpdating restarts dead instances while the live ones
-#: serve (SageMaker serves during its maintenance too)
-SERVING = ("InService", "Updating", "SystemUpdating")
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+Headers = list[tuple[bytes, bytes]]
+EVENTSTREAM = b"application/vnd.amazon.eventstream"
 
 
 class ModelError(ServiceError):
@@ -67,105 +70,38 @@ class ModelError(ServiceError):
                 "OriginalMessage": self.original_message[:2000]}
 
 
-def runtime_error(err: ServiceError) -> Response:
+def _request_id() -> tuple[bytes, bytes]:
+    return b"x-amzn-requestid", str(uuid.uuid4()).encode()
+
+
+async def _reply(send: Send, status: int, body: bytes, content_type: bytes,
+                 headers: Headers) -> None:
+    await send({"type": "http.response.start", "status": status, "headers": [
+        (b"content-type", content_type), (b"content-length", str(len(body)).encode()),
+        _request_id(), *headers]})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+async def _error_reply(send: Send, err: ServiceError) -> None:
     body = err.body()
     body.pop("__type", None)
-    return Response(json.dumps(body), status_code=err.status, media_type="application/json",
-                    headers={"x-amzn-ErrorType": err.code, "x-amzn-RequestId": str(uuid.uuid4())})
+    await _reply(send, err.status, json.dumps(body).encode(), b"application/json",
+                 [(b"x-amzn-errortype", err.code.encode())])
 
 
-class Route:
-    def __init__(self, variant: str, urls: list[str], served: str,
-                 capture: dict[str, Any] | None, status: str, cached: bool = False):
-        #: the variant's instances, the one whose turn it is first
-        self.variant, self.urls, self.served, self.capture = variant, urls, served, capture
-        self.status, self.cached = status, cached
-
-
-class _Snapshot:
-    """What an invocation needs from an endpoint's rows, read in one session."""
-
-    def __init__(self, servers: dict[str, Any], status: str,
-                 capture: dict[str, Any] | None, expires: float) -> None:
-        self.servers, self.status, self.capture = servers, status, capture
-        self.expires = expires
-
-
-_turns: dict[tuple[str, str], itertools.count[int]] = {}
-_turns_lock = threading.Lock()
-
-
-def _rotation(name: str, variant: str, urls: list[str]) -> list[str]:
-    """Round-robin over a variant's instances: each call starts one further along."""
-    with _turns_lock:
-        turn = next(_turns.setdefault((name, variant), itertools.count()))
-    start = turn % len(urls)
-    return urls[start:] + urls[:start]
-
-
-def _load(ctx: Context, name: str, ttl: float) -> _Snapshot:
-    with ctx.db.session() as s:
-        row = find(s, EndpointRow, name)
-        if row is None:
-            raise RuntimeValidationError(
-                f"Endpoint {name} of account {ctx.account.account_id} not found.")
-        if row.status not in SERVING or not row.deployment.get("Servers"):
-            raise RuntimeValidationError(
-                f"Endpoint {name} is not in service (status {row.status}).")
-        config = find(s, EndpointConfigRow, row.config_name)
-        capture = config.spec.get("DataCaptureConfig") if config else None
-        return _Snapshot(dict(row.deployment["Servers"]), row.status, capture,
-                         time.monotonic() + ttl)
-
-
-class Routes:
-    """Endpoint name -> its serving snapshot, read from the database at most every `ttl`
-    seconds (a thread hop and two queries per invocation otherwise); `fresh=True` (after an
-    instance refused a connection) reads it again."""
-
-    def __init__(self, ctx: Context, ttl: float) -> None:
-        self.ctx, self.ttl = ctx, ttl
-        self._snapshots: dict[str, _Snapshot] = {}
-
-    async def resolve(self, name: str, target_variant: str | None,
-                      fresh: bool = False) -> Route:
-        snap = self._snapshots.get(name)
-        cached = not fresh and snap is not None and snap.expires > time.monotonic()
-        if not cached:
-            self._snapshots.pop(name, None)
-            snap = await run_in_threadpool(_load, self.ctx, name, self.ttl)
-            if self.ttl > 0:
-                self._snapshots[name] = snap
-        assert snap is not None
-        return _choose(name, snap, target_variant, cached)
-
-
-def _choose(name: str, snap: _Snapshot, target_variant: str | None, cached: bool) -> Route:
-    servers = snap.servers
-    if target_variant:
-        if target_variant not in servers:
-            raise RuntimeValidationError(
-                f"Target variant {target_variant} does not exist on endpoint {name}.")
-        chosen = target_variant
-    else:
-        names = list(servers)
-        weights = [float(servers[n].get("weight", 1.0)) for n in names]
-        chosen = random.choices(names, weights=weights if sum(weights) > 0 else None)[0]
-    srv = servers[chosen]
-    urls = _rotation(name, chosen, [str(i["url"]) for i in instances_of(srv)])
-    return Route(chosen, urls, srv.get("served_name", name), snap.capture, snap.status,
-                 cached)
-
-
-def _capture(capture: CaptureWriter, route: Route, endpoint: str, tr: Translated,
-             text: str) -> None:
+def _sampled(route: Route) -> bool:
+    """Whether Data Capture keeps this request (decided up front: a stream that is not
+    captured and not LMI relays the model server's lines without parsing them)."""
     cfg = route.capture
     if not cfg or not cfg.get("EnableCapture", True):
-        return
-    if random.uniform(0, 100) >= float(cfg.get("InitialSamplingPercentage", 100)):
-        return
-    capture.add(cfg["DestinationS3Uri"], endpoint, route.variant,
-                capture_record(tr, text, endpoint, route.variant))
+        return False
+    return random.uniform(0, 100) < float(cfg.get("InitialSamplingPercentage", 100))
+
+
+def _capture(px: Proxy, route: Route, endpoint: str, tr: Translated, text: str) -> None:
+    assert route.capture is not None
+    px.capture.add(route.capture["DestinationS3Uri"], endpoint, route.variant,
+                   capture_record(tr, text, endpoint, route.variant))
 
 
 def _ask_recovery(ctx: Context, name: str, route: Route) -> None:
@@ -200,13 +136,13 @@ class Proxy:
                  capture: CaptureWriter) -> None:
         self.ctx, self.routes, self.client, self.capture = ctx, routes, client, capture
 
-    async def open(self, request: Request, name: str, raw: bytes,
+    async def open(self, headers: Mapping[str, str], name: str, raw: bytes,
                    stream: bool) -> tuple[Route, Translated, BackendResponse]:
         """Resolve the route, translate the body, send it; returns once the model server
         answered with its status line. A cached route whose instance refused the
         connection is read again from the database (the instance was replaced) and the
         request goes out once more on the fresh one."""
-        target_variant = request.headers.get("x-amzn-sagemaker-target-variant")
+        target_variant = headers.get("x-amzn-sagemaker-target-variant")
         route = await self.routes.resolve(name, target_variant)
         tr = translate(raw, route.served, stream=stream)
         try:
@@ -235,103 +171,139 @@ def _client_error(status: int, body: bytes) -> ModelError:
                       f"\"{text[:500]}\".", status, text)
 
 
-def _reply_headers(request: Request, route: Route) -> dict[str, str]:
-    headers = {"x-Amzn-Invoked-Production-Variant": route.variant}
-    custom = request.headers.get("x-amzn-sagemaker-custom-attributes")
+def _reply_headers(headers: Mapping[str, str], route: Route) -> Headers:
+    out = [(b"x-amzn-invoked-production-variant", route.variant.encode())]
+    custom = headers.get("x-amzn-sagemaker-custom-attributes")
     if custom:
-        headers["X-Amzn-SageMaker-Custom-Attributes"] = custom
-    return headers
+        out.append((b"x-amzn-sagemaker-custom-attributes", custom.encode()))
+    return out
 
 
-async def _invoke(px: Proxy, request: Request, name: str, raw: bytes) -> Response:
-    route, tr, r = await px.open(request, name, raw, stream=False)
+async def _invoke(px: Proxy, send: Send, headers: Mapping[str, str], name: str,
+                  raw: bytes) -> None:
+    route, tr, r = await px.open(headers, name, raw, stream=False)
     body = await _read(px, name, route, r)
     if r.status_code != 200:
         raise _client_error(r.status_code, body)
     reply = json.loads(body)
-    _capture(px.capture, route, name, tr, completion_text(reply))
+    if _sampled(route):
+        _capture(px, route, name, tr, completion_text(reply))
     out = lmi_reply(reply) if tr.style == LMI else reply
-    headers = {**_reply_headers(request, route), "x-amzn-RequestId": str(uuid.uuid4())}
-    return Response(json.dumps(out), media_type="application/json", headers=headers)
+    await _reply(send, 200, json.dumps(out).encode(), b"application/json",
+                 _reply_headers(headers, route))
 
 
-async def _relay(r: BackendResponse, tr: Translated, parts: list[str]) -> AsyncIterator[bytes]:
-    """The model server's SSE lines as event-stream payload parts (LMI: token JSON lines)."""
+async def _relay(r: BackendResponse, tr: Translated, parts: list[str] | None,
+                 send: Send) -> None:
+    """The model server's SSE lines as event-stream payload parts (LMI: token JSON lines).
+    `parts` collects the text when it is needed (LMI's final line, Data Capture)."""
+    lmi = tr.style == LMI
     async for line in r.aiter_lines():
         if not line.startswith("data: ") or line == "data: [DONE]":
             continue
-        piece = chunk_text(json.loads(line[6:]))
-        parts.append(piece)
-        if tr.style == LMI:
-            if piece:
-                tok = json.dumps({"token": {"text": piece}}) + "\n"
-                yield eventstream.payload_part(tok.encode())
+        if parts is None:
+            payload = (line + "\n\n").encode()
         else:
-            yield eventstream.payload_part((line + "\n\n").encode())
+            piece = chunk_text(json.loads(line[6:]))
+            parts.append(piece)
+            if not lmi:
+                payload = (line + "\n\n").encode()
+            elif piece:
+                payload = (json.dumps({"token": {"text": piece}}) + "\n").encode()
+            else:
+                continue
+        await send({"type": "http.response.body", "body": eventstream.payload_part(payload),
+                    "more_body": True})
 
 
-async def _stream_frames(px: Proxy, route: Route, name: str, tr: Translated,
-                         r: BackendResponse) -> AsyncIterator[bytes]:
-    parts: list[str] = []
-    try:
-        async for frame in _relay(r, tr, parts):
-            yield frame
-    except BackendError as exc:
-        _backend_failed(px.ctx, name, route, exc)
-        yield eventstream.model_stream_error(f"model server failed mid-stream: {exc}")
-        return
-    finally:
-        await r.aclose()
-    if tr.style == LMI:
-        final = json.dumps({"token": None, "generated_text": "".join(parts)}) + "\n"
-        yield eventstream.payload_part(final.encode())
-    _capture(px.capture, route, name, tr, "".join(parts))
+async def _watch_disconnect(receive: Receive, r: BackendResponse, gone: list[bool]) -> None:
+    """The caller went away: close the model server's connection (it stops generating)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    gone.append(True)
+    r.close()
 
 
-async def _open_stream(px: Proxy, request: Request, name: str, raw: bytes) -> Response:
+async def _stream(px: Proxy, receive: Receive, send: Send,
+                  headers: Mapping[str, str], name: str, raw: bytes) -> None:
     """The model server's answer is awaited before replying, so a model server that is
     down or refuses the request is a ModelError (424) like InvokeEndpoint's; a failure
     after the first byte is a ModelStreamError frame in the stream."""
-    route, tr, r = await px.open(request, name, raw, stream=True)
+    route, tr, r = await px.open(headers, name, raw, stream=True)
     if r.status_code != 200:
         raise _client_error(r.status_code, await _read(px, name, route, r))
-    headers = {**_reply_headers(request, route),
-               "X-Amzn-SageMaker-Content-Type": "application/jsonlines"
-               if tr.style == LMI else "text/event-stream"}
-    return StreamingResponse(_stream_frames(px, route, name, tr, r),
-                             media_type="application/vnd.amazon.eventstream", headers=headers)
+    captured = _sampled(route)
+    parts: list[str] | None = [] if captured or tr.style == LMI else None
+    await send({"type": "http.response.start", "status": 200, "headers": [
+        (b"content-type", EVENTSTREAM), _request_id(), *_reply_headers(headers, route),
+        (b"x-amzn-sagemaker-content-type",
+         b"application/jsonlines" if tr.style == LMI else b"text/event-stream")]})
+    gone: list[bool] = []
+    watcher = asyncio.create_task(_watch_disconnect(receive, r, gone))
+    try:
+        await _relay(r, tr, parts, send)
+    except BackendError as exc:
+        if not gone:
+            _backend_failed(px.ctx, name, route, exc)
+            await send({"type": "http.response.body", "more_body": True,
+                        "body": eventstream.model_stream_error(
+                            f"model server failed mid-stream: {exc}")})
+        parts = None
+    finally:
+        watcher.cancel()
+        r.close()
+    if parts is not None and not gone:
+        text = "".join(parts)
+        if tr.style == LMI:
+            final = json.dumps({"token": None, "generated_text": text}) + "\n"
+            await send({"type": "http.response.body", "more_body": True,
+                        "body": eventstream.payload_part(final.encode())})
+        if captured:
+            _capture(px, route, name, tr, text)
+    await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+class RuntimeASGI:
+    """`POST /endpoints/{name}/invocations[-response-stream]`, ahead of FastAPI's router;
+    anything else goes on to the app."""
+
+    def __init__(self, app: Callable[[Scope, Receive, Send], Awaitable[None]], px: Proxy,
+                 secrets: Mapping[str, str]) -> None:
+        self.app, self.px, self.secrets = app, px, secrets
+        self.settings = px.ctx.settings
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        parts = scope["path"].split("/") if scope["type"] == "http" else []
+        if (len(parts) != 4 or parts[1] != "endpoints" or scope["method"] != "POST"
+                or parts[3] not in ("invocations", "invocations-response-stream")):
+            await self.app(scope, receive, send)
+            return
+        raw = await _body(receive)
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        try:
+            verify(IncomingRequest("POST", str(URL(scope=scope)), headers, raw), self.secrets,
+                   self.settings.region, self.settings.signature_max_skew)
+            if parts[3] == "invocations":
+                await _invoke(self.px, send, headers, parts[2], raw)
+            else:
+                await _stream(self.px, receive, send, headers, parts[2], raw)
+        except ServiceError as err:
+            await _error_reply(send, err)
+
+
+async def _body(receive: Receive) -> bytes:
+    chunks = []
+    while True:
+        message = await receive()
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return b"".join(chunks)
 
 
 def install(app: FastAPI, ctx: Context) -> None:
-    router = APIRouter()
-    secrets = ctx.settings.credentials()
     px = Proxy(ctx, Routes(ctx, ctx.settings.route_cache_seconds),
                BackendClient(connect_timeout=5.0, read_timeout=600.0),
                CaptureWriter(make_store(ctx.settings), ctx.settings.capture_flush_seconds))
     app.state.runtime_client = px.client
     app.state.capture = px.capture
-
-    def auth(request: Request, body: bytes) -> None:
-        headers = {k.lower(): v for k, v in request.headers.items()}
-        verify(IncomingRequest(request.method, str(request.url), headers, body), secrets,
-               ctx.settings.region, ctx.settings.signature_max_skew)
-
-    @router.post("/endpoints/{name}/invocations")
-    async def invocations(name: str, request: Request) -> Response:
-        raw = await request.body()
-        try:
-            auth(request, raw)
-            return await _invoke(px, request, name, raw)
-        except ServiceError as err:
-            return runtime_error(err)
-
-    @router.post("/endpoints/{name}/invocations-response-stream")
-    async def stream(name: str, request: Request) -> Response:
-        raw = await request.body()
-        try:
-            auth(request, raw)
-            return await _open_stream(px, request, name, raw)
-        except ServiceError as err:
-            return runtime_error(err)
-
-    app.include_router(router)
+    app.add_middleware(RuntimeASGI, px=px, secrets=ctx.settings.credentials())

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from benchmarks.decode import DEFAULT_PROMPTS  # noqa: E402
+from benchmarks.decode import held_out_prompts  # noqa: E402
 from models.decode.batch import BatchEngine  # noqa: E402
 from models.decode.engine import SpeculativeEngine  # noqa: E402
 
@@ -40,12 +40,6 @@ def random_head(target: Any, kind: str) -> torch.nn.Module:
     torch.manual_seed(0)
     cfg = TrainConfig(head=kind, draft_vocab_size=8192)
     return HEAD_KINDS[kind].build(target, samples, cfg).eval()
-
-
-def chat_ids(tok: Any, text: str) -> list[int]:
-    ids = tok.apply_chat_template([{"role": "user", "content": text}],
-                                  add_generation_prompt=True, tokenize=True)
-    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
 
 def measure(
@@ -90,7 +84,9 @@ def main(argv: list[str] | None = None) -> int:
         head = random_head(target, args.random_head)
     tok = target.tokenizer
     args.eos = tok.eos_token_id
-    prompts = [chat_ids(tok, p) for p in DEFAULT_PROMPTS]
+    sets = held_out_prompts(target, 2)  # already templated: the held-out first user turns
+    prompts = [list(tok(p, add_special_tokens=False)["input_ids"])
+               for p in sets["chat"] + sets["code"]]
     rows = [("plain", None, "plain")] + ([(f"chain k={args.k}", head, "chain")] if head else [])
     print(f"threads={torch.get_num_threads()} max_new_tokens={args.max_new_tokens} fp32")
     print(f"{'row':12} {'conc':>4} {'serial tok/s':>13} {'batched tok/s':>14} {'x':>6} "

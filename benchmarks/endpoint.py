@@ -7,8 +7,8 @@ with the client held equal) and `boto3` (invoke_endpoint_with_response_stream: a
 boto3's request building and event-stream parsing on the client). The API process's CPU
 time per request is printed for each path too (load-independent, unlike latency).
 
-    python -m benchmarks.endpoint [--target DIR] [--requests 40] [--max-tokens 16]
-                                  [--rounds 3]
+    python -m benchmarks.endpoint [--target DIR] [--backend embedded|vllm] [--requests 40]
+                                  [--max-tokens 16] [--rounds 3]
 
 Without --target a tiny random Llama is built (tests/models/tiny.py): its forward is cheap,
 so the proxy's own cost is as visible as it can be. Both paths are warmed up first (8
@@ -112,7 +112,7 @@ def measure(call: Call, n: int, concurrency: int) -> dict[str, float]:
             "e2e_ms": 1000 * statistics.median(r[2] for r in results)}
 
 
-def deploy(stack: Stack, target: Path) -> str:
+def deploy(stack: Stack, target: Path, backend: str = "embedded") -> str:
     import subprocess
 
     env = {**stack.env()}
@@ -121,7 +121,7 @@ def deploy(stack: Stack, target: Path) -> str:
     sm = stack.client()
     sm.create_model(ModelName="bench", ExecutionRoleArn="arn:aws:iam::123456789012:role/r",
                     PrimaryContainer={"Image": "eaglenest", "Environment": {
-                        "EAGLENEST_SERVING_BACKEND": "embedded"},
+                        "EAGLENEST_SERVING_BACKEND": backend},
                         "ModelDataSource": {"S3DataSource": {
                             "S3Uri": "s3://models/bench/", "S3DataType": "S3Prefix",
                             "CompressionType": "None"}}})
@@ -183,6 +183,8 @@ def main() -> int:
     p.add_argument("--requests", type=int, default=40)
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--backend", choices=("embedded", "vllm"), default="embedded",
+                   help="the model server behind the endpoint (vllm needs the vllm extra)")
     args = p.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="eaglenest-bench-"))
     target = args.target
@@ -193,7 +195,7 @@ def main() -> int:
     (tmp / "stack").mkdir()
     stack = Stack(tmp / "stack").start()
     try:
-        url = deploy(stack, target)
+        url = deploy(stack, target, args.backend)
         rt = stack.client("sagemaker-runtime")
         http = httpx.Client(limits=httpx.Limits(max_keepalive_connections=16))
         print(f"median of {args.rounds} interleaved rounds of {args.requests} requests, "

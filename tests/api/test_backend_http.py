@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from api.backend_http import BackendClient, BackendConnectError, BackendError
+from api.backend_http import BackendClient, BackendConnectError, BackendError, BackendTimeout
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
@@ -127,5 +127,84 @@ def test_refused_connection_and_mid_reply_close() -> None:
         r = await client.post(url + "/x", {})
         with pytest.raises(BackendError, match="closed the connection mid-reply"):
             await r.aread()
+
+    run(handler, body)
+
+
+def test_silent_server_is_a_read_timeout_and_a_slow_one_is_not() -> None:
+    """The read timeout counts from the last bytes received: a reply whose chunks keep
+    coming (each within the timeout) is read to its end even when it lasts longer than the
+    timeout, one that goes silent fails with BackendTimeout."""
+
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        _, body = await read_request(r)
+        w.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+        for _ in range(6):
+            w.write(b"2\r\nok\r\n")
+            await w.drain()
+            await asyncio.sleep(0.1)
+        if body.get("silent"):
+            await asyncio.sleep(2)
+        w.write(b"0\r\n\r\n")
+        await w.drain()
+
+    async def body(url: str, client: BackendClient) -> None:
+        client.read_timeout = 0.3
+        r = await client.post(url + "/x", {})
+        assert await r.aread() == b"ok" * 6  # 0.6 s in all, 0.1 s between chunks
+        r = await client.post(url + "/x", {"silent": True})
+        with pytest.raises(BackendTimeout, match="sent nothing for 0.3 s"):
+            await r.aread()
+
+    run(handler, body)
+
+
+def test_close_stops_a_waiting_reader_and_drops_the_connection() -> None:
+    """Closing a response while its body is being read (the caller went away) ends the
+    reader's loop at once and closes the socket, so the server sees the client go."""
+    seen_eof = asyncio.Event()
+
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await read_request(r)
+        w.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nhi\r\n")
+        await w.drain()
+        await r.read()  # returns at the client's close
+        seen_eof.set()
+
+    async def body(url: str, client: BackendClient) -> None:
+        r = await client.post(url + "/x", {})
+        got: list[bytes] = []
+
+        async def reader() -> None:
+            async for chunk in r.aiter_raw():
+                got.append(chunk)
+
+        task = asyncio.create_task(reader())
+        await asyncio.sleep(0.1)
+        assert got == [b"hi"] and not task.done()
+        r.close()
+        await asyncio.wait_for(task, 1)
+        await asyncio.wait_for(seen_eof.wait(), 2)
+
+    run(handler, body)
+
+
+def test_big_reply_is_read_whole_through_pause_and_resume() -> None:
+    """A reply larger than HIGH_WATER, read slowly: the socket is paused while the unread
+    body is above it and resumed when it is taken; every byte arrives in order."""
+    blob = bytes(range(256)) * 4096  # 1 MiB
+
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await read_request(r)
+        w.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % len(blob))
+        w.write(blob)
+        await w.drain()
+
+    async def body(url: str, client: BackendClient) -> None:
+        r = await client.post(url + "/x", {})
+        await asyncio.sleep(0.2)  # the whole reply is sent before anything is read
+        assert r._paused
+        got = b"".join([chunk async for chunk in r.aiter_raw()])
+        assert got == blob and not r._paused
 
     run(handler, body)

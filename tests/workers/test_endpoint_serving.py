@@ -15,8 +15,9 @@ from eaglenest_testing import Stack, wait_group_gone
 from test_optimization_pipeline import upload
 
 ROLE = "arn:aws:iam::123456789012:role/EagleNestRole"
+#: OMP_NUM_THREADS reaches the model server's process like any container Environment entry
 ENV = {"EAGLENEST_SERVING_BACKEND": "embedded", "EAGLENEST_NUM_SPECULATIVE_TOKENS": "3",
-       "EAGLENEST_MAX_MODEL_LEN": "512"}
+       "EAGLENEST_MAX_MODEL_LEN": "512", "OMP_NUM_THREADS": "1"}
 
 
 def container(head: bool) -> dict:
@@ -394,3 +395,54 @@ def test_instance_count_starts_spreads_recovers_and_stops_each(stack):
     for inst in now:
         _gone(inst["url"])
         wait_group_gone(inst["pid"])
+
+
+def _metric(url: str, name: str) -> float:
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(name))
+
+
+def test_caller_gone_mid_stream_stops_generation(stack):
+    """A caller that closes its stream mid-reply closes the proxy's connection to the model
+    server, which stops generating (the engine's generated-token counter stays well short
+    of what the same request produces when read to the end); the container's Environment
+    reached the model server's process."""
+    import psutil
+    from botocore.auth import SigV4Auth
+    from botocore.awsrequest import AWSRequest
+    from botocore.credentials import Credentials
+    from botocore.eventstream import EventStreamBuffer
+    from eaglenest_testing import ACCESS_KEY, REGION, SECRET_KEY
+
+    sm, rt = stack.client(), stack.client("sagemaker-runtime")
+    make_config(sm, "cfg-gone", "tiny-base")
+    sm.create_endpoint(EndpointName="gone", EndpointConfigName="cfg-gone")
+    in_service(sm, "gone")
+    server = _server_url(stack, "gone")
+    pid = int(stack.deployment("gone")["Servers"]["AllTraffic"]["pid"])
+    assert psutil.Process(pid).environ()["OMP_NUM_THREADS"] == "1"
+    body = json.dumps({"prompt": "The quick brown fox", "max_tokens": 400, "temperature": 0,
+                       "ignore_eos": True})
+    full = json.loads(rt.invoke_endpoint(EndpointName="gone", ContentType="application/json",
+                                         Body=body)["Body"].read())
+    assert full["usage"]["completion_tokens"] == 400
+    before = _metric(server, "vllm:generation_tokens_total")
+    url = f"{stack.url}/endpoints/gone/invocations-response-stream"
+    req = AWSRequest("POST", url, data=body, headers={"Content-Type": "application/json"})
+    SigV4Auth(Credentials(ACCESS_KEY, SECRET_KEY), "sagemaker", REGION).add_auth(req)
+    frames = 0
+    with httpx.stream("POST", url, content=body, headers=dict(req.headers), timeout=60) as r:
+        buf = EventStreamBuffer()
+        for chunk in r.iter_bytes():
+            buf.add_data(chunk)
+            frames += sum(1 for _ in buf)
+            if frames >= 3:
+                break  # leaving the block closes the connection mid-stream
+    deadline = time.monotonic() + 30
+    while _metric(server, "vllm:num_requests_running") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _metric(server, "vllm:num_requests_running") == 0
+    generated = _metric(server, "vllm:generation_tokens_total") - before
+    assert 3 <= generated < 200, generated
+    sm.delete_endpoint(EndpointName="gone")

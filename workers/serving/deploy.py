@@ -102,7 +102,8 @@ def _spec(plan: VariantPlan, model_dir: Path, head_dir: Path | None, served: str
                       backend=backend, head_dir=head_dir,
                       num_speculative_tokens=_speculative_tokens(plan, head_dir), mode=mode,
                       dtype=plan.env.get("EAGLENEST_DTYPE", "float32"),
-                      max_model_len=int(plan.env.get("EAGLENEST_MAX_MODEL_LEN", "2048")))
+                      max_model_len=int(plan.env.get("EAGLENEST_MAX_MODEL_LEN", "2048")),
+                      extra_env=dict(plan.env))  # as SageMaker sets a container's Environment
 
 
 def start_variant(store: ArtifactStore, workdir: Path, endpoint: str,

@@ -1,0 +1,110 @@
+"""sagemaker-runtime's routing: an endpoint's variants and instances, cached from the database.
+
+A request goes to a variant by weight (or TargetVariant), then round-robin to one of that
+variant's instances. An endpoint's rows are read at most every `ttl` seconds (a thread hop
+and two queries per invocation otherwise); a caller that found an instance gone asks for a
+fresh read.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import threading
+import time
+from typing import Any
+
+from fastapi.concurrency import run_in_threadpool
+
+from api.registry import Context
+from api.runtime_bodies import RuntimeValidationError
+from db.common import find
+from db.tables import EndpointConfigRow, EndpointRow
+from workers.serving.deploy import instances_of
+
+#: statuses that take requests: SystemUpdating restarts dead instances while the live ones
+#: serve (SageMaker serves during its maintenance too)
+SERVING = ("InService", "Updating", "SystemUpdating")
+
+
+class Route:
+    def __init__(self, variant: str, urls: list[str], served: str,
+                 capture: dict[str, Any] | None, status: str, cached: bool = False):
+        #: the variant's instances, the one whose turn it is first
+        self.variant, self.urls, self.served, self.capture = variant, urls, served, capture
+        self.status, self.cached = status, cached
+
+
+class _Snapshot:
+    """What an invocation needs from an endpoint's rows, read in one session."""
+
+    def __init__(self, servers: dict[str, Any], status: str,
+                 capture: dict[str, Any] | None, expires: float) -> None:
+        self.servers, self.status, self.capture = servers, status, capture
+        self.expires = expires
+
+
+_turns: dict[tuple[str, str], itertools.count[int]] = {}
+_turns_lock = threading.Lock()
+
+
+def _rotation(name: str, variant: str, urls: list[str]) -> list[str]:
+    """Round-robin over a variant's instances: each call starts one further along."""
+    with _turns_lock:
+        turn = next(_turns.setdefault((name, variant), itertools.count()))
+    start = turn % len(urls)
+    return urls[start:] + urls[:start]
+
+
+def _load(ctx: Context, name: str, ttl: float) -> _Snapshot:
+    with ctx.db.session() as s:
+        row = find(s, EndpointRow, name)
+        if row is None:
+            raise RuntimeValidationError(
+                f"Endpoint {name} of account {ctx.account.account_id} not found.")
+        if row.status not in SERVING or not row.deployment.get("Servers"):
+            raise RuntimeValidationError(
+                f"Endpoint {name} is not in service (status {row.status}).")
+        config = find(s, EndpointConfigRow, row.config_name)
+        capture = config.spec.get("DataCaptureConfig") if config else None
+        return _Snapshot(dict(row.deployment["Servers"]), row.status, capture,
+                         time.monotonic() + ttl)
+
+
+class Routes:
+    """Endpoint name -> its serving snapshot, read from the database at most every `ttl`
+    seconds (a thread hop and two queries per invocation otherwise); `fresh=True` (after an
+    instance refused a connection) reads it again."""
+
+    def __init__(self, ctx: Context, ttl: float) -> None:
+        self.ctx, self.ttl = ctx, ttl
+        self._snapshots: dict[str, _Snapshot] = {}
+
+    async def resolve(self, name: str, target_variant: str | None,
+                      fresh: bool = False) -> Route:
+        snap = self._snapshots.get(name)
+        cached = not fresh and snap is not None and snap.expires > time.monotonic()
+        if not cached:
+            self._snapshots.pop(name, None)
+            snap = await run_in_threadpool(_load, self.ctx, name, self.ttl)
+            if self.ttl > 0:
+                self._snapshots[name] = snap
+        assert snap is not None
+        return _choose(name, snap, target_variant, cached)
+
+
+def _choose(name: str, snap: _Snapshot, target_variant: str | None, cached: bool) -> Route:
+    servers = snap.servers
+    if target_variant:
+        if target_variant not in servers:
+            raise RuntimeValidationError(
+                f"Target variant {target_variant} does not exist on endpoint {name}.")
+        chosen = target_variant
+    else:
+        names = list(servers)
+        weights = [float(servers[n].get("weight", 1.0)) for n in names]
+        chosen = random.choices(names, weights=weights if sum(weights) > 0 else None)[0]
+    srv = servers[chosen]
+    urls = _rotation(name, chosen, [str(i["url"]) for i in instances_of(srv)])
+    return Route(chosen, urls, srv.get("served_name", name), snap.capture, snap.status,
+                 cached)
