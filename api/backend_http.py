@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import urlsplit
@@ -88,7 +89,10 @@ class BackendResponse:
         self._keep_alive = True
         self._error: BaseException | None = None
         self._waiter: asyncio.Future[None] | None = None
+        #: loop time of the last bytes received (the read timeout's reference; uvloop's
+        #: loop time has millisecond steps, so the timings below use time.monotonic)
         self._last = self._loop.time()
+        self.sent_at = self.last_data_at = time.monotonic()
         self._timer = self._loop.call_at(self._last + read_timeout, self._check_idle)
         self.status_code = 0
         self.headers: dict[str, str] = {}
@@ -113,6 +117,7 @@ class BackendResponse:
     # protocol events
     def _data(self, data: bytes) -> None:
         self._last = self._loop.time()
+        self.last_data_at = time.monotonic()
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as exc:
@@ -273,6 +278,7 @@ class BackendClient:
             if conn.lost or conn.transport is None:
                 raise BackendError("the connection to the model server was closed")
             conn.transport.write(request)
+            response.sent_at = time.monotonic()
             await response.read_head()
         except BaseException:  # a failure or a cancellation: the connection is unusable
             response._timer.cancel()

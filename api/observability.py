@@ -18,6 +18,9 @@ class ApiMetrics:
         self._lock = threading.Lock()
         self.requests: Counter[tuple[str, str]] = Counter()  # (operation, code) -> n
         self.seconds: dict[str, float] = {}  # operation -> total seconds
+        self.invocations: Counter[str] = Counter()  # sagemaker-runtime, by code
+        self.frames = 0
+        self.proxy_seconds = 0.0
         self.started = time.time()
 
     def observe(self, operation: str, code: str, seconds: float) -> None:
@@ -25,9 +28,28 @@ class ApiMetrics:
             self.requests[(operation, code)] += 1
             self.seconds[operation] = self.seconds.get(operation, 0.0) + seconds
 
+    def observe_invocation(self, code: str, proxy_seconds: float, frames: int) -> None:
+        """One sagemaker-runtime invocation: `proxy_seconds` is the proxy's own time on it
+        (request in -> request out to the model server, and each chunk in -> its frame out;
+        time spent waiting on the model server is not in it)."""
+        with self._lock:
+            self.invocations[code] += 1
+            self.frames += frames
+            self.proxy_seconds += proxy_seconds
+
+    def _render_runtime(self, lines: list[str]) -> None:
+        lines.append("# TYPE eaglenest_runtime_invocations_total counter")
+        for code, n in sorted(self.invocations.items()):
+            lines.append(f'eaglenest_runtime_invocations_total{{code="{code}"}} {n}')
+        lines.append("# TYPE eaglenest_runtime_frames_total counter")
+        lines.append(f"eaglenest_runtime_frames_total {self.frames}")
+        lines.append("# TYPE eaglenest_runtime_proxy_seconds_total counter")
+        lines.append(f"eaglenest_runtime_proxy_seconds_total {self.proxy_seconds:.6f}")
+
     def render(self, db: Database) -> str:
         lines = ["# TYPE eaglenest_requests_total counter"]
         with self._lock:
+            self._render_runtime(lines)
             for (op, code), n in sorted(self.requests.items()):
                 lines.append(f'eaglenest_requests_total{{operation="{op}",code="{code}"}} {n}')
             lines.append("# TYPE eaglenest_request_seconds_total counter")

@@ -22,6 +22,7 @@ import asyncio
 import json
 import logging
 import random
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any
@@ -33,6 +34,7 @@ from api import eventstream
 from api.backend_http import BackendClient, BackendConnectError, BackendError, BackendResponse
 from api.capture import CaptureWriter
 from api.errors import ServiceError
+from api.observability import ApiMetrics
 from api.registry import Context
 from api.runtime_bodies import (
     LMI,
@@ -68,6 +70,24 @@ class ModelError(ServiceError):
     def body(self) -> dict[str, Any]:
         return {"message": self.message, "OriginalStatusCode": self.original_status,
                 "OriginalMessage": self.original_message[:2000]}
+
+
+class Clock:
+    """The proxy's own time on one invocation, for /metrics: from the request's arrival to
+    its sending to the model server, plus, per frame, from the chunk's arrival to the
+    frame's writing. Waiting on the model server is not counted."""
+
+    def __init__(self) -> None:
+        self.start = time.monotonic()
+        self.own = 0.0
+        self.frames = 0
+
+    def sent(self, r: BackendResponse) -> None:
+        self.own += r.sent_at - self.start
+
+    def relayed(self, r: BackendResponse) -> None:
+        self.own += time.monotonic() - r.last_data_at
+        self.frames += 1
 
 
 def _request_id() -> tuple[bytes, bytes]:
@@ -180,8 +200,9 @@ def _reply_headers(headers: Mapping[str, str], route: Route) -> Headers:
 
 
 async def _invoke(px: Proxy, send: Send, headers: Mapping[str, str], name: str,
-                  raw: bytes) -> None:
+                  raw: bytes, clock: Clock) -> None:
     route, tr, r = await px.open(headers, name, raw, stream=False)
+    clock.sent(r)
     body = await _read(px, name, route, r)
     if r.status_code != 200:
         raise _client_error(r.status_code, body)
@@ -191,10 +212,11 @@ async def _invoke(px: Proxy, send: Send, headers: Mapping[str, str], name: str,
     out = lmi_reply(reply) if tr.style == LMI else reply
     await _reply(send, 200, json.dumps(out).encode(), b"application/json",
                  _reply_headers(headers, route))
+    clock.relayed(r)
 
 
 async def _relay(r: BackendResponse, tr: Translated, parts: list[str] | None,
-                 send: Send) -> None:
+                 send: Send, clock: Clock) -> None:
     """The model server's SSE lines as event-stream payload parts (LMI: token JSON lines).
     `parts` collects the text when it is needed (LMI's final line, Data Capture)."""
     lmi = tr.style == LMI
@@ -214,6 +236,7 @@ async def _relay(r: BackendResponse, tr: Translated, parts: list[str] | None,
                 continue
         await send({"type": "http.response.body", "body": eventstream.payload_part(payload),
                     "more_body": True})
+        clock.relayed(r)
 
 
 async def _watch_disconnect(receive: Receive, r: BackendResponse, gone: list[bool]) -> None:
@@ -225,11 +248,12 @@ async def _watch_disconnect(receive: Receive, r: BackendResponse, gone: list[boo
 
 
 async def _stream(px: Proxy, receive: Receive, send: Send,
-                  headers: Mapping[str, str], name: str, raw: bytes) -> None:
+                  headers: Mapping[str, str], name: str, raw: bytes, clock: Clock) -> None:
     """The model server's answer is awaited before replying, so a model server that is
     down or refuses the request is a ModelError (424) like InvokeEndpoint's; a failure
     after the first byte is a ModelStreamError frame in the stream."""
     route, tr, r = await px.open(headers, name, raw, stream=True)
+    clock.sent(r)
     if r.status_code != 200:
         raise _client_error(r.status_code, await _read(px, name, route, r))
     captured = _sampled(route)
@@ -241,7 +265,7 @@ async def _stream(px: Proxy, receive: Receive, send: Send,
     gone: list[bool] = []
     watcher = asyncio.create_task(_watch_disconnect(receive, r, gone))
     try:
-        await _relay(r, tr, parts, send)
+        await _relay(r, tr, parts, send, clock)
     except BackendError as exc:
         if not gone:
             _backend_failed(px.ctx, name, route, exc)
@@ -268,8 +292,8 @@ class RuntimeASGI:
     anything else goes on to the app."""
 
     def __init__(self, app: Callable[[Scope, Receive, Send], Awaitable[None]], px: Proxy,
-                 secrets: Mapping[str, str]) -> None:
-        self.app, self.px, self.secrets = app, px, secrets
+                 secrets: Mapping[str, str], metrics: ApiMetrics | None = None) -> None:
+        self.app, self.px, self.secrets, self.metrics = app, px, secrets, metrics
         self.settings = px.ctx.settings
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -278,17 +302,22 @@ class RuntimeASGI:
                 or parts[3] not in ("invocations", "invocations-response-stream")):
             await self.app(scope, receive, send)
             return
+        clock, code = Clock(), "OK"
         raw = await _body(receive)
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         try:
             verify(IncomingRequest("POST", str(URL(scope=scope)), headers, raw), self.secrets,
                    self.settings.region, self.settings.signature_max_skew)
             if parts[3] == "invocations":
-                await _invoke(self.px, send, headers, parts[2], raw)
+                await _invoke(self.px, send, headers, parts[2], raw, clock)
             else:
-                await _stream(self.px, receive, send, headers, parts[2], raw)
+                await _stream(self.px, receive, send, headers, parts[2], raw, clock)
         except ServiceError as err:
+            code = err.code
             await _error_reply(send, err)
+        finally:
+            if self.metrics is not None:
+                self.metrics.observe_invocation(code, clock.own, clock.frames)
 
 
 async def _body(receive: Receive) -> bytes:
@@ -306,4 +335,5 @@ def install(app: FastAPI, ctx: Context) -> None:
                CaptureWriter(make_store(ctx.settings), ctx.settings.capture_flush_seconds))
     app.state.runtime_client = px.client
     app.state.capture = px.capture
-    app.add_middleware(RuntimeASGI, px=px, secrets=ctx.settings.credentials())
+    app.add_middleware(RuntimeASGI, px=px, secrets=ctx.settings.credentials(),
+                       metrics=getattr(app.state, "metrics", None))

@@ -8,7 +8,7 @@ boto3's request building and event-stream parsing on the client). The API proces
 time per request is printed for each path too (load-independent, unlike latency).
 
     python -m benchmarks.endpoint [--target DIR] [--backend embedded|vllm] [--requests 40]
-                                  [--max-tokens 16] [--rounds 3]
+                                  [--max-tokens 16] [--rounds 3] [--env KEY=VALUE ...]
 
 Without --target a tiny random Llama is built (tests/models/tiny.py): its forward is cheap,
 so the proxy's own cost is as visible as it can be. Both paths are warmed up first (8
@@ -74,11 +74,11 @@ def _proxied(rt: object, prompt: str, max_tokens: int) -> tuple[float, list[floa
 
 def _signed(http: httpx.Client, base: str, prompt: str,
             max_tokens: int) -> tuple[float, list[float], float]:
-    start = time.perf_counter()
     url = f"{base}/endpoints/ep/invocations-response-stream"
     body = json.dumps({"prompt": prompt, "max_tokens": max_tokens, "temperature": 0})
     req = AWSRequest("POST", url, data=body, headers={"Content-Type": "application/json"})
     SigV4Auth(Credentials(ACCESS_KEY, SECRET_KEY), "sagemaker", REGION).add_auth(req)
+    start = time.perf_counter()  # signing is the client's work, as boto3's is: not timed
     marks: list[float] = []
     with http.stream("POST", url, content=body, headers=dict(req.headers), timeout=120) as r:
         buf = EventStreamBuffer()
@@ -112,7 +112,8 @@ def measure(call: Call, n: int, concurrency: int) -> dict[str, float]:
             "e2e_ms": 1000 * statistics.median(r[2] for r in results)}
 
 
-def deploy(stack: Stack, target: Path, backend: str = "embedded") -> str:
+def deploy(stack: Stack, target: Path, backend: str = "embedded",
+           env: dict[str, str] | None = None) -> str:
     import subprocess
 
     env = {**stack.env()}
@@ -121,7 +122,7 @@ def deploy(stack: Stack, target: Path, backend: str = "embedded") -> str:
     sm = stack.client()
     sm.create_model(ModelName="bench", ExecutionRoleArn="arn:aws:iam::123456789012:role/r",
                     PrimaryContainer={"Image": "eaglenest", "Environment": {
-                        "EAGLENEST_SERVING_BACKEND": backend},
+                        "EAGLENEST_SERVING_BACKEND": backend, **(env or {})},
                         "ModelDataSource": {"S3DataSource": {
                             "S3Uri": "s3://models/bench/", "S3DataType": "S3Prefix",
                             "CompressionType": "None"}}})
@@ -160,19 +161,31 @@ def _api_cpu(stack: Stack) -> float:
     raise RuntimeError("no API process found")
 
 
+def _proxy_seconds(stack: Stack) -> float:
+    """The API's own counter of the proxy's time (eaglenest_runtime_proxy_seconds_total:
+    request in -> request out to the model server, and chunk in -> frame out; waiting on
+    the model server excluded)."""
+    for line in httpx.get(f"{stack.url}/metrics", timeout=30).text.splitlines():
+        if line.startswith("eaglenest_runtime_proxy_seconds_total "):
+            return float(line.split()[1])
+    raise RuntimeError("no eaglenest_runtime_proxy_seconds_total in the API's /metrics")
+
+
 def compare(paths: dict[str, Call], stack: Stack, requests: int, conc: int,
             rounds: int) -> dict[str, dict[str, float]]:
     """Interleaved rounds (the order reversed every other round), median per figure, after
-    a warm-up of every path; `api_cpu_ms` is the API process's CPU per request."""
+    a warm-up of every path; `api_cpu_ms` is the API process's CPU per request and
+    `proxy_ms` the proxy's own time per request by its /metrics counter."""
     for call in paths.values():
         measure(call, 8, min(conc, 8))
     got: dict[str, list[dict[str, float]]] = {name: [] for name in paths}
     for i in range(rounds):
         order = list(paths.items())
         for name, call in order if i % 2 == 0 else order[::-1]:
-            cpu0 = _api_cpu(stack)
+            cpu0, own0 = _api_cpu(stack), _proxy_seconds(stack)
             m = measure(call, requests, conc)
             m["api_cpu_ms"] = 1000 * (_api_cpu(stack) - cpu0) / requests
+            m["proxy_ms"] = 1000 * (_proxy_seconds(stack) - own0) / requests
             got[name].append(m)
     return {name: _median_of(r) for name, r in got.items()}
 
@@ -185,6 +198,9 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--backend", choices=("embedded", "vllm"), default="embedded",
                    help="the model server behind the endpoint (vllm needs the vllm extra)")
+    p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                   help="an entry of the model container's Environment (repeatable), e.g. "
+                        "OMP_NUM_THREADS=1 so the model server leaves a core to the proxy")
     args = p.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="eaglenest-bench-"))
     target = args.target
@@ -195,12 +211,14 @@ def main() -> int:
     (tmp / "stack").mkdir()
     stack = Stack(tmp / "stack").start()
     try:
-        url = deploy(stack, target, args.backend)
+        url = deploy(stack, target, args.backend,
+                     dict(kv.split("=", 1) for kv in args.env))
         rt = stack.client("sagemaker-runtime")
         http = httpx.Client(limits=httpx.Limits(max_keepalive_connections=16))
         print(f"median of {args.rounds} interleaved rounds of {args.requests} requests, "
               f"{args.max_tokens} tokens each")
-        print("conc  path      req/s   TTFT p50 ms  ITL p50 ms  e2e p50 ms  API CPU ms/req")
+        print("conc  path      req/s   TTFT p50 ms  ITL p50 ms  e2e p50 ms  API CPU ms/req"
+              "  proxy ms/req")
         for conc in (1, 8):
             got = compare({
                 "direct": lambda q: _direct(http, url, q, args.max_tokens),
@@ -209,7 +227,8 @@ def main() -> int:
                 stack, args.requests, conc, args.rounds)
             for name, m in got.items():
                 print(f"{conc:>4}  {name:<7} {m['req_s']:>7.1f} {m['ttft_ms']:>12.1f} "
-                      f"{m['itl_ms']:>11.2f} {m['e2e_ms']:>11.1f} {m['api_cpu_ms']:>15.2f}")
+                      f"{m['itl_ms']:>11.2f} {m['e2e_ms']:>11.1f} {m['api_cpu_ms']:>15.2f}"
+                      f" {m['proxy_ms']:>13.2f}")
             base = got["direct"]
             for name in ("signed", "boto3"):
                 added = got[name]["ttft_ms"] - base["ttft_ms"]

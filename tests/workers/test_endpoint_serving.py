@@ -446,3 +446,40 @@ def test_caller_gone_mid_stream_stops_generation(stack):
     generated = _metric(server, "vllm:generation_tokens_total") - before
     assert 3 <= generated < 200, generated
     sm.delete_endpoint(EndpointName="gone")
+
+
+def test_runtime_metrics_count_invocations_frames_and_proxy_time(stack):
+    """The API's /metrics counts sagemaker-runtime invocations by code, the frames relayed
+    and the proxy's own time (waiting on the model server excluded: it stays far below the
+    invocations' wall time)."""
+    sm, rt = stack.client(), stack.client("sagemaker-runtime")
+    make_config(sm, "cfg-metrics", "tiny-base")
+    sm.create_endpoint(EndpointName="metered", EndpointConfigName="cfg-metrics")
+    in_service(sm, "metered")
+
+    def scrape() -> dict[str, float]:
+        text = httpx.get(f"{stack.url}/metrics", timeout=10).text
+        return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+                for line in text.splitlines() if line.startswith("eaglenest_runtime_")}
+
+    before = scrape()
+    body = json.dumps({"prompt": "The quick brown fox", "max_tokens": 20, "temperature": 0,
+                       "ignore_eos": True})
+    start = time.monotonic()
+    stream = rt.invoke_endpoint_with_response_stream(
+        EndpointName="metered", ContentType="application/json", Body=body)
+    frames = sum(1 for _ in stream["Body"])
+    wall = time.monotonic() - start
+    with pytest.raises(ClientError):
+        rt.invoke_endpoint(EndpointName="no-such-endpoint", ContentType="application/json",
+                           Body=body)
+    after = scrape()
+
+    def delta(key: str) -> float:
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    assert delta('eaglenest_runtime_invocations_total{code="OK"}') == 1
+    assert delta('eaglenest_runtime_invocations_total{code="ValidationError"}') == 1
+    assert delta("eaglenest_runtime_frames_total") == frames >= 2
+    assert 0 < delta("eaglenest_runtime_proxy_seconds_total") < wall / 2
+    sm.delete_endpoint(EndpointName="metered")
