@@ -89,11 +89,10 @@ class BackendResponse:
         self._keep_alive = True
         self._error: BaseException | None = None
         self._waiter: asyncio.Future[None] | None = None
-        #: loop time of the last bytes received (the read timeout's reference; uvloop's
-        #: loop time has millisecond steps, so the timings below use time.monotonic)
-        self._last = self._loop.time()
+        #: time.monotonic() of the request's sending and of the last bytes received (the
+        #: read timeout's reference; uvloop's loop.time() has millisecond steps)
         self.sent_at = self.last_data_at = time.monotonic()
-        self._timer = self._loop.call_at(self._last + read_timeout, self._check_idle)
+        self._timer = self._loop.call_later(read_timeout, self._check_idle)
         self.status_code = 0
         self.headers: dict[str, str] = {}
         self._parser = httptools.HttpResponseParser(self)
@@ -116,7 +115,6 @@ class BackendResponse:
 
     # protocol events
     def _data(self, data: bytes) -> None:
-        self._last = self._loop.time()
         self.last_data_at = time.monotonic()
         try:
             self._parser.feed_data(data)
@@ -136,9 +134,9 @@ class BackendResponse:
     def _check_idle(self) -> None:
         """The read timeout's timer: fires once per `read_timeout`; re-armed from the last
         bytes received, so it only fails a reply that has been silent that long."""
-        due = self._last + self._timeout
-        if self._loop.time() < due:
-            self._timer = self._loop.call_at(due, self._check_idle)
+        left = self.last_data_at + self._timeout - time.monotonic()
+        if left > 0:
+            self._timer = self._loop.call_later(left, self._check_idle)
             return
         if self._error is None:
             self._error = BackendTimeout(
@@ -187,7 +185,7 @@ class BackendResponse:
                 self._keep_alive = False
                 break
             await self._wait()
-        await self.aclose()
+        self.close()
 
     async def aiter_lines(self) -> AsyncIterator[str]:
         pending = b""
@@ -201,9 +199,6 @@ class BackendResponse:
 
     async def aread(self) -> bytes:
         return b"".join([chunk async for chunk in self.aiter_raw()])
-
-    async def aclose(self) -> None:
-        self.close()
 
     def close(self) -> None:
         """Give the connection back to the pool when the reply was read to its end, else
@@ -281,9 +276,7 @@ class BackendClient:
             response.sent_at = time.monotonic()
             await response.read_head()
         except BaseException:  # a failure or a cancellation: the connection is unusable
-            response._timer.cancel()
-            conn.response = None
-            conn.close()
+            response.close()  # not read to its end: closes the connection
             raise
         return response
 

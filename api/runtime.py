@@ -24,11 +24,12 @@ import logging
 import random
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from collections.abc import Mapping
 from typing import Any
 
 from fastapi import FastAPI
 from starlette.datastructures import URL
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from api import eventstream
 from api.backend_http import BackendClient, BackendConnectError, BackendError, BackendResponse
@@ -51,10 +52,6 @@ from workers import queue as q
 from workers.storage import make_store
 
 log = logging.getLogger("eaglenest.runtime")
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
 Headers = list[tuple[bytes, bytes]]
 EVENTSTREAM = b"application/vnd.amazon.eventstream"
 
@@ -291,8 +288,8 @@ class RuntimeASGI:
     """`POST /endpoints/{name}/invocations[-response-stream]`, ahead of FastAPI's router;
     anything else goes on to the app."""
 
-    def __init__(self, app: Callable[[Scope, Receive, Send], Awaitable[None]], px: Proxy,
-                 secrets: Mapping[str, str], metrics: ApiMetrics | None = None) -> None:
+    def __init__(self, app: ASGIApp, px: Proxy, secrets: Mapping[str, str],
+                 metrics: ApiMetrics) -> None:
         self.app, self.px, self.secrets, self.metrics = app, px, secrets, metrics
         self.settings = px.ctx.settings
 
@@ -316,8 +313,7 @@ class RuntimeASGI:
             code = err.code
             await _error_reply(send, err)
         finally:
-            if self.metrics is not None:
-                self.metrics.observe_invocation(code, clock.own, clock.frames)
+            self.metrics.observe_invocation(code, clock.own, clock.frames)
 
 
 async def _body(receive: Receive) -> bytes:
@@ -336,4 +332,4 @@ def install(app: FastAPI, ctx: Context) -> None:
     app.state.runtime_client = px.client
     app.state.capture = px.capture
     app.add_middleware(RuntimeASGI, px=px, secrets=ctx.settings.credentials(),
-                       metrics=getattr(app.state, "metrics", None))
+                       metrics=app.state.metrics)  # protocol.install made it

@@ -26,6 +26,12 @@ Issue #3: train the same head with speculators 0.9.0 and report both acceptance 
   reported for both. Target hidden states are computed before the timed training for both
   (their offline hidden-state files, our capture cache) and reported separately.
 * tau: vLLM (``train_heads.measure_tau``), K = 3 and 5, temperature 0, held-out prompts.
+  vLLM 0.32 serves the speculators checkpoint as written: ``speculators_model_type``
+  "eagle3" goes through vllm/transformers_utils/configs/speculators (norm_before_fc,
+  norm_output and norm_before_residual are honoured by llama_eagle3.py); its bf16
+  ``embed_tokens`` copy is loaded as the draft's own embedding; ``layer_types:
+  ["sliding_attention"]`` with ``sliding_window`` 2048 equals full attention at
+  max_model_len 2048.
 
 speculators runs in its own venv through benchmarks/speculators_cpu/*.py. Setup (torchvision
 and torchaudio are left out on purpose: speculators lists them, training never imports them):
@@ -72,7 +78,6 @@ from models.train import TrainData, train
 from workers.serving.process import ServingError
 
 SCRIPTS = Path(__file__).resolve().parent / "speculators_cpu"
-CKPT_FILES = ("config.json", "model.safetensors")
 
 
 @dataclass
@@ -169,23 +174,6 @@ def run_speculators(args: argparse.Namespace, target: Target, samples: list[Samp
     return row, Path(stats["checkpoint"])
 
 
-def vllm_ready(src: Path, dst: Path, fixes: list[str]) -> Path:
-    """Copy the speculators checkpoint for vLLM, appending to ``fixes`` what was changed.
-
-    vLLM 0.32 loads it as written: ``speculators_model_type`` "eagle3" goes through
-    vllm/transformers_utils/configs/speculators (norm_before_fc, norm_output and
-    norm_before_residual are honoured by llama_eagle3.py); the frozen ``embed_tokens``
-    copy (bf16, like every speculators checkpoint tensor) is loaded as the draft's own
-    embedding; ``layer_types: ["sliding_attention"]`` with ``sliding_window`` 2048 gives
-    the draft layer a 2048-token window, which equals full attention at max_model_len 2048.
-    """
-    shutil.rmtree(dst, ignore_errors=True)
-    dst.mkdir(parents=True)
-    for name in CKPT_FILES:
-        shutil.copy2(src / name, dst / name)
-    return dst
-
-
 # ---- ours --------------------------------------------------------------------------------------
 def run_ours(args: argparse.Namespace, target: Target, samples: list[Sample],
              batch: int) -> tuple[Row, Path]:
@@ -271,9 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(samples)} training samples ({sum(len(s.input_ids) for s in samples)} tokens, "
           f"{sum(sum(s.loss_mask) for s in samples)} loss tokens), {len(prompts)} held-out "
           "prompts", flush=True)
-    spec_row, spec_ckpt = run_speculators(args, target, samples, held)
-    fixes: list[str] = []
-    spec_dir = vllm_ready(spec_ckpt, args.out / "spec_head", fixes)
+    spec_row, spec_dir = run_speculators(args, target, samples, held)
     batch = args.batch_size or auto_batch(spec_row.tokens_per_step, samples)
     ours_row, ours_dir = run_ours(args, target, samples, batch)
     ks = [int(k) for k in args.ks.split(",")]
@@ -285,10 +271,9 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         for k, err in r.errors.items():
             print(f"{r.head} K={k}: vLLM gave no tau: {err}")
-    print(f"identical draft vocabularies: {same_vocab}; checkpoint fixes for vLLM: "
-          f"{fixes or 'none'}; threads: {args.threads}")
+    print(f"identical draft vocabularies: {same_vocab}; threads: {args.threads}")
     report = {"rows": [asdict(r) for r in rows], "identical_draft_vocab": same_vocab,
-              "vllm_checkpoint_fixes": fixes, "threads": args.threads,
+              "threads": args.threads,
               "training_samples": len(samples), "held_out_prompts": len(prompts)}
     (args.out / "report.json").write_text(json.dumps(report, indent=2))
     if args.json:
