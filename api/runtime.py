@@ -295,9 +295,14 @@ class RuntimeASGI:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         parts = scope["path"].split("/") if scope["type"] == "http" else []
-        if (len(parts) != 4 or parts[1] != "endpoints" or scope["method"] != "POST"
+        if (len(parts) != 4 or parts[1] != "endpoints"
                 or parts[3] not in ("invocations", "invocations-response-stream")):
             await self.app(scope, receive, send)
+            return
+        if scope["method"] != "POST":  # sagemaker-runtime only ever POSTs here
+            body = json.dumps({"message": f"Method {scope['method']} not allowed: "
+                                          f"{scope['path']} accepts POST only"}).encode()
+            await _reply(send, 405, body, b"application/json", [(b"allow", b"POST")])
             return
         clock, code = Clock(), "OK"
         raw = await _body(receive)

@@ -60,6 +60,7 @@ from typing import Any
 import httpx
 import numpy as np
 import torch
+from safetensors.torch import load_file
 
 from benchmarks.train_heads import (
     _cpu_seconds,
@@ -146,6 +147,21 @@ def spec_train_argv(args: argparse.Namespace, target_dir: Path, data: Path, rati
             "--loss-implementation", "eager", "--draft-attn-impl", "sdpa",
             "--num-workers", "0", "--on-missing", "raise", "--seed", "0", "--log-freq", "10",
             "--save-path", str(args.out / "spec" / "ckpt"), "--no-resume-from-checkpoint"]
+
+
+def reused_speculators(report: Path, steps: int) -> tuple[Row, Path]:
+    """The speculators row of an earlier report (same data and steps); tau is measured again.
+
+    speculators' run is deterministic given the rows and its seed, so an unchanged library
+    and data need not be retrained (12 minutes here) to try another recipe of ours.
+    """
+    rows = json.loads(report.read_text())["rows"]
+    row = Row(**{k: v for k, v in next(r for r in rows if r["head"].startswith("speculators"))
+                 .items() if k not in ("tau", "accepted_per_position", "errors")})
+    if row.steps != steps or not Path(row.checkpoint).is_dir():
+        raise SystemExit(f"{report}: speculators ran {row.steps} steps (asked {steps}) or "
+                         f"its checkpoint {row.checkpoint} is gone; run without --reuse")
+    return row, Path(row.checkpoint)
 
 
 def run_speculators(args: argparse.Namespace, target: Target, samples: list[Sample],
@@ -241,6 +257,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--draft-vocab", type=int, default=train_config("eagle3").draft_vocab_size)
     p.add_argument("--eval-tokens", type=int, default=96)
     p.add_argument("--threads", type=int, default=max(1, torch.get_num_threads()))
+    p.add_argument("--reuse-speculators", type=Path, default=None, metavar="REPORT",
+                   help="take the speculators head and its figures from an earlier report.json "
+                   "(same data and --steps) instead of training it again")
     return p.parse_args(argv)
 
 
@@ -259,13 +278,16 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(samples)} training samples ({sum(len(s.input_ids) for s in samples)} tokens, "
           f"{sum(sum(s.loss_mask) for s in samples)} loss tokens), {len(prompts)} held-out "
           "prompts", flush=True)
-    spec_row, spec_dir = run_speculators(args, target, samples, held)
+    if args.reuse_speculators:
+        spec_row, spec_dir = reused_speculators(args.reuse_speculators, args.steps)
+    else:
+        spec_row, spec_dir = run_speculators(args, target, samples, held)
     batch = args.batch_size or auto_batch(spec_row.tokens_per_step, samples)
     ours_row, ours_dir = run_ours(args, target, samples, batch)
     ks = [int(k) for k in args.ks.split(",")]
     measure_all(args, target_dir, [(ours_row, ours_dir), (spec_row, spec_dir)], prompts, ks)
     rows = [ours_row, spec_row]
-    spec_d2t = np.load(args.out / "spec" / "data" / f"d2t-{args.draft_vocab}.npy")
+    spec_d2t = load_file(str(spec_dir / "model.safetensors"))["d2t"].numpy()
     same_vocab = bool(np.array_equal(spec_d2t, draft_vocab(target, samples, args.draft_vocab)))
     print(table(rows, ks))
     for r in rows:

@@ -79,8 +79,8 @@ def _eagle3_fields(cfg: HeadConfig, kind: str) -> dict[str, Any]:
         "draft_vocab_size": cfg.draft_vocab_size,
         "target_hidden_size": cfg.hidden_size,
         "norm_before_residual": cfg.norm_before_residual,
-        "norm_before_fc": False,
-        "norm_output": False,
+        "norm_before_fc": cfg.norm_before_fc,
+        "norm_output": cfg.norm_output,
         "num_aux_hidden_states": len(cfg.aux_layer_ids),
         "eagle_aux_hidden_state_layer_ids": list(cfg.aux_layer_ids),
         "mask_token_id": cfg.mask_token_id if kind == "peagle" else None,
@@ -107,6 +107,7 @@ def build_config(
         config["eagle_config"] = {
             "eagle_aux_hidden_state_layer_ids": list(cfg.aux_layer_ids),
             "use_aux_hidden_state": True,
+            "norm_before_fc": cfg.norm_before_fc,
         }
         if kind == "peagle":
             config.update(parallel_drafting=True, pard_token=cfg.mask_token_id)
@@ -183,6 +184,7 @@ def read_head_config(folder: str | Path) -> tuple[str, HeadConfig]:
     aux = config.get("eagle_aux_hidden_state_layer_ids") or (config.get("eagle_config") or {}).get(
         "eagle_aux_hidden_state_layer_ids", []
     )
+    eagle = config.get("eagle_config") or {}
     mask_id = config.get("mask_token_id", config.get("pard_token", config.get("ptd_token_id")))
     cfg = HeadConfig(
         hidden_size=int(layer["hidden_size"]),
@@ -199,6 +201,8 @@ def read_head_config(folder: str | Path) -> tuple[str, HeadConfig]:
         draft_vocab_size=config.get("draft_vocab_size") if kind != "eagle" else None,
         aux_layer_ids=list(aux) if kind != "eagle" else [],
         norm_before_residual=bool(config.get("norm_before_residual", False)),
+        norm_before_fc=bool(config.get("norm_before_fc", eagle.get("norm_before_fc", False))),
+        norm_output=bool(config.get("norm_output", False)),
         mask_token_id=mask_id if kind == "peagle" else None,
         target_architecture=(config.get("eaglenest") or {}).get(
             "target_architecture", "LlamaForCausalLM"

@@ -52,6 +52,12 @@ def _register_train(subparsers: Any) -> None:
     p.add_argument("--ttt-steps", type=int, default=3)
     p.add_argument("--parallel-depth", type=int, default=4)
     p.add_argument("--speculative-tokens", type=int, default=3)
+    p.add_argument("--optimizer", choices=("muon", "adamw"), default="muon",
+                   help="muon: Muon for the draft layer's matrices + AdamW for the rest")
+    p.add_argument("--step-decay", type=float, default=1.0,
+                   help="loss weight of draft step j is step_decay**j")
+    p.add_argument("--norms", choices=("all", "none"), default="all",
+                   help="EAGLE-3/P-EAGLE: norm_before_fc, norm_output and norm_before_residual")
     p.add_argument("--checkpoint-every", type=int, default=50)
     p.add_argument("--max-seconds", type=float, help="wall-clock training budget")
     p.add_argument("--regenerate", action="store_true", help="answer with the target first")
@@ -130,6 +136,11 @@ def _train(args: argparse.Namespace, device: Any) -> int:
         ttt_steps=args.ttt_steps,
         parallel_depth=args.parallel_depth,
         draft_vocab_size=args.draft_vocab_size,
+        optimizer=args.optimizer,
+        step_decay=args.step_decay,
+        norm_before_fc=args.norms == "all",
+        norm_output=args.norms == "all",
+        norm_before_residual=args.norms == "all",
         checkpoint_every=args.checkpoint_every,
         resume=args.resume,
         init_head=args.init_head,

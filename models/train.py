@@ -11,7 +11,6 @@ Under torchrun the same call trains data-parallel (DDP) on every process: see
 from __future__ import annotations
 
 import contextlib
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
@@ -32,6 +31,7 @@ from models.heads.eagle3 import Eagle3Head
 from models.heads.layers import HeadConfig
 from models.heads.peagle import PEagleHead
 from models.heads.vocab import build_draft_vocab, token_counts
+from models.optim import make_optimizer
 from models.target import Target
 
 STATE_FILE = "trainer_state.pt"
@@ -44,7 +44,7 @@ class TrainConfig:
     max_steps: int = 100
     batch_size: int = 2
     lr: float = 3e-4
-    weight_decay: float = 0.0
+    weight_decay: float = 0.01  # AdamW group
     warmup_steps: int = 10
     min_lr_ratio: float = 0.1
     grad_clip: float = 0.5
@@ -52,9 +52,16 @@ class TrainConfig:
     ttt_steps: int = 3  # EAGLE-3 training-time-test steps
     parallel_depth: int = 4  # P-EAGLE drafts per forward (K)
     keep_prob: float = 0.7  # P-EAGLE conditional drop-token keep probability
-    step_decay: float = 0.8  # loss weight decay**j of draft step j
+    step_decay: float = 1.0  # loss weight decay**j of draft step j (1.0: all steps equal)
     draft_vocab_size: int = 8192
-    norm_before_residual: bool = False
+    # EAGLE-3 / P-EAGLE layer recipe (all three read by vLLM): hidden_norm before the
+    # residual, an RMSNorm on the aux states before fc, TTT steps fed the post-norm hidden
+    norm_before_residual: bool = True
+    norm_before_fc: bool = True
+    norm_output: bool = True
+    optimizer: str = "muon"  # Muon for the layer's matrices + AdamW for the rest, or "adamw"
+    muon_lr: float | None = None  # default: lr (Muon's update is scaled to AdamW's RMS)
+    muon_weight_decay: float = 0.1
     mask_token_id: int | None = None  # P-EAGLE; default: pad, else eos
     checkpoint_every: int = 0  # 0: only the final save
     stop_after: int | None = None  # stop early at this step (schedule still spans max_steps)
@@ -116,6 +123,8 @@ def _eagle3_config(target: Target, d2t: torch.Tensor, config: TrainConfig, **kw:
         draft_vocab_size=int(d2t.shape[0]),
         aux_layer_ids=list(target.aux_layer_ids),
         norm_before_residual=config.norm_before_residual,
+        norm_before_fc=config.norm_before_fc,
+        norm_output=config.norm_output,
         **kw,
     )
 
@@ -200,28 +209,6 @@ def collate(samples: list[Sample], pad_id: int, device: str | torch.device) -> H
 
 
 # ---- optimisation ------------------------------------------------------------------------
-def lr_lambda(config: TrainConfig) -> Callable[[int], float]:
-    """Linear warmup to 1, then cosine decay to min_lr_ratio at max_steps."""
-
-    def factor(step: int) -> float:
-        if step < config.warmup_steps:
-            return (step + 1) / config.warmup_steps
-        span = max(config.max_steps - config.warmup_steps, 1)
-        progress = min((step - config.warmup_steps) / span, 1.0)
-        cosine = 0.5 * (1 + math.cos(math.pi * progress))
-        return config.min_lr_ratio + (1 - config.min_lr_ratio) * cosine
-
-    return factor
-
-
-def make_optimizer(
-    head: nn.Module, config: TrainConfig
-) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
-    params = [p for p in head.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
-    return opt, torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(config))
-
-
 def _autocast(device: torch.device) -> contextlib.AbstractContextManager:
     if device.type == "cuda":
         return torch.autocast("cuda", dtype=torch.bfloat16)

@@ -2,6 +2,7 @@
 
 Structure (the parameter names are what vLLM's ``Eagle3LlamaForCausalLM`` loads):
 
+    input_norm: RMSNorm(n_aux * h), only with norm_before_fc  normalises the aux states
     fc:        Linear(n_aux * h -> h)                       fuses the target's aux states
     layers.0:  input_layernorm(embed) ++ hidden_norm(hidden) -> attention (2h -> h) -> MLP
     norm:      final RMSNorm;   lm_head: Linear(h -> draft_vocab)
@@ -11,7 +12,8 @@ Structure (the parameter names are what vLLM's ``Eagle3LlamaForCausalLM`` loads)
 Slot convention (same as vLLM's proposer): slot i holds token x[i+1] paired with the
 target's features of position i, sits at position i, and predicts x[i+2]. Draft step j
 (training-time test) feeds the head's own pre-norm output back as the hidden state, the
-token x[i+1+j] at position i+j, and predicts x[i+2+j].
+token x[i+1+j] at position i+j, and predicts x[i+2+j]. With ``norm_output`` the hidden
+fed back is the post-norm one (what the lm_head reads), as vLLM does for that config key.
 """
 
 from __future__ import annotations
@@ -80,7 +82,9 @@ class Eagle3Head(nn.Module):
         h = cfg.hidden_size
         self.embed_tokens = nn.Embedding(cfg.vocab_size, h)
         self.embed_tokens.weight.requires_grad_(False)
-        self.fc = nn.Linear(len(cfg.aux_layer_ids) * h, h, bias=False)
+        width = len(cfg.aux_layer_ids) * h
+        self.input_norm = RMSNorm(width, cfg.rms_norm_eps) if cfg.norm_before_fc else None
+        self.fc = nn.Linear(width, h, bias=False)
         self.layers = nn.ModuleList([Eagle3Layer(cfg)])
         self.norm = RMSNorm(h, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(h, cfg.draft_vocab_size, bias=False)
@@ -90,6 +94,8 @@ class Eagle3Head(nn.Module):
     # ---- pieces used by training and by decoding -------------------------------------
     def combine(self, aux: torch.Tensor) -> torch.Tensor:
         """[..., n_aux * hidden] target aux states -> [..., hidden] (vLLM combine_hidden_states)."""
+        if self.input_norm is not None:
+            aux = self.input_norm(aux)
         return self.fc(aux)
 
     def step(
@@ -100,9 +106,14 @@ class Eagle3Head(nn.Module):
         mask: torch.Tensor,  # [batch or 1, seq, past + seq] bool
         past: KV | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, KV]:
-        """One draft forward: (draft-vocab logits, pre-norm hidden, keys/values so far)."""
+        """One draft forward: (draft-vocab logits, hidden for the next step, keys/values).
+
+        The hidden handed on is the layer's pre-norm output, or the post-norm one when
+        ``norm_output`` is set.
+        """
         out, kv = self.layers[0](self.embed_tokens(tokens), hidden, positions, mask, past)
-        return self.lm_head(self.norm(out)), out, kv
+        normed = self.norm(out)
+        return self.lm_head(normed), (normed if self.cfg.norm_output else out), kv
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_to_target(draft_ids, self.d2t)

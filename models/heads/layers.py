@@ -37,6 +37,8 @@ class HeadConfig:
     draft_vocab_size: int | None = None  # EAGLE-3 / P-EAGLE reduced vocabulary
     aux_layer_ids: list[int] = field(default_factory=list)  # EAGLE-3 / P-EAGLE
     norm_before_residual: bool = False
+    norm_before_fc: bool = False  # EAGLE-3 / P-EAGLE: RMSNorm over the concatenated aux states
+    norm_output: bool = False  # EAGLE-3 / P-EAGLE: next draft step gets the post-norm hidden
     mask_token_id: int | None = None  # P-EAGLE
     target_architecture: str = "LlamaForCausalLM"
     tie_word_embeddings: bool = False

@@ -102,3 +102,11 @@ def test_prometheus_metrics(stack, sm, unique):
     assert 'eaglenest_requests_total{operation="ListModels",code="OK"}' in text
     assert 'eaglenest_requests_total{operation="DescribeModel",code="ValidationException"}' in text
     assert "eaglenest_database_up 1" in text
+
+
+def test_invocation_paths_accept_post_only(stack):
+    for path in ("invocations", "invocations-response-stream"):
+        r = httpx.get(f"{stack.url}/endpoints/any/{path}")
+        assert r.status_code == 405 and r.headers["allow"] == "POST"
+        assert r.json()["message"] == f"Method GET not allowed: /endpoints/any/{path} accepts POST only"
+    assert httpx.get(f"{stack.url}/endpoints/any/other").status_code == 404

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 from vllm_reference import ReferenceDraft
 
 from models.checkpoint import load_head, read_head_config, save_head
@@ -24,30 +25,42 @@ def trained(llama, samples, tmp: Path, head: str, **kw):  # noqa: ANN001, ANN201
     return train(config, TrainData(llama, samples, "gsm8k_training.jsonl")).head.eval()
 
 
+NORMS = {"norm_before_residual": True, "norm_before_fc": True, "norm_output": True}
+PLAIN = dict.fromkeys(NORMS, False)
+
+
 @pytest.mark.parametrize(
-    ("head", "fmt", "nbr"),
+    ("head", "fmt", "recipe"),
     [
-        ("eagle", "native", False),
-        ("eagle3", "native", False),
-        ("eagle3", "native", True),
-        ("eagle3", "speculators", False),
-        ("peagle", "native", False),
-        ("peagle", "speculators", False),
+        ("eagle", "native", {}),
+        ("eagle3", "native", PLAIN),
+        ("eagle3", "native", {**PLAIN, "norm_before_residual": True}),
+        ("eagle3", "native", NORMS),
+        ("eagle3", "speculators", PLAIN),
+        ("eagle3", "speculators", NORMS),
+        ("peagle", "native", PLAIN),
+        ("peagle", "native", NORMS),
+        ("peagle", "speculators", NORMS),
     ],
 )
 def test_saved_head_drafts_match_vllm_reference(
-    llama,
-    samples,
+    llama,  # noqa: ANN001
+    samples,  # noqa: ANN001
     tmp_path: Path,
     head: str,
     fmt: str,
-    nbr: bool,  # noqa: ANN001
+    recipe: dict[str, bool],
 ) -> None:
-    model = trained(llama, samples, tmp_path, head, norm_before_residual=nbr)
+    model = trained(llama, samples, tmp_path, head, **recipe)
     out = save_head(model, tmp_path / "ckpt", verifier="/models/t", fmt=fmt, provenance={"x": 1})
     config = json.loads((out / "config.json").read_text())
     for key in EXPLICIT:
         assert key in config, key
+    for key, value in recipe.items():
+        assert config[key] is value, key
+    assert ("input_norm.weight" in load_file(str(out / "model.safetensors"))) is bool(
+        recipe.get("norm_before_fc")
+    )
     ref = ReferenceDraft(out, llama.embed_weight(), llama.lm_head_weight())
     for sample in samples[:3]:
         x = torch.tensor([sample.input_ids[:14]])
@@ -75,9 +88,8 @@ def test_native_eagle3_config(llama, samples, tmp_path: Path) -> None:  # noqa: 
     assert cfg["architectures"] == ["LlamaForCausalLMEagle3"]
     assert cfg["eagle_aux_hidden_state_layer_ids"] == [2, 4, 5]
     assert cfg["num_hidden_layers"] == 1 and cfg["draft_vocab_size"] == 64
-    assert cfg["vocab_size"] == llama.vocab_size and cfg["norm_before_residual"] is False
-    from safetensors.torch import load_file
-
+    assert cfg["vocab_size"] == llama.vocab_size and cfg["norm_before_residual"] is True
+    assert cfg["norm_before_fc"] is True and cfg["norm_output"] is True  # the default recipe
     w = load_file(str(out / "model.safetensors"))
     assert w["d2t"].dtype == torch.int64 and w["t2d"].dtype == torch.bool
     assert "embed_tokens.weight" not in w  # vLLM shares the target's embeddings

@@ -22,8 +22,9 @@ from models.capture_cache import CaptureCache
 from models.cli import main
 from models.distributed import Dist, shard
 from models.heads.base import HeadLoss
+from models.optim import make_optimizer
 from models.target import Target
-from models.train import HEAD_KINDS, BatchStream, collate, make_optimizer
+from models.train import HEAD_KINDS, BatchStream, collate
 
 HERE = Path(__file__).parent
 REPO = HERE.parents[1]

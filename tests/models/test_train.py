@@ -8,7 +8,8 @@ from tiny import ARCHITECTURES
 
 from models.checkpoint import load_head
 from models.data import encode_examples, load_examples
-from models.train import BatchStream, TrainConfig, TrainData, latest_checkpoint, lr_lambda, train
+from models.optim import Muon, lr_lambda, make_optimizer
+from models.train import HEAD_KINDS, BatchStream, TrainConfig, TrainData, latest_checkpoint, train
 
 
 def cfg(tmp: Path | None, **kw) -> TrainConfig:  # noqa: ANN003
@@ -36,15 +37,17 @@ def test_one_step_save_reload_all_architectures(arch: str, tiny_target, tmp_path
     assert again.cfg.target_architecture == arch
 
 
-@pytest.mark.parametrize("head", ["eagle", "eagle3", "peagle"])
-def test_resume_is_exact(head: str, llama, samples, tmp_path: Path) -> None:  # noqa: ANN001
+@pytest.mark.parametrize(
+    ("head", "optimizer"),
+    [("eagle", "adamw"), ("eagle3", "adamw"), ("peagle", "adamw"), ("eagle3", "muon")],
+)
+def test_resume_is_exact(head: str, optimizer: str, llama, samples, tmp_path: Path) -> None:  # noqa: ANN001
     data = TrainData(llama, samples)
-    straight = train(cfg(tmp_path / "a", head=head, max_steps=6), data)
-    first = train(
-        cfg(tmp_path / "b", head=head, max_steps=6, checkpoint_every=2, stop_after=3), data
-    )
+    kw = {"head": head, "max_steps": 6, "optimizer": optimizer}
+    straight = train(cfg(tmp_path / "a", **kw), data)
+    first = train(cfg(tmp_path / "b", **kw, checkpoint_every=2, stop_after=3), data)
     assert first.steps == 3 and latest_checkpoint(tmp_path / "b").name == "step-00000003"
-    resumed = train(cfg(tmp_path / "b", head=head, max_steps=6, resume=True), data)
+    resumed = train(cfg(tmp_path / "b", **kw, resume=True), data)
     assert resumed.steps == 6
     a, b = straight.head.state_dict(), resumed.head.state_dict()
     for k in a:
@@ -87,3 +90,20 @@ def test_schedule_and_stream() -> None:
     seen = [tuple(stream.next()) for _ in range(3)]
     assert stream.state() == {"epoch": 1, "pos": 2}
     assert sorted(seen[0] + seen[1]) != list(range(5))  # an epoch drops the remainder
+
+
+def test_muon_takes_the_layer_matrices_adamw_the_rest(llama, samples) -> None:  # noqa: ANN001
+    head = HEAD_KINDS["peagle"].build(llama, samples, cfg(None, head="peagle"))
+    opt, sched = make_optimizer(head, cfg(None, head="peagle", optimizer="muon", lr=1e-3))
+    muon, adamw = opt.members
+    assert isinstance(muon, Muon) and isinstance(adamw, torch.optim.AdamW)
+    names = {id(p): n for n, p in head.named_parameters()}
+    in_muon = {names[id(p)] for g in muon.param_groups for p in g["params"]}
+    in_adamw = {names[id(p)] for g in adamw.param_groups for p in g["params"]}
+    assert "fc.weight" in in_muon and "layers.0.self_attn.q_proj.weight" in in_muon
+    assert {"lm_head.weight", "norm.weight", "mask_hidden"} <= in_adamw
+    assert not in_muon & in_adamw and "embed_tokens.weight" not in in_muon | in_adamw
+    assert all(p.ndim == 2 for g in muon.param_groups for p in g["params"])
+    assert sched.get_last_lr() == [pytest.approx(1e-3 / 2)]  # warm-up step 1 of 2
+    with pytest.raises(ValueError, match="unknown optimizer 'sgd'"):
+        make_optimizer(head, cfg(None, optimizer="sgd"))

@@ -78,15 +78,22 @@ class ReferenceDraft:
         x = torch.cat([self.rms(emb, "layers.0.input_layernorm.weight"), hidden], -1)
         res = self.attention(x, pos) + res
         prenorm = self.mlp(self.rms(res, "layers.0.post_attention_layernorm.weight")) + res
-        draft_logits = self.rms(prenorm, "norm.weight") @ self.w["lm_head.weight"].T
+        normed = self.rms(prenorm, "norm.weight")
+        draft_logits = normed @ self.w["lm_head.weight"].T
         # compute_logits: scatter draft logits into the target vocabulary via d2t
         full = draft_logits.new_full((tokens.shape[0], self.embed.shape[0]), float("-inf"))
         targets = torch.arange(draft_logits.shape[-1]) + self.w["d2t"]
         full[:, targets] = draft_logits
-        return full, prenorm
+        return full, (normed if self.cfg.get("norm_output") else prenorm)
 
     def fuse(self, aux: torch.Tensor) -> torch.Tensor:
-        return aux @ self.w["fc.weight"].T if self.eagle3 else aux
+        """combine_hidden_states: optional input_norm over all aux states, then fc."""
+        if not self.eagle3:
+            return aux
+        eagle = self.cfg.get("eagle_config") or {}
+        if eagle.get("norm_before_fc", self.cfg.get("norm_before_fc", False)):
+            aux = self.rms(aux, "input_norm.weight")
+        return aux @ self.w["fc.weight"].T
 
     def chain(self, tokens: torch.Tensor, features: torch.Tensor, k: int) -> list[int]:
         """tokens [n + 1] (context + next token), features [n, *] -> k greedy drafts.

@@ -71,3 +71,26 @@ def test_no_loss_without_assistant_tokens(llama, samples) -> None:  # noqa: ANN0
     batch = HeadBatch(x, torch.zeros_like(x, dtype=torch.bool), torch.ones_like(x))
     out = head.loss(batch, llama.capture(x))
     assert out.step_counts == [0, 0, 0] and float(out.loss.detach()) == 0.0
+
+
+def test_norm_before_fc_and_norm_output(llama, samples) -> None:  # noqa: ANN001
+    """norm_before_fc: fc reads RMS-normalised aux states (so their scale does not matter);
+    norm_output: the hidden handed to the next step is the final norm's output."""
+    plain = make_head(llama, samples, norm_before_fc=False, norm_output=False).eval()
+    normed = make_head(llama, samples, norm_before_fc=True, norm_output=True).eval()
+    assert normed.input_norm is not None and plain.input_norm is None
+    x = torch.tensor([samples[0].input_ids[:8]])
+    aux = llama.capture(x).aux
+    eps = normed.cfg.rms_norm_eps
+    by_hand = aux * torch.rsqrt(aux.pow(2).mean(-1, keepdim=True) + eps)  # weight starts at 1
+    torch.testing.assert_close(normed.combine(aux), normed.fc(by_hand))
+    torch.testing.assert_close(normed.combine(7.0 * aux), normed.combine(aux), rtol=1e-2, atol=0)
+    assert not torch.allclose(plain.combine(7.0 * aux), plain.combine(aux), rtol=1e-2, atol=0)
+    pos, mask = torch.arange(8).unsqueeze(0), causal_mask(8)
+    logits, hidden, _ = normed.step(x, normed.combine(aux), pos, mask)
+    # norm.weight starts at ones, so the handed-on rows have unit RMS ...
+    torch.testing.assert_close(hidden.pow(2).mean(-1), torch.ones(1, 8), atol=1e-4, rtol=0)
+    # ... and they are exactly what lm_head reads
+    torch.testing.assert_close(normed.lm_head(hidden), logits)
+    _, pre, _ = plain.step(x, plain.combine(aux), pos, mask)
+    assert (pre.pow(2).mean(-1) - 1).abs().max() > 1e-2
