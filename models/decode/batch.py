@@ -9,11 +9,13 @@
 
 A step: (1) admit waiting requests (up to ``max_num_seqs`` active): each is prefilled on its
 own (a batch-1 forward, exactly as ``SpeculativeEngine``) and its KV joins ``BatchKV`` as a
-new row; (2) every active request drafts on its own (chain / parallel / EAGLE-2 tree, with
-its own head KV cache, sampling parameters and generator); (3) one target forward verifies
-all rows' tokens (padded, per-row positions and masks, see batch_kv.py); (4) every row
-verifies and emits like ``SpeculativeEngine`` and keeps its accepted KV columns; finished
-rows leave. Drafting is per request (B x K head steps a step); only the target is batched.
+new row; (2) every active request drafts with its own head KV cache, sampling parameters and
+generator; chain and parallel drafts of all rows come from batched head forwards (K - 1
+head steps a step for the whole batch, or one for P-EAGLE: batch_draft.py), EAGLE-2 trees
+are built row by row; (3) one target forward verifies all rows' tokens (padded, per-row
+positions and masks, see batch_kv.py); (4) every row verifies and emits like
+``SpeculativeEngine`` and keeps its accepted KV columns, then the accepted tokens of all
+rows enter their head caches in one batched head forward; finished rows leave.
 Each request keeps its own ``SpecStats``, merged into ``engine.stats`` when it finishes.
 All modes share the batched verification (a tree is just a row with a tree mask). With
 ``adaptive`` one controller serves the batch: K is read once per step for every row and
@@ -33,7 +35,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from models.decode import batch_draft
 from models.decode.batch_kv import BatchKV
+from models.decode.drafter import HeadDrafter
 from models.decode.engine import DecodeMode, SpeculativeEngine, _Request
 from models.decode.runner import StepOutput
 from models.decode.sampling import target_probs, verify_greedy, verify_rejection
@@ -85,6 +89,8 @@ class BatchEngine(SpeculativeEngine):
         self.waiting: deque[tuple[_Slot, list[int]]] = deque()
         self.active: list[_Slot] = []  # active[b] is BatchKV row b
         self._next_id = 0
+        # head slots to commit after a batched verification: (drafter, tokens, features)
+        self._deferred: list[tuple[HeadDrafter, list[int], torch.Tensor]] | None = None
 
     # ---- public ------------------------------------------------------------------------
     def submit(
@@ -126,19 +132,23 @@ class BatchEngine(SpeculativeEngine):
         if not self.active:
             return events
         assert self.kv is not None
-        k = self.current_k
-        plans = [self._plan(s.req, k) for s in self.active]
+        plans = self._plans(self.current_k)
         t0 = time.perf_counter()
         logits, last, aux = self.kv.forward(
             [p.tokens for p in plans], [p.depths for p in plans], [p.local for p in plans]
         )
         verify_s = time.perf_counter() - t0
-        for b, (slot, plan) in enumerate(zip(self.active, plans, strict=True)):
-            n = len(plan.tokens)
-            out = StepOutput(logits[b, :n], last[b, :n], None if aux is None else aux[b, :n])
-            emitted, kept = self._verify(slot.req, plan, out, verify_s)
-            self.kv.commit(b, kept)
-            events.append((slot.rid, emitted, slot.req.done))
+        self._deferred = []
+        try:
+            for b, (slot, plan) in enumerate(zip(self.active, plans, strict=True)):
+                n = len(plan.tokens)
+                out = StepOutput(logits[b, :n], last[b, :n], None if aux is None else aux[b, :n])
+                emitted, kept = self._verify(slot.req, plan, out, verify_s)
+                self.kv.commit(b, kept)
+                events.append((slot.rid, emitted, slot.req.done))
+            self._extend_deferred(self._deferred)
+        finally:
+            self._deferred = None
         self._retire([b for b, s in enumerate(self.active) if s.req.done])
         return events
 
@@ -191,7 +201,44 @@ class BatchEngine(SpeculativeEngine):
         self.stats.merge(slot.req.stats)
         self.request_stats = slot.req.stats
 
-    # ---- per-row drafting and verification ------------------------------------------------
+    # ---- drafting and verification ---------------------------------------------------------
+    def _plans(self, k: int) -> list[_Plan]:
+        """Every active row's plan: chain / parallel drafts in batched head forwards when all
+        rows draft with one head (models/decode/batch_draft.py), else row by row."""
+        reqs = [s.req for s in self.active]
+        drafters = [r.drafter for r in reqs]
+        if self.mode not in (DecodeMode.CHAIN, DecodeMode.PARALLEL) or not batch_draft.batchable(
+            drafters
+        ):
+            return [self._plan(r, k) for r in reqs]
+        t0 = time.perf_counter()
+        draft = batch_draft.draft_parallel if self.mode is DecodeMode.PARALLEL else (
+            batch_draft.draft_chain)
+        rows = draft(drafters, k, [r.params for r in reqs], [r.gen for r in reqs])  # type: ignore[arg-type]
+        draft_s = time.perf_counter() - t0  # the batch's drafting time, as verify_s below
+        causal = torch.ones(k + 1, k + 1, dtype=torch.bool).tril()
+        return [_Plan([r.pending, *drafts], list(range(k + 1)), causal, k, drafts, q,
+                      draft_s=draft_s) for r, (drafts, q) in zip(reqs, rows, strict=True)]
+
+    def _finish_round(self, req, drafter, new, out, rows):  # type: ignore[no-untyped-def]
+        """As the batch-1 engine, but inside a batched step the head slots are committed
+        for all rows together after verification (``_extend_deferred``)."""
+        if self._deferred is None or type(drafter) is not HeadDrafter:
+            return super()._finish_round(req, drafter, new, out, rows)
+        emitted = self._emit(req, new)
+        if not req.done:
+            self._deferred.append((drafter, new, drafter.features(out, rows)))
+        return emitted
+
+    @staticmethod
+    def _extend_deferred(items: list[tuple[HeadDrafter, list[int], torch.Tensor]]) -> None:
+        drafters = [d for d, _, _ in items]
+        if batch_draft.batchable(drafters):  # type: ignore[arg-type]
+            batch_draft.extend(drafters, [t for _, t, _ in items], [f for _, _, f in items])
+            return
+        for drafter, tokens, feats in items:
+            drafter.extend(tokens, feats)
+
     def _plan(self, req: _Request, k: int) -> _Plan:
         drafter = req.drafter
         if drafter is None:
