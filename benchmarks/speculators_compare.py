@@ -16,10 +16,11 @@ Issue #3: train the same head with speculators 0.9.0 and report both acceptance 
 * Heads: 1 decoder layer, aux layers = our target's (2, 15, 27), draft vocabulary 8192 by
   training-token frequency (both libraries use the same rule; the report says whether the
   two vocabularies came out identical). Each library keeps its own recipe otherwise:
-  ours = ``train_heads.train_config("eagle3")`` (AdamW 1e-3, 20 warm-up steps, cosine,
-  3 TTT steps decayed 0.8, fp32); speculators = its defaults (Muon + AdamW 1e-3, linear
-  schedule, KL loss, norm_before_fc / norm_output / norm_before_residual) except fp32
-  hidden states: this CPU has no bf16 matmul units.
+  ours = ``train_heads.train_config("eagle3")`` (TrainConfig's recipe: Muon for the draft
+  layer's matrices + AdamW wd 0.01 for the rest, lr 1e-3, 20 warm-up steps, cosine, 3 TTT
+  steps weighted equally, norm_before_fc / norm_output / norm_before_residual, fp32);
+  speculators = its defaults (Muon + AdamW 1e-3, linear schedule, KL loss, the same three
+  norms) except fp32 hidden states.
 * Token budget: speculators packs samples into one ``--max-length`` sequence per step; we
   do not pack, so our batch size is chosen (unless ``--batch-size``) as the speculators run's
   mean real tokens per step / our mean sample length. Tokens per step and tokens seen are
