@@ -2,6 +2,7 @@
 
     python -m benchmarks.decode --target DIR --head DIR [--peagle-head DIR] \
         [--max-new-tokens 128] [--ks 3,5] [--concurrency 4,8] [--no-vllm] [--json PATH]
+        [--dtype float32|bfloat16]
 
 Prompts: the held-out examples of the built-in datasets (the same split as
 benchmarks/train_heads.py: never trained on), as two sets, ``chat`` (gsm8k, ultrachat) and
@@ -16,7 +17,10 @@ prompts at batch 1, temperature 0, in this one process, one row after another:
   workers.benchmark at concurrency 1 (HTTP and streaming included, so slightly pessimistic).
 
 Greedy decoding is lossless, so each row reports how many outputs differ from hf generate
-(0 expected; vLLM compares its own target-only row). Then ``--concurrency`` levels through the
+(0 expected in fp32; vLLM compares its own target-only row). ``--dtype bfloat16`` runs every
+row in bf16 (the baseline too): there a batched verification forward can round differently
+from a one-token step and flip a near-tie, so a few outputs may differ; the column shows how
+many. Then ``--concurrency`` levels through the
 OpenAI servers (embedded with and without the head, vLLM with and without), output tokens/s.
 """
 
@@ -137,7 +141,7 @@ def serve(args: argparse.Namespace, backend: str, log: Path, head: Path | None =
           k: int = 3) -> ServerProcess:
     spec = ServerSpec(model_dir=Path(args.target), served_name="smol", port=free_port(),
                       backend=backend, head_dir=head, num_speculative_tokens=k,
-                      dtype="float32", max_model_len=2048)
+                      dtype=args.dtype, max_model_len=2048)
     server = ServerProcess(spec, log)
     server.start(900.0)
     return server
@@ -271,6 +275,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--held-out", type=int, default=2)
     ap.add_argument("--concurrency", default="4,8")
     ap.add_argument("--no-vllm", action="store_true")
+    ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                    help="every row's weights and activations, HF rows and servers included")
     ap.add_argument("--out", type=Path, default=Path("/tmp/eaglenest-decode"))
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
@@ -287,10 +293,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     args.target = args.target or str(cached_smollm2())
     args.out.mkdir(parents=True, exist_ok=True)
-    target = load_target(args.target)
+    dtype = getattr(torch, args.dtype)
+    target = load_target(args.target, dtype=dtype)
     emb, lm = target.embed_weight(), target.lm_head_weight()
-    head = load_head(args.head, emb, lm).eval()
-    peagle = load_head(args.peagle_head, emb, lm).eval() if args.peagle_head else None
+    head = load_head(args.head, emb, lm).to(dtype).eval()
+    peagle = load_head(args.peagle_head, emb, lm).to(dtype).eval() if args.peagle_head else None
     texts = held_out_prompts(target, args.held_out)
     tok = target.tokenizer
     ids = {k: [list(tok(p, add_special_tokens=False)["input_ids"]) for p in v]

@@ -2,6 +2,7 @@
 
     python -m benchmarks.train_heads [--minutes 10] [--heads eagle,eagle3,peagle]
                                      [--data regen|builtin] [--ks 3,5] [--json PATH]
+                                     [--set FIELD=VALUE ...]
 
 Data: the five built-in datasets (models/data/builtin). The last ``--held-out`` examples of
 every file are held out: their first user turn is an evaluation prompt and they are never
@@ -25,7 +26,7 @@ import json
 import resource
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -191,15 +192,18 @@ def train_config(kind: str, **kw: Any) -> TrainConfig:
 
 
 def train_head(kind: str, data: TrainData, minutes: float, out: Path,
-               steps: int | None = None) -> tuple[Path, HeadFigures]:
+               steps: int | None = None, overrides: dict[str, Any] | None = None,
+               ) -> tuple[Path, HeadFigures]:
     """Train for ``minutes`` of wall clock (the cosine schedule sized to end with it), or
-    for exactly ``steps`` steps when given (robust on a shared machine: CPU time is shown)."""
+    for exactly ``steps`` steps when given (robust on a shared machine: CPU time is shown).
+    ``overrides``: TrainConfig fields set on top of ``train_config`` (``--set``)."""
     target = data.target
+    extra = dict(overrides or {})
     if steps:
-        config = train_config(kind, max_steps=steps)
+        config = train_config(kind, max_steps=steps, **extra)
     else:
-        config = train_config(kind, max_steps=estimated_steps(kind, data, minutes),
-                              max_seconds=60 * minutes)
+        config = train_config(kind, max_steps=estimated_steps(kind, data, minutes, extra=extra),
+                              max_seconds=60 * minutes, **extra)
     cpu0 = _cpu_seconds()
     with PeakRss() as rss:
         result = train(config, data)
@@ -210,14 +214,15 @@ def train_head(kind: str, data: TrainData, minutes: float, out: Path,
     return head_dir, figures
 
 
-def estimated_steps(kind: str, data: TrainData, minutes: float, probe_steps: int = 4) -> int:
+def estimated_steps(kind: str, data: TrainData, minutes: float, probe_steps: int = 4,
+                    extra: dict[str, Any] | None = None) -> int:
     """Steps the budget allows, so the cosine decay ends with the budget.
 
     The first epoch runs the target once per sample (cache misses), later ones only the
     head: both step costs are timed (the same batches twice, on a throw-away cache) and
     the budget is spent as first-epoch steps at the miss cost, the rest at the hit cost.
     """
-    probe = train_config(kind, max_steps=probe_steps, warmup_steps=1)
+    probe = train_config(kind, **{**(extra or {}), "max_steps": probe_steps, "warmup_steps": 1})
     scratch = TrainData(data.target, data.samples, cache=CaptureCache(
         data.target, data.samples, 1 << 30))
     shared_hits = data.cache is not None and len(data.cache.entries) == len(data.samples)
@@ -286,7 +291,40 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--eval-tokens", type=int, default=96)
     p.add_argument("--out", type=Path, default=Path("/tmp/eaglenest-train-heads"))
     p.add_argument("--json", type=Path, default=None)
-    return p.parse_args(argv)
+    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                   help="a TrainConfig field for every head, e.g. --set ttt_steps=5 (repeatable)")
+    args = p.parse_args(argv)
+    args.overrides = parse_overrides(args.set)
+    return args
+
+
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """["ttt_steps=5", "optimizer=adamw"] -> TrainConfig fields, typed like their defaults."""
+    defaults = {f.name: f.default for f in fields(TrainConfig)}
+    out: dict[str, Any] = {}
+    for item in items:
+        name, sep, raw = item.partition("=")
+        if not sep or name not in defaults:
+            raise SystemExit(f"--set {item!r}: expected FIELD=VALUE with a TrainConfig field")
+        default = defaults[name]
+        if isinstance(default, bool):
+            out[name] = raw.lower() in ("1", "true", "yes")
+        elif isinstance(default, int | float) and not isinstance(default, bool):
+            out[name] = type(default)(raw)
+        elif raw.lower() == "none":
+            out[name] = None
+        else:
+            out[name] = _number_or_text(raw) if default is None else raw
+    return out
+
+
+def _number_or_text(raw: str) -> int | float | str:
+    for kind in (int, float):
+        try:
+            return kind(raw)
+        except ValueError:
+            pass
+    return raw
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -309,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     data = TrainData(target, samples, args.data)
     data.cache = CaptureCache(target, samples, 8 << 30)  # shared: later heads skip the target
     for kind in args.heads.split(","):
-        head_dir, fig = train_head(kind, data, args.minutes, args.out, args.steps)
+        head_dir, fig = train_head(kind, data, args.minutes, args.out, args.steps, args.overrides)
         for k in ks:
             fig.tau[k], fig.accepted_per_position[k] = measure_tau(
                 target_dir, head_dir, k, prompts, args.eval_tokens, args.out / f"{kind}-k{k}.log")

@@ -10,7 +10,11 @@ candidate depth K it predicts
 
 and picks the K with the best tokens(K) / cost(K). Positions never reached reuse the
 deepest estimate, so the controller explores one step beyond what it has seen when that
-looks worthwhile. Example: a = [0.9, 0.8, 0.5], draft step 5 ms, verify 100 ms flat ->
+looks worthwhile. With ``k_min = 0`` (chain and parallel drafting) K = 0 is a candidate
+too: a plain round, tokens 1 at the cost of a one-token verification, chosen when drafts
+stop paying (a batch that is already compute-bound, text the head cannot predict). Plain
+rounds record no acceptance, so the decayed counts drift back to the prior and the
+controller tries drafting again after a while (about 10 rounds with the defaults). Example: a = [0.9, 0.8, 0.5], draft step 5 ms, verify 100 ms flat ->
 tokens(1..3) = 1.9, 2.62, 2.98; cost = 105, 110, 115 ms -> rates 18.1, 23.8, 25.9 tok/s ->
 K = 3 (and K = 4 is tried next if a_4 ~ 0.5 keeps paying).
 """
@@ -81,8 +85,9 @@ class AdaptiveDepth:
             self.reached[j] += 1.0
             if j < accepted:
                 self.accepted[j] += 1.0
-        step = draft_seconds if self.parallel else draft_seconds / max(k, 1)
-        self.step_cost = step if self.step_cost is None else _ema(self.step_cost, step, self)
+        if k > 0:  # a plain round (K = 0) drafted nothing: it says nothing of the step cost
+            step = draft_seconds if self.parallel else draft_seconds / k
+            self.step_cost = step if self.step_cost is None else _ema(self.step_cost, step, self)
         old = self.verify_cost.get(size)
         self.verify_cost[size] = verify_seconds if old is None else _ema(old, verify_seconds, self)
 
@@ -91,7 +96,8 @@ class AdaptiveDepth:
         step = self.step_cost or 0.0
         best_k, best_rate = self.k_min, -1.0
         for k in range(self.k_min, self.k_max + 1):
-            cost = (step if self.parallel else k * step) + self.verify_seconds(size_of(k))
+            drafting = 0.0 if k == 0 else (step if self.parallel else k * step)
+            cost = drafting + self.verify_seconds(size_of(k))
             rate = self.expected_tokens(k) / max(cost, 1e-9)
             if rate > best_rate:
                 best_k, best_rate = k, rate

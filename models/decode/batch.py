@@ -78,9 +78,12 @@ class BatchEngine(SpeculativeEngine):
         mode: DecodeMode | str = DecodeMode.CHAIN,
         max_num_seqs: int = 8,
         compact_slack: int = 32,
+        batched_drafting: bool = True,
         **kw: object,
     ) -> None:
+        """``batched_drafting=False`` drafts row by row (the benchmark's side-by-side row)."""
         super().__init__(target, head, mode, **kw)  # type: ignore[arg-type]
+        self.batched_drafting = batched_drafting
         if "linear_attention" in (getattr(self.model.config, "layer_types", None) or []):
             raise ValueError("batched decoding needs an attention-only target")
         self.max_num_seqs = max(1, max_num_seqs)
@@ -207,9 +210,8 @@ class BatchEngine(SpeculativeEngine):
         rows draft with one head (models/decode/batch_draft.py), else row by row."""
         reqs = [s.req for s in self.active]
         drafters = [r.drafter for r in reqs]
-        if self.mode not in (DecodeMode.CHAIN, DecodeMode.PARALLEL) or not batch_draft.batchable(
-            drafters
-        ):
+        batched = self.batched_drafting and self.mode in (DecodeMode.CHAIN, DecodeMode.PARALLEL)
+        if not batched or not batch_draft.batchable(drafters):
             return [self._plan(r, k) for r in reqs]
         t0 = time.perf_counter()
         draft = batch_draft.draft_parallel if self.mode is DecodeMode.PARALLEL else (
@@ -223,7 +225,7 @@ class BatchEngine(SpeculativeEngine):
     def _finish_round(self, req, drafter, new, out, rows):  # type: ignore[no-untyped-def]
         """As the batch-1 engine, but inside a batched step the head slots are committed
         for all rows together after verification (``_extend_deferred``)."""
-        if self._deferred is None or type(drafter) is not HeadDrafter:
+        if self._deferred is None or not self.batched_drafting or type(drafter) is not HeadDrafter:
             return super()._finish_round(req, drafter, new, out, rows)
         emitted = self._emit(req, new)
         if not req.done:

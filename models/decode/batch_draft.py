@@ -73,6 +73,8 @@ def draft_chain(
     gens: list[torch.Generator | None],
 ) -> list[Draft]:
     """k drafts per row, one batched head step per draft after the first (as draft_chain)."""
+    if k <= 0:
+        return [([], None) for _ in drafters]
     picks = [d.pick(d.last_logits, p, g) for d, p, g in  # type: ignore[arg-type]
              zip(drafters, params, gens, strict=True)]
     rows: list[list[tuple[int, torch.Tensor | None]]] = [[pk] for pk in picks]
@@ -98,6 +100,8 @@ def draft_parallel(
     gens: list[torch.Generator | None],
 ) -> list[Draft]:
     """P-EAGLE: k drafts per row from ONE batched forward over k - 1 mask slots per row."""
+    if k <= 0:
+        return [([], None) for _ in drafters]
     head = drafters[0].head
     assert isinstance(head, PEagleHead)
     logit_rows: list[list[torch.Tensor]] = [[d.last_logits] for d in drafters]  # type: ignore[misc]

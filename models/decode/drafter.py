@@ -102,9 +102,12 @@ class HeadDrafter:
     def draft_chain(
         self, k: int, params: SamplingParams, gen: torch.Generator | None
     ) -> tuple[list[int], torch.Tensor | None]:
-        """k drafts one head step at a time: (target ids, q [k, vocab] or None if greedy)."""
+        """k drafts one head step at a time: (target ids, q [k, vocab] or None if greedy).
+        k = 0 (an adaptive plain round) drafts nothing: ([], None)."""
         assert self.last_logits is not None and self.last_out is not None
         self.crop()
+        if k <= 0:
+            return [], None
         drafts, qs = [], []
         logits, hidden = self.last_logits, self.last_out
         for j in range(k):
@@ -131,6 +134,8 @@ class HeadDrafter:
         """
         assert isinstance(self.head, PEagleHead) and self.last_logits is not None
         self.crop()
+        if k <= 0:
+            return [], None
         rows = [self.last_logits]
         if k > 1:
             tokens, hidden = self.head.mask_slots(1, k - 1)  # [1, k-1], [1, k-1, hidden]

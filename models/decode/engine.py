@@ -102,8 +102,10 @@ class SpeculativeEngine:
         start = depth if self.mode is DecodeMode.TREE else k
         self.controller: AdaptiveDepth | None = None
         if adaptive and self.mode is not DecodeMode.PLAIN:
-            self.controller = AdaptiveDepth(
-                k_max=max(k_max, start), parallel=self.mode is DecodeMode.PARALLEL
+            self.controller = AdaptiveDepth(  # chain / parallel may also choose plain rounds
+                k_min=1 if self.mode is DecodeMode.TREE else 0,
+                k_max=max(k_max, start),
+                parallel=self.mode is DecodeMode.PARALLEL,
             )
         self.current_k = start
         self.stats = SpecStats()

@@ -153,3 +153,30 @@ def test_mode_validation(llama, make_head) -> None:  # noqa: ANN001
     with pytest.raises(ValueError):
         SpeculativeEngine(llama, make_head(llama, "eagle3"), DecodeMode.PARALLEL)
     assert SpeculativeEngine(llama, None, "tree").mode is DecodeMode.PLAIN
+
+
+@pytest.mark.parametrize("mode", ["chain", "parallel"])
+def test_adaptive_plain_rounds_are_lossless_and_not_counted_as_drafts(
+    mode, llama, make_head  # noqa: ANN001
+) -> None:
+    """The controller picks K = 0 on every other round (pinned): those rounds run the target
+    on the pending token alone, keep the head's cache in step, and are no draft rounds."""
+    from models.decode.batch import BatchEngine
+
+    head = make_head(llama, "peagle" if mode == "parallel" else "eagle3")
+    base = SpeculativeEngine(llama, None).generate_ids(PROMPTS[0], 24)
+    for engine in (SpeculativeEngine(llama, head, mode, k=3, adaptive=True),
+                   BatchEngine(llama, head, mode, k=3, adaptive=True)):
+        assert engine.controller is not None and engine.controller.k_min == 0
+        rows = 2 if isinstance(engine, BatchEngine) else 1  # each row's round asks once
+        picks = iter(([0] * rows + [3] * rows) * 100)
+        engine.controller.choose = lambda size_of, picks=picks: next(picks)  # type: ignore[method-assign]
+        if isinstance(engine, BatchEngine):
+            outs = engine.generate_batch([PROMPTS[0], PROMPTS[0]], 24)
+        else:
+            outs = [engine.generate_ids(PROMPTS[0], 24)]
+        assert all(o == base for o in outs)
+        st = engine.stats
+        plain_rounds = st.num_target_forwards - len(outs) - st.num_drafts  # minus prefills
+        assert st.num_drafts > 0 and plain_rounds > 0
+        assert st.num_draft_tokens == 3 * st.num_drafts

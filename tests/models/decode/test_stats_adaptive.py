@@ -45,3 +45,32 @@ def test_verify_cost_interpolation() -> None:
     ctl.verify_cost = {2: 1.0, 6: 2.0}
     assert ctl.verify_seconds(4) == 1.5
     assert ctl.verify_seconds(8) == 2.0 * 1.1
+
+
+def test_adaptive_goes_plain_when_drafts_do_not_pay_then_tries_again() -> None:
+    """k_min=0: rejected drafts make K = 0 (a plain round) the best rate; plain rounds add no
+    acceptance evidence, the counts decay to the prior and drafting is tried again."""
+    ctl = AdaptiveDepth(k_min=0, k_max=8)
+    for _ in range(30):
+        ctl.update(4, 0, draft_seconds=0.02, verify_seconds=0.1, size=5)
+    ctl.update(0, 0, draft_seconds=0.0, verify_seconds=0.06, size=1)
+    assert ctl.step_cost is not None and abs(ctl.step_cost - 0.005) < 1e-9  # plain: unchanged
+    assert ctl.choose(lambda k: k + 1) == 0
+    rounds = 0
+    while ctl.choose(lambda k: k + 1) == 0 and rounds < 200:
+        ctl.update(0, 0, draft_seconds=0.0, verify_seconds=0.06, size=1)
+        rounds += 1
+    assert 0 < rounds < 200 and ctl.choose(lambda k: k + 1) >= 1
+    # with k_min=1 (tree depth) plain is never chosen
+    ctl = AdaptiveDepth(k_min=1, k_max=8)
+    for _ in range(30):
+        ctl.update(4, 0, draft_seconds=0.02, verify_seconds=0.1, size=5)
+    assert ctl.choose(lambda k: k + 1) == 1
+
+
+def test_parallel_plain_round_costs_no_draft_forward() -> None:
+    ctl = AdaptiveDepth(k_min=0, k_max=4, parallel=True, prior_weight=1e-9)
+    ctl.accepted, ctl.reached = [0.1], [1.0]  # drafts almost never accepted
+    ctl.step_cost, ctl.verify_cost = 0.05, {1: 0.1, 5: 0.1}
+    # K = 0: 1 token / 0.1 s beats K >= 1: ~1.1 tokens / 0.15 s
+    assert ctl.choose(lambda k: k + 1) == 0
