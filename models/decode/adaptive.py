@@ -14,7 +14,9 @@ looks worthwhile. With ``k_min = 0`` (chain and parallel drafting) K = 0 is a ca
 too: a plain round, tokens 1 at the cost of a one-token verification, chosen when drafts
 stop paying (a batch that is already compute-bound, text the head cannot predict). Plain
 rounds record no acceptance, so the decayed counts drift back to the prior and the
-controller tries drafting again after a while (about 10 rounds with the defaults). Example: a = [0.9, 0.8, 0.5], draft step 5 ms, verify 100 ms flat ->
+controller tries drafting again after a while (how long depends on the costs).
+
+Example: a = [0.9, 0.8, 0.5], draft step 5 ms, verify 100 ms flat ->
 tokens(1..3) = 1.9, 2.62, 2.98; cost = 105, 110, 115 ms -> rates 18.1, 23.8, 25.9 tok/s ->
 K = 3 (and K = 4 is tried next if a_4 ~ 0.5 keeps paying).
 """
