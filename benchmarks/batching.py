@@ -46,7 +46,7 @@ def random_head(target: Any, kind: str) -> torch.nn.Module:
 
 def measure(
     target: Any, head: Any, mode: str, prompts: list[list[int]], c: int, args: argparse.Namespace
-) -> tuple[float, float, float, int]:
+) -> tuple[float, float, float | None, int]:
     """(serial tok/s, batched tok/s, batched tok/s with per-row drafting, outputs that differ
     from serial) for c concurrent requests."""
     jobs = [prompts[i % len(prompts)] for i in range(c)]
@@ -56,7 +56,7 @@ def measure(
     one_by_one = [serial.generate_ids(p, args.max_new_tokens, stop_token_ids=stop) for p in jobs]
     t_serial = time.perf_counter() - t0
     rates, differ = [], 0
-    for batched_drafting in (True, False):
+    for batched_drafting in (True, False) if head is not None else (True,):
         batched = BatchEngine(target, head, mode, k=args.k, max_num_seqs=max(c, 1),
                               batched_drafting=batched_drafting)
         t0 = time.perf_counter()
@@ -64,7 +64,7 @@ def measure(
         rates.append(sum(len(o) for o in together) / (time.perf_counter() - t0))
         differ += sum(a != b for a, b in zip(one_by_one, together, strict=True))
     tokens = sum(len(o) for o in one_by_one)
-    return tokens / t_serial, rates[0], rates[1], differ
+    return tokens / t_serial, rates[0], (rates[1] if len(rates) > 1 else None), differ
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         for c in args.concurrency:
             serial, batched, per_row, differ = measure(target, h, mode, prompts, c, args)
             print(f"{name:12} {c:4d} {serial:13.2f} {batched:14.2f} {batched / serial:6.2f} "
-                  f"{per_row:23.2f} {differ:6d}", flush=True)
+                  f"{'-' if per_row is None else f'{per_row:.2f}':>23} {differ:6d}", flush=True)
     return 0
 
 

@@ -4,8 +4,9 @@ InitialInstanceCount processes (one port each) over one fetched copy of the mode
 Per-variant options come from the model container's `Environment` (documented in README):
 EAGLENEST_SERVING_BACKEND (vllm | embedded; default vllm when installed),
 EAGLENEST_NUM_SPECULATIVE_TOKENS (default: the K the head was trained/benchmarked with, else
-5), EAGLENEST_DECODE_MODE (embedded: chain | tree | parallel), EAGLENEST_MAX_MODEL_LEN,
-EAGLENEST_DTYPE. The head comes from the container's `eagle_model` channel.
+5), EAGLENEST_DECODE_MODE (embedded: chain | tree | parallel), EAGLENEST_ADAPTIVE (embedded:
+1 = K / tree depth chosen online), EAGLENEST_MAX_MODEL_LEN, EAGLENEST_DTYPE. The head comes
+from the container's `eagle_model` channel.
 """
 
 from __future__ import annotations
@@ -98,8 +99,14 @@ def _spec(plan: VariantPlan, model_dir: Path, head_dir: Path | None, served: str
     mode = plan.env.get("EAGLENEST_DECODE_MODE", "chain")
     if mode not in ("chain", "tree", "parallel"):
         raise DeployError(f"EAGLENEST_DECODE_MODE={mode!r} must be chain, tree or parallel")
+    adaptive = plan.env.get("EAGLENEST_ADAPTIVE", "0")
+    if adaptive not in ("0", "1"):
+        raise DeployError(f"EAGLENEST_ADAPTIVE={adaptive!r} must be 0 or 1")
+    if adaptive == "1" and backend != EMBEDDED:
+        raise DeployError("EAGLENEST_ADAPTIVE=1 needs EAGLENEST_SERVING_BACKEND=embedded "
+                          "(vLLM drafts a fixed num_speculative_tokens)")
     return ServerSpec(model_dir=model_dir, served_name=served, port=free_port(),
-                      backend=backend, head_dir=head_dir,
+                      backend=backend, head_dir=head_dir, adaptive=adaptive == "1",
                       num_speculative_tokens=_speculative_tokens(plan, head_dir), mode=mode,
                       dtype=plan.env.get("EAGLENEST_DTYPE", "float32"),
                       max_model_len=int(plan.env.get("EAGLENEST_MAX_MODEL_LEN", "2048")),

@@ -58,6 +58,7 @@ class ServerSpec:
     head_dir: Path | None = None
     num_speculative_tokens: int = 5
     mode: str = "chain"  # embedded only: chain | tree | parallel
+    adaptive: bool = False  # embedded only: K / depth chosen online (models/decode/adaptive.py)
     dtype: str = "float32"
     bind_host: str = "127.0.0.1"
     max_model_len: int = 2048
@@ -73,6 +74,8 @@ class ServerSpec:
         if self.head_dir:
             cmd += ["--head", str(self.head_dir), "--mode", self.mode,
                     "--num-speculative-tokens", str(self.num_speculative_tokens)]
+            if self.adaptive:
+                cmd.append("--adaptive")
         return cmd
 
     def _vllm(self) -> list[str]:

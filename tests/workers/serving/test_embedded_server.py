@@ -159,3 +159,34 @@ def test_concurrent_requests_equal_sequential(servers):
         if name == "spec":  # greedy: the same rounds, counted once each
             for key in ("drafts", "draft_tokens", "accepted"):
                 assert after[key] - middle[key] == middle[key] - before.get(key, 0), key
+
+
+def test_adaptive_server_is_lossless_alone_and_batched(servers, tmp_path, tiny_llama_dir,
+                                                       tiny_eagle3_dir):
+    """EAGLENEST_ADAPTIVE=1 endpoints run the server with --adaptive: K chosen per round (K = 0
+    included) must not change a greedy token, one request at a time or several together."""
+    spec = ServerSpec(model_dir=tiny_llama_dir, served_name="tiny", port=free_port(),
+                      backend=EMBEDDED, head_dir=tiny_eagle3_dir, num_speculative_tokens=3,
+                      max_model_len=256, adaptive=True)
+    assert "--adaptive" in spec.command()
+    proc = ServerProcess(spec, tmp_path / "adaptive.log")
+    proc.start(health_timeout=120)
+    try:
+        url = proc.base_url
+        want = [complete(servers["base"], p, max_tokens=n)["choices"][0]["text"]
+                for p, n in zip(PROMPTS * 2, LENGTHS, strict=True)]
+        alone = [complete(url, p, max_tokens=n)["choices"][0]["text"]
+                 for p, n in zip(PROMPTS * 2, LENGTHS, strict=True)]
+        assert alone == want
+
+        async def together() -> list[str]:
+            async with httpx.AsyncClient(timeout=120) as client:
+                replies = await asyncio.gather(*[client.post(f"{url}/v1/completions", json={
+                    "model": "tiny", "prompt": p, "max_tokens": n, "temperature": 0})
+                    for p, n in zip(PROMPTS * 2, LENGTHS, strict=True)])
+            return [r.json()["choices"][0]["text"] for r in replies]
+
+        assert asyncio.run(together()) == want
+        assert parse_spec_counters(httpx.get(f"{url}/metrics").text)["drafts"] > 0
+    finally:
+        proc.stop()
