@@ -18,7 +18,8 @@ from torch import nn
 if TYPE_CHECKING:
     from models.train import TrainConfig
 
-__all__ = ["OPTIMIZERS", "Muon", "Optimizers", "lr_lambda", "make_optimizer", "orthogonalize"]
+__all__ = ["NS_DTYPES", "OPTIMIZERS", "Muon", "Optimizers", "lr_lambda", "make_optimizer",
+           "ns_dtype", "orthogonalize"]
 
 
 def lr_lambda(config: TrainConfig) -> Callable[[int], float]:
@@ -47,8 +48,10 @@ def make_optimizer(head: nn.Module, config: TrainConfig) -> tuple[Any, Any]:
         return opt, torch.optim.lr_scheduler.LambdaLR(opt, factor)
     muon = [p for n, p in named if _muon_param(n, p)]
     rest = [p for n, p in named if not _muon_param(n, p)]
+    device = muon[0].device if muon else torch.device("cpu")
     opts = [
-        Muon(muon, lr=config.muon_lr or config.lr, weight_decay=config.muon_weight_decay),
+        Muon(muon, lr=config.muon_lr or config.lr, weight_decay=config.muon_weight_decay,
+             ns_dtype=ns_dtype(config.muon_ns_dtype, device)),
         torch.optim.AdamW(rest, lr=config.lr, weight_decay=config.weight_decay),
     ]
     scheds = [torch.optim.lr_scheduler.LambdaLR(o, factor) for o in opts]
@@ -69,16 +72,45 @@ def _muon_param(name: str, param: torch.Tensor) -> bool:
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 
 
-def orthogonalize(g: torch.Tensor, steps: int = 5, eps: float = 1e-7) -> torch.Tensor:
+NS_DTYPES = ("auto", "float32", "bfloat16")
+
+
+def ns_dtype(setting: str, device: torch.device) -> torch.dtype:
+    """The dtype of Muon's Newton-Schulz matmuls: ``setting`` or, for "auto", bf16 on CUDA and
+    on CPUs with bf16 dot-product units (AVX512-BF16 or AMX), fp32 on other CPUs.
+
+    Measured on a 2-core AMD EPYC with AVX512-BF16: one step's orthogonalisations of an
+    EAGLE-3 head for SmolLM2 run 2.3x faster in bf16 than in fp32; an earlier machine without
+    those units ran bf16 2.4x slower than fp32 (torch.optim.Muon always uses bf16).
+    """
+    if setting not in NS_DTYPES:
+        raise ValueError(f"muon_ns_dtype must be one of {NS_DTYPES}, got {setting!r}")
+    if setting != "auto":
+        return getattr(torch, setting)
+    if device.type == "cuda" or _cpu_has_bf16_units():
+        return torch.bfloat16
+    return torch.float32
+
+
+def _cpu_has_bf16_units() -> bool:
+    cpu = getattr(torch, "cpu", None)  # private probes; absent on some builds: assume none
+    probes = [getattr(cpu, n, None) for n in ("_is_avx512_bf16_supported",
+                                              "_is_amx_tile_supported")]
+    return any(bool(p()) for p in probes if callable(p))
+
+
+def orthogonalize(g: torch.Tensor, steps: int = 5, eps: float = 1e-7,
+                  dtype: torch.dtype | None = None) -> torch.Tensor:
     """[rows, cols] -> approximately U V^T of g's SVD, by Newton-Schulz iteration.
 
-    Runs in bf16 on CUDA and in g's own dtype elsewhere: CPUs without bf16 matrix units run
-    bf16 matmuls several times slower than fp32 (torch.optim.Muon always uses bf16).
-    Worked example: g = diag(3, 0.5) -> about diag(0.71, 1.04): the direction is kept, the
-    scale of each singular value is not.
+    The iteration runs in ``dtype`` (default: bf16 on CUDA, g's own dtype elsewhere; Muon
+    passes ``ns_dtype``) and returns g's dtype. Worked example: g = diag(3, 0.5) -> about
+    diag(0.71, 1.04): the direction is kept, the scale of each singular value is not.
     """
     a, b, c = NS_COEFFICIENTS
-    x = g.bfloat16() if g.is_cuda else g.clone()
+    if dtype is None:
+        dtype = torch.bfloat16 if g.is_cuda else g.dtype
+    x = g.to(dtype, copy=True)
     tall = x.shape[0] > x.shape[1]
     if tall:  # iterate on the wide orientation: the Gram matrix is the smaller side
         x = x.T
@@ -99,10 +131,12 @@ class Muon(torch.optim.Optimizer):
     """
 
     def __init__(self, params: Any, lr: float = 1e-3, weight_decay: float = 0.1,
-                 momentum: float = 0.95, nesterov: bool = True, ns_steps: int = 5) -> None:
+                 momentum: float = 0.95, nesterov: bool = True, ns_steps: int = 5,
+                 ns_dtype: torch.dtype | None = None) -> None:
         defaults = dict(lr=lr, weight_decay=weight_decay, momentum=momentum,
                         nesterov=nesterov, ns_steps=ns_steps)
         super().__init__(params, defaults)
+        self.ns_dtype = ns_dtype  # None: orthogonalize's default (bf16 on CUDA, else fp32)
 
     @torch.no_grad()
     def step(self, closure: Any = None) -> None:  # type: ignore[override]
@@ -119,7 +153,7 @@ class Muon(torch.optim.Optimizer):
                 buf = state["momentum_buffer"]
                 buf.lerp_(p.grad, 1 - m)
                 update = p.grad.lerp(buf, m) if group["nesterov"] else buf
-                update = orthogonalize(update, group["ns_steps"])
+                update = orthogonalize(update, group["ns_steps"], dtype=self.ns_dtype)
                 p.mul_(1 - lr * group["weight_decay"])
                 p.add_(update, alpha=-lr * 0.2 * max(p.shape) ** 0.5)
 

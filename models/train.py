@@ -62,6 +62,7 @@ class TrainConfig:
     optimizer: str = "muon"  # Muon for the layer's matrices + AdamW for the rest, or "adamw"
     muon_lr: float | None = None  # default: lr (Muon's update is scaled to AdamW's RMS)
     muon_weight_decay: float = 0.1
+    muon_ns_dtype: str = "auto"  # Newton-Schulz matmuls: auto | float32 | bfloat16 (optim.py)
     mask_token_id: int | None = None  # P-EAGLE; default: pad, else eos
     checkpoint_every: int = 0  # 0: only the final save
     stop_after: int | None = None  # stop early at this step (schedule still spans max_steps)

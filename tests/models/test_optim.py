@@ -34,3 +34,48 @@ def test_muon_step_matches_torch_muon() -> None:
     moved_a, moved_b = ours.detach() - start, ref.detach() - start
     assert moved_a.abs().mean() > 5e-3  # it did move
     torch.testing.assert_close(moved_a, moved_b, rtol=0, atol=1.5e-2 * moved_b.abs().max().item())
+
+
+def test_ns_dtype_choice(monkeypatch) -> None:  # noqa: ANN001
+    import pytest
+
+    import models.optim as optim
+
+    cpu = torch.device("cpu")
+    assert optim.ns_dtype("float32", cpu) is torch.float32
+    assert optim.ns_dtype("bfloat16", cpu) is torch.bfloat16
+    monkeypatch.setattr(optim, "_cpu_has_bf16_units", lambda: True)
+    assert optim.ns_dtype("auto", cpu) is torch.bfloat16
+    monkeypatch.setattr(optim, "_cpu_has_bf16_units", lambda: False)
+    assert optim.ns_dtype("auto", cpu) is torch.float32
+    assert optim.ns_dtype("auto", torch.device("cuda")) is torch.bfloat16
+    with pytest.raises(ValueError, match="muon_ns_dtype must be one of .*'float16'"):
+        optim.ns_dtype("float16", cpu)
+
+
+def test_bf16_newton_schulz_is_close_to_fp32_and_keeps_the_dtype() -> None:
+    torch.manual_seed(0)
+    g = torch.randn(48, 144)
+    full = orthogonalize(g, dtype=torch.float32)
+    half = orthogonalize(g, dtype=torch.bfloat16)
+    assert half.dtype is torch.float32
+    assert not torch.equal(full, half)  # it really ran in bf16
+    assert ((full - half).norm() / full.norm()) < 0.05
+
+
+def test_muon_steps_in_the_chosen_dtype() -> None:
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(24, 64)) for _ in range(2)]
+    with torch.no_grad():
+        params[1].copy_(params[0])
+    start = params[0].detach().clone()
+    opts = [Muon([params[0]], lr=0.02, ns_dtype=torch.float32),
+            Muon([params[1]], lr=0.02, ns_dtype=torch.bfloat16)]
+    for _ in range(3):
+        grad = torch.randn(24, 64)
+        for p, o in zip(params, opts, strict=True):
+            p.grad = grad.clone()
+            o.step()
+    a, b = params[0].detach() - start, params[1].detach() - start
+    assert not torch.equal(a, b)
+    torch.testing.assert_close(a, b, rtol=0, atol=0.05 * a.abs().max().item())
