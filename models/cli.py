@@ -54,6 +54,9 @@ def _register_train(subparsers: Any) -> None:
     p.add_argument("--speculative-tokens", type=int, default=3)
     p.add_argument("--optimizer", choices=("muon", "adamw"), default="muon",
                    help="muon: Muon for the draft layer's matrices + AdamW for the rest")
+    p.add_argument("--muon-ns-dtype", choices=("auto", "float32", "bfloat16"), default="auto",
+                   help="Muon's Newton-Schulz matmuls; auto: bf16 on CUDA and on CPUs with "
+                   "bf16 units (AVX512-BF16 / AMX), else fp32")
     p.add_argument("--step-decay", type=float, default=1.0,
                    help="loss weight of draft step j is step_decay**j")
     p.add_argument("--norms", choices=("all", "none"), default="all",
@@ -137,6 +140,7 @@ def _train(args: argparse.Namespace, device: Any) -> int:
         parallel_depth=args.parallel_depth,
         draft_vocab_size=args.draft_vocab_size,
         optimizer=args.optimizer,
+        muon_ns_dtype=args.muon_ns_dtype,
         step_decay=args.step_decay,
         norm_before_fc=args.norms == "all",
         norm_output=args.norms == "all",

@@ -56,6 +56,8 @@ def test_train_command(tiny_dir, tmp_path: Path, capsys: pytest.CaptureFixture[s
             "64",
             "--max-samples",
             "4",
+            "--muon-ns-dtype",
+            "bfloat16",
             "--quiet",
         ]
     )
@@ -63,6 +65,8 @@ def test_train_command(tiny_dir, tmp_path: Path, capsys: pytest.CaptureFixture[s
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["steps"] == 2 and len(summary["step_accuracy"]) == 3
     assert (tmp_path / "h" / "config.json").is_file()
+    provenance = json.loads((tmp_path / "h" / "provenance.json").read_text())
+    assert provenance["train_config"]["muon_ns_dtype"] == "bfloat16"
 
 
 def test_train_command_reports_bad_data(tiny_dir, tmp_path: Path, capsys) -> None:  # noqa: ANN001
