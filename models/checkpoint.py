@@ -51,7 +51,7 @@ def head_kind(head: nn.Module) -> str:
 
 
 def _layer_config(cfg: HeadConfig) -> dict[str, Any]:
-    """The Llama fields vLLM builds the draft layer from (default RoPE, one layer)."""
+    """The Llama fields vLLM builds the draft layers from (default RoPE)."""
     return {
         "model_type": "llama",
         "hidden_size": cfg.hidden_size,
@@ -59,7 +59,7 @@ def _layer_config(cfg: HeadConfig) -> dict[str, Any]:
         "num_attention_heads": cfg.num_attention_heads,
         "num_key_value_heads": cfg.num_key_value_heads,
         "head_dim": cfg.head_dim,
-        "num_hidden_layers": 1,
+        "num_hidden_layers": cfg.num_layers,
         "hidden_act": cfg.hidden_act,
         "rms_norm_eps": cfg.rms_norm_eps,
         "rope_theta": cfg.rope_theta,
@@ -204,10 +204,13 @@ def read_head_config(folder: str | Path) -> tuple[str, HeadConfig]:
         norm_before_fc=bool(config.get("norm_before_fc", eagle.get("norm_before_fc", False))),
         norm_output=bool(config.get("norm_output", False)),
         mask_token_id=mask_id if kind == "peagle" else None,
+        num_layers=int(layer.get("num_hidden_layers") or 1),
         target_architecture=(config.get("eaglenest") or {}).get(
             "target_architecture", "LlamaForCausalLM"
         ),
     )
+    if kind == "eagle" and cfg.num_layers != 1:
+        raise ValueError(f"{folder}: EAGLE-1/2 heads have one layer, config says {cfg.num_layers}")
     if kind != "eagle" and not cfg.draft_vocab_size:
         cfg.draft_vocab_size = cfg.vocab_size
     return kind, cfg

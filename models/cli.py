@@ -52,6 +52,8 @@ def _register_train(subparsers: Any) -> None:
     p.add_argument("--ttt-steps", type=int, default=3)
     p.add_argument("--parallel-depth", type=int, default=4)
     p.add_argument("--speculative-tokens", type=int, default=3)
+    p.add_argument("--num-layers", type=int, default=1,
+                   help="EAGLE-3/P-EAGLE draft decoder layers (vLLM stacks them; EAGLE-2: 1)")
     p.add_argument("--optimizer", choices=("muon", "adamw"), default="muon",
                    help="muon: Muon for the draft layer's matrices + AdamW for the rest")
     p.add_argument("--muon-ns-dtype", choices=("auto", "float32", "bfloat16"), default="auto",
@@ -139,6 +141,7 @@ def _train(args: argparse.Namespace, device: Any) -> int:
         ttt_steps=args.ttt_steps,
         parallel_depth=args.parallel_depth,
         draft_vocab_size=args.draft_vocab_size,
+        num_layers=args.num_layers,
         optimizer=args.optimizer,
         muon_ns_dtype=args.muon_ns_dtype,
         step_decay=args.step_decay,

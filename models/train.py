@@ -54,6 +54,7 @@ class TrainConfig:
     keep_prob: float = 0.7  # P-EAGLE conditional drop-token keep probability
     step_decay: float = 1.0  # loss weight decay**j of draft step j (1.0: all steps equal)
     draft_vocab_size: int = 8192
+    num_layers: int = 1  # EAGLE-3 / P-EAGLE draft decoder layers (EAGLE-1/2: always 1)
     # EAGLE-3 / P-EAGLE layer recipe (all three read by vLLM): hidden_norm before the
     # residual, an RMSNorm on the aux states before fc, TTT steps fed the post-norm hidden
     norm_before_residual: bool = True
@@ -126,6 +127,7 @@ def _eagle3_config(target: Target, d2t: torch.Tensor, config: TrainConfig, **kw:
         norm_before_residual=config.norm_before_residual,
         norm_before_fc=config.norm_before_fc,
         norm_output=config.norm_output,
+        num_layers=config.num_layers,
         **kw,
     )
 
@@ -320,6 +322,9 @@ def _load_head(folder: str | Path, target: Target, kind: str) -> nn.Module:
 def train(config: TrainConfig, data: TrainData, device: str | torch.device = "cpu") -> TrainResult:
     if config.head not in HEAD_KINDS:
         raise ValueError(f"unknown head {config.head!r}; one of {sorted(HEAD_KINDS)}")
+    if config.num_layers < 1 or (config.head == "eagle" and config.num_layers != 1):
+        raise ValueError(f"num_layers={config.num_layers}: EAGLE-3 and P-EAGLE heads take 1 or "
+                         "more draft layers, EAGLE-1/2 heads exactly 1")
     place, device = distributed.setup(device)
     out = Path(config.out_dir) if config.out_dir else None
     torch.manual_seed(config.seed)

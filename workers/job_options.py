@@ -26,6 +26,7 @@ class JobOptions:
     seed: int = 0  # EAGLENEST_SEED
     max_length: int = 1024  # EAGLENEST_MAX_LENGTH (tokens per sample)
     draft_vocab_size: int = 8192  # EAGLENEST_DRAFT_VOCAB_SIZE (EAGLE-3 / P-EAGLE)
+    num_layers: int = 1  # EAGLENEST_NUM_LAYERS: draft decoder layers (EAGLE-3 / P-EAGLE)
     checkpoint_every: int = 50  # EAGLENEST_CHECKPOINT_EVERY
     dataset: str | None = None  # EAGLENEST_DATASET: built-in name(s), comma-separated
     regenerate: bool = False  # EAGLENEST_REGENERATE: 1 = target rewrites assistant turns
@@ -47,6 +48,7 @@ _INTS = {
     "EAGLENEST_SEED": ("seed", 0, 2**31 - 1),
     "EAGLENEST_MAX_LENGTH": ("max_length", 16, 1_000_000),
     "EAGLENEST_DRAFT_VOCAB_SIZE": ("draft_vocab_size", 16, 1_000_000),
+    "EAGLENEST_NUM_LAYERS": ("num_layers", 1, 16),
     "EAGLENEST_CHECKPOINT_EVERY": ("checkpoint_every", 0, 10_000_000),
     "EAGLENEST_HOLDOUT": ("holdout", 1, 10_000),
     "EAGLENEST_BENCH_MAX_TOKENS": ("bench_max_tokens", 1, 100_000),
@@ -99,4 +101,12 @@ def parse_options(env: dict[str, str] | None) -> JobOptions:
             if not levels:
                 raise OptionError(f"{name} must list concurrency levels, e.g. 1,2,4,8")
             kw["concurrency"] = tuple(levels)
+    _check_together(kw)
     return JobOptions(**kw)
+
+
+def _check_together(kw: dict[str, Any]) -> None:
+    """Constraints between variables (each one alone is already valid)."""
+    if kw.get("num_layers", 1) != 1 and kw.get("head") == "eagle":
+        raise OptionError(f"EAGLENEST_NUM_LAYERS={kw['num_layers']} needs an EAGLE-3 or P-EAGLE "
+                          "head; EAGLE-2 heads (EAGLENEST_HEAD=eagle) have one layer")

@@ -98,6 +98,9 @@ class Pipeline:
         if head_kind != "eagle" and support.head == "eagle":
             raise InputError(f"{support.architecture} supports only EAGLE-2 heads "
                              f"(EAGLENEST_HEAD=eagle), not {head_kind}")
+        if head_kind == "eagle" and self.options.num_layers != 1:
+            raise InputError(f"EAGLENEST_NUM_LAYERS={self.options.num_layers}: EAGLE-2 heads "
+                             f"(the {support.architecture} default) have one layer")
         self.stage("load data")
         examples = self.load_examples(fetch_data(self.store, self.sources, self.work / "data"))
         cut = len(examples) - self.options.holdout
@@ -142,7 +145,7 @@ class Pipeline:
             head=head, out_dir=str(out_dir), max_steps=self.options.max_steps,
             batch_size=self.options.batch_size, lr=self.options.lr, seed=self.options.seed,
             draft_vocab_size=min(self.options.draft_vocab_size, target.vocab_size),
-            checkpoint_every=self.options.checkpoint_every,
+            num_layers=self.options.num_layers, checkpoint_every=self.options.checkpoint_every,
             resume=latest_checkpoint(out_dir) is not None,
             init_head=str(init_head) if init_head else None,
             checkpoint_format="speculators" if head == "peagle" else "native",

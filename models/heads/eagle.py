@@ -55,6 +55,8 @@ class EagleLayer(nn.Module):
 class EagleHead(nn.Module):
     def __init__(self, cfg: HeadConfig) -> None:
         super().__init__()
+        if cfg.num_layers != 1:
+            raise ValueError(f"EAGLE-1/2 heads have one layer, not num_layers={cfg.num_layers}")
         self.cfg = cfg
         h = cfg.hidden_size
         self.embed_tokens = nn.Embedding(cfg.vocab_size, h)

@@ -5,6 +5,8 @@ Structure (the parameter names are what vLLM's ``Eagle3LlamaForCausalLM`` loads)
     input_norm: RMSNorm(n_aux * h), only with norm_before_fc  normalises the aux states
     fc:        Linear(n_aux * h -> h)                       fuses the target's aux states
     layers.0:  input_layernorm(embed) ++ hidden_norm(hidden) -> attention (2h -> h) -> MLP
+    layers.1+: (``num_layers`` > 1) plain pre-norm Llama layers on layer 0's output, as
+               vLLM's EAGLE-3 model stacks them (no embeddings, no hidden_norm)
     norm:      final RMSNorm;   lm_head: Linear(h -> draft_vocab)
     d2t / t2d: draft-id -> target-id offsets / target-vocab membership mask
     embed_tokens: the target's embeddings, frozen and not saved (vLLM shares the target's)
@@ -29,7 +31,9 @@ from models.heads.layers import (
     DraftMLP,
     HeadConfig,
     RMSNorm,
+    join_layers,
     shift_left,
+    split_layers,
     ttt_mask,
 )
 from models.heads.vocab import draft_to_target
@@ -69,6 +73,28 @@ class Eagle3Layer(nn.Module):
         return out, kv  # out is the pre-norm hidden state fed to the next draft step
 
 
+class DecoderLayer(nn.Module):
+    """A plain pre-norm Llama decoder layer: vLLM's EAGLE-3 layers after the first."""
+
+    def __init__(self, cfg: HeadConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = DraftAttention(cfg, input_size=cfg.hidden_size)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = DraftMLP(cfg)
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [batch, seq, hidden] the previous layer's output (pre-norm)
+        positions: torch.Tensor,  # [batch, seq]
+        mask: torch.Tensor,  # [batch or 1, seq, past + seq] bool
+        past: KV | None,
+    ) -> tuple[torch.Tensor, KV]:
+        attn, kv = self.self_attn(self.input_layernorm(x), positions, mask, past)
+        x = x + attn
+        return x + self.mlp(self.post_attention_layernorm(x)), kv
+
+
 class Eagle3Head(nn.Module):
     """EAGLE-3 head. ``d2t``/``t2d`` come from ``models.heads.vocab.build_draft_vocab``."""
 
@@ -85,7 +111,10 @@ class Eagle3Head(nn.Module):
         width = len(cfg.aux_layer_ids) * h
         self.input_norm = RMSNorm(width, cfg.rms_norm_eps) if cfg.norm_before_fc else None
         self.fc = nn.Linear(width, h, bias=False)
-        self.layers = nn.ModuleList([Eagle3Layer(cfg)])
+        if cfg.num_layers < 1:
+            raise ValueError(f"num_layers must be at least 1, got {cfg.num_layers}")
+        extra: list[nn.Module] = [DecoderLayer(cfg) for _ in range(cfg.num_layers - 1)]
+        self.layers = nn.ModuleList([Eagle3Layer(cfg), *extra])
         self.norm = RMSNorm(h, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(h, cfg.draft_vocab_size, bias=False)
         self.register_buffer("d2t", d2t.long().clone())
@@ -108,12 +137,18 @@ class Eagle3Head(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor, KV]:
         """One draft forward: (draft-vocab logits, hidden for the next step, keys/values).
 
-        The hidden handed on is the layer's pre-norm output, or the post-norm one when
-        ``norm_output`` is set.
+        The hidden handed on is the last layer's pre-norm output, or the post-norm one when
+        ``norm_output`` is set. With several layers the keys/values are stacked per layer
+        along the kv-heads dim (``split_layers``).
         """
-        out, kv = self.layers[0](self.embed_tokens(tokens), hidden, positions, mask, past)
+        pasts = split_layers(past, len(self.layers))
+        out, kv = self.layers[0](self.embed_tokens(tokens), hidden, positions, mask, pasts[0])
+        kvs = [kv]
+        for layer, layer_past in zip(self.layers[1:], pasts[1:], strict=True):
+            out, kv = layer(out, positions, mask, layer_past)
+            kvs.append(kv)
         normed = self.norm(out)
-        return self.lm_head(normed), (normed if self.cfg.norm_output else out), kv
+        return self.lm_head(normed), (normed if self.cfg.norm_output else out), join_layers(kvs)
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_to_target(draft_ids, self.d2t)

@@ -21,7 +21,7 @@ from transformers.activations import ACT2FN
 
 @dataclass
 class HeadConfig:
-    """Architecture of a draft head (one Llama-style decoder layer plus its extras)."""
+    """Architecture of a draft head (Llama-style decoder layers plus their extras)."""
 
     hidden_size: int
     num_attention_heads: int
@@ -40,6 +40,7 @@ class HeadConfig:
     norm_before_fc: bool = False  # EAGLE-3 / P-EAGLE: RMSNorm over the concatenated aux states
     norm_output: bool = False  # EAGLE-3 / P-EAGLE: next draft step gets the post-norm hidden
     mask_token_id: int | None = None  # P-EAGLE
+    num_layers: int = 1  # EAGLE-3 / P-EAGLE: layer 0 is EAGLE-3's, the rest plain Llama layers
     target_architecture: str = "LlamaForCausalLM"
     tie_word_embeddings: bool = False
 
@@ -118,6 +119,26 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 KV = tuple[torch.Tensor, torch.Tensor]  # keys, values: [batch, kv_heads, seq, head_dim]
+
+
+def split_layers(past: KV | None, layers: int) -> list[KV | None]:
+    """One head-level KV -> each layer's. A multi-layer head stacks its layers' keys/values
+    along the kv-heads dim, so decoding code that crops, pads or gathers along batch and seq
+    never needs to know how many layers the head has.
+
+    Example 2 layers, kv_heads=3: keys [1, 6, seq, d] -> layer 0 keys[:, 0:3], layer 1 [:, 3:6].
+    """
+    if past is None:
+        return [None] * layers
+    keys, values = past[0].chunk(layers, dim=1), past[1].chunk(layers, dim=1)
+    return list(zip(keys, values, strict=True))
+
+
+def join_layers(kvs: list[KV]) -> KV:
+    """Inverse of ``split_layers``: [batch, kv_heads, seq, d] x L -> [batch, L * kv_heads, ...]."""
+    if len(kvs) == 1:
+        return kvs[0]
+    return torch.cat([k for k, _ in kvs], dim=1), torch.cat([v for _, v in kvs], dim=1)
 
 
 class DraftAttention(nn.Module):

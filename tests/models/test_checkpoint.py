@@ -41,6 +41,8 @@ PLAIN = dict.fromkeys(NORMS, False)
         ("peagle", "native", PLAIN),
         ("peagle", "native", NORMS),
         ("peagle", "speculators", NORMS),
+        ("eagle3", "native", {**NORMS, "num_layers": 2}),
+        ("peagle", "speculators", {**NORMS, "num_layers": 3}),
     ],
 )
 def test_saved_head_drafts_match_vllm_reference(
@@ -49,16 +51,22 @@ def test_saved_head_drafts_match_vllm_reference(
     tmp_path: Path,
     head: str,
     fmt: str,
-    recipe: dict[str, bool],
+    recipe: dict[str, bool | int],
 ) -> None:
     model = trained(llama, samples, tmp_path, head, **recipe)
     out = save_head(model, tmp_path / "ckpt", verifier="/models/t", fmt=fmt, provenance={"x": 1})
     config = json.loads((out / "config.json").read_text())
     for key in EXPLICIT:
         assert key in config, key
+    layers = int(recipe.get("num_layers", 1))
+    assert config.get("transformer_layer_config", config)["num_hidden_layers"] == layers
+    weights = load_file(str(out / "model.safetensors"))
+    assert {k.split(".")[1] for k in weights if k.startswith("layers.")} == {
+        str(i) for i in range(layers)}
     for key, value in recipe.items():
-        assert config[key] is value, key
-    assert ("input_norm.weight" in load_file(str(out / "model.safetensors"))) is bool(
+        if key in NORMS:
+            assert config[key] is value, key
+    assert ("input_norm.weight" in weights) is bool(
         recipe.get("norm_before_fc")
     )
     ref = ReferenceDraft(out, llama.embed_weight(), llama.lm_head_weight())

@@ -58,6 +58,8 @@ def test_train_command(tiny_dir, tmp_path: Path, capsys: pytest.CaptureFixture[s
             "4",
             "--muon-ns-dtype",
             "bfloat16",
+            "--num-layers",
+            "2",
             "--quiet",
         ]
     )
@@ -67,6 +69,8 @@ def test_train_command(tiny_dir, tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert (tmp_path / "h" / "config.json").is_file()
     provenance = json.loads((tmp_path / "h" / "provenance.json").read_text())
     assert provenance["train_config"]["muon_ns_dtype"] == "bfloat16"
+    config = json.loads((tmp_path / "h" / "config.json").read_text())
+    assert config["num_hidden_layers"] == 2
 
 
 def test_train_command_reports_bad_data(tiny_dir, tmp_path: Path, capsys) -> None:  # noqa: ANN001

@@ -107,3 +107,14 @@ def test_muon_takes_the_layer_matrices_adamw_the_rest(llama, samples) -> None:  
     assert sched.get_last_lr() == [pytest.approx(1e-3 / 2)]  # warm-up step 1 of 2
     with pytest.raises(ValueError, match="unknown optimizer 'sgd'"):
         make_optimizer(head, cfg(None, optimizer="sgd"))
+
+
+def test_extra_layers_train_under_muon_and_layer_counts_are_checked(llama, samples) -> None:  # noqa: ANN001
+    result = train(cfg(None, head="eagle3", num_layers=2, max_steps=2), TrainData(llama, samples))
+    assert len(result.head.layers) == 2 and result.steps == 2
+    muon = make_optimizer(result.head, cfg(None, head="eagle3", num_layers=2))[0].members[0]
+    in_muon = {id(p) for g in muon.param_groups for p in g["params"]}
+    assert id(result.head.layers[1].self_attn.q_proj.weight) in in_muon
+    for head, layers in (("eagle", 2), ("eagle3", 0)):
+        with pytest.raises(ValueError, match=f"num_layers={layers}: EAGLE-3 and P-EAGLE heads"):
+            train(cfg(None, head=head, num_layers=layers), TrainData(llama, samples))

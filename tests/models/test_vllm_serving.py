@@ -147,9 +147,10 @@ def samples(smol: Target) -> list:
     return encode_examples(load_examples("gsm8k_training.jsonl"), smol.tokenizer, 160)
 
 
-def _train_and_save(kind: str, smol: Target, samples: list, out: Path) -> Path:
+def _train_and_save(kind: str, smol: Target, samples: list, out: Path, layers: int = 1) -> Path:
     config = TrainConfig(head=kind, max_steps=TRAIN_STEPS, warmup_steps=5, lr=1e-3,
-                         draft_vocab_size=4096, parallel_depth=K, progress=False, seed=0)
+                         draft_vocab_size=4096, parallel_depth=K, progress=False, seed=0,
+                         num_layers=layers)
     result = train(config, TrainData(smol, samples, "gsm8k_training.jsonl"))
     return save_head(result.head.eval(), out, verifier=str(smol.folder), fmt="native",
                      speculative_tokens=K)
@@ -166,13 +167,16 @@ def _engine_stats(smol: Target, head_dir: Path, kind: str,
     return outs, engine.stats
 
 
-@pytest.mark.parametrize("kind", ["eagle", "eagle3", "peagle"])
+@pytest.mark.parametrize("variant", ["eagle", "eagle3", "peagle", "peagle@2"])
 def test_vllm_serves_head_losslessly_with_matching_acceptance(
-    kind: str, smol: Target, smol_dir: Path, prompts: list[list[int]], samples: list,
+    variant: str, smol: Target, smol_dir: Path, prompts: list[list[int]], samples: list,
     baseline: Served, tmp_path: Path,
 ) -> None:
+    """``peagle@2``: a two-layer P-EAGLE head (vLLM stacks plain Llama layers after the
+    EAGLE-3 layer); its drafts and acceptance must match our engine's just the same."""
+    kind, _, layers = variant.partition("@")
     torch.manual_seed(0)
-    head_dir = _train_and_save(kind, smol, samples, tmp_path / "head")
+    head_dir = _train_and_save(kind, smol, samples, tmp_path / "head", int(layers or 1))
     expected = {"eagle": {"method": "eagle"}, "eagle3": {"method": "eagle3"},
                 "peagle": {"method": "eagle3", "parallel_drafting": True}}[kind]
     assert head_method(head_dir) == expected

@@ -37,8 +37,8 @@ class ReferenceDraft:
         rot = torch.cat([-x[..., d // 2 :], x[..., : d // 2]], -1)
         return x * cos + rot * sin
 
-    def attention(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:  # x [s, in]
-        c, p = self.layer_cfg, "layers.0.self_attn."
+    def attention(self, x: torch.Tensor, pos: torch.Tensor, layer: int = 0) -> torch.Tensor:
+        c, p = self.layer_cfg, f"layers.{layer}.self_attn."  # x [s, in]
         nh, nkv, hd = c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
         s = x.shape[0]
         q = (x @ self.w[p + "q_proj.weight"].T).view(s, nh, hd)
@@ -52,8 +52,8 @@ class ReferenceDraft:
         out = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v).reshape(s, nh * hd)
         return out @ self.w[p + "o_proj.weight"].T
 
-    def mlp(self, x: torch.Tensor) -> torch.Tensor:
-        p = "layers.0.mlp."
+    def mlp(self, x: torch.Tensor, layer: int = 0) -> torch.Tensor:
+        p = f"layers.{layer}.mlp."
         gate, up = x @ self.w[p + "gate_proj.weight"].T, x @ self.w[p + "up_proj.weight"].T
         return (F.silu(gate) * up) @ self.w[p + "down_proj.weight"].T
 
@@ -77,7 +77,14 @@ class ReferenceDraft:
             hidden = self.rms(hidden, "layers.0.hidden_norm.weight")
         x = torch.cat([self.rms(emb, "layers.0.input_layernorm.weight"), hidden], -1)
         res = self.attention(x, pos) + res
-        prenorm = self.mlp(self.rms(res, "layers.0.post_attention_layernorm.weight")) + res
+        h = self.mlp(self.rms(res, "layers.0.post_attention_layernorm.weight"))
+        # later layers, as vLLM's fused add-norm runs them: (h, res) -> norm(h + res), h + res
+        for i in range(1, self.layer_cfg["num_hidden_layers"]):
+            res = h + res
+            h = self.attention(self.rms(res, f"layers.{i}.input_layernorm.weight"), pos, i)
+            res = h + res
+            h = self.mlp(self.rms(res, f"layers.{i}.post_attention_layernorm.weight"), i)
+        prenorm = h + res
         normed = self.rms(prenorm, "norm.weight")
         draft_logits = normed @ self.w["lm_head.weight"].T
         # compute_logits: scatter draft logits into the target vocabulary via d2t

@@ -22,3 +22,15 @@ def test_bad_train_processes_names_the_variable(raw: str, message: str) -> None:
     with pytest.raises(OptionError) as exc:
         parse_options({"EAGLENEST_TRAIN_PROCESSES": raw})
     assert str(exc.value) == message
+
+
+def test_num_layers_is_read_and_checked_against_the_head() -> None:
+    assert parse_options({"EAGLENEST_NUM_LAYERS": "2"}).num_layers == 2
+    assert parse_options({}).num_layers == 1
+    with pytest.raises(OptionError) as exc:
+        parse_options({"EAGLENEST_NUM_LAYERS": "17"})
+    assert str(exc.value) == "EAGLENEST_NUM_LAYERS=17 must be between 1 and 16"
+    with pytest.raises(OptionError) as exc:
+        parse_options({"EAGLENEST_NUM_LAYERS": "2", "EAGLENEST_HEAD": "eagle"})
+    assert str(exc.value) == ("EAGLENEST_NUM_LAYERS=2 needs an EAGLE-3 or P-EAGLE head; "
+                              "EAGLE-2 heads (EAGLENEST_HEAD=eagle) have one layer")

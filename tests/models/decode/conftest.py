@@ -21,15 +21,18 @@ BUILDERS = {"eagle": _build_eagle, "eagle3": _build_eagle3, "peagle": _build_pea
 
 @pytest.fixture(scope="session")
 def make_head(samples: list[Sample]) -> Callable[[Target, str], nn.Module]:
-    """(target, kind) -> a random-initialised head of that kind for the target (cached)."""
+    """(target, kind) -> a random-initialised head of that kind for the target (cached).
+
+    ``kind`` may name a layer count: "eagle3@2" is a two-layer EAGLE-3 head."""
     built: dict[tuple[int, str], nn.Module] = {}
 
     def get(target: Target, kind: str) -> nn.Module:
         key = (id(target), kind)
         if key not in built:
             torch.manual_seed(0)
-            cfg = TrainConfig(head=kind, draft_vocab_size=64)
-            built[key] = BUILDERS[kind](target, samples, cfg).eval()
+            name, _, layers = kind.partition("@")
+            cfg = TrainConfig(head=name, draft_vocab_size=64, num_layers=int(layers or 1))
+            built[key] = BUILDERS[name](target, samples, cfg).eval()
         return built[key]
 
     return get

@@ -34,7 +34,9 @@ def _snapshot(d: HeadDrafter) -> tuple:
 
 
 @pytest.mark.parametrize(("kind", "draft"), [("eagle", "draft_chain"), ("eagle3", "draft_chain"),
-                                             ("peagle", "draft_parallel")])
+                                             ("peagle", "draft_parallel"),
+                                             ("eagle3@2", "draft_chain"),
+                                             ("peagle@3", "draft_parallel")])
 def test_batched_drafts_equal_each_rows_own(kind, draft, llama, make_head) -> None:  # noqa: ANN001
     head = make_head(llama, kind)
     greedy = SamplingParams(0.0, 1.0)
