@@ -209,8 +209,6 @@ def read_head_config(folder: str | Path) -> tuple[str, HeadConfig]:
             "target_architecture", "LlamaForCausalLM"
         ),
     )
-    if kind == "eagle" and cfg.num_layers != 1:
-        raise ValueError(f"{folder}: EAGLE-1/2 heads have one layer, config says {cfg.num_layers}")
     if kind != "eagle" and not cfg.draft_vocab_size:
         cfg.draft_vocab_size = cfg.vocab_size
     return kind, cfg
