@@ -2,7 +2,7 @@
 
     python -m benchmarks.decode --target DIR --head DIR [--peagle-head DIR] \
         [--max-new-tokens 128] [--ks 3,5] [--concurrency 4,8] [--no-vllm] [--json PATH]
-        [--dtype float32|bfloat16]
+        [--dtype float32|bfloat16] [--more-trees 6:24]
 
 Prompts: the held-out examples of the built-in datasets (the same split as
 benchmarks/train_heads.py: never trained on), as two sets, ``chat`` (gsm8k, ultrachat) and
@@ -11,7 +11,8 @@ prompts at batch 1, temperature 0, in this one process, one row after another:
 
 * ``hf generate``: transformers' ``generate`` (greedy, KV cache) - the baseline (1.00x);
 * ``hf prompt lookup``: transformers' prompt-lookup decoding (``prompt_lookup_num_tokens``);
-* ``ours plain``, ``ours chain K``, ``ours tree``, ``ours parallel K`` (P-EAGLE head),
+* ``ours plain``, ``ours chain K``, ``ours tree`` (``--depth/--topk/--total-tokens``, plus
+  one row per ``--more-trees`` DEPTH:TOTAL), ``ours parallel K`` (P-EAGLE head),
   ``ours chain adaptive`` and ``ours tree adaptive``: models.decode.SpeculativeEngine;
 * ``vllm`` and ``vllm eagle K``: vLLM's OpenAI server (when installed) through
   workers.benchmark at concurrency 1 (HTTP and streaming included, so slightly pessimistic).
@@ -117,6 +118,9 @@ def engine_rows(target: Target, head: Any, peagle: Any, args: argparse.Namespace
         rows[f"ours chain K={k}"] = SpeculativeEngine(model, head, "chain", k=k)
     rows[f"ours tree d={args.depth} top{args.topk} n={args.total_tokens}"] = SpeculativeEngine(
         model, head, "tree", **tree)
+    for d, n in args.more_trees:  # larger trees: more acceptance for a larger verification
+        rows[f"ours tree d={d} top{args.topk} n={n}"] = SpeculativeEngine(
+            model, head, "tree", depth=d, topk=args.topk, total_tokens=n)
     rows["ours chain adaptive"] = SpeculativeEngine(model, head, "chain", k=max(args.ks),
                                                     adaptive=True)
     rows["ours tree adaptive"] = SpeculativeEngine(model, head, "tree", adaptive=True, **tree)
@@ -272,6 +276,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--depth", type=int, default=5)
     ap.add_argument("--topk", type=int, default=4)
     ap.add_argument("--total-tokens", type=int, default=16)
+    ap.add_argument("--more-trees", default="6:24", help="extra fixed tree rows, DEPTH:TOTAL,...")
     ap.add_argument("--held-out", type=int, default=2)
     ap.add_argument("--concurrency", default="4,8")
     ap.add_argument("--no-vllm", action="store_true")
@@ -281,6 +286,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
     args.ks = [int(k) for k in args.ks.split(",")]
+    args.more_trees = [tuple(int(v) for v in t.split(":")) for t in args.more_trees.split(",") if t]
     args.concurrency = [int(c) for c in args.concurrency.split(",") if c]
     return args
 

@@ -25,6 +25,7 @@ from torch import nn
 
 from models.decode.adaptive import AdaptiveDepth
 from models.decode.drafter import HeadDrafter
+from models.decode.onednn import onednn_available, onednn_copy
 from models.decode.runner import StepOutput, TargetRunner
 from models.decode.sampling import (
     SamplingParams,
@@ -66,6 +67,11 @@ def _causal_lm(target: nn.Module) -> nn.Module:
     return target.model if isinstance(target, Target) else target
 
 
+def _fast(module: nn.Module, onednn: bool | None) -> nn.Module:
+    use = onednn_available(module) if onednn is None else onednn
+    return onednn_copy(module) if use else module
+
+
 class SpeculativeEngine:
     """Batch-1 speculative decoding of one target with an optional draft head."""
 
@@ -81,11 +87,14 @@ class SpeculativeEngine:
         total_tokens: int = 16,
         k_max: int = 8,
         drafter_factory: Callable[[], HeadDrafter] | None = None,
+        onednn: bool | None = None,
     ) -> None:
         """``drafter_factory`` replaces the head with any HeadDrafter-like draft source (tests
-        use oracle drafters); either it or ``head`` turns speculation on."""
-        self.model = _causal_lm(target).eval()
-        self.head = head.eval() if head is not None else None
+        use oracle drafters); either it or ``head`` turns speculation on. ``onednn``: run the
+        target's and head's linears through oneDNN (models/decode/onednn.py); None = where
+        it applies (float32 on CPU)."""
+        self.model = _fast(_causal_lm(target).eval(), onednn)
+        self.head = _fast(head.eval(), onednn) if head is not None else None
         self.drafter_factory = drafter_factory
         speculative = head is not None or drafter_factory is not None
         self.mode = DecodeMode(mode) if speculative else DecodeMode.PLAIN
@@ -182,7 +191,7 @@ class SpeculativeEngine:
         )
 
     def _prefill(self, req: _Request, prompt: list[int]) -> list[int]:
-        out = req.runner.forward(prompt)
+        out = req.runner.forward(prompt, last_logits_only=True)
         req.runner.commit(prompt, len(prompt))
         req.stats.num_target_forwards += 1
         first = self._pick(req, out.logits[-1])

@@ -89,9 +89,11 @@ class TargetRunner:
         tokens: list[int] | torch.Tensor,  # [q] new token ids
         depths: torch.Tensor | None = None,  # [q] offsets from self.length (tree); None: 0..q-1
         tree: torch.Tensor | None = None,  # [q, q] bool: new token i may see new token j
+        last_logits_only: bool = False,
     ) -> StepOutput:
         """Run the new tokens at positions length + depth; their keys are appended (not
-        committed: call ``commit`` / ``keep`` afterwards)."""
+        committed: call ``commit`` / ``keep`` afterwards). ``last_logits_only``: logits of
+        the last token only ([1, vocab]; a prefill needs no more), hidden states of all."""
         ids = torch.as_tensor(tokens, dtype=torch.long, device=self.device).view(1, -1)
         q = ids.shape[1]
         if depths is None:
@@ -101,7 +103,7 @@ class TargetRunner:
             self._snapshot = copy.deepcopy(self._recurrent_layers())
         mask = None if tree is None else self._mask(positions[0], tree)
         logits, last, aux = model_forward(
-            self.model, ids, positions, mask, self.cache, self.aux_layer_ids
+            self.model, ids, positions, mask, self.cache, self.aux_layer_ids, last_logits_only
         )
         first_aux = None if aux is None else aux[0]
         return StepOutput(logits=logits[0], last_hidden=last[0], aux=first_aux)
@@ -143,7 +145,7 @@ class TargetRunner:
             self._truncate(self.length)
             self._restore()
             if accepted:
-                self.forward(new_tokens[:accepted])
+                self.forward(new_tokens[:accepted], last_logits_only=True)
         else:
             self._truncate(self.length + accepted)
         self.length += accepted
@@ -183,9 +185,11 @@ def model_forward(
     mask: torch.Tensor | dict[str, torch.Tensor | None] | None,  # [B, 1, q, keys] or per type
     cache: DynamicCache,
     aux_layer_ids: list[int],
+    last_logits_only: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """One KV-cached forward of a causal LM: (logits [B, q, vocab] float32, final-norm hidden
-    [B, q, hidden], aux-layer inputs [B, q, n_aux * hidden] or None). Appends q keys."""
+    """One KV-cached forward of a causal LM: (logits [B, q, vocab] float32, or [B, 1, vocab]
+    for the last token with ``last_logits_only``; final-norm hidden [B, q, hidden]; aux-layer
+    inputs [B, q, n_aux * hidden] or None). Appends q keys."""
     grabbed: dict[int, torch.Tensor] = {}
     hooks = [
         model.model.layers[k].register_forward_pre_hook(_grab(grabbed, k), with_kwargs=True)
@@ -203,7 +207,7 @@ def model_forward(
         for h in hooks:
             h.remove()
     last = out.last_hidden_state  # [B, q, hidden]
-    logits = model.get_output_embeddings()(last).float()
+    logits = model.get_output_embeddings()(last[:, -1:] if last_logits_only else last).float()
     aux = None
     if aux_layer_ids:
         aux = torch.cat([grabbed[k] for k in aux_layer_ids], dim=-1)

@@ -100,10 +100,12 @@ def test_engine_drafts_the_whole_batch_in_k_minus_1_head_forwards(llama, make_he
         engine.submit(p, 30)
     engine.step()  # admits (prefill: one extend per row) and runs the first batched step
     calls = []
-    original = head.step
-    head.step = lambda *a, **kw: (calls.append(1), original(*a, **kw))[1]  # type: ignore[method-assign]
+    used = engine.head  # the engine's own (oneDNN-repacked) copy of the head
+    assert used is not None
+    original = used.step
+    used.step = lambda *a, **kw: (calls.append(1), original(*a, **kw))[1]  # type: ignore[method-assign]
     try:
         engine.step()
     finally:
-        del head.step
+        del used.step
     assert len(engine.active) == 3 and len(calls) == 3 + 1

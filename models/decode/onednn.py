@@ -1,0 +1,76 @@
+"""Target and head linears through oneDNN with pre-packed weights (CPU, float32).
+
+At decode shapes (one to a few dozen rows against a wide weight) PyTorch's default CPU
+float32 GEMM is slower than oneDNN's on some CPUs. Measured on the 2-core AMD EPYC dev
+machine, SmolLM2-135M's 30 layers of linears: 38.7 -> 32.0 ms at 1 row, 72.5 -> 54.0 ms at
+6 rows; its 576 x 49152 lm_head 10.4 -> 5.1 ms (1 row) and 23.6 -> 7.6 ms (6 rows).
+``onednn_copy(model)`` returns a copy of the module tree that shares every parameter with
+``model`` except the linears it repacks, so the original keeps its own numerics (a
+baseline can still run on it) and the copy costs one extra copy of the linear weights.
+The two give the same outputs up to float32 rounding (about 1e-6 on logits).
+"""
+
+from __future__ import annotations
+
+import copy
+import weakref
+
+import torch
+from torch import nn
+
+
+class OneDNNLinear(nn.Module):
+    """``nn.Linear`` inference through oneDNN with the weight reordered once into the
+    blocked layout its GEMM wants (``mkldnn._reorder_linear_weight``, the packing
+    TorchInductor uses on CPU); dense input and output, no per-call layout conversion."""
+
+    PACK_ROWS = 64  # batch-size hint for the packing: measured best from 1 to 100 rows
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.in_features = linear.in_features
+        self.out_features = linear.out_features
+        weight = linear.weight.detach()  # [out, in]
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, self.PACK_ROWS)
+        self.bias = None if linear.bias is None else linear.bias.detach()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
+        rows = x.reshape(-1, self.in_features)
+        out = torch.ops.mkldnn._linear_pointwise(rows, self.packed, self.bias, "none", [], "")
+        return out.view(*x.shape[:-1], self.out_features)
+
+
+def onednn_available(model: nn.Module) -> bool:
+    """True where the repacking applies: float32 weights on CPU, oneDNN built in."""
+    p = next(model.parameters())
+    return (
+        p.device.type == "cpu"
+        and p.dtype == torch.float32
+        and torch.backends.mkldnn.is_available()
+        and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+    )
+
+
+_COPIES: weakref.WeakKeyDictionary[nn.Module, nn.Module] = weakref.WeakKeyDictionary()
+
+
+def onednn_copy(model: nn.Module) -> nn.Module:
+    """A copy of ``model`` whose ``nn.Linear`` layers run through oneDNN; every other
+    parameter and buffer is shared with ``model`` (not copied). One copy per model object
+    (engines built on the same model share it); the weights are packed once, so a model
+    whose weights change afterwards needs a new object."""
+    fast = _COPIES.get(model)
+    if fast is None:
+        fast = _COPIES[model] = _repacked(model)
+    return fast
+
+
+def _repacked(model: nn.Module) -> nn.Module:
+    memo: dict[int, object] = {id(t): t for t in model.parameters()}
+    memo.update({id(t): t for t in model.buffers()})
+    fast = copy.deepcopy(model, memo)
+    for parent in list(fast.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is nn.Linear:
+                setattr(parent, name, OneDNNLinear(child))
+    return fast
