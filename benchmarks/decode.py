@@ -7,7 +7,8 @@
 Prompts: the held-out examples of the built-in datasets (the same split as
 benchmarks/train_heads.py: never trained on), as two sets, ``chat`` (gsm8k, ultrachat) and
 ``code`` (magicoder, opencodeinstruct, swebench), chat-templated. Every row runs the same
-prompts at batch 1, temperature 0, in this one process, one row after another:
+prompts at batch 1, temperature 0, in this one process, interleaved (prompt by prompt, every
+row in turn, so that drift in machine speed hits all rows alike):
 
 * ``hf generate``: transformers' ``generate`` (greedy, KV cache) - the baseline (1.00x);
 * ``hf prompt lookup``: transformers' prompt-lookup decoding (``prompt_lookup_num_tokens``);
@@ -77,20 +78,32 @@ def _truncate(ids: list[int], stop: int | None) -> list[int]:
     return ids[: ids.index(stop) + 1] if stop is not None and stop in ids else ids
 
 
-def time_rows(fn: Callable[[list[int]], tuple[list[int], SpecStats | None]],
-              prompts: list[list[int]]) -> tuple[float, float | None, list[list[int]]]:
-    outs, elapsed, stats = [], 0.0, SpecStats()
-    speculative = False
-    for ids in prompts:
-        t0 = time.perf_counter()
-        out, st = fn(ids)
-        elapsed += time.perf_counter() - t0
-        outs.append(out)
-        if st is not None:
-            speculative = True
-            stats.merge(st)
-    rate = sum(len(o) for o in outs) / max(elapsed, 1e-9)
-    return rate, (stats.acceptance_length if speculative else None), outs
+Fn = Callable[[list[int]], tuple[list[int], SpecStats | None]]
+
+
+def time_rows(fns: dict[str, Fn], prompts: list[list[int]],
+              ) -> dict[str, tuple[float, float | None, list[list[int]]]]:
+    """Every row on every prompt, interleaved: prompt by prompt, each row in turn (the order
+    reversed every other prompt), so that a drift in machine speed (this shared 2-core host
+    varies by 10-20% over minutes) hits all rows alike. Per row: (output tokens/s over all
+    prompts, acceptance length or None, outputs)."""
+    elapsed = dict.fromkeys(fns, 0.0)
+    outs: dict[str, list[list[int]]] = {name: [] for name in fns}
+    stats = {name: SpecStats() for name in fns}
+    speculative: set[str] = set()
+    names = list(fns)
+    for i, ids in enumerate(prompts):
+        for name in names if i % 2 == 0 else names[::-1]:
+            t0 = time.perf_counter()
+            out, st = fns[name](ids)
+            elapsed[name] += time.perf_counter() - t0
+            outs[name].append(out)
+            if st is not None:
+                speculative.add(name)
+                stats[name].merge(st)
+    return {name: (sum(len(o) for o in outs[name]) / max(elapsed[name], 1e-9),
+                   stats[name].acceptance_length if name in speculative else None, outs[name])
+            for name in names}
 
 
 def hf_rows(target: Target, n: int, eos: int | None) -> dict[str, Callable]:
@@ -221,12 +234,11 @@ def in_process(target: Target, head: Any, peagle: Any, sets: dict[str, list[list
     fns: dict[str, Callable] = hf_rows(target, n, eos)
     fns.update({name: engine_fn(e, n, eos)
                 for name, e in engine_rows(target, head, peagle, args).items()})
-    time_rows(fns["hf generate"], next(iter(sets.values()))[:1])  # warm-up
+    time_rows(fns, next(iter(sets.values()))[:1])  # warm-up (oneDNN primitives, caches)
     rows: list[Row] = []
     for set_name, prompts in sets.items():
         base: Row | None = None
-        for name, fn in fns.items():
-            rate, tau, outs = time_rows(fn, prompts)
+        for name, (rate, tau, outs) in time_rows(fns, prompts).items():
             ref = base.outputs if base else outs
             row = Row(name, set_name, rate, tau, sum(a != b for a, b in zip(outs, ref,
                                                                             strict=True)),

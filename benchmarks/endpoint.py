@@ -171,6 +171,38 @@ def _proxy_seconds(stack: Stack) -> float:
     raise RuntimeError("no eaglenest_runtime_proxy_seconds_total in the API's /metrics")
 
 
+def _set_affinity(pid: int, cpus: set[int]) -> None:
+    """Pin every thread of a process (sched_setaffinity acts on one thread id)."""
+    import os
+
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except (ProcessLookupError, PermissionError):
+            continue
+
+
+def pin(stack: Stack, server_cpus: set[int]) -> str:
+    """Model server(s) on ``server_cpus``, everything else (API, workers, this client) on
+    the other cores: a host with cores to spare beside its accelerator, emulated."""
+    import os
+
+    import psutil
+
+    assert stack.proc is not None
+    rest = set(range(os.cpu_count() or 1)) - server_cpus
+    if not rest:
+        raise SystemExit("--pin-server must leave at least one core to the API and client")
+    procs = [psutil.Process(stack.proc.pid), *psutil.Process(stack.proc.pid).children(True)]
+    servers = [p for p in procs if any(
+        name in " ".join(p.cmdline()) for name in ("workers.serving.embedded", "vllm"))]
+    on_server = {p.pid for p in servers} | {c.pid for p in servers for c in p.children(True)}
+    for proc in [*procs, psutil.Process()]:
+        _set_affinity(proc.pid, server_cpus if proc.pid in on_server else rest)
+    return (f"model server pids {sorted(on_server)} on cpus {sorted(server_cpus)}, "
+            f"the rest on {sorted(rest)}")
+
+
 def compare(paths: dict[str, Call], stack: Stack, requests: int, conc: int,
             rounds: int) -> dict[str, dict[str, float]]:
     """Interleaved rounds (the order reversed every other round), median per figure, after
@@ -201,6 +233,9 @@ def main() -> int:
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
                    help="an entry of the model container's Environment (repeatable), e.g. "
                         "OMP_NUM_THREADS=1 so the model server leaves a core to the proxy")
+    p.add_argument("--pin-server", default=None, metavar="CPUS",
+                   help="comma-separated cores for the model server; the API, workers and "
+                        "client get the others (use with OMP_NUM_THREADS to match)")
     args = p.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="eaglenest-bench-"))
     target = args.target
@@ -213,6 +248,8 @@ def main() -> int:
     try:
         url = deploy(stack, target, args.backend,
                      dict(kv.split("=", 1) for kv in args.env))
+        if args.pin_server:
+            print(pin(stack, {int(c) for c in args.pin_server.split(",")}))
         rt = stack.client("sagemaker-runtime")
         http = httpx.Client(limits=httpx.Limits(max_keepalive_connections=16))
         print(f"median of {args.rounds} interleaved rounds of {args.requests} requests, "
