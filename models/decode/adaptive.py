@@ -2,8 +2,13 @@
 
 The controller keeps exponentially decayed counts of the conditional acceptance at each
 position, a_j = P(draft j accepted | drafts < j accepted), and moving averages of the
-measured costs: one draft step, and a verification forward per number of tokens. For each
-candidate depth K it predicts
+measured costs: one draft step, and a verification forward as a linear function of its
+number of tokens, verify(n) = level * (1 + slope * (n - 1)). ``level`` follows every
+measurement quickly (the context length changes it: a long prompt's forwards cost more at
+every size); ``slope`` is learned slowly from consecutive rounds of different sizes (close in
+time, so at nearly the same context), whose cost ratio r = verify(n2) / verify(n1) gives
+slope = (r - 1) / ((n2 - 1) - r * (n1 - 1)). A table per size would mix the two: a size last
+measured on a long prompt would look dear long after. For each candidate depth K it predicts
 
     tokens(K) = 1 + sum_{j=1..K} prod_{i<=j} a_i          (expected tokens per round)
     cost(K)   = draft_cost(K) + verify_cost(size(K))      (seconds per round)
@@ -26,6 +31,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+MAX_SLOPE = 0.25  # per-token cost samples are clipped to +-25%: beyond is noise, not physics
+
 
 @dataclass
 class AdaptiveDepth:
@@ -34,12 +41,15 @@ class AdaptiveDepth:
     decay: float = 0.9  # per round: how fast old acceptance is forgotten
     prior_rate: float = 0.6  # prior conditional acceptance per position
     prior_weight: float = 2.0
-    smoothing: float = 0.3  # EMA weight of a new cost measurement
+    smoothing: float = 0.3  # EMA weight of a new cost measurement (draft step, level)
+    slope_smoothing: float = 0.1  # EMA weight of a new slope observation
     parallel: bool = False  # P-EAGLE: one draft forward per round whatever K is
     accepted: list[float] = field(default_factory=list)  # decayed accepts at position j
     reached: list[float] = field(default_factory=list)  # decayed rounds reaching position j
     step_cost: float | None = None  # seconds per draft step
-    verify_cost: dict[int, float] = field(default_factory=dict)  # tokens -> seconds
+    level: float | None = None  # seconds of a one-token verification, now
+    slope: float = 0.03  # extra cost per verified token, relative (prior: 3%)
+    last_verify: tuple[int, float] | None = None  # (tokens, seconds) of the last round
 
     def rate(self, j: int) -> float:
         """Conditional acceptance at 0-based position j (beyond the data: the last one)."""
@@ -58,21 +68,31 @@ class AdaptiveDepth:
         return total
 
     def verify_seconds(self, size: int) -> float:
-        """Measured cost for ``size`` tokens, else interpolated / extrapolated linearly."""
-        if size in self.verify_cost:
-            return self.verify_cost[size]
-        known = sorted(self.verify_cost)
-        if not known:
-            return 1.0
-        lower = [s for s in known if s < size]
-        upper = [s for s in known if s > size]
-        if lower and upper:
-            a, b = lower[-1], upper[0]
-            t = (size - a) / (b - a)
-            return self.verify_cost[a] * (1 - t) + self.verify_cost[b] * t
-        near = lower[-1] if lower else upper[0]
-        base = self.verify_cost[near]
-        return base * (1.0 + 0.05 * (size - near))  # assume +5% per token off the table
+        """Predicted seconds of a verification forward over ``size`` tokens."""
+        return (self.level or 1.0) * (1.0 + max(self.slope, 0.0) * (size - 1))
+
+    def new_context(self) -> None:
+        """A new request starts: its first round is no slope sample against the last one's
+        (different prompt lengths: the ratio would be the context's, not the size's)."""
+        self.last_verify = None
+
+    def _observe_verify(self, size: int, seconds: float) -> None:
+        """Example: slope 0.03, last round 6 tokens in 45 ms, this one 11 tokens in 54 ms:
+        r = 1.2 -> slope sample (1.2 - 1) / (10 - 1.2 * 5) = 0.05, weighted by the size gap
+        (5 of 8 -> 0.1 * 5 / 8) -> slope 0.03125; level sample 54 / (1 + 0.03125 * 10) = 41.1
+        ms. Samples are clipped to +-MAX_SLOPE (a one-token gap amplifies timing noise)."""
+        if self.last_verify is not None and self.last_verify[0] != size:
+            n1, t1 = self.last_verify
+            r = seconds / max(t1, 1e-9)
+            denom = (size - 1) - r * (n1 - 1)
+            if abs(denom) > 1e-9:
+                sample = min(max((r - 1) / denom, -MAX_SLOPE), MAX_SLOPE)
+                weight = self.slope_smoothing * min(1.0, abs(size - n1) / 8)  # far apart: surer
+                self.slope += weight * (sample - self.slope)
+        slope = max(self.slope, 0.0)  # noisy samples may go below 0 (unbiased mean)
+        base = seconds / (1.0 + slope * (size - 1))
+        self.level = base if self.level is None else _ema(self.level, base, self)
+        self.last_verify = (size, seconds)
 
     def update(
         self, k: int, accepted: int, draft_seconds: float, verify_seconds: float, size: int
@@ -90,8 +110,7 @@ class AdaptiveDepth:
         if k > 0:  # a plain round (K = 0) drafted nothing: it says nothing of the step cost
             step = draft_seconds if self.parallel else draft_seconds / k
             self.step_cost = step if self.step_cost is None else _ema(self.step_cost, step, self)
-        old = self.verify_cost.get(size)
-        self.verify_cost[size] = verify_seconds if old is None else _ema(old, verify_seconds, self)
+        self._observe_verify(size, verify_seconds)
 
     def choose(self, size_of: Callable[[int], int]) -> int:
         """Best K in [k_min, k_max]; ``size_of(K)`` is the verification size for K."""

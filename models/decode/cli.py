@@ -29,6 +29,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    p.add_argument("--no-onednn", action="store_true",
+                   help="stock PyTorch linears (default on CPU in float32: oneDNN-packed)")
     p.set_defaults(func=cmd_generate)
 
 
@@ -53,6 +55,7 @@ def build_engine(args: argparse.Namespace) -> tuple[SpeculativeEngine, Any]:
         topk=args.topk,
         total_tokens=args.total_tokens,
         adaptive=args.adaptive,
+        onednn=False if getattr(args, "no_onednn", False) else None,
     )
     return engine, target.tokenizer
 

@@ -172,6 +172,8 @@ class SpeculativeEngine:
         seed: int | None,
     ) -> _Request:
         drafter = None
+        if self.controller is not None:
+            self.controller.new_context()
         if self.mode is not DecodeMode.PLAIN:
             factory = self.drafter_factory
             drafter = factory() if factory is not None else HeadDrafter(self.head)  # type: ignore[arg-type]

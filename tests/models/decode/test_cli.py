@@ -26,3 +26,13 @@ def test_generate_command(tmp_path, tiny_dir, llama, make_head, capsys) -> None:
                               "--prompt", "hi", "--max-new-tokens", "4", "--temperature", "0.7",
                               "--seed", "1"])
     assert args.func(args) == 0 and "[plain]" in capsys.readouterr().out
+
+
+def test_generate_no_onednn_keeps_stock_linears(tiny_dir) -> None:  # noqa: ANN001
+    parser = argparse.ArgumentParser()
+    cli.register(parser.add_subparsers())
+    base = ["generate", "--target", str(tiny_dir("LlamaForCausalLM")), "--prompt", "hi"]
+    stock, _ = cli.build_engine(parser.parse_args([*base, "--no-onednn"]))
+    packed, _ = cli.build_engine(parser.parse_args(base))
+    assert not any(type(m).__name__ == "OneDNNLinear" for m in stock.model.modules())
+    assert any(type(m).__name__ == "OneDNNLinear" for m in packed.model.modules())

@@ -24,7 +24,7 @@ def test_stats_docstring_example() -> None:
 def test_adaptive_docstring_example() -> None:
     ctl = AdaptiveDepth(k_max=3, prior_weight=1e-9)
     ctl.accepted, ctl.reached = [0.9, 0.8, 0.5], [1.0, 1.0, 1.0]
-    ctl.step_cost, ctl.verify_cost = 0.005, {2: 0.1, 4: 0.1}
+    ctl.step_cost, ctl.level, ctl.slope = 0.005, 0.1, 0.0  # verify 100 ms flat
     assert [round(ctl.expected_tokens(k), 2) for k in (1, 2, 3)] == [1.9, 2.62, 2.98]
     assert ctl.choose(lambda k: k + 1) == 3
 
@@ -40,11 +40,28 @@ def test_adaptive_shrinks_on_rejection_and_grows_on_acceptance() -> None:
     assert ctl.choose(lambda k: k + 1) >= 5
 
 
-def test_verify_cost_interpolation() -> None:
-    ctl = AdaptiveDepth()
-    ctl.verify_cost = {2: 1.0, 6: 2.0}
-    assert ctl.verify_seconds(4) == 1.5
-    assert ctl.verify_seconds(8) == 2.0 * 1.1
+def test_verify_cost_docstring_example() -> None:
+    ctl = AdaptiveDepth(slope=0.03)
+    ctl.update(5, 5, draft_seconds=0.01, verify_seconds=0.045, size=6)
+    ctl.update(10, 10, draft_seconds=0.02, verify_seconds=0.054, size=11)
+    assert abs(ctl.slope - 0.03125) < 1e-9
+    assert ctl.level is not None and abs(ctl.verify_seconds(11) - 0.054) < 0.002
+
+
+def test_verify_cost_follows_the_context_without_mixing_sizes() -> None:
+    """Size 4 measured on a short prompt (43 ms), then a long prompt: size 6 once (65 ms),
+    then size 4 (63 ms): size 6 is predicted at the long context's cost, not left dear
+    (what a per-size table gave) nor cheap."""
+    ctl = AdaptiveDepth(slope=0.02)
+    for _ in range(20):
+        ctl.update(3, 3, draft_seconds=0.006, verify_seconds=0.043, size=4)
+    ctl.new_context()
+    ctl.update(5, 5, draft_seconds=0.01, verify_seconds=0.065, size=6)
+    for _ in range(20):
+        ctl.update(3, 3, draft_seconds=0.006, verify_seconds=0.063, size=4)
+    assert abs(ctl.verify_seconds(4) - 0.063) < 1e-3
+    assert 0.063 < ctl.verify_seconds(6) < 0.068  # 63 ms + a few % per extra token
+    assert 0.0 <= ctl.slope <= 0.1
 
 
 def test_adaptive_goes_plain_when_drafts_do_not_pay_then_tries_again() -> None:
@@ -52,9 +69,9 @@ def test_adaptive_goes_plain_when_drafts_do_not_pay_then_tries_again() -> None:
     acceptance evidence, the counts decay to the prior and drafting is tried again."""
     ctl = AdaptiveDepth(k_min=0, k_max=8)
     for _ in range(30):
-        ctl.update(4, 0, draft_seconds=0.02, verify_seconds=0.1, size=5)
+        ctl.update(4, 0, draft_seconds=0.04, verify_seconds=0.1, size=5)
     ctl.update(0, 0, draft_seconds=0.0, verify_seconds=0.06, size=1)
-    assert ctl.step_cost is not None and abs(ctl.step_cost - 0.005) < 1e-9  # plain: unchanged
+    assert ctl.step_cost is not None and abs(ctl.step_cost - 0.01) < 1e-9  # plain: unchanged
     assert ctl.choose(lambda k: k + 1) == 0
     rounds = 0
     while ctl.choose(lambda k: k + 1) == 0 and rounds < 200:
@@ -64,13 +81,13 @@ def test_adaptive_goes_plain_when_drafts_do_not_pay_then_tries_again() -> None:
     # with k_min=1 (tree depth) plain is never chosen
     ctl = AdaptiveDepth(k_min=1, k_max=8)
     for _ in range(30):
-        ctl.update(4, 0, draft_seconds=0.02, verify_seconds=0.1, size=5)
+        ctl.update(4, 0, draft_seconds=0.04, verify_seconds=0.1, size=5)
     assert ctl.choose(lambda k: k + 1) == 1
 
 
 def test_parallel_plain_round_costs_no_draft_forward() -> None:
     ctl = AdaptiveDepth(k_min=0, k_max=4, parallel=True, prior_weight=1e-9)
     ctl.accepted, ctl.reached = [0.1], [1.0]  # drafts almost never accepted
-    ctl.step_cost, ctl.verify_cost = 0.05, {1: 0.1, 5: 0.1}
+    ctl.step_cost, ctl.level, ctl.slope = 0.05, 0.1, 0.0
     # K = 0: 1 token / 0.1 s beats K >= 1: ~1.1 tokens / 0.15 s
     assert ctl.choose(lambda k: k + 1) == 0
