@@ -11,15 +11,17 @@ slope = (r - 1) / ((n2 - 1) - r * (n1 - 1)). A table per size would mix the two:
 measured on a long prompt would look dear long after. For each candidate depth K it predicts
 
     tokens(K) = 1 + sum_{j=1..K} prod_{i<=j} a_i          (expected tokens per round)
-    cost(K)   = draft_cost(K) + verify_cost(size(K))      (seconds per round)
+    cost(K)   = draft_cost(K) + verify_cost(size(K)) + overhead   (seconds per round)
 
-and picks the K with the best tokens(K) / cost(K). Positions never reached reuse the
-deepest estimate, so the controller explores one step beyond what it has seen when that
-looks worthwhile. With ``k_min = 0`` (chain and parallel drafting) K = 0 is a candidate
-too: a plain round, tokens 1 at the cost of a one-token verification, chosen when drafts
-stop paying (a batch that is already compute-bound, text the head cannot predict). Plain
-rounds record no acceptance, so the decayed counts drift back to the prior and the
-controller tries drafting again after a while (how long depends on the costs).
+(overhead: the rest of a round, committing accepted tokens to the head and emitting them,
+measured by ``observe_round``) and picks the K with the best tokens(K) / cost(K).
+Positions never reached reuse the deepest estimate, so the controller explores one step
+beyond what it has seen when that looks worthwhile. With ``k_min = 0`` (chain and parallel
+drafting) K = 0 is a candidate too: a plain round, tokens 1 at the cost of a one-token
+verification, chosen when drafts stop paying (a batch that is already compute-bound, text
+the head cannot predict). Plain rounds record no acceptance, so the decayed counts drift
+back to the prior and the controller tries drafting again after a while (how long depends
+on the costs).
 
 Example: a = [0.9, 0.8, 0.5], draft step 5 ms, verify 100 ms flat ->
 tokens(1..3) = 1.9, 2.62, 2.98; cost = 105, 110, 115 ms -> rates 18.1, 23.8, 25.9 tok/s ->
@@ -50,6 +52,8 @@ class AdaptiveDepth:
     level: float | None = None  # seconds of a one-token verification, now
     slope: float = 0.03  # extra cost per verified token, relative (prior: 3%)
     last_verify: tuple[int, float] | None = None  # (tokens, seconds) of the last round
+    overhead: float = 0.0  # seconds per round outside drafting and verification
+    _last_parts: float = 0.0  # drafting + verification seconds of the last update
 
     def rate(self, j: int) -> float:
         """Conditional acceptance at 0-based position j (beyond the data: the last one)."""
@@ -111,6 +115,13 @@ class AdaptiveDepth:
             step = draft_seconds if self.parallel else draft_seconds / k
             self.step_cost = step if self.step_cost is None else _ema(self.step_cost, step, self)
         self._observe_verify(size, verify_seconds)
+        self._last_parts = draft_seconds + verify_seconds
+
+    def observe_round(self, seconds: float) -> None:
+        """The whole round's seconds (after ``update``): what drafting and verification do
+        not explain (committing the accepted tokens to the head, emitting) is a fixed cost
+        per round, which makes deeper rounds relatively cheaper."""
+        self.overhead = _ema(self.overhead, max(seconds - self._last_parts, 0.0), self)
 
     def choose(self, size_of: Callable[[int], int]) -> int:
         """Best K in [k_min, k_max]; ``size_of(K)`` is the verification size for K."""
@@ -118,7 +129,7 @@ class AdaptiveDepth:
         best_k, best_rate = self.k_min, -1.0
         for k in range(self.k_min, self.k_max + 1):
             drafting = 0.0 if k == 0 else (step if self.parallel else k * step)
-            cost = drafting + self.verify_seconds(size_of(k))
+            cost = drafting + self.verify_seconds(size_of(k)) + self.overhead
             rate = self.expected_tokens(k) / max(cost, 1e-9)
             if rate > best_rate:
                 best_k, best_rate = k, rate

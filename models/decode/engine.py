@@ -226,9 +226,15 @@ class SpeculativeEngine:
             out = req.runner.forward([req.pending])
             req.runner.commit([req.pending], 1)
             return self._emit(req, [self._pick(req, out.logits[0])])
+        start = time.perf_counter()
         if self.mode is DecodeMode.TREE:
-            return self._round_tree(req, req.drafter)
-        return self._round_chain(req, req.drafter)
+            emitted = self._round_tree(req, req.drafter)
+        else:
+            emitted = self._round_chain(req, req.drafter)
+        if self.controller is not None:  # the round's fixed cost (head extend, emit) counts too
+            self.controller.observe_round(time.perf_counter() - start)
+            self.current_k = self.controller.choose(self._size_of)
+        return emitted
 
     # ---- drafting rounds -----------------------------------------------------------------
     def _round_chain(self, req: _Request, drafter: HeadDrafter) -> list[int]:
@@ -294,8 +300,11 @@ class SpeculativeEngine:
         req.stats.verify_seconds += verify_s
         if self.controller is not None:
             self.controller.update(k, accepted, draft_s, verify_s, size)
-            size_of = self._tree_size if self.mode is DecodeMode.TREE else (lambda n: n + 1)
-            self.current_k = self.controller.choose(size_of)
+            self.current_k = self.controller.choose(self._size_of)
+
+    def _size_of(self, k: int) -> int:
+        """Tokens verified in a round of depth / K ``k``."""
+        return self._tree_size(k) if self.mode is DecodeMode.TREE else k + 1
 
     def _tree_size(self, depth: int) -> int:
         """Tree nodes (root included) for a depth: total_tokens scaled with the depth."""

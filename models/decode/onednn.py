@@ -6,7 +6,8 @@ machine, SmolLM2-135M's 30 layers of linears: 38.7 -> 32.0 ms at 1 row, 72.5 -> 
 6 rows; its 576 x 49152 lm_head 10.4 -> 5.1 ms (1 row) and 23.6 -> 7.6 ms (6 rows).
 ``onednn_copy(model)`` returns a copy of the module tree that shares every parameter with
 ``model`` except the linears it repacks, so the original keeps its own numerics (a
-baseline can still run on it) and the copy costs one extra copy of the linear weights.
+baseline can still run on it) and the copy costs one extra copy of the linear weights;
+``repack_linears(model)`` repacks in place (the embedded server: no second copy).
 The two give the same outputs up to float32 rounding (about 1e-6 on logits).
 """
 
@@ -58,19 +59,27 @@ def onednn_copy(model: nn.Module) -> nn.Module:
     """A copy of ``model`` whose ``nn.Linear`` layers run through oneDNN; every other
     parameter and buffer is shared with ``model`` (not copied). One copy per model object
     (engines built on the same model share it); the weights are packed once, so a model
-    whose weights change afterwards needs a new object."""
+    whose weights change afterwards needs a new object. A model already repacked (by
+    ``repack_linears``) is returned as it is."""
+    if is_repacked(model):
+        return model
     fast = _COPIES.get(model)
     if fast is None:
-        fast = _COPIES[model] = _repacked(model)
+        memo: dict[int, object] = {id(t): t for t in model.parameters()}
+        memo.update({id(t): t for t in model.buffers()})
+        fast = _COPIES[model] = repack_linears(copy.deepcopy(model, memo))
     return fast
 
 
-def _repacked(model: nn.Module) -> nn.Module:
-    memo: dict[int, object] = {id(t): t for t in model.parameters()}
-    memo.update({id(t): t for t in model.buffers()})
-    fast = copy.deepcopy(model, memo)
-    for parent in list(fast.modules()):
+def repack_linears(model: nn.Module) -> nn.Module:
+    """Replace ``model``'s ``nn.Linear`` layers by ``OneDNNLinear`` in place (no second
+    copy of the weights: for a process that only serves the model) and return it."""
+    for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if type(child) is nn.Linear:
                 setattr(parent, name, OneDNNLinear(child))
-    return fast
+    return model
+
+
+def is_repacked(model: nn.Module) -> bool:
+    return any(isinstance(m, OneDNNLinear) for m in model.modules())

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from torch import nn
@@ -59,3 +61,19 @@ def test_prefill_computes_last_logits_only(llama) -> None:  # noqa: ANN001
     assert full.logits.shape[0] == len(prompt) and last.logits.shape[0] == 1
     torch.testing.assert_close(last.logits[0], full.logits[-1])
     torch.testing.assert_close(last.last_hidden, full.last_hidden)  # every row's features
+
+
+def test_repack_in_place_is_not_copied_again(tiny_target) -> None:  # noqa: ANN001
+    """The embedded server repacks its own model in place; the engine then uses it as is."""
+    model = copy.deepcopy(tiny_target("Qwen2ForCausalLM").model)  # q/k/v with bias; own copy
+    ids = torch.tensor([[5, 17, 33, 80, 9]])
+    with torch.no_grad():
+        before = model(ids).logits
+    from models.decode.onednn import is_repacked, repack_linears
+
+    assert not is_repacked(model)
+    assert repack_linears(model) is model and is_repacked(model)
+    assert not any(type(m) is nn.Linear for m in model.modules())
+    assert SpeculativeEngine(model, None).model is model and onednn_copy(model) is model
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, before, atol=1e-4, rtol=1e-4)

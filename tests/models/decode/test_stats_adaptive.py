@@ -91,3 +91,19 @@ def test_parallel_plain_round_costs_no_draft_forward() -> None:
     ctl.step_cost, ctl.level, ctl.slope = 0.05, 0.1, 0.0
     # K = 0: 1 token / 0.1 s beats K >= 1: ~1.1 tokens / 0.15 s
     assert ctl.choose(lambda k: k + 1) == 0
+
+
+def test_round_overhead_favours_deeper_rounds() -> None:
+    """A fixed cost per round outside drafting and verification (head extend, emit) makes
+    a deeper round relatively cheaper: with it the controller picks a larger K."""
+    def trained(overhead_s: float) -> int:
+        ctl = AdaptiveDepth(k_max=8, slope=0.02, prior_weight=1e-9)
+        ctl.accepted, ctl.reached = [0.9, 0.85, 0.8, 0.75, 0.7, 0.65, 0.6, 0.55], [1.0] * 8
+        for _ in range(10):
+            ctl.update(4, 4, draft_seconds=0.012, verify_seconds=0.040, size=5)
+            ctl.accepted, ctl.reached = [0.9, 0.85, 0.8, 0.75, 0.7, 0.65, 0.6, 0.55], [1.0] * 8
+            ctl.observe_round(0.052 + overhead_s)
+        assert abs(ctl.overhead - overhead_s) < 1e-3
+        return ctl.choose(lambda k: k + 1)
+
+    assert trained(0.030) > trained(0.0)

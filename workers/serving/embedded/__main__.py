@@ -35,6 +35,7 @@ def build_server(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     from models.checkpoint import load_head
     from models.decode.batch import BatchEngine
     from models.decode.engine import DecodeMode, SpeculativeEngine
+    from models.decode.onednn import onednn_available, repack_linears
     from models.heads.peagle import PEagleHead
     from models.target import load_target
     from workers.serving.embedded.server import EmbeddedServer
@@ -49,6 +50,9 @@ def build_server(args: argparse.Namespace):  # type: ignore[no-untyped-def]
         if mode is DecodeMode.PARALLEL and not isinstance(head, PEagleHead):
             logging.warning("parallel drafting needs a P-EAGLE head; using chain drafting")
             mode = DecodeMode.CHAIN
+    for module in (target.model, head):  # this process only serves: repack in place
+        if module is not None and onednn_available(module):
+            repack_linears(module)
     kw = dict(k=args.num_speculative_tokens, adaptive=args.adaptive,
               depth=args.num_speculative_tokens)
     layer_types = getattr(target.model.config, "layer_types", None) or []
