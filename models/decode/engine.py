@@ -231,9 +231,8 @@ class SpeculativeEngine:
             emitted = self._round_tree(req, req.drafter)
         else:
             emitted = self._round_chain(req, req.drafter)
-        if self.controller is not None:  # the round's fixed cost (head extend, emit) counts too
-            self.controller.observe_round(time.perf_counter() - start)
-            self.current_k = self.controller.choose(self._size_of)
+        if self.controller is not None:  # the round's fixed cost (head extend, emit): for the
+            self.controller.observe_round(time.perf_counter() - start)  # next round's choice
         return emitted
 
     # ---- drafting rounds -----------------------------------------------------------------
