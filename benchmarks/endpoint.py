@@ -175,10 +175,14 @@ def _set_affinity(pid: int, cpus: set[int]) -> None:
     """Pin every thread of a process (sched_setaffinity acts on one thread id)."""
     import os
 
-    for tid in os.listdir(f"/proc/{pid}/task"):
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return
+    for tid in tids:
         try:
             os.sched_setaffinity(int(tid), cpus)
-        except (ProcessLookupError, PermissionError):
+        except OSError:  # gone meanwhile
             continue
 
 
@@ -194,8 +198,13 @@ def pin(stack: Stack, server_cpus: set[int]) -> str:
     if not rest:
         raise SystemExit("--pin-server must leave at least one core to the API and client")
     procs = [psutil.Process(stack.proc.pid), *psutil.Process(stack.proc.pid).children(True)]
-    servers = [p for p in procs if any(
-        name in " ".join(p.cmdline()) for name in ("workers.serving.embedded", "vllm"))]
+    def cmd(proc: psutil.Process) -> str:
+        try:
+            return " ".join(proc.cmdline())
+        except psutil.Error:  # exited or a zombie
+            return ""
+
+    servers = [p for p in procs if any(n in cmd(p) for n in ("workers.serving.embedded", "vllm"))]
     on_server = {p.pid for p in servers} | {c.pid for p in servers for c in p.children(True)}
     for proc in [*procs, psutil.Process()]:
         _set_affinity(proc.pid, server_cpus if proc.pid in on_server else rest)
