@@ -55,7 +55,7 @@ def build_engine(args: argparse.Namespace) -> tuple[SpeculativeEngine, Any]:
         topk=args.topk,
         total_tokens=args.total_tokens,
         adaptive=args.adaptive,
-        onednn=False if getattr(args, "no_onednn", False) else None,
+        onednn=False if args.no_onednn else None,
     )
     return engine, target.tokenizer
 
