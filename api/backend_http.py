@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -76,7 +76,8 @@ class _Conn(asyncio.Protocol):
 
 
 class BackendResponse:
-    """One response; its body is read on demand (`aiter_raw`, `aiter_lines`, `aread`)."""
+    """One response; its body is read on demand (`aiter_raw`, `aread`) or
+    handed to a callback as it arrives (`stream_to`, then `finished`)."""
 
     def __init__(self, client: BackendClient, key: tuple[str, int], conn: _Conn,
                  read_timeout: float) -> None:
@@ -89,6 +90,9 @@ class BackendResponse:
         self._keep_alive = True
         self._error: BaseException | None = None
         self._waiter: asyncio.Future[None] | None = None
+        #: stream_to's callback: body chunks go there from data_received, not to _chunks
+        self._sink: Callable[[bytes], None] | None = None
+        self._held = False  # reading paused by hold() (the sink's consumer is slow)
         #: time.monotonic() of the request's sending and of the last bytes received (the
         #: read timeout's reference; uvloop's loop.time() has millisecond steps)
         self.sent_at = self.last_data_at = time.monotonic()
@@ -107,6 +111,9 @@ class BackendResponse:
         self._keep_alive = self._parser.should_keep_alive()
 
     def on_body(self, body: bytes) -> None:
+        if self._sink is not None:
+            self._sink(body)
+            return
         self._chunks.append(body)
         self._buffered += len(body)
 
@@ -123,7 +130,8 @@ class BackendResponse:
         if self._buffered > HIGH_WATER and not self._paused and self._conn.transport:
             self._paused = True
             self._conn.transport.pause_reading()
-        self._wake()
+        if self._sink is None or self._complete or self._error is not None:
+            self._wake()  # a sink's reader waits for the end only: no task switch per chunk
 
     def _end(self, exc: Exception | None) -> None:
         self._ended = True
@@ -180,22 +188,48 @@ class BackendResponse:
             if self._error is not None:
                 raise self._error
             if self._ended:
-                if self.headers.get("content-length") is not None:
-                    raise BackendError("the model server closed the connection mid-reply")
-                self._keep_alive = False
+                self._ended_early()
                 break
             await self._wait()
         self.close()
 
-    async def aiter_lines(self) -> AsyncIterator[str]:
-        pending = b""
-        async for chunk in self.aiter_raw():
-            pending += chunk
-            *lines, pending = pending.split(b"\n")
-            for line in lines:
-                yield line.rstrip(b"\r").decode()
-        if pending:
-            yield pending.decode()
+    def _ended_early(self) -> None:
+        """The connection ended before the parser saw the reply's end: a failure unless the
+        body runs until the close (neither Content-Length nor chunked)."""
+        chunked = "chunked" in self.headers.get("transfer-encoding", "").lower()
+        if chunked or self.headers.get("content-length") is not None:
+            raise BackendError("the model server closed the connection mid-reply")
+        self._keep_alive = False
+
+    def stream_to(self, sink: Callable[[bytes], None]) -> None:
+        """Hand every body chunk to `sink` from now on, called inside the socket's
+        `data_received` as the chunk arrives (no task switch per chunk); chunks already
+        buffered go first, from here. `sink` must not raise. Then await `finished()`."""
+        self._sink = sink
+        for chunk in self._take():
+            sink(chunk)
+
+    def hold(self, held: bool) -> None:
+        """Stop (True) or resume (False) reading from the model server: the sink's consumer
+        cannot take more for now."""
+        if held != self._held and self._conn.transport is not None and not self._conn.lost:
+            if held:
+                self._conn.transport.pause_reading()
+            else:
+                self._conn.transport.resume_reading()
+        self._held = held
+
+    async def finished(self) -> None:
+        """With `stream_to`: until the reply has ended (or `close()` was called); raises
+        the read's error as `aiter_raw` would. The connection is then released or closed."""
+        while not (self._complete or self._closed):
+            if self._error is not None:
+                raise self._error
+            if self._ended:
+                self._ended_early()
+                break
+            await self._wait()
+        self.close()
 
     async def aread(self) -> bytes:
         return b"".join([chunk async for chunk in self.aiter_raw()])
@@ -210,6 +244,7 @@ class BackendResponse:
         self._wake()  # a reader waiting on this response stops
         self._conn.response = None
         if self._complete and self._keep_alive and self._error is None:
+            self.hold(False)  # pooled connections are read again
             self._client._release(self._key, self._conn)
         else:
             self._conn.close()

@@ -8,8 +8,10 @@ ModelError 424 when the model server fails. Streaming replies are AWS event-stre
 The two routes are served by a plain ASGI layer ahead of FastAPI's router (`RuntimeASGI`):
 every streamed token costs one read from the model server and one frame to the caller, and
 FastAPI's request and StreamingResponse machinery (a task group, a disconnect listener and
-three send wrappers per frame) cost about as much again. A caller that goes away mid-stream
-closes the model server's connection, which stops its generation.
+three send wrappers per frame) cost about as much again. Streamed frames are written from
+the socket callback that read the token (`api.runtime_relay`), not by a task woken for it.
+A caller that goes away mid-stream closes the model server's connection, which stops its
+generation.
 
 Routing (variant by weight or TargetVariant, round-robin over instances, the route cache)
 is in `api.runtime_routes`; an instance that refuses the connection is skipped for the next
@@ -41,11 +43,11 @@ from api.runtime_bodies import (
     LMI,
     Translated,
     capture_record,
-    chunk_text,
     completion_text,
     lmi_reply,
     translate,
 )
+from api.runtime_relay import FrameRelay
 from api.runtime_routes import Route, Routes
 from api.sigv4 import IncomingRequest, verify
 from workers import queue as q
@@ -82,9 +84,9 @@ class Clock:
     def sent(self, r: BackendResponse) -> None:
         self.own += r.sent_at - self.start
 
-    def relayed(self, r: BackendResponse) -> None:
+    def relayed(self, r: BackendResponse, frames: int = 1) -> None:
         self.own += time.monotonic() - r.last_data_at
-        self.frames += 1
+        self.frames += frames
 
 
 def _request_id() -> tuple[bytes, bytes]:
@@ -212,30 +214,6 @@ async def _invoke(px: Proxy, send: Send, headers: Mapping[str, str], name: str,
     clock.relayed(r)
 
 
-async def _relay(r: BackendResponse, tr: Translated, parts: list[str] | None,
-                 send: Send, clock: Clock) -> None:
-    """The model server's SSE lines as event-stream payload parts (LMI: token JSON lines).
-    `parts` collects the text when it is needed (LMI's final line, Data Capture)."""
-    lmi = tr.style == LMI
-    async for line in r.aiter_lines():
-        if not line.startswith("data: ") or line == "data: [DONE]":
-            continue
-        if parts is None:
-            payload = (line + "\n\n").encode()
-        else:
-            piece = chunk_text(json.loads(line[6:]))
-            parts.append(piece)
-            if not lmi:
-                payload = (line + "\n\n").encode()
-            elif piece:
-                payload = (json.dumps({"token": {"text": piece}}) + "\n").encode()
-            else:
-                continue
-        await send({"type": "http.response.body", "body": eventstream.payload_part(payload),
-                    "more_body": True})
-        clock.relayed(r)
-
-
 async def _watch_disconnect(receive: Receive, r: BackendResponse, gone: list[bool]) -> None:
     """The caller went away: close the model server's connection (it stops generating)."""
     while (await receive())["type"] != "http.disconnect":
@@ -262,7 +240,8 @@ async def _stream(px: Proxy, receive: Receive, send: Send,
     gone: list[bool] = []
     watcher = asyncio.create_task(_watch_disconnect(receive, r, gone))
     try:
-        await _relay(r, tr, parts, send, clock)
+        await FrameRelay(r, send, tr.style == LMI, parts,
+                         lambda frames: clock.relayed(r, frames)).run()
     except BackendError as exc:
         if not gone:
             _backend_failed(px.ctx, name, route, exc)

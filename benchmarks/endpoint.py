@@ -9,6 +9,11 @@ time per request is printed for each path too (load-independent, unlike latency)
 
     python -m benchmarks.endpoint [--target DIR] [--backend embedded|vllm] [--requests 40]
                                   [--max-tokens 16] [--rounds 3] [--env KEY=VALUE ...]
+                                  [--whole] [--pin-server CPUS]
+
+`--whole` adds non-streamed requests (`direct-whole`: the model server's /v1/completions;
+`invoke-whole`: InvokeEndpoint, signed as above): the proxy's cost per request without a
+frame per token.
 
 Without --target a tiny random Llama is built (tests/models/tiny.py): its forward is cheap,
 so the proxy's own cost is as visible as it can be. Both paths are warmed up first (8
@@ -72,15 +77,42 @@ def _proxied(rt: object, prompt: str, max_tokens: int) -> tuple[float, list[floa
     return _timings(start, marks)
 
 
+def _signed_headers(url: str, body: str) -> dict[str, str]:
+    req = AWSRequest("POST", url, data=body, headers={"Content-Type": "application/json"})
+    SigV4Auth(Credentials(ACCESS_KEY, SECRET_KEY), "sagemaker", REGION).add_auth(req)
+    return dict(req.headers)
+
+
+def _direct_whole(http: httpx.Client, url: str, prompt: str,
+                  max_tokens: int) -> tuple[float, list[float], float]:
+    """One non-streamed completion straight from the model server."""
+    body = {"model": "ep", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
+    start = time.perf_counter()
+    r = http.post(f"{url}/v1/completions", json=body, timeout=120)
+    r.raise_for_status()
+    return _timings(start, [])
+
+
+def _invoke_whole(http: httpx.Client, base: str, prompt: str,
+                  max_tokens: int) -> tuple[float, list[float], float]:
+    """The same through InvokeEndpoint (signed as boto3 signs; signing not timed)."""
+    url = f"{base}/endpoints/ep/invocations"
+    body = json.dumps({"prompt": prompt, "max_tokens": max_tokens, "temperature": 0})
+    headers = _signed_headers(url, body)
+    start = time.perf_counter()
+    r = http.post(url, content=body, headers=headers, timeout=120)
+    r.raise_for_status()
+    return _timings(start, [])
+
+
 def _signed(http: httpx.Client, base: str, prompt: str,
             max_tokens: int) -> tuple[float, list[float], float]:
     url = f"{base}/endpoints/ep/invocations-response-stream"
     body = json.dumps({"prompt": prompt, "max_tokens": max_tokens, "temperature": 0})
-    req = AWSRequest("POST", url, data=body, headers={"Content-Type": "application/json"})
-    SigV4Auth(Credentials(ACCESS_KEY, SECRET_KEY), "sagemaker", REGION).add_auth(req)
+    headers = _signed_headers(url, body)
     start = time.perf_counter()  # signing is the client's work, as boto3's is: not timed
     marks: list[float] = []
-    with http.stream("POST", url, content=body, headers=dict(req.headers), timeout=120) as r:
+    with http.stream("POST", url, content=body, headers=headers, timeout=120) as r:
         buf = EventStreamBuffer()
         for chunk in r.iter_bytes():
             buf.add_data(chunk)
@@ -231,6 +263,20 @@ def compare(paths: dict[str, Call], stack: Stack, requests: int, conc: int,
     return {name: _median_of(r) for name, r in got.items()}
 
 
+def _report(conc: int, got: dict[str, dict[str, float]], base_name: str,
+            names: tuple[str, ...]) -> None:
+    for name, m in got.items():
+        print(f"{conc:>4}  {name:<7} {m['req_s']:>7.1f} {m['ttft_ms']:>12.1f} "
+              f"{m['itl_ms']:>11.2f} {m['e2e_ms']:>11.1f} {m['api_cpu_ms']:>15.2f}"
+              f" {m['proxy_ms']:>13.2f}")
+    base = got[base_name]
+    for name in names:
+        added = got[name]["ttft_ms"] - base["ttft_ms"]
+        e2e = got[name]["e2e_ms"] - base["e2e_ms"]
+        print(f"      {name}: +{added:.1f} ms TTFT ({100 * added / base['ttft_ms']:+.1f}%)"
+              f", {e2e:+.1f} ms per request e2e ({100 * e2e / base['e2e_ms']:+.1f}%)")
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--target", type=Path, default=None)
@@ -242,6 +288,9 @@ def main() -> int:
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
                    help="an entry of the model container's Environment (repeatable), e.g. "
                         "OMP_NUM_THREADS=1 so the model server leaves a core to the proxy")
+    p.add_argument("--whole", action="store_true",
+                   help="also non-streamed requests: InvokeEndpoint vs the model server's "
+                        "/v1/completions (TTFT there is the whole reply)")
     p.add_argument("--pin-server", default=None, metavar="CPUS",
                    help="comma-separated cores for the model server; the API, workers and "
                         "client get the others (use with OMP_NUM_THREADS to match)")
@@ -271,16 +320,14 @@ def main() -> int:
                 "signed": lambda q: _signed(http, stack.url, q, args.max_tokens),
                 "boto3": lambda q: _proxied(rt, q, args.max_tokens)},
                 stack, args.requests, conc, args.rounds)
-            for name, m in got.items():
-                print(f"{conc:>4}  {name:<7} {m['req_s']:>7.1f} {m['ttft_ms']:>12.1f} "
-                      f"{m['itl_ms']:>11.2f} {m['e2e_ms']:>11.1f} {m['api_cpu_ms']:>15.2f}"
-                      f" {m['proxy_ms']:>13.2f}")
-            base = got["direct"]
-            for name in ("signed", "boto3"):
-                added = got[name]["ttft_ms"] - base["ttft_ms"]
-                e2e = got[name]["e2e_ms"] - base["e2e_ms"]
-                print(f"      {name}: +{added:.1f} ms TTFT ({100 * added / base['ttft_ms']:+.1f}%)"
-                      f", {e2e:+.1f} ms per request e2e ({100 * e2e / base['e2e_ms']:+.1f}%)")
+            _report(conc, got, "direct", ("signed", "boto3"))
+            if args.whole:
+                got = compare({
+                    "direct-whole": lambda q: _direct_whole(http, url, q, args.max_tokens),
+                    "invoke-whole": lambda q: _invoke_whole(http, stack.url, q,
+                                                            args.max_tokens)},
+                    stack, args.requests, conc, args.rounds)
+                _report(conc, got, "direct-whole", ("invoke-whole",))
         http.close()
     finally:
         stack.stop()

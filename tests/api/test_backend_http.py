@@ -70,7 +70,7 @@ def test_chunked_lines_and_keep_alive() -> None:
         for _ in range(3):
             r = await client.post(url + "/v1/completions", {"prompt": "hi"})
             assert r.status_code == 200 and r.headers["content-type"] == "text/event-stream"
-            lines = [x async for x in r.aiter_lines() if x]
+            lines = [x for x in (await r.aread()).decode().split("\n") if x]
             assert lines == ['data: {"n": 1}', 'data: {"n": 2}', "data: [DONE]"]
 
     assert run(sse_server, body) == [0]  # three requests, one connection
@@ -127,6 +127,28 @@ def test_refused_connection_and_mid_reply_close() -> None:
         r = await client.post(url + "/x", {})
         with pytest.raises(BackendError, match="closed the connection mid-reply"):
             await r.aread()
+
+    run(handler, body)
+
+
+def test_chunked_reply_cut_short_is_an_error_and_a_close_delimited_one_is_not() -> None:
+    """A chunked reply whose connection closes before the last (empty) chunk was cut short
+    (a model server killed mid-stream); a reply without length or chunking ends at the close."""
+
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        line, _ = await read_request(r)
+        if line.startswith("POST /cut"):
+            w.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nhi\r\n")
+        else:
+            w.write(b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\nall of it")
+        await w.drain()
+
+    async def body(url: str, client: BackendClient) -> None:
+        r = await client.post(url + "/cut", {})
+        with pytest.raises(BackendError, match="closed the connection mid-reply"):
+            await r.aread()
+        r = await client.post(url + "/whole", {})
+        assert await r.aread() == b"all of it"
 
     run(handler, body)
 
