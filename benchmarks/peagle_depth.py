@@ -27,6 +27,7 @@ import json
 import resource
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -53,7 +54,8 @@ def accuracy(head: torch.nn.Module, target: Target, samples: list[Sample],
         for i in range(0, len(samples), 4):
             batch = collate(samples[i:i + 4], pad, "cpu")
             cap = target.capture(batch.input_ids, batch.attention_mask)
-            accs.append(head.loss(batch, cap, steps=depth, **extra).step_accuracy)
+            loss = head.loss(batch, cap, steps=depth, **extra)  # type: ignore[operator]
+            accs.append(loss.step_accuracy)
     return [sum(a[j] for a in accs) / len(accs) for j in range(depth)]
 
 
@@ -74,7 +76,7 @@ def main() -> int:
     data.cache = CaptureCache(target, samples, 8 << 30)
     runs = [("peagle", int(n)) for n in args.layers.split(",")]
     runs += [("eagle3", 1)] if args.eagle3 else []
-    rows = []
+    rows: list[dict[str, Any]] = []
     print(f"{len(samples)} training samples, {len(held)} held out; {args.steps} steps each",
           flush=True)
     for kind, layers in runs:
