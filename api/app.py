@@ -31,6 +31,7 @@ def create_app(settings: Settings, broker_url: str | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         yield
+        await app.state.routes.close()
         await app.state.runtime_client.aclose()
         app.state.capture.close()
         queue.close()

@@ -314,6 +314,7 @@ def install(app: FastAPI, ctx: Context) -> None:
                BackendClient(connect_timeout=5.0, read_timeout=600.0),
                CaptureWriter(make_store(ctx.settings), ctx.settings.capture_flush_seconds))
     app.state.runtime_client = px.client
+    app.state.routes = px.routes
     app.state.capture = px.capture
     app.add_middleware(RuntimeASGI, px=px, secrets=ctx.settings.credentials(),
                        metrics=app.state.metrics)  # protocol.install made it

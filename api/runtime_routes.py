@@ -1,14 +1,17 @@
 """sagemaker-runtime's routing: an endpoint's variants and instances, cached from the database.
 
 A request goes to a variant by weight (or TargetVariant), then round-robin to one of that
-variant's instances. An endpoint's rows are read at most every `ttl` seconds (a thread hop
-and two queries per invocation otherwise); a caller that found an instance gone asks for a
-fresh read.
+variant's instances. An endpoint's rows are kept at most `ttl` seconds and, while it is in
+use, re-read in the background before they expire (a thread hop and two queries per
+invocation otherwise); a caller that found an instance gone asks for a fresh read.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import itertools
+import logging
 import random
 import threading
 import time
@@ -21,6 +24,8 @@ from api.runtime_bodies import RuntimeValidationError
 from db.common import find
 from db.tables import EndpointConfigRow, EndpointRow
 from workers.serving.deploy import instances_of
+
+log = logging.getLogger("eaglenest.runtime")
 
 #: statuses that take requests: SystemUpdating restarts dead instances while the live ones
 #: serve (SageMaker serves during its maintenance too)
@@ -72,25 +77,72 @@ def _load(ctx: Context, name: str, ttl: float) -> _Snapshot:
 
 
 class Routes:
-    """Endpoint name -> its serving snapshot, read from the database at most every `ttl`
-    seconds (a thread hop and two queries per invocation otherwise); `fresh=True` (after an
-    instance refused a connection) reads it again."""
+    """Endpoint name -> its serving snapshot, at most `ttl` seconds old; `fresh=True` (after
+    an instance refused a connection) reads it again.
 
-    def __init__(self, ctx: Context, ttl: float) -> None:
-        self.ctx, self.ttl = ctx, ttl
+    The snapshots of endpoints invoked in the last `idle_after` seconds are re-read in the
+    background every `ttl / 2` seconds, so an invocation does not wait for the database
+    (a thread hop and two queries: several ms on a loaded host) unless its endpoint was idle
+    or its instance refused the connection. At one request every few seconds, as a single
+    caller of a slow model makes, a cache filled by requests alone missed on every one.
+    """
+
+    def __init__(self, ctx: Context, ttl: float, idle_after: float = 300.0) -> None:
+        self.ctx, self.ttl, self.idle_after = ctx, ttl, idle_after
         self._snapshots: dict[str, _Snapshot] = {}
+        self._used: dict[str, float] = {}  # endpoint -> time.monotonic() of its last request
+        self._refresher: asyncio.Task[None] | None = None
 
     async def resolve(self, name: str, target_variant: str | None,
                       fresh: bool = False) -> Route:
+        now = time.monotonic()
         snap = self._snapshots.get(name)
-        cached = not fresh and snap is not None and snap.expires > time.monotonic()
+        cached = not fresh and snap is not None and snap.expires > now
         if not cached:
             self._snapshots.pop(name, None)
             snap = await run_in_threadpool(_load, self.ctx, name, self.ttl)
             if self.ttl > 0:
                 self._snapshots[name] = snap
+        if self.ttl > 0:
+            self._used[name] = now
+            if self._refresher is None:
+                self._refresher = asyncio.create_task(self._refresh())
         assert snap is not None
         return _choose(name, snap, target_variant, cached)
+
+    async def _refresh(self) -> None:
+        """Re-read the snapshots of recently used endpoints before they expire; forget the
+        idle ones; stop when none is left (the next request starts it again)."""
+        try:
+            while self._used:
+                await asyncio.sleep(self.ttl / 2)
+                now = time.monotonic()
+                for name, last in list(self._used.items()):
+                    if now - last > self.idle_after:
+                        del self._used[name]
+                        self._snapshots.pop(name, None)
+                        continue
+                    snap = self._snapshots.get(name)
+                    if snap is None or snap.expires - now <= self.ttl / 2:
+                        await self._reload(name)
+        finally:
+            self._refresher = None
+
+    async def _reload(self, name: str) -> None:
+        try:
+            self._snapshots[name] = await run_in_threadpool(_load, self.ctx, name, self.ttl)
+        except RuntimeValidationError:  # gone or not serving: the next request says so
+            self._snapshots.pop(name, None)
+            self._used.pop(name, None)
+        except Exception as exc:  # the database is unreachable: requests read it themselves
+            log.warning("could not refresh the routes of endpoint %s: %s", name, exc)
+            self._snapshots.pop(name, None)
+
+    async def close(self) -> None:
+        if self._refresher is not None:
+            self._refresher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._refresher
 
 
 def _choose(name: str, snap: _Snapshot, target_variant: str | None, cached: bool) -> Route:
