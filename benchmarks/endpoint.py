@@ -9,7 +9,7 @@ time per request is printed for each path too (load-independent, unlike latency)
 
     python -m benchmarks.endpoint [--target DIR] [--backend embedded|vllm] [--requests 40]
                                   [--max-tokens 16] [--rounds 3] [--env KEY=VALUE ...]
-                                  [--whole] [--pin-server CPUS]
+                                  [--whole] [--pin-server CPUS] [--concurrency 1,8]
 
 `--whole` adds non-streamed requests (`direct-whole`: the model server's /v1/completions;
 `invoke-whole`: InvokeEndpoint, signed as above): the proxy's cost per request without a
@@ -288,6 +288,7 @@ def main() -> int:
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
                    help="an entry of the model container's Environment (repeatable), e.g. "
                         "OMP_NUM_THREADS=1 so the model server leaves a core to the proxy")
+    p.add_argument("--concurrency", default="1,8", help="comma-separated levels")
     p.add_argument("--whole", action="store_true",
                    help="also non-streamed requests: InvokeEndpoint vs the model server's "
                         "/v1/completions (TTFT there is the whole reply)")
@@ -314,7 +315,7 @@ def main() -> int:
               f"{args.max_tokens} tokens each")
         print("conc  path      req/s   TTFT p50 ms  ITL p50 ms  e2e p50 ms  API CPU ms/req"
               "  proxy ms/req")
-        for conc in (1, 8):
+        for conc in (int(c) for c in args.concurrency.split(",")):
             got = compare({
                 "direct": lambda q: _direct(http, url, q, args.max_tokens),
                 "signed": lambda q: _signed(http, stack.url, q, args.max_tokens),
