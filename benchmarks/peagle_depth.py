@@ -17,7 +17,8 @@ target; batch 2, 512 tokens, the default recipe. Reported: teacher-forced draft 
 depth (depth 0 is the first draft, from the real slot; depths 1+ are mask slots), every
 slot kept (no drop-token), on 16 training samples and on the held-out samples, plus steps
 and CPU seconds. `--eagle3` adds a one-layer EAGLE-3 head (training-time test, chained) for
-reference.
+reference. For P-EAGLE heads also: how often a mask slot's greedy draft (held-out samples)
+is the same token as the first mask slot's of the same anchor, per depth 2-5.
 """
 
 from __future__ import annotations
@@ -59,6 +60,27 @@ def accuracy(head: torch.nn.Module, target: Target, samples: list[Sample],
     return [sum(a[j] for a in accs) / len(accs) for j in range(depth)]
 
 
+def same_draft(head: torch.nn.Module, target: Target, samples: list[Sample],
+               depth: int) -> list[float]:
+    """P-EAGLE: per mask depth k >= 1, the share of trained slots whose greedy draft is the
+    same token as the depth-1 slot's of the same anchor (1.0 at depth 1 by definition)."""
+    tok = target.tokenizer
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    same, count = [0.0] * depth, 0
+    with torch.no_grad():
+        for i in range(0, len(samples), 4):
+            batch = collate(samples[i:i + 4], pad, "cpu")
+            cap = target.capture(batch.input_ids, batch.attention_mask)
+            keep = torch.ones(depth, batch.input_ids.shape[1], dtype=torch.bool)
+            logits = head.parallel_forward(batch.input_ids, cap.aux, depth, keep)  # type: ignore[operator]
+            drafts = [x.argmax(-1) for x in logits]  # per depth [batch, seq]
+            valid = batch.loss_mask.bool()
+            count += int(valid.sum())
+            for k in range(1, depth):
+                same[k] += float(((drafts[k] == drafts[1]) & valid).sum())
+    return [s / max(count, 1) for s in same][1:]
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=240)
@@ -89,6 +111,8 @@ def main() -> int:
         row = {"head": kind, "layers": layers, "steps": result.steps, "cpu_s": round(cpu),
                "train": accuracy(head, target, probe, args.depth),
                "held_out": accuracy(head, target, held, args.depth)}
+        if kind == "peagle":
+            row["same_draft_as_depth2"] = same_draft(head, target, held, args.depth)
         rows.append(row)
         print(json.dumps(row), flush=True)
     print("| head | layers | steps | CPU s | accuracy per depth, training samples | held out |")
