@@ -129,8 +129,11 @@ class FrameRelay:
 
     def _sent(self, fut: asyncio.Future[None]) -> None:
         self.sending = None
-        if fut.cancelled() or fut.exception() is not None:
-            self._fail(fut.exception() or asyncio.CancelledError())
+        if fut.cancelled():  # (exception() would raise here)
+            self._fail(asyncio.CancelledError())
+            return
+        if fut.exception() is not None:
+            self._fail(fut.exception())  # type: ignore[arg-type]
             return
         if self.backlog:
             body, self.backlog = b"".join(self.backlog), []

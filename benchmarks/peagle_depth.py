@@ -62,8 +62,8 @@ def accuracy(head: torch.nn.Module, target: Target, samples: list[Sample],
 
 def same_draft(head: torch.nn.Module, target: Target, samples: list[Sample],
                depth: int) -> list[float]:
-    """P-EAGLE: per mask depth k >= 1, the share of trained slots whose greedy draft is the
-    same token as the depth-1 slot's of the same anchor (1.0 at depth 1 by definition)."""
+    """P-EAGLE: per mask slot k >= 1 (depths 2..), the share of anchors at assistant tokens
+    whose greedy draft there is the same token as at the first mask slot (1.0 for it)."""
     tok = target.tokenizer
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     same, count = [0.0] * depth, 0
