@@ -21,6 +21,7 @@ class ApiMetrics:
         self.invocations: Counter[str] = Counter()  # sagemaker-runtime, by code
         self.frames = 0
         self.proxy_seconds = 0.0
+        self.forward_seconds = 0.0
         self.started = time.time()
 
     def observe(self, operation: str, code: str, seconds: float) -> None:
@@ -28,14 +29,17 @@ class ApiMetrics:
             self.requests[(operation, code)] += 1
             self.seconds[operation] = self.seconds.get(operation, 0.0) + seconds
 
-    def observe_invocation(self, code: str, proxy_seconds: float, frames: int) -> None:
+    def observe_invocation(self, code: str, proxy_seconds: float, frames: int,
+                           forward_seconds: float = 0.0) -> None:
         """One sagemaker-runtime invocation: `proxy_seconds` is the proxy's own time on it
         (request in -> request out to the model server, and each chunk in -> its frame out;
-        time spent waiting on the model server is not in it)."""
+        time spent waiting on the model server is not in it); `forward_seconds` is the
+        first part alone (request in -> out to the model server)."""
         with self._lock:
             self.invocations[code] += 1
             self.frames += frames
             self.proxy_seconds += proxy_seconds
+            self.forward_seconds += forward_seconds
 
     def _render_runtime(self, lines: list[str]) -> None:
         lines.append("# TYPE eaglenest_runtime_invocations_total counter")
@@ -45,6 +49,8 @@ class ApiMetrics:
         lines.append(f"eaglenest_runtime_frames_total {self.frames}")
         lines.append("# TYPE eaglenest_runtime_proxy_seconds_total counter")
         lines.append(f"eaglenest_runtime_proxy_seconds_total {self.proxy_seconds:.6f}")
+        lines.append("# TYPE eaglenest_runtime_forward_seconds_total counter")
+        lines.append(f"eaglenest_runtime_forward_seconds_total {self.forward_seconds:.6f}")
 
     def render(self, db: Database) -> str:
         lines = ["# TYPE eaglenest_requests_total counter"]

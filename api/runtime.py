@@ -73,16 +73,18 @@ class ModelError(ServiceError):
 
 class Clock:
     """The proxy's own time on one invocation, for /metrics: from the request's arrival to
-    its sending to the model server, plus, per frame, from the chunk's arrival to the
+    its sending to the model server (`forward`, also counted alone: the part every caller
+    waits for before the model starts), plus, per frame, from the chunk's arrival to the
     frame's writing. Waiting on the model server is not counted."""
 
     def __init__(self) -> None:
         self.start = time.monotonic()
-        self.own = 0.0
+        self.own = self.forward = 0.0
         self.frames = 0
 
     def sent(self, r: BackendResponse) -> None:
-        self.own += r.sent_at - self.start
+        self.forward = r.sent_at - self.start
+        self.own += self.forward
 
     def relayed(self, r: BackendResponse, frames: int = 1) -> None:
         self.own += time.monotonic() - r.last_data_at
@@ -297,7 +299,7 @@ class RuntimeASGI:
             code = err.code
             await _error_reply(send, err)
         finally:
-            self.metrics.observe_invocation(code, clock.own, clock.frames)
+            self.metrics.observe_invocation(code, clock.own, clock.frames, clock.forward)
 
 
 async def _body(receive: Receive) -> bytes:

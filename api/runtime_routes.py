@@ -81,7 +81,7 @@ class Routes:
     an instance refused a connection) reads it again.
 
     The snapshots of endpoints invoked in the last `idle_after` seconds are re-read in the
-    background every `ttl / 2` seconds, so an invocation does not wait for the database
+    background about every `3/4 ttl` seconds, so an invocation does not wait for the database
     (a thread hop and two queries: several ms on a loaded host) unless its endpoint was idle
     or its instance refused the connection. At one request every few seconds, as a single
     caller of a slow model makes, a cache filled by requests alone missed on every one.
@@ -92,6 +92,7 @@ class Routes:
         self._snapshots: dict[str, _Snapshot] = {}
         self._used: dict[str, float] = {}  # endpoint -> time.monotonic() of its last request
         self._refresher: asyncio.Task[None] | None = None
+        self._read_s = 0.0  # how long the refresher's last database read took
 
     async def resolve(self, name: str, target_variant: str | None,
                       fresh: bool = False) -> Route:
@@ -112,10 +113,18 @@ class Routes:
 
     async def _refresh(self) -> None:
         """Re-read the snapshots of recently used endpoints before they expire; forget the
-        idle ones; stop when none is left (the next request starts it again)."""
+        idle ones; stop when none is left (the next request starts it again).
+
+        It wakes every ttl/4 and re-reads a snapshot with 3/8 ttl, plus what the last read
+        took, or less left. With a quick database that is once every 3/4 ttl: the wake 3/4
+        ttl after a read finds 1/4 ttl left, and the new snapshot lands at least 1/8 ttl
+        before the old one expires. (Waking every ttl/2 with a ttl/2 margin, as before,
+        read it every ttl/2.)
+        """
+        quarter = self.ttl / 4
         try:
             while self._used:
-                await asyncio.sleep(self.ttl / 2)
+                await asyncio.sleep(quarter)
                 now = time.monotonic()
                 for name, last in list(self._used.items()):
                     if now - last > self.idle_after:
@@ -123,14 +132,16 @@ class Routes:
                         self._snapshots.pop(name, None)
                         continue
                     snap = self._snapshots.get(name)
-                    if snap is None or snap.expires - now <= self.ttl / 2:
+                    if snap is None or snap.expires - now <= 1.5 * quarter + self._read_s:
                         await self._reload(name)
         finally:
             self._refresher = None
 
     async def _reload(self, name: str) -> None:
+        t0 = time.monotonic()
         try:
             self._snapshots[name] = await run_in_threadpool(_load, self.ctx, name, self.ttl)
+            self._read_s = time.monotonic() - t0
         except RuntimeValidationError:  # gone or not serving: the next request says so
             self._snapshots.pop(name, None)
             self._used.pop(name, None)

@@ -10,6 +10,7 @@ time per request is printed for each path too (load-independent, unlike latency)
     python -m benchmarks.endpoint [--target DIR] [--backend embedded|vllm] [--requests 40]
                                   [--max-tokens 16] [--rounds 3] [--env KEY=VALUE ...]
                                   [--whole] [--pin-server CPUS] [--concurrency 1,8]
+                                  [--nice-server N]
 
 `--whole` adds non-streamed requests (`direct-whole`: the model server's /v1/completions;
 `invoke-whole`: InvokeEndpoint, signed as above): the proxy's cost per request without a
@@ -193,14 +194,21 @@ def _api_cpu(stack: Stack) -> float:
     raise RuntimeError("no API process found")
 
 
-def _proxy_seconds(stack: Stack) -> float:
-    """The API's own counter of the proxy's time (eaglenest_runtime_proxy_seconds_total:
-    request in -> request out to the model server, and chunk in -> frame out; waiting on
-    the model server excluded)."""
+def _proxy_counters(stack: Stack) -> dict[str, float]:
+    """The API's own counters of the proxy's time: `own` (eaglenest_runtime_proxy_seconds_
+    total: request in -> request out to the model server, and chunk in -> frame out;
+    waiting on the model server excluded), `forward` (the first part alone) and `frames`."""
+    names = {"eaglenest_runtime_proxy_seconds_total": "own",
+             "eaglenest_runtime_forward_seconds_total": "forward",
+             "eaglenest_runtime_frames_total": "frames"}
+    got = {}
     for line in httpx.get(f"{stack.url}/metrics", timeout=30).text.splitlines():
-        if line.startswith("eaglenest_runtime_proxy_seconds_total "):
-            return float(line.split()[1])
-    raise RuntimeError("no eaglenest_runtime_proxy_seconds_total in the API's /metrics")
+        key, _, value = line.partition(" ")
+        if key in names:
+            got[names[key]] = float(value)
+    if len(got) != len(names):
+        raise RuntimeError(f"the API's /metrics lacks some of {sorted(names)}")
+    return got
 
 
 def _set_affinity(pid: int, cpus: set[int]) -> None:
@@ -230,35 +238,69 @@ def pin(stack: Stack, server_cpus: set[int]) -> str:
     if not rest:
         raise SystemExit("--pin-server must leave at least one core to the API and client")
     procs = [psutil.Process(stack.proc.pid), *psutil.Process(stack.proc.pid).children(True)]
-    def cmd(proc: psutil.Process) -> str:
-        try:
-            return " ".join(proc.cmdline())
-        except psutil.Error:  # exited or a zombie
-            return ""
-
-    servers = [p for p in procs if any(n in cmd(p) for n in ("workers.serving.embedded", "vllm"))]
-    on_server = {p.pid for p in servers} | {c.pid for p in servers for c in p.children(True)}
+    on_server = _server_pids(stack)
     for proc in [*procs, psutil.Process()]:
         _set_affinity(proc.pid, server_cpus if proc.pid in on_server else rest)
     return (f"model server pids {sorted(on_server)} on cpus {sorted(server_cpus)}, "
             f"the rest on {sorted(rest)}")
 
 
+def _server_pids(stack: Stack) -> set[int]:
+    """The model server processes (and their children, e.g. vLLM's engine core)."""
+    import psutil
+
+    assert stack.proc is not None
+
+    def cmd(proc: psutil.Process) -> str:
+        try:
+            return " ".join(proc.cmdline())
+        except psutil.Error:  # exited or a zombie
+            return ""
+
+    servers = [p for p in psutil.Process(stack.proc.pid).children(True)
+               if any(n in cmd(p) for n in ("workers.serving.embedded", "vllm"))]
+    return {p.pid for p in servers} | {c.pid for p in servers for c in p.children(True)}
+
+
+def renice(stack: Stack, nice: int) -> str:
+    """Every thread of the model server(s) at niceness ``nice`` (setpriority acts on one
+    thread id on Linux; threads started later inherit it), so that the proxy's wake-ups
+    preempt a model server that keeps every core busy."""
+    import os
+
+    pids = _server_pids(stack)
+    for pid in pids:
+        try:
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                os.setpriority(os.PRIO_PROCESS, int(tid), nice)
+        except OSError:  # gone meanwhile
+            continue
+    return f"model server pids {sorted(pids)} at niceness {nice}"
+
+
 def compare(paths: dict[str, Call], stack: Stack, requests: int, conc: int,
             rounds: int) -> dict[str, dict[str, float]]:
     """Interleaved rounds (the order reversed every other round), median per figure, after
     a warm-up of every path; `api_cpu_ms` is the API process's CPU per request and
-    `proxy_ms` the proxy's own time per request by its /metrics counter."""
+    `proxy_ms` the proxy's own time per request by its /metrics counters, split into
+    `forward_ms` (request in -> out to the model server) and `frame_us` (chunk in -> frame
+    out, per frame): a caller waits for the forward and one frame relay beyond what the
+    model server takes (plus a wake-up of the API's process, which no counter sees)."""
     for call in paths.values():
         measure(call, 8, min(conc, 8))
     got: dict[str, list[dict[str, float]]] = {name: [] for name in paths}
     for i in range(rounds):
         order = list(paths.items())
         for name, call in order if i % 2 == 0 else order[::-1]:
-            cpu0, own0 = _api_cpu(stack), _proxy_seconds(stack)
+            cpu0, c0 = _api_cpu(stack), _proxy_counters(stack)
             m = measure(call, requests, conc)
+            c1 = _proxy_counters(stack)
             m["api_cpu_ms"] = 1000 * (_api_cpu(stack) - cpu0) / requests
-            m["proxy_ms"] = 1000 * (_proxy_seconds(stack) - own0) / requests
+            m["proxy_ms"] = 1000 * (c1["own"] - c0["own"]) / requests
+            m["forward_ms"] = 1000 * (c1["forward"] - c0["forward"]) / requests
+            frames = c1["frames"] - c0["frames"]
+            relay = c1["own"] - c0["own"] - (c1["forward"] - c0["forward"])
+            m["frame_us"] = 1e6 * relay / frames if frames else 0.0
             got[name].append(m)
     return {name: _median_of(r) for name, r in got.items()}
 
@@ -268,12 +310,12 @@ def _report(conc: int, got: dict[str, dict[str, float]], base_name: str,
     for name, m in got.items():
         print(f"{conc:>4}  {name:<7} {m['req_s']:>7.1f} {m['ttft_ms']:>12.1f} "
               f"{m['itl_ms']:>11.2f} {m['e2e_ms']:>11.1f} {m['api_cpu_ms']:>15.2f}"
-              f" {m['proxy_ms']:>13.2f}")
+              f" {m['proxy_ms']:>13.2f} {m['forward_ms']:>11.2f} {m['frame_us']:>9.0f}")
     base = got[base_name]
     for name in names:
         added = got[name]["ttft_ms"] - base["ttft_ms"]
         e2e = got[name]["e2e_ms"] - base["e2e_ms"]
-        print(f"      {name}: +{added:.1f} ms TTFT ({100 * added / base['ttft_ms']:+.1f}%)"
+        print(f"      {name}: {added:+.1f} ms TTFT ({100 * added / base['ttft_ms']:+.1f}%)"
               f", {e2e:+.1f} ms per request e2e ({100 * e2e / base['e2e_ms']:+.1f}%)")
 
 
@@ -295,6 +337,9 @@ def main() -> int:
     p.add_argument("--pin-server", default=None, metavar="CPUS",
                    help="comma-separated cores for the model server; the API, workers and "
                         "client get the others (use with OMP_NUM_THREADS to match)")
+    p.add_argument("--nice-server", default=None, metavar="N[,N...]",
+                   help="run the model server's threads at niceness N (e.g. 10); several "
+                        "levels (e.g. 0,10): the whole table at each, in one run")
     args = p.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="eaglenest-bench-"))
     target = args.target
@@ -314,21 +359,25 @@ def main() -> int:
         print(f"median of {args.rounds} interleaved rounds of {args.requests} requests, "
               f"{args.max_tokens} tokens each")
         print("conc  path      req/s   TTFT p50 ms  ITL p50 ms  e2e p50 ms  API CPU ms/req"
-              "  proxy ms/req")
-        for conc in (int(c) for c in args.concurrency.split(",")):
-            got = compare({
-                "direct": lambda q: _direct(http, url, q, args.max_tokens),
-                "signed": lambda q: _signed(http, stack.url, q, args.max_tokens),
-                "boto3": lambda q: _proxied(rt, q, args.max_tokens)},
-                stack, args.requests, conc, args.rounds)
-            _report(conc, got, "direct", ("signed", "boto3"))
-            if args.whole:
+              "  proxy ms/req  forward ms  us/frame")
+        levels = args.nice_server.split(",") if args.nice_server is not None else [None]
+        for level in levels:
+            if level is not None:
+                print(renice(stack, int(level)))
+            for conc in (int(c) for c in args.concurrency.split(",")):
                 got = compare({
-                    "direct-whole": lambda q: _direct_whole(http, url, q, args.max_tokens),
-                    "invoke-whole": lambda q: _invoke_whole(http, stack.url, q,
-                                                            args.max_tokens)},
+                    "direct": lambda q: _direct(http, url, q, args.max_tokens),
+                    "signed": lambda q: _signed(http, stack.url, q, args.max_tokens),
+                    "boto3": lambda q: _proxied(rt, q, args.max_tokens)},
                     stack, args.requests, conc, args.rounds)
-                _report(conc, got, "direct-whole", ("invoke-whole",))
+                _report(conc, got, "direct", ("signed", "boto3"))
+                if args.whole:
+                    got = compare({
+                        "direct-whole": lambda q: _direct_whole(http, url, q, args.max_tokens),
+                        "invoke-whole": lambda q: _invoke_whole(http, stack.url, q,
+                                                                args.max_tokens)},
+                        stack, args.requests, conc, args.rounds)
+                    _report(conc, got, "direct-whole", ("invoke-whole",))
         http.close()
     finally:
         stack.stop()

@@ -482,4 +482,7 @@ def test_runtime_metrics_count_invocations_frames_and_proxy_time(stack):
     assert delta('eaglenest_runtime_invocations_total{code="ValidationError"}') == 1
     assert delta("eaglenest_runtime_frames_total") == frames >= 2
     assert 0 < delta("eaglenest_runtime_proxy_seconds_total") < wall / 2
+    # the forward (request in -> out to the model server) is part of the proxy's time
+    forward = delta("eaglenest_runtime_forward_seconds_total")
+    assert 0 < forward < delta("eaglenest_runtime_proxy_seconds_total")
     sm.delete_endpoint(EndpointName="metered")
