@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -319,6 +320,42 @@ def _report(conc: int, got: dict[str, dict[str, float]], base_name: str,
               f", {e2e:+.1f} ms per request e2e ({100 * e2e / base['e2e_ms']:+.1f}%)")
 
 
+def _start_relay(url: str) -> tuple[str, subprocess.Popen[bytes]]:
+    """A bare TCP relay (benchmarks.bare_relay) in front of the model server at `url`."""
+    from workers.broker import free_port
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "benchmarks.bare_relay", "--port",
+                             str(port), "--to", url.split("//", 1)[1]], cwd=ROOT)
+    for _ in range(100):
+        try:
+            httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
+            break
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    return f"http://127.0.0.1:{port}", proc
+
+
+def _run_level(args: argparse.Namespace, stack: Stack, http: httpx.Client, rt: object,
+               url: str, relay: str | None, conc: int) -> None:
+    """Every path at one concurrency: streamed, then (--whole) non-streamed."""
+    paths: dict[str, Call] = {
+        "direct": lambda q: _direct(http, url, q, args.max_tokens),
+        "signed": lambda q: _signed(http, stack.url, q, args.max_tokens),
+        "boto3": lambda q: _proxied(rt, q, args.max_tokens)}
+    if relay:
+        paths["relay"] = lambda q: _direct(http, relay, q, args.max_tokens)
+    got = compare(paths, stack, args.requests, conc, args.rounds)
+    _report(conc, got, "direct", tuple(n for n in paths if n != "direct"))
+    if args.whole:
+        paths = {"direct-whole": lambda q: _direct_whole(http, url, q, args.max_tokens),
+                 "invoke-whole": lambda q: _invoke_whole(http, stack.url, q, args.max_tokens)}
+        if relay:
+            paths["relay-whole"] = lambda q: _direct_whole(http, relay, q, args.max_tokens)
+        got = compare(paths, stack, args.requests, conc, args.rounds)
+        _report(conc, got, "direct-whole", tuple(n for n in paths if n != "direct-whole"))
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--target", type=Path, default=None)
@@ -337,6 +374,10 @@ def main() -> int:
     p.add_argument("--pin-server", default=None, metavar="CPUS",
                    help="comma-separated cores for the model server; the API, workers and "
                         "client get the others (use with OMP_NUM_THREADS to match)")
+    p.add_argument("--bare-relay", action="store_true",
+                   help="also `relay` paths: the same httpx requests through a bare TCP relay "
+                        "(benchmarks/bare_relay.py) to the model server: what any extra hop "
+                        "costs on this host, without the proxy's work")
     p.add_argument("--nice-server", default=None, metavar="N[,N...]",
                    help="run the model server's threads at niceness N (e.g. 10); several "
                         "levels (e.g. 0,10): the whole table at each, in one run")
@@ -360,24 +401,15 @@ def main() -> int:
               f"{args.max_tokens} tokens each")
         print("conc  path      req/s   TTFT p50 ms  ITL p50 ms  e2e p50 ms  API CPU ms/req"
               "  proxy ms/req  forward ms  us/frame")
+        relay = _start_relay(url) if args.bare_relay else None
         levels = args.nice_server.split(",") if args.nice_server is not None else [None]
         for level in levels:
             if level is not None:
                 print(renice(stack, int(level)))
             for conc in (int(c) for c in args.concurrency.split(",")):
-                got = compare({
-                    "direct": lambda q: _direct(http, url, q, args.max_tokens),
-                    "signed": lambda q: _signed(http, stack.url, q, args.max_tokens),
-                    "boto3": lambda q: _proxied(rt, q, args.max_tokens)},
-                    stack, args.requests, conc, args.rounds)
-                _report(conc, got, "direct", ("signed", "boto3"))
-                if args.whole:
-                    got = compare({
-                        "direct-whole": lambda q: _direct_whole(http, url, q, args.max_tokens),
-                        "invoke-whole": lambda q: _invoke_whole(http, stack.url, q,
-                                                                args.max_tokens)},
-                        stack, args.requests, conc, args.rounds)
-                    _report(conc, got, "direct-whole", ("invoke-whole",))
+                _run_level(args, stack, http, rt, url, relay and relay[0], conc)
+        if relay:
+            relay[1].terminate()
         http.close()
     finally:
         stack.stop()
