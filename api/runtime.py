@@ -74,8 +74,9 @@ class ModelError(ServiceError):
 class Clock:
     """The proxy's own time on one invocation, for /metrics: from the request's arrival to
     its sending to the model server (`forward`, also counted alone: the part every caller
-    waits for before the model starts), plus, per frame, from the chunk's arrival to the
-    frame's writing. Waiting on the model server is not counted."""
+    waits for before the model starts; up to the write that hands the request over, see
+    `BackendClient._exchange`), plus, per frame, from the chunk's arrival to the frame's
+    writing (the write included). Waiting on the model server is not counted."""
 
     def __init__(self) -> None:
         self.start = time.monotonic()
