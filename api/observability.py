@@ -30,7 +30,7 @@ class ApiMetrics:
             self.seconds[operation] = self.seconds.get(operation, 0.0) + seconds
 
     def observe_invocation(self, code: str, proxy_seconds: float, frames: int,
-                           forward_seconds: float = 0.0) -> None:
+                           forward_seconds: float) -> None:
         """One sagemaker-runtime invocation: `proxy_seconds` is the proxy's own time on it
         (request in -> request out to the model server, and each chunk in -> its frame out;
         time spent waiting on the model server is not in it); `forward_seconds` is the

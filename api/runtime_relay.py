@@ -132,8 +132,9 @@ class FrameRelay:
         if fut.cancelled():  # (exception() would raise here)
             self._fail(asyncio.CancelledError())
             return
-        if fut.exception() is not None:
-            self._fail(fut.exception())  # type: ignore[arg-type]
+        error = fut.exception()
+        if error is not None:
+            self._fail(error)
             return
         if self.backlog:
             body, self.backlog = b"".join(self.backlog), []

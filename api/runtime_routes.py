@@ -118,8 +118,7 @@ class Routes:
         It wakes every ttl/4 and re-reads a snapshot with 3/8 ttl, plus what the last read
         took, or less left. With a quick database that is once every 3/4 ttl: the wake 3/4
         ttl after a read finds 1/4 ttl left, and the new snapshot lands at least 1/8 ttl
-        before the old one expires. (Waking every ttl/2 with a ttl/2 margin, as before,
-        read it every ttl/2.)
+        before the old one expires.
         """
         quarter = self.ttl / 4
         try:

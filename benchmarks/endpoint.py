@@ -50,6 +50,8 @@ sys.path.insert(0, str(ROOT / "tests" / "models"))
 
 from eaglenest_testing import ACCESS_KEY, REGION, SECRET_KEY, Stack  # noqa: E402
 
+from benchmarks.proxy_cpu import runtime_counters  # noqa: E402
+
 PROMPTS = ["Natalia sold 48 clips", "def add(a, b):", "The quick brown fox", "import os"]
 
 
@@ -195,34 +197,24 @@ def _api_cpu(stack: Stack) -> float:
     raise RuntimeError("no API process found")
 
 
-def _proxy_counters(stack: Stack) -> dict[str, float]:
-    """The API's own counters of the proxy's time: `own` (eaglenest_runtime_proxy_seconds_
-    total: request in -> request out to the model server, and chunk in -> frame out;
-    waiting on the model server excluded), `forward` (the first part alone) and `frames`."""
-    names = {"eaglenest_runtime_proxy_seconds_total": "own",
-             "eaglenest_runtime_forward_seconds_total": "forward",
-             "eaglenest_runtime_frames_total": "frames"}
-    got = {}
-    for line in httpx.get(f"{stack.url}/metrics", timeout=30).text.splitlines():
-        key, _, value = line.partition(" ")
-        if key in names:
-            got[names[key]] = float(value)
-    if len(got) != len(names):
-        raise RuntimeError(f"the API's /metrics lacks some of {sorted(names)}")
-    return got
-
-
-def _set_affinity(pid: int, cpus: set[int]) -> None:
-    """Pin every thread of a process (sched_setaffinity acts on one thread id)."""
+def _thread_ids(pid: int) -> list[int]:
+    """A process's thread ids (sched_setaffinity and setpriority act on one thread id);
+    none once it is gone."""
     import os
 
     try:
-        tids = os.listdir(f"/proc/{pid}/task")
+        return [int(tid) for tid in os.listdir(f"/proc/{pid}/task")]
     except OSError:
-        return
-    for tid in tids:
+        return []
+
+
+def _set_affinity(pid: int, cpus: set[int]) -> None:
+    """Pin every thread of a process."""
+    import os
+
+    for tid in _thread_ids(pid):
         try:
-            os.sched_setaffinity(int(tid), cpus)
+            os.sched_setaffinity(tid, cpus)
         except OSError:  # gone meanwhile
             continue
 
@@ -270,10 +262,9 @@ def renice(stack: Stack, nice: int) -> str:
     import os
 
     pids = _server_pids(stack)
-    for pid in pids:
+    for tid in (t for pid in pids for t in _thread_ids(pid)):
         try:
-            for tid in os.listdir(f"/proc/{pid}/task"):
-                os.setpriority(os.PRIO_PROCESS, int(tid), nice)
+            os.setpriority(os.PRIO_PROCESS, tid, nice)
         except OSError:  # gone meanwhile
             continue
     return f"model server pids {sorted(pids)} at niceness {nice}"
@@ -293,9 +284,9 @@ def compare(paths: dict[str, Call], stack: Stack, requests: int, conc: int,
     for i in range(rounds):
         order = list(paths.items())
         for name, call in order if i % 2 == 0 else order[::-1]:
-            cpu0, c0 = _api_cpu(stack), _proxy_counters(stack)
+            cpu0, c0 = _api_cpu(stack), runtime_counters(stack.url)
             m = measure(call, requests, conc)
-            c1 = _proxy_counters(stack)
+            c1 = runtime_counters(stack.url)
             m["api_cpu_ms"] = 1000 * (_api_cpu(stack) - cpu0) / requests
             m["proxy_ms"] = 1000 * (c1["own"] - c0["own"]) / requests
             m["forward_ms"] = 1000 * (c1["forward"] - c0["forward"]) / requests

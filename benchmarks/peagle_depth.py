@@ -27,6 +27,7 @@ import argparse
 import json
 import resource
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,8 @@ import torch
 from benchmarks.train_heads import prepared_target, split_builtin, train_config
 from models.capture_cache import CaptureCache
 from models.data import Sample, encode_examples
-from models.target import Target, load_target
+from models.heads.base import HeadBatch
+from models.target import Capture, Target, load_target
 from models.train import TrainData, collate, train
 
 
@@ -44,17 +46,22 @@ def _cpu() -> float:
     return u.ru_utime + u.ru_stime
 
 
+def _batches(target: Target, samples: list[Sample]) -> Iterator[tuple[HeadBatch, Capture]]:
+    """Batches of 4 samples with the target's capture of each."""
+    tok = target.tokenizer
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    for i in range(0, len(samples), 4):
+        batch = collate(samples[i:i + 4], pad, "cpu")
+        yield batch, target.capture(batch.input_ids, batch.attention_mask)
+
+
 def accuracy(head: torch.nn.Module, target: Target, samples: list[Sample],
              depth: int) -> list[float]:
     """Mean teacher-forced accuracy per depth over batches of 4, every slot kept."""
-    tok = target.tokenizer
-    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     accs = []
     extra = {"keep_prob": 1.0} if hasattr(head, "parallel_forward") else {}
     with torch.no_grad():
-        for i in range(0, len(samples), 4):
-            batch = collate(samples[i:i + 4], pad, "cpu")
-            cap = target.capture(batch.input_ids, batch.attention_mask)
+        for batch, cap in _batches(target, samples):
             loss = head.loss(batch, cap, steps=depth, **extra)  # type: ignore[operator]
             accs.append(loss.step_accuracy)
     return [sum(a[j] for a in accs) / len(accs) for j in range(depth)]
@@ -64,13 +71,9 @@ def same_draft(head: torch.nn.Module, target: Target, samples: list[Sample],
                depth: int) -> list[float]:
     """P-EAGLE: per mask slot k >= 1 (depths 2..), the share of anchors at assistant tokens
     whose greedy draft there is the same token as at the first mask slot (1.0 for it)."""
-    tok = target.tokenizer
-    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     same, count = [0.0] * depth, 0
     with torch.no_grad():
-        for i in range(0, len(samples), 4):
-            batch = collate(samples[i:i + 4], pad, "cpu")
-            cap = target.capture(batch.input_ids, batch.attention_mask)
+        for batch, cap in _batches(target, samples):
             keep = torch.ones(depth, batch.input_ids.shape[1], dtype=torch.bool)
             logits = head.parallel_forward(batch.input_ids, cap.aux, depth, keep)  # type: ignore[operator]
             drafts = [x.argmax(-1) for x in logits]  # per depth [batch, seq]

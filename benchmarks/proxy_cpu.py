@@ -155,11 +155,24 @@ def _direct_call(http: httpx.Client, url: str) -> Timed:
     return events, first - start, end - start
 
 
-def _proxy_seconds(base: str) -> float:
+#: the proxy's /metrics counters: `own` (request in -> request handed to the model server,
+#: and chunk in -> frame out; waiting on the model server excluded), `forward` (the first
+#: part alone) and `frames`
+RUNTIME_COUNTERS = {"eaglenest_runtime_proxy_seconds_total": "own",
+                    "eaglenest_runtime_forward_seconds_total": "forward",
+                    "eaglenest_runtime_frames_total": "frames"}
+
+
+def runtime_counters(base: str) -> dict[str, float]:
+    """The API's own counters of the proxy's time (`RUNTIME_COUNTERS`), read from /metrics."""
+    got = {}
     for line in httpx.get(f"{base}/metrics", timeout=30).text.splitlines():
-        if line.startswith("eaglenest_runtime_proxy_seconds_total "):
-            return float(line.split()[1])
-    raise RuntimeError("no eaglenest_runtime_proxy_seconds_total on /metrics")
+        key, _, value = line.partition(" ")
+        if key in RUNTIME_COUNTERS:
+            got[RUNTIME_COUNTERS[key]] = float(value)
+    if len(got) != len(RUNTIME_COUNTERS):
+        raise RuntimeError(f"the API's /metrics lacks some of {sorted(RUNTIME_COUNTERS)}")
+    return got
 
 
 def _wait_up(url: str, proc: subprocess.Popen[bytes]) -> None:
@@ -204,11 +217,11 @@ def measure(frames: int, conc: int, requests: int, gap_ms: float,
             list(pool.map(lambda _: _signed_call(http, base), range(4 * conc)))  # warm-up
             list(pool.map(lambda _: _direct_call(http, fake_url), range(4 * conc)))
             proc = psutil.Process(api.pid)
-            cpu0, own0 = sum(proc.cpu_times()[:2]), _proxy_seconds(base)
+            cpu0, own0 = sum(proc.cpu_times()[:2]), runtime_counters(base)["own"]
             t0 = time.perf_counter()
             got = list(pool.map(lambda _: _signed_call(http, base), range(requests)))
             wall = time.perf_counter() - t0
-            cpu1, own1 = sum(proc.cpu_times()[:2]), _proxy_seconds(base)
+            cpu1, own1 = sum(proc.cpu_times()[:2]), runtime_counters(base)["own"]
             direct = list(pool.map(lambda _: _direct_call(http, fake_url), range(requests)))
         http.close()
         if any(g[0] != frames for g in got + direct):
