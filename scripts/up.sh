@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# One command: install EagleNest and run the service (API + worker, embedded defaults).
-#   bash scripts/up.sh [--host 127.0.0.1] [--port 8080] [--data-dir .eaglenest]
+# One command: install EagleNest into .venv from the lock and run the service (API + worker,
+# embedded defaults). Arguments go to `eaglenest up`, e.g. --port 8080.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-python3 -m pip install -q --disable-pip-version-check -e '.[train]'
+. scripts/_venv.sh
+ensure_venv requirements/service.txt
 exec eaglenest up "$@"
