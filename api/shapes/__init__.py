@@ -11,6 +11,8 @@ The shape classes live in the generated modules (``common``, ``models``,
 
 from __future__ import annotations
 
+import copy
+import logging
 from typing import Any
 
 from pydantic import ValidationError
@@ -30,6 +32,9 @@ __all__ = [
     "dump_output",
     "parse_input",
 ]
+
+
+log = logging.getLogger(__name__)
 
 
 class ResponseValidationError(InternalFailure):
@@ -58,7 +63,40 @@ def parse_input(operation: str, body: dict[str, Any]) -> AwsShape:
     try:
         return shape.model_validate(body)
     except ValidationError as exc:
+        pruned = _without_unknown_members(body, exc)
+        if pruned is None:
+            raise service_error(shape, exc) from None
+    try:
+        return shape.model_validate(pruned)
+    except ValidationError as exc:
         raise service_error(shape, exc) from None
+
+
+def _without_unknown_members(body: dict[str, Any], exc: ValidationError) -> dict[str, Any] | None:
+    """``body`` without the members the shapes do not know, or None if it has none.
+
+    A newer botocore sends members that our generated shapes (from the locked botocore) do
+    not have yet. As AWS's JSON services do, such members are ignored rather than refused,
+    so a user's newer boto3 keeps working; they are never stored. Every member the shapes
+    know is still validated.
+    """
+    paths = [e["loc"] for e in exc.errors() if e["type"] == "extra_forbidden"]
+    if not paths:
+        return None
+    pruned = copy.deepcopy(body)
+    for path in paths:
+        parent: Any = pruned
+        for key in path[:-1]:
+            try:
+                parent = parent[key]
+            except (KeyError, IndexError, TypeError):
+                return None  # not a plain path into the body: report the original errors
+        if not isinstance(parent, dict) or path[-1] not in parent:
+            return None
+        del parent[path[-1]]
+    log.warning("ignored members unknown to the shapes: %s",
+                ", ".join(".".join(str(k) for k in path) for path in paths))
+    return pruned
 
 
 def dump_output(operation: str, data: dict[str, Any]) -> dict[str, Any]:

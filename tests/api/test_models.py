@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import time
 from datetime import timedelta
 
+import boto3
+import botocore.loaders
+import botocore.session
 import pytest
+from botocore.config import Config
 from botocore.exceptions import ClientError
+from eaglenest_testing import ACCESS_KEY, REGION, SECRET_KEY
 
 ROLE = "arn:aws:iam::123456789012:role/EagleNestRole"
 ARN_PREFIX = "arn:aws:sagemaker:us-east-1:123456789012"
@@ -140,3 +146,38 @@ def test_list_models_bad_sort_key(sm):
         sm.list_models(SortBy="Status")
     assert error(exc)[0] == "ValidationException"
     assert "Member must satisfy enum value set: [Name, CreationTime]" in error(exc)[1]
+
+
+def newer_sagemaker_client(stack, folder):  # type: ignore[no-untyped-def]
+    """A boto3 client whose service model has members our shapes lack, as a boto3 newer than
+    the locked one would: FutureSetting on CreateModel and FutureOption on its container."""
+    raw = botocore.loaders.Loader().load_service_model("sagemaker", "service-2")
+    raw["shapes"]["CreateModelInput"]["members"]["FutureSetting"] = {"shape": "ModelName"}
+    raw["shapes"]["ContainerDefinition"]["members"]["FutureOption"] = {"shape": "ModelName"}
+    where = folder / "sagemaker" / raw["metadata"]["apiVersion"]
+    where.mkdir(parents=True)
+    (where / "service-2.json").write_text(json.dumps(raw))
+    core = botocore.session.get_session()
+    core.set_config_variable("data_path", str(folder))
+    session = boto3.session.Session(botocore_session=core)
+    return session.client("sagemaker", endpoint_url=stack.url, region_name=REGION,
+                          aws_access_key_id=ACCESS_KEY, aws_secret_access_key=SECRET_KEY,
+                          config=Config(retries={"total_max_attempts": 1}))
+
+
+def test_members_of_a_newer_botocore_are_ignored(stack, sm, unique, tmp_path):
+    newer = newer_sagemaker_client(stack, tmp_path)
+    newer.create_model(ModelName=unique, ExecutionRoleArn=ROLE, FutureSetting="on",
+                       PrimaryContainer=container(FutureOption="fast"))
+    described = sm.describe_model(ModelName=unique)
+    assert described["PrimaryContainer"]["Environment"] == {"OPTION_TENSOR_PARALLEL_DEGREE": "1"}
+    assert "FutureSetting" not in described and "FutureOption" not in described["PrimaryContainer"]
+    # known members are still validated, and the message names the known one only
+    with pytest.raises(ClientError) as exc:
+        newer.create_model(ModelName=unique + "-2", ExecutionRoleArn="arn:aws:iam::123:role/nope",
+                           FutureSetting="on", PrimaryContainer=container(FutureOption="x"))
+    code, message, status = error(exc)
+    assert (code, status) == ("ValidationException", 400)
+    assert "executionRoleArn" in message and "Future" not in message
+    with pytest.raises(ClientError):
+        sm.describe_model(ModelName=unique + "-2")

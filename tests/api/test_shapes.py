@@ -761,6 +761,9 @@ PATTERN_SAMPLES = {
     r"arn:aws[a-z\-]*:sagemaker:[a-z0-9\-]*:[0-9]{12}:endpoint/.*": "arn:aws:sagemaker:us-east-1:123456789012:endpoint/e",
     r"arn:aws[a-z\-]*:sagemaker:[a-z0-9\-]*:[0-9]{12}:optimization-job/.*": "arn:aws:sagemaker:us-east-1:123456789012:optimization-job/j",
     r"[a-zA-Z0-9\-]+": "job",
+    r"arn:aws[a-z\-]*:sagemaker:[a-z0-9\-]*:[0-9]{12}:training-plan/.*": "arn:aws:sagemaker:us-east-1:123456789012:training-plan/p",
+    r"mig-[0-9]+g\.[0-9]+gb([+-][a-z0-9.]+)*": "mig-1g.10gb",
+    r"/(?!.*\.\.)[a-zA-Z0-9/_.\-]+": "/metrics",
 }
 
 
