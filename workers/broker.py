@@ -65,9 +65,10 @@ class EmbeddedBroker:
                 return self.url
         return self.start()
 
-    def start(self) -> str:
+    def start(self, port: int = 0) -> str:
+        """Start redis-server on ``port`` (0: a free one); a restart passes the old port."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.port = free_port()
+        self.port = port or free_port()
         log = open(self.data_dir / "broker.log", "ab")  # noqa: SIM115 (owned by the child)
         self.process = subprocess.Popen(
             [

@@ -50,7 +50,8 @@ def cmd_api(args: argparse.Namespace) -> int:
     ensure_credentials(settings)
     _prepare(settings)
     url, broker = _broker(settings)
-    print(usage(settings, args.host, args.port), flush=True)
+    if not os.environ.get("EAGLENEST_SUPERVISED"):  # under `up`, up prints it once ready
+        print(usage(settings, args.host, args.port), flush=True)
     try:
         # log_config=None: uvicorn's loggers go through the root handler (configure_logging),
         # so EAGLENEST_LOG_FORMAT=json covers them too
