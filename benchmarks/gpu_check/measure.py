@@ -1,0 +1,249 @@
+"""The four measurements of the GPU check; each takes a Bench and returns a JSON-able dict."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from functools import partial
+from typing import Any
+
+import torch
+
+from benchmarks.gpu_check import CEILING_FORMULA
+from benchmarks.gpu_check.build import EOS, PAD, Bench, median_ms, oracle_factory, random_ids, sync
+
+K = 5  # chain / parallel drafts per round
+TREE = dict(depth=5, topk=4, total_tokens=16)
+MODES = (("plain", None), ("chain", "eagle3"), ("tree", "eagle3"), ("parallel", "peagle"))
+TOKEN_COUNTS = (1, 2, 4, 6, 8, 16, 32, 64)  # 6 = K + 1 for the ceiling at K = 5
+CEILING_KS = (3, 5)
+TAUS = (2, 3, 4)
+
+
+def _vocab(bench: Bench) -> int:
+    return int(bench.spec.config["vocab_size"])
+
+
+def _engine(bench: Bench, mode: str, kind: str | None, dtype: torch.dtype, **kw: Any) -> Any:
+    from models.decode import SpeculativeEngine
+
+    head = None if kind is None else bench.head(kind, dtype)
+    opts: dict[str, Any] = dict(k=K, **TREE)
+    opts.update(kw)
+    return SpeculativeEngine(bench.target(dtype), head, mode, **opts)
+
+
+def hf_greedy(model: Any, prompt: list[int], n: int) -> list[int]:
+    """transformers' greedy generate (KV cache), cut after the first EOS."""
+    device = next(model.parameters()).device
+    x = torch.tensor([prompt], device=device)
+    with torch.no_grad():
+        out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n,
+                             do_sample=False, pad_token_id=PAD, eos_token_id=EOS)
+    ids = out[0, len(prompt):].tolist()
+    return ids[: ids.index(EOS) + 1] if EOS in ids else ids
+
+
+def _margin(model: Any, prompt: list[int], ref: list[int], i: int) -> float:
+    """Top-1 minus top-2 logit of the target (no cache) where the reference emits ref[i]."""
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + ref[:i]], device=device)).logits[0, -1].float()
+    top = logits.topk(2).values
+    return float(top[0] - top[1])
+
+
+def _compare(model: Any, prompts: list[list[int]], refs: list[list[int]],
+             outs: list[list[int]]) -> dict[str, Any]:
+    firsts, margins = [], []
+    for prompt, ref, out in zip(prompts, refs, outs, strict=True):
+        if out == ref:
+            continue
+        i = next((j for j, (a, b) in enumerate(zip(ref, out, strict=False)) if a != b),
+                 min(len(ref), len(out)))
+        firsts.append(i)
+        margins.append(_margin(model, prompt, ref, i) if i < len(ref) else None)
+    n = len(prompts)
+    return {"sequences": n, "divergent": len(firsts), "divergent_rate": len(firsts) / n,
+            "equal": not firsts, "first_divergence": firsts, "hf_top2_margin": margins}
+
+
+def _lossless_dtype(bench: Bench, dtype: torch.dtype) -> dict[str, Any]:
+    spec, target = bench.spec, bench.target(dtype)
+    prompts = [random_ids(n, _vocab(bench), 10 + i) for i, n in enumerate(spec.prompts)]
+    refs = [hf_greedy(target.model, p, spec.new_tokens) for p in prompts]
+    rows: dict[str, Any] = {}
+    for mode, kind in MODES:
+        engine = _engine(bench, mode, kind, dtype)
+        outs = [engine.generate_ids(p, spec.new_tokens, stop_token_ids=[EOS]) for p in prompts]
+        rows[mode] = _compare(target.model, prompts, refs, outs)
+        rows[mode]["tau"] = engine.stats.acceptance_length
+    return rows
+
+
+def lossless(bench: Bench) -> dict[str, Any]:
+    """Greedy engine output vs HF generate: fp32 must be equal, bf16 is reported."""
+    out: dict[str, Any] = {"new_tokens": bench.spec.new_tokens,
+                           "prompt_lengths": list(bench.spec.prompts),
+                           "k": K, "tree": TREE}
+    out["fp32"] = _lossless_dtype(bench, torch.float32)
+    out["fp32_lossless"] = all(r["equal"] for r in out["fp32"].values())
+    out["bf16"] = _lossless_dtype(bench, torch.bfloat16)
+    return out
+
+
+def _target_curve(bench: Bench) -> dict[int, float]:
+    """{n: ms} KV-cached target forward over n new tokens after ``spec.context`` tokens."""
+    from models.decode.runner import TargetRunner
+
+    target, spec = bench.target(bench.perf_dtype), bench.spec
+    runner = TargetRunner(target.model, list(target.aux_layer_ids))  # as the engine runs it
+    ctx = random_ids(spec.context, _vocab(bench), 1)
+    runner.forward(ctx, last_logits_only=True)
+    runner.commit(ctx, len(ctx))
+    curve = {}
+    for n in TOKEN_COUNTS:
+        toks = random_ids(n, _vocab(bench), 2)
+        curve[n] = median_ms(partial(runner.forward, toks), bench.device, spec.repeats,
+                             after=partial(runner.commit, toks, 0))  # drop the n new keys
+    return curve
+
+
+def _draft_ms(bench: Bench, kind: str) -> dict[str, float]:
+    """One round's drafting with a random head after ``spec.context`` committed slots."""
+    from models.decode.drafter import HeadDrafter
+    from models.decode.sampling import SamplingParams
+
+    head: Any = bench.head(kind, bench.perf_dtype)
+    spec = bench.spec
+    drafter = HeadDrafter(head)
+    n_aux = len(head.cfg.aux_layer_ids)
+    g = torch.Generator(device=bench.device).manual_seed(0)
+    aux = torch.randn(spec.context, n_aux * head.cfg.hidden_size, generator=g,
+                      device=bench.device, dtype=bench.perf_dtype)
+    with torch.no_grad():
+        feats = head.combine(aux)
+    drafter.extend(random_ids(spec.context, _vocab(bench), 3), feats)
+    draft = drafter.draft_parallel if kind == "peagle" else drafter.draft_chain
+    greedy = SamplingParams()
+    out = {}
+    for k in CEILING_KS:
+        out[f"draft_{k}"] = median_ms(partial(draft, k, greedy, None), bench.device,
+                                      spec.repeats)
+    two, slots = random_ids(2, _vocab(bench), 4), drafter.slots
+
+    def undo() -> None:
+        drafter.slots = slots
+        drafter.crop()
+
+    out["extend_2"] = median_ms(lambda: drafter.extend(two, feats[:2]), bench.device,
+                                spec.repeats, after=undo)
+    return out
+
+
+def _ceiling(curve: dict[int, float], drafts: dict[str, dict[str, float]]) -> list[dict]:
+    rows = []
+    for name, ms in [("verify_only", None), *drafts.items()]:
+        for k in CEILING_KS:
+            t_draft = 0.0 if ms is None else ms[f"draft_{k}"] + ms["extend_2"]
+            t_round = curve[k + 1] + t_draft
+            speed = {str(tau): tau * curve[1] / t_round for tau in TAUS if tau <= k + 1}
+            rows.append({"drafting": name, "k": k, "t_draft_ms": t_draft,
+                         "t_verify_ms": curve[k + 1], "speedup": speed})
+    return rows
+
+
+def verify_cost(bench: Bench) -> dict[str, Any]:
+    curve = _target_curve(bench)
+    drafts = {"chain": _draft_ms(bench, "eagle3"), "parallel": _draft_ms(bench, "peagle")}
+    return {"dtype": str(bench.perf_dtype).removeprefix("torch."), "context": bench.spec.context,
+            "token_counts": list(TOKEN_COUNTS), "repeats": bench.spec.repeats,
+            "curve": [{"n": n, "ms": ms} for n, ms in curve.items()],
+            "draft_ms": drafts, "ceiling": _ceiling(curve, drafts),
+            "formula": CEILING_FORMULA}
+
+
+def _rate(fn: Any, bench: Bench) -> tuple[float, list[int]]:
+    """(tokens/s, output) of ``fn(n)`` after a short warm-up; median of the repeats."""
+    spec = bench.spec
+    fn(8)
+    runs = []
+    for _ in range(spec.bench_repeats):
+        sync(bench.device)
+        t0 = time.perf_counter()
+        out = fn(spec.bench_tokens)
+        sync(bench.device)
+        runs.append((len(out) / (time.perf_counter() - t0), out))
+    runs.sort(key=lambda r: r[0])
+    return runs[len(runs) // 2]
+
+
+def throughput(bench: Bench) -> dict[str, Any]:
+    """Batch-1 tokens/s on one prompt: HF generate and the engine's modes."""
+    spec = bench.spec
+    target = bench.target(bench.perf_dtype)
+    prompt = random_ids(spec.bench_prompt, _vocab(bench), 7)
+    hf_rate, _ = _rate(lambda n: hf_greedy(target.model, prompt, n), bench)
+    rows: list[dict[str, Any]] = [
+        {"name": "hf generate", "tokens_per_s": hf_rate, "tau": None, "tokens": None}]
+    plain: list[int] = []
+    for name, mode, kind in (("ours plain", "plain", None), (f"ours chain K={K}", "chain",
+                             "eagle3"), (f"ours parallel K={K}", "parallel", "peagle"),
+                             (f"ours chain K={K} oracle", "chain", "oracle")):
+        if kind == "oracle":
+            engine = _engine(bench, mode, None, bench.perf_dtype,
+                             drafter_factory=oracle_factory(prompt + plain))
+        else:
+            engine = _engine(bench, mode, kind, bench.perf_dtype)
+        rate, out = _rate(lambda n, e=engine: e.generate_ids(prompt, n, stop_token_ids=[EOS]),
+                          bench)
+        plain = plain or out
+        tau = engine.request_stats.acceptance_length if mode != "plain" else None
+        rows.append({"name": name, "tokens_per_s": rate, "tau": tau, "tokens": len(out)})
+    for row in rows:
+        row["speedup_vs_hf"] = row["tokens_per_s"] / hf_rate
+    return {"dtype": str(bench.perf_dtype).removeprefix("torch."),
+            "prompt_tokens": spec.bench_prompt, "new_tokens": spec.bench_tokens, "rows": rows}
+
+
+def _capture_ms(bench: Bench, target: Any, autocast: Any) -> float:
+    ids = torch.tensor([random_ids(bench.spec.seq_len, _vocab(bench), 5)], device=bench.device)
+
+    def run() -> None:
+        with autocast:
+            target.capture(ids)
+
+    return median_ms(run, bench.device, 3, warmup=1)
+
+
+def training(bench: Bench) -> dict[str, Any]:
+    """models.train steps/s per head kind after ``train_warmup`` steps (captures cached)."""
+    from models.train import TrainConfig, TrainData, train
+
+    spec, cuda = bench.spec, bench.device.type == "cuda"
+    target = bench.target(bench.perf_dtype)  # as models.cli loads it
+    autocast = torch.autocast("cuda", torch.bfloat16) if cuda else contextlib.nullcontext()
+    rows = []
+    for kind in ("eagle3", "peagle"):
+        ticks: list[float] = []
+
+        def tick(ticks: list[float] = ticks) -> bool:
+            sync(bench.device)
+            ticks.append(time.perf_counter())  # before every step
+            return False
+
+        steps = spec.train_warmup + spec.train_steps + 1  # the tick before the last step ends it
+        cfg = TrainConfig(head=kind, max_steps=steps, batch_size=2, warmup_steps=2, progress=False,
+                          draft_vocab_size=spec.draft_vocab, should_stop=tick)
+        result = train(cfg, TrainData(target, bench.samples(), "random tokens"), bench.device)
+        span = ticks[spec.train_warmup + spec.train_steps] - ticks[spec.train_warmup]
+        rows.append({"head": kind, "steps_per_s": spec.train_steps / span,
+                     "tokens_per_s": spec.train_steps * 2 * spec.seq_len / span,
+                     "loss": result.loss, "loss_finite": math.isfinite(result.loss),
+                     "steps": result.steps})
+        del result
+    return {"autocast": "bfloat16" if cuda else "none (fp32 on CPU)", "batch_size": 2,
+            "seq_len": spec.seq_len, "warmup_steps": spec.train_warmup,
+            "timed_steps": spec.train_steps, "optimizer": TrainConfig().optimizer,
+            "capture_ms": _capture_ms(bench, target, autocast), "heads": rows}

@@ -1,0 +1,85 @@
+"""The GPU check's results document as markdown tables."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _table(head: list[str], rows: list[list[Any]]) -> list[str]:
+    def cell(v: Any) -> str:
+        if isinstance(v, float):
+            return f"{v:.3g}" if abs(v) < 100 else f"{v:.0f}"
+        return "-" if v is None else str(v)
+
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    return lines + [""]
+
+
+def _ok(sections: dict[str, dict[str, Any]], name: str) -> list[tuple[str, dict[str, Any]]]:
+    return [(m, e) for m, e in sections.get(name, {}).items() if e.get("status") == "ok"]
+
+
+def _status(sections: dict[str, dict[str, Any]]) -> list[str]:
+    rows = [[name, model, e["status"], e.get("seconds", 0.0),
+             (e.get("error") or e.get("reason") or "")[:120]]
+            for name, per in sections.items() for model, e in per.items()]
+    return _table(["section", "model", "status", "seconds", "error / reason"], rows)
+
+
+def _training(sections: dict[str, dict[str, Any]]) -> list[str]:
+    rows = [[m, h["head"], e["autocast"], h["steps_per_s"], h["tokens_per_s"], h["loss"],
+             e["capture_ms"]] for m, e in _ok(sections, "training") for h in e["heads"]]
+    return ["### Training (models.train, batch 2, captures cached; capture_ms: target forward "
+            "per sample, first epoch)", "", *_table(
+                ["model", "head", "autocast", "steps/s", "tokens/s", "loss", "capture ms"],
+                rows)]
+
+
+def _lossless(sections: dict[str, dict[str, Any]]) -> list[str]:
+    rows = []
+    for m, e in _ok(sections, "lossless"):
+        for dtype in ("fp32", "bf16"):
+            for mode, r in e[dtype].items():
+                rows.append([m, dtype, mode, r["sequences"], r["divergent"], r["equal"],
+                             r["tau"], r["first_divergence"] or "-"])
+    return ["### Greedy engine vs HF generate (fp32 must be equal; bf16 reported)", "",
+            *_table(["model", "dtype", "mode", "sequences", "divergent", "equal", "tau",
+                     "first divergence"], rows)]
+
+
+def _verify(sections: dict[str, dict[str, Any]]) -> list[str]:
+    out = []
+    for m, e in _ok(sections, "verify_cost"):
+        counts = e["token_counts"]
+        ms = {c["n"]: c["ms"] for c in e["curve"]}
+        out += [f"### Verification cost, {m} ({e['dtype']}, KV context {e['context']}), ms", ""]
+        out += _table([f"n={n}" for n in counts], [[ms[n] for n in counts]])
+        rows = [[r["drafting"], r["k"], r["t_draft_ms"], r["t_verify_ms"],
+                 *(r["speedup"].get(str(t)) for t in (2, 3, 4))] for r in e["ceiling"]]
+        out += _table(["drafting", "K", "t_draft ms", "t(K+1) ms", "tau=2", "tau=3", "tau=4"],
+                      rows)
+    return out
+
+
+def _throughput(sections: dict[str, dict[str, Any]]) -> list[str]:
+    rows = [[m, e["dtype"], r["name"], r["tokens_per_s"], r["tau"], r["speedup_vs_hf"]]
+            for m, e in _ok(sections, "throughput") for r in e["rows"]]
+    return ["### Batch-1 decoding (random heads; oracle = drafts read from the plain output)",
+            "", *_table(["model", "dtype", "row", "tokens/s", "tau", "x HF"], rows)]
+
+
+def _verdict(ok: bool | None) -> str:
+    return "running (partial results)" if ok is None else "OK" if ok else "FAILED"
+
+
+def markdown(doc: dict[str, Any]) -> str:
+    env, sections = doc["environment"], doc["sections"]
+    lines = [f"## GPU check: {env['device_name']} ({env['device']}), torch {env['torch']}, "
+             f"transformers {env['transformers']}", "",
+             f"Result: {_verdict(doc.get('ok'))} after {doc.get('total_seconds', 0.0):.0f}s", ""]
+    lines += _status(sections)
+    for part in (_training, _lossless, _verify, _throughput):
+        lines += part(sections)
+    lines += [f"Ceiling: {doc['formula']}", ""]
+    return "\n".join(lines)
