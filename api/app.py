@@ -9,10 +9,10 @@ from fastapi import FastAPI
 
 from api import protocol, runtime
 from api.registry import Context
-from api.settings import Settings
-from db.common import Account
 from db.session import Database
-from workers.queue import TaskQueue
+from foundation.accounts import Account
+from foundation.queue import TaskQueue
+from foundation.settings import Settings
 
 
 def create_app(settings: Settings, broker_url: str | None = None) -> FastAPI:

@@ -16,7 +16,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from workers.storage import ArtifactStore, parse_uri
+from foundation.storage import ArtifactStore, parse_uri
 
 log = logging.getLogger("eaglenest.capture")
 

@@ -16,16 +16,16 @@ from sqlalchemy.exc import OperationalError
 
 from api import operations as _ops  # noqa: F401  (registers the handlers)
 from api import shapes
-from api.errors import (
+from api.observability import ApiMetrics
+from api.registry import REGISTRY, Context
+from api.sigv4 import IncomingRequest, verify
+from foundation.errors import (
     InternalFailure,
     SerializationException,
     ServiceError,
     ServiceUnavailable,
     UnknownOperationException,
 )
-from api.observability import ApiMetrics
-from api.registry import REGISTRY, Context
-from api.sigv4 import IncomingRequest, verify
 
 log = logging.getLogger("eaglenest.api")
 TARGET_PREFIX = "SageMaker."

@@ -6,10 +6,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from api.settings import Settings
-from db.common import Account
 from db.session import Database
-from workers.queue import TaskQueue
+from foundation.accounts import Account
+from foundation.queue import TaskQueue
+from foundation.settings import Settings
 
 
 @dataclass

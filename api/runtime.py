@@ -36,7 +36,6 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from api import eventstream
 from api.backend_http import BackendClient, BackendConnectError, BackendError, BackendResponse
 from api.capture import CaptureWriter
-from api.errors import ServiceError
 from api.observability import ApiMetrics
 from api.registry import Context
 from api.runtime_bodies import (
@@ -50,8 +49,9 @@ from api.runtime_bodies import (
 from api.runtime_relay import FrameRelay
 from api.runtime_routes import Route, Routes
 from api.sigv4 import IncomingRequest, verify
-from workers import queue as q
-from workers.storage import make_store
+from foundation import queue as q
+from foundation.errors import ServiceError
+from foundation.storage import make_store
 
 log = logging.getLogger("eaglenest.runtime")
 Headers = list[tuple[bytes, bytes]]

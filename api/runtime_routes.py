@@ -23,7 +23,7 @@ from api.registry import Context
 from api.runtime_bodies import RuntimeValidationError
 from db.common import find
 from db.tables import EndpointConfigRow, EndpointRow
-from workers.serving.deploy import instances_of
+from foundation.deployment import instances_of
 
 log = logging.getLogger("eaglenest.runtime")
 

@@ -44,7 +44,7 @@ import boto3
 import httpx
 from botocore.config import Config
 
-from workers.broker import free_port
+from foundation.processes import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 ACCESS_KEY = "AKIAEAGLENESTBENCH01"
@@ -399,8 +399,8 @@ def grow_eaglenest(server: EagleNest, client: Any, size: int, batch: int = 2000)
     """Grow the model table to `size`: the first 100 through boto3, the rest straight into
     the database with the project's own repository code (same rows CreateModel writes)."""
     from db import models_repo
-    from db.common import Account
     from db.session import Database
+    from foundation.accounts import Account
 
     have = count_models(server)
     while have < min(size, 100):

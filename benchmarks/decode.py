@@ -40,11 +40,11 @@ from typing import Any
 import torch
 
 from benchmarks.train_heads import first_user_prompt, split_builtin
+from foundation.processes import free_port
 from models.decode.engine import SpeculativeEngine
 from models.decode.stats import SpecStats
 from models.target import Target
 from workers.benchmark import BenchConfig, run
-from workers.broker import free_port
 from workers.serving.process import EMBEDDED, VLLM, ServerProcess, ServerSpec
 
 CODE_SETS = ("magicoder", "opencodeinstruct", "swebench")

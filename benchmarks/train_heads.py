@@ -35,6 +35,7 @@ from typing import Any
 import httpx
 import torch
 
+from foundation.processes import free_port
 from models.capture_cache import CaptureCache
 from models.checkpoint import save_head
 from models.data import BUILTIN_NAMES, Chat, Example, encode_examples, load_examples
@@ -42,7 +43,6 @@ from models.prepare import cached_smollm2
 from models.target import Target, load_target
 from models.train import TrainConfig, TrainData, train
 from workers.benchmark import BenchConfig, run
-from workers.broker import free_port
 from workers.serving.embedded.metrics import parse_spec_counters
 from workers.serving.process import VLLM, ServerProcess, ServerSpec
 

@@ -21,16 +21,6 @@ def now() -> float:
     return time.time()
 
 
-@dataclass(frozen=True)
-class Account:
-    region: str
-    account_id: str
-
-    def arn(self, kind: str, name: str) -> str:
-        """`arn:aws:sagemaker:<region>:<account>:<kind>/<lower-cased name>`."""
-        return f"arn:aws:sagemaker:{self.region}:{self.account_id}:{kind}/{name.lower()}"
-
-
 def insert_unique(session: Session, row: Base, duplicate: Exception) -> None:
     """Insert `row`; if its unique name is taken, raise `duplicate` (nothing is written)."""
     try:

@@ -16,10 +16,11 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from api.errors import ValidationException
 from db import endpoint_configs_repo
-from db.common import Account, find, insert_unique, now
+from db.common import find, insert_unique, now
 from db.tables import EndpointRow
+from foundation.accounts import Account
+from foundation.errors import ValidationException
 
 CREATING, IN_SERVICE, UPDATING = "Creating", "InService", "Updating"
 DELETING, FAILED = "Deleting", "Failed"

@@ -6,6 +6,7 @@ RUN apt-get update && apt-get install -y --no-install-recommends python3 python3
  && rm -rf /var/lib/apt/lists/* && useradd --create-home --uid 10001 eaglenest
 WORKDIR /app
 COPY pyproject.toml README.md alembic.ini ./
+COPY foundation ./foundation
 COPY api ./api
 COPY db ./db
 COPY workers ./workers

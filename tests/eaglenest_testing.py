@@ -16,7 +16,7 @@ import boto3
 import httpx
 from botocore.config import Config
 
-from workers.broker import free_port
+from foundation.processes import free_port
 
 ACCESS_KEY = "AKIAEAGLENESTTEST001"
 SECRET_KEY = "test-secret-key-0123456789abcdefghijklmno"

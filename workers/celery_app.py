@@ -15,12 +15,12 @@ from celery.signals import (
     worker_shutting_down,
 )
 
-from api.settings import Settings
 from db.session import Database
+from foundation.queue import OPTIMIZE_TASK, SERVE_QUEUE, TRAIN_QUEUE, TaskQueue
+from foundation.settings import Settings
 from workers import endpoints, optimize
 from workers.context import WorkerContext
 from workers.logs import configure_logging, enter_context, leave_context
-from workers.queue import OPTIMIZE_TASK, SERVE_QUEUE, TRAIN_QUEUE, TaskQueue
 from workers.reconcile import reconcile, start_watchdog
 from workers.serving.deploy import stop_servers
 

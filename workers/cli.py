@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from api.settings import Settings
+from foundation.settings import Settings
 from workers.credentials import ensure_credentials, usage
 from workers.logs import configure_logging
 

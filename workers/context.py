@@ -7,9 +7,9 @@ import socket
 import threading
 from dataclasses import dataclass, field
 
-from api.settings import Settings
 from db.session import Database
-from workers.queue import TaskQueue
+from foundation.queue import TaskQueue
+from foundation.settings import Settings
 
 
 @dataclass

@@ -23,25 +23,25 @@ from celery import Celery
 from db import endpoints_repo as eps
 from db.common import find
 from db.tables import EndpointRow
-from workers.context import WorkerContext
-from workers.queue import (
+from foundation.deployment import instances_of
+from foundation.queue import (
     ENDPOINT_CREATE_TASK,
     ENDPOINT_DELETE_TASK,
     ENDPOINT_RECOVER_TASK,
     ENDPOINT_UPDATE_TASK,
 )
+from foundation.storage import make_store
+from workers.context import WorkerContext
 from workers.serving.deploy import (
     DeployError,
     VariantPlan,
     deployment,
-    instances_of,
     plan_variants,
     restart_instances,
     start_variant,
     stop_servers,
 )
 from workers.serving.process import ServingError
-from workers.storage import make_store
 
 log = logging.getLogger("eaglenest.endpoints")
 

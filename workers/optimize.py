@@ -17,15 +17,16 @@ from celery import Celery
 
 from db import models_repo
 from db import optimization_jobs_repo as jobs
-from db.common import Account, find
+from db.common import find
 from db.tables import ModelRow
+from foundation.accounts import Account
+from foundation.queue import OPTIMIZE_TASK, TRAIN_QUEUE
+from foundation.storage import StorageError, make_store
 from workers.context import WorkerContext
 from workers.job_control import JobControl, JobStopped
 from workers.job_inputs import EAGLE_CHANNEL, InputError, resolve_sources
 from workers.job_options import OptionError, parse_options
-from workers.queue import OPTIMIZE_TASK, TRAIN_QUEUE
 from workers.serving.process import ServingError
-from workers.storage import StorageError, make_store
 
 log = logging.getLogger("eaglenest.optimize")
 

@@ -14,13 +14,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from foundation.storage import ArtifactStore, StorageError, publish_dir
 from workers.checkpoint_sync import CheckpointSync
 from workers.job_bench import BenchPlan, run_benchmark
 from workers.job_control import JobControl
 from workers.job_inputs import InputError, JobSources, fetch_data, fetch_tree
 from workers.job_options import JobOptions
 from workers.serving.process import default_backend
-from workers.storage import ArtifactStore, StorageError, publish_dir
 
 log = logging.getLogger("eaglenest.optimize")
 HEAD_FILES = ("config.json", "model.safetensors", "provenance.json")

@@ -18,7 +18,7 @@ from sqlalchemy import select
 from db import endpoints_repo
 from db import optimization_jobs_repo as jobs
 from db.tables import EndpointRow
-from workers import queue as q
+from foundation import queue as q
 from workers.context import WorkerContext
 
 log = logging.getLogger("eaglenest.reconcile")

@@ -9,10 +9,10 @@ from typing import Any
 
 from sqlalchemy import func, select
 
-from api.settings import Settings
 from db.session import Database
 from db.tables import EndpointRow, OptimizationJobRow
-from workers.queue import SERVE_QUEUE, TRAIN_QUEUE
+from foundation.queue import SERVE_QUEUE, TRAIN_QUEUE
+from foundation.settings import Settings
 
 
 def _broker_url(settings: Settings) -> str | None:

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import FrameType
 
-from api.settings import Settings
+from foundation.settings import Settings
 from workers.broker import EmbeddedBroker
 from workers.credentials import usage
 

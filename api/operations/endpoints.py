@@ -12,7 +12,7 @@ from api.registry import Context, operation
 from db import endpoints_repo
 from db.common import find, list_rows
 from db.tables import EndpointConfigRow, EndpointRow
-from workers import queue as q
+from foundation import queue as q
 
 
 @operation("CreateEndpoint")

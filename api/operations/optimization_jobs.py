@@ -12,7 +12,7 @@ from api.registry import Context, operation
 from db import optimization_jobs_repo as jobs
 from db.common import list_rows
 from db.tables import OptimizationJobRow
-from workers import queue as q
+from foundation import queue as q
 
 
 @operation("CreateOptimizationJob")

@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from api.errors import InternalFailure, SerializationException, UnknownOperationException
+from foundation.errors import InternalFailure, SerializationException, UnknownOperationException
 
 from .base import AwsShape, AwsUnion
 from .registry import INPUT_SHAPES, OUTPUT_SHAPES

@@ -19,12 +19,6 @@ from botocore.model import ServiceModel, Shape
 from pydantic import BaseModel, Field
 
 from api import shapes
-from api.errors import (
-    InternalFailure,
-    SerializationException,
-    UnknownOperationException,
-    ValidationException,
-)
 from api.shapes import (
     INPUT_SHAPES,
     OUTPUT_SHAPES,
@@ -44,6 +38,12 @@ from api.shapes.base import (
     constraints,
     java_to_python,
     unwrap,
+)
+from foundation.errors import (
+    InternalFailure,
+    SerializationException,
+    UnknownOperationException,
+    ValidationException,
 )
 
 OPERATIONS = [

@@ -32,13 +32,13 @@ import httpx
 import pytest
 import torch
 
+from foundation.processes import free_port
 from models.checkpoint import load_head, save_head
 from models.data import encode_examples, load_examples
 from models.decode import DecodeMode, SpecStats, SpeculativeEngine
 from models.prepare import cached_smollm2
 from models.target import Target, load_target
 from models.train import TrainConfig, TrainData, train
-from workers.broker import free_port
 from workers.serving.embedded.metrics import parse_spec_counters
 from workers.serving.process import VLLM, ServerProcess, ServerSpec, head_method, vllm_installed
 

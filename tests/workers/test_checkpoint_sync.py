@@ -7,8 +7,8 @@ from pathlib import Path
 
 import torch
 
+from foundation.storage import LocalStore, parse_uri
 from workers.checkpoint_sync import CheckpointSync
-from workers.storage import LocalStore, parse_uri
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from api.settings import Settings
-from workers.broker import free_port
+from foundation.processes import free_port
+from foundation.settings import Settings
 from workers.logs import (
     JsonFormatter,
     TextFormatter,

@@ -25,10 +25,11 @@ from sqlalchemy.orm import Session
 
 from db.common import find
 from db.tables import EndpointConfigRow, ModelRow
-from workers.broker import free_port, pid_alive
+from foundation.deployment import instances_of
+from foundation.processes import free_port, pid_alive
+from foundation.storage import ArtifactStore
 from workers.job_inputs import InputError, _container_uri, fetch_tree
 from workers.serving.process import EMBEDDED, VLLM, ServerProcess, ServerSpec, default_backend
-from workers.storage import ArtifactStore
 
 DEFAULT_HEALTH_TIMEOUT = 900
 
@@ -179,12 +180,6 @@ def restart_instances(plan: VariantPlan, record: dict[str, Any], dead: list[int]
     for i, inst in zip(dead, started, strict=True):
         new[i] = inst
     return {**record, **new[0], "instances": new}
-
-
-def instances_of(record: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every serving process of a variant (a record written before `instances` existed
-    describes one process itself)."""
-    return list(record.get("instances") or [record])
 
 
 def _check_model(model_dir: Path, variant: str) -> None:

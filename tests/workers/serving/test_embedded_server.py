@@ -10,8 +10,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from foundation.processes import free_port
 from workers.benchmark import BenchConfig, run
-from workers.broker import free_port
 from workers.serving.embedded.metrics import parse_spec_counters
 from workers.serving.process import EMBEDDED, ServerProcess, ServerSpec
 

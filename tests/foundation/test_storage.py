@@ -16,7 +16,7 @@ import httpx
 import pytest
 from eaglenest_testing import free_port
 
-from workers.storage import (
+from foundation.storage import (
     LocalStore,
     S3Store,
     StorageError,
