@@ -7,12 +7,12 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from api import protocol, runtime
-from api.registry import Context
-from db.session import Database
-from foundation.accounts import Account
-from foundation.queue import TaskQueue
-from foundation.settings import Settings
+from eaglenest.api import protocol, runtime
+from eaglenest.api.registry import Context
+from eaglenest.db.session import Database
+from eaglenest.foundation.accounts import Account
+from eaglenest.foundation.queue import TaskQueue
+from eaglenest.foundation.settings import Settings
 
 
 def create_app(settings: Settings, broker_url: str | None = None) -> FastAPI:

@@ -16,7 +16,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from foundation.storage import ArtifactStore, parse_uri
+from eaglenest.foundation.storage import ArtifactStore, parse_uri
 
 log = logging.getLogger("eaglenest.capture")
 

@@ -14,12 +14,12 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response
 from sqlalchemy.exc import OperationalError
 
-from api import operations as _ops  # noqa: F401  (registers the handlers)
-from api import shapes
-from api.observability import ApiMetrics
-from api.registry import REGISTRY, Context
-from api.sigv4 import IncomingRequest, verify
-from foundation.errors import (
+from eaglenest.api import operations as _ops  # noqa: F401  (registers the handlers)
+from eaglenest.api import shapes
+from eaglenest.api.observability import ApiMetrics
+from eaglenest.api.registry import REGISTRY, Context
+from eaglenest.api.sigv4 import IncomingRequest, verify
+from eaglenest.foundation.errors import (
     InternalFailure,
     SerializationException,
     ServiceError,

@@ -6,10 +6,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from db.session import Database
-from foundation.accounts import Account
-from foundation.queue import TaskQueue
-from foundation.settings import Settings
+from eaglenest.db.session import Database
+from eaglenest.foundation.accounts import Account
+from eaglenest.foundation.queue import TaskQueue
+from eaglenest.foundation.settings import Settings
 
 
 @dataclass

@@ -33,12 +33,17 @@ from fastapi import FastAPI
 from starlette.datastructures import URL
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from api import eventstream
-from api.backend_http import BackendClient, BackendConnectError, BackendError, BackendResponse
-from api.capture import CaptureWriter
-from api.observability import ApiMetrics
-from api.registry import Context
-from api.runtime_bodies import (
+from eaglenest.api import eventstream
+from eaglenest.api.backend_http import (
+    BackendClient,
+    BackendConnectError,
+    BackendError,
+    BackendResponse,
+)
+from eaglenest.api.capture import CaptureWriter
+from eaglenest.api.observability import ApiMetrics
+from eaglenest.api.registry import Context
+from eaglenest.api.runtime_bodies import (
     LMI,
     Translated,
     capture_record,
@@ -46,12 +51,12 @@ from api.runtime_bodies import (
     lmi_reply,
     translate,
 )
-from api.runtime_relay import FrameRelay
-from api.runtime_routes import Route, Routes
-from api.sigv4 import IncomingRequest, verify
-from foundation import queue as q
-from foundation.errors import ServiceError
-from foundation.storage import make_store
+from eaglenest.api.runtime_relay import FrameRelay
+from eaglenest.api.runtime_routes import Route, Routes
+from eaglenest.api.sigv4 import IncomingRequest, verify
+from eaglenest.foundation import queue as q
+from eaglenest.foundation.errors import ServiceError
+from eaglenest.foundation.storage import make_store
 
 log = logging.getLogger("eaglenest.runtime")
 Headers = list[tuple[bytes, bytes]]

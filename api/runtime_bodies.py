@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from foundation.errors import ServiceError
+from eaglenest.foundation.errors import ServiceError
 
 LMI, OPENAI = "lmi", "openai"
 

@@ -19,11 +19,11 @@ from typing import Any
 
 from fastapi.concurrency import run_in_threadpool
 
-from api.registry import Context
-from api.runtime_bodies import RuntimeValidationError
-from db.common import find
-from db.tables import EndpointConfigRow, EndpointRow
-from foundation.deployment import instances_of
+from eaglenest.api.registry import Context
+from eaglenest.api.runtime_bodies import RuntimeValidationError
+from eaglenest.db.common import find
+from eaglenest.db.tables import EndpointConfigRow, EndpointRow
+from eaglenest.foundation.deployment import instances_of
 
 log = logging.getLogger("eaglenest.runtime")
 

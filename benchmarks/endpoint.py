@@ -153,7 +153,7 @@ def deploy(stack: Stack, target: Path, backend: str = "embedded",
     import subprocess
 
     env = {**stack.env()}
-    subprocess.run([sys.executable, "-m", "workers.cli", "s3", "cp", str(target),
+    subprocess.run([sys.executable, "-m", "eaglenest.workers.cli", "s3", "cp", str(target),
                     "s3://models/bench/"], env=env, check=True, capture_output=True, cwd=ROOT)
     sm = stack.client()
     sm.create_model(ModelName="bench", ExecutionRoleArn="arn:aws:iam::123456789012:role/r",
@@ -167,8 +167,8 @@ def deploy(stack: Stack, target: Path, backend: str = "embedded",
     sm.create_endpoint(EndpointName="ep", EndpointConfigName="bench")
     sm.get_waiter("endpoint_in_service").wait(
         EndpointName="ep", WaiterConfig={"Delay": 1, "MaxAttempts": 600})
-    from db.session import Database
-    from db.tables import EndpointRow
+    from eaglenest.db.session import Database
+    from eaglenest.db.tables import EndpointRow
 
     db = Database(stack.database_url)
     with db.session() as s:
@@ -251,7 +251,7 @@ def _server_pids(stack: Stack) -> set[int]:
             return ""
 
     servers = [p for p in psutil.Process(stack.proc.pid).children(True)
-               if any(n in cmd(p) for n in ("workers.serving.embedded", "vllm"))]
+               if any(n in cmd(p) for n in ("eaglenest.workers.serving.embedded", "vllm"))]
     return {p.pid for p in servers} | {c.pid for p in servers for c in p.children(True)}
 
 
@@ -313,7 +313,7 @@ def _report(conc: int, got: dict[str, dict[str, float]], base_name: str,
 
 def _start_relay(url: str) -> tuple[str, subprocess.Popen[bytes]]:
     """A bare TCP relay (benchmarks.bare_relay) in front of the model server at `url`."""
-    from foundation.processes import free_port
+    from eaglenest.foundation.processes import free_port
 
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "benchmarks.bare_relay", "--port",

@@ -97,9 +97,9 @@ def serve_fake(port: int, frames: int, gap: float) -> None:
 def serve_api(port: int, backend_port: int, data_dir: Path) -> None:
     import uvicorn
 
-    import api.runtime_routes as routes
-    from api.app import create_app
-    from foundation.settings import Settings
+    import eaglenest.api.runtime_routes as routes
+    from eaglenest.api.app import create_app
+    from eaglenest.foundation.settings import Settings
 
     async def resolve(self: object, name: str, target_variant: str | None,
                       fresh: bool = False) -> routes.Route:
@@ -194,7 +194,7 @@ def measure(frames: int, conc: int, requests: int, gap_ms: float,
     checkout, for a before/after in one run)."""
     import psutil
 
-    from foundation.processes import free_port
+    from eaglenest.foundation.processes import free_port
 
     api_port, fake_port = free_port(), free_port()
     data_dir = Path(tempfile.mkdtemp(prefix="eaglenest-proxy-"))

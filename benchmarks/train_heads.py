@@ -35,16 +35,16 @@ from typing import Any
 import httpx
 import torch
 
-from foundation.processes import free_port
-from models.capture_cache import CaptureCache
-from models.checkpoint import save_head
-from models.data import BUILTIN_NAMES, Chat, Example, encode_examples, load_examples
-from models.prepare import cached_smollm2
-from models.target import Target, load_target
-from models.train import TrainConfig, TrainData, train
-from workers.benchmark import BenchConfig, run
-from workers.serving.embedded.metrics import parse_spec_counters
-from workers.serving.process import VLLM, ServerProcess, ServerSpec
+from eaglenest.foundation.processes import free_port
+from eaglenest.models.capture_cache import CaptureCache
+from eaglenest.models.checkpoint import save_head
+from eaglenest.models.data import BUILTIN_NAMES, Chat, Example, encode_examples, load_examples
+from eaglenest.models.prepare import cached_smollm2
+from eaglenest.models.target import Target, load_target
+from eaglenest.models.train import TrainConfig, TrainData, train
+from eaglenest.workers.benchmark import BenchConfig, run
+from eaglenest.workers.serving.embedded.metrics import parse_spec_counters
+from eaglenest.workers.serving.process import VLLM, ServerProcess, ServerSpec
 
 HEALTH_TIMEOUT_S = 900.0
 

@@ -11,8 +11,8 @@ from sqlalchemy import Select, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from db.pagination import PageRequest, fingerprint, paginate
-from db.tables import Base
+from eaglenest.db.pagination import PageRequest, fingerprint, paginate
+from eaglenest.db.tables import Base
 
 RowT = TypeVar("RowT", bound=Base)
 

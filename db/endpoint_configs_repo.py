@@ -6,11 +6,11 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from db import models_repo
-from db.common import find, insert_unique, now
-from db.tables import EndpointConfigRow, ModelRow
-from foundation.accounts import Account
-from foundation.errors import ResourceLimitExceeded, ValidationException
+from eaglenest.db import models_repo
+from eaglenest.db.common import find, insert_unique, now
+from eaglenest.db.tables import EndpointConfigRow, ModelRow
+from eaglenest.foundation.accounts import Account
+from eaglenest.foundation.errors import ResourceLimitExceeded, ValidationException
 
 
 def not_found(account: Account, name: str) -> ValidationException:

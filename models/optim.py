@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 if TYPE_CHECKING:
-    from models.train import TrainConfig
+    from eaglenest.models.train import TrainConfig
 
 __all__ = ["NS_DTYPES", "OPTIMIZERS", "Muon", "Optimizers", "lr_lambda", "make_optimizer",
            "ns_dtype", "orthogonalize"]

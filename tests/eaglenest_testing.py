@@ -16,7 +16,7 @@ import boto3
 import httpx
 from botocore.config import Config
 
-from foundation.processes import free_port
+from eaglenest.foundation.processes import free_port
 
 ACCESS_KEY = "AKIAEAGLENESTTEST001"
 SECRET_KEY = "test-secret-key-0123456789abcdefghijklmno"
@@ -52,7 +52,7 @@ class Stack:
     def start(self) -> Stack:
         log = open(self.data_dir / "stack.log", "ab")  # noqa: SIM115
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "workers.cli", "up", "--port", str(self.port)],
+            [sys.executable, "-m", "eaglenest.workers.cli", "up", "--port", str(self.port)],
             env=self.env(), stdout=log, stderr=subprocess.STDOUT,
             cwd=Path(__file__).resolve().parent.parent,
         )
@@ -85,8 +85,8 @@ class Stack:
     def deployment(self, endpoint: str) -> dict:
         """The endpoint row's deployment as the worker stored it (`Servers`: per variant the
         record with its `instances`, each with url and pid)."""
-        from db.session import Database
-        from db.tables import EndpointRow
+        from eaglenest.db.session import Database
+        from eaglenest.db.tables import EndpointRow
 
         db = Database(self.database_url)
         try:

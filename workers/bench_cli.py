@@ -15,7 +15,7 @@ def _prompts(args: argparse.Namespace) -> list[str]:
     if args.prompts:
         lines = Path(args.prompts).read_text().splitlines()
         return [json.loads(x)["prompt"] if x.startswith("{") else x for x in lines if x.strip()]
-    from models.data import BUILTIN_NAMES, Chat, builtin_path, load_examples
+    from eaglenest.models.data import BUILTIN_NAMES, Chat, builtin_path, load_examples
 
     prompts: list[str] = []
     for name in BUILTIN_NAMES:  # the last example of each built-in file (held out by jobs)
@@ -28,8 +28,8 @@ def _prompts(args: argparse.Namespace) -> list[str]:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from workers.job_bench import BenchPlan, run_benchmark
-    from workers.serving.process import default_backend
+    from eaglenest.workers.job_bench import BenchPlan, run_benchmark
+    from eaglenest.workers.serving.process import default_backend
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 
-from workers.serving.embedded.metrics import parse_spec_counters
+from eaglenest.workers.serving.embedded.metrics import parse_spec_counters
 
 
 @dataclass

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import redis
 
-from foundation.processes import free_port
+from eaglenest.foundation.processes import free_port
 
 
 def redis_server_binary() -> Path:

@@ -15,14 +15,14 @@ from celery.signals import (
     worker_shutting_down,
 )
 
-from db.session import Database
-from foundation.queue import OPTIMIZE_TASK, SERVE_QUEUE, TRAIN_QUEUE, TaskQueue
-from foundation.settings import Settings
-from workers import endpoints, optimize
-from workers.context import WorkerContext
-from workers.logs import configure_logging, enter_context, leave_context
-from workers.reconcile import reconcile, start_watchdog
-from workers.serving.deploy import stop_servers
+from eaglenest.db.session import Database
+from eaglenest.foundation.queue import OPTIMIZE_TASK, SERVE_QUEUE, TRAIN_QUEUE, TaskQueue
+from eaglenest.foundation.settings import Settings
+from eaglenest.workers import endpoints, optimize
+from eaglenest.workers.context import WorkerContext
+from eaglenest.workers.logs import configure_logging, enter_context, leave_context
+from eaglenest.workers.reconcile import reconcile, start_watchdog
+from eaglenest.workers.serving.deploy import stop_servers
 
 #: longer than any task may run: Redis redelivers an unacked task only after this
 VISIBILITY_TIMEOUT = 48 * 3600

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from foundation.storage import ArtifactStore, StorageError, parse_uri
+from eaglenest.foundation.storage import ArtifactStore, StorageError, parse_uri
 
 log = logging.getLogger("eaglenest.optimize")
 

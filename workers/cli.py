@@ -7,9 +7,9 @@ import os
 import sys
 from pathlib import Path
 
-from foundation.settings import Settings
-from workers.credentials import ensure_credentials, usage
-from workers.logs import configure_logging
+from eaglenest.foundation.settings import Settings
+from eaglenest.workers.credentials import ensure_credentials, usage
+from eaglenest.workers.logs import configure_logging
 
 
 def _settings(args: argparse.Namespace) -> Settings:
@@ -21,7 +21,7 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 
 def _prepare(settings: Settings) -> None:
-    from db.migrate import upgrade_head
+    from eaglenest.db.migrate import upgrade_head
 
     upgrade_head(settings.resolved_database_url())
 
@@ -30,7 +30,7 @@ def _broker(settings: Settings) -> tuple[str, object | None]:
     """The configured broker, or the data dir's embedded one (started if needed)."""
     if settings.broker_url:
         return settings.broker_url, None
-    from workers.broker import EmbeddedBroker
+    from eaglenest.workers.broker import EmbeddedBroker
 
     broker = EmbeddedBroker(settings.data_dir)
     url = broker.attach_or_start()
@@ -44,7 +44,7 @@ KEEP_ALIVE_SECONDS = 75
 def cmd_api(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from api.app import create_app
+    from eaglenest.api.app import create_app
 
     settings = _settings(args)
     ensure_credentials(settings)
@@ -80,9 +80,9 @@ def preload_training_modules() -> bool:
     try:
         import transformers
 
-        import models.target  # noqa: F401
-        import models.train  # noqa: F401
-        import workers.pipeline  # noqa: F401
+        import eaglenest.models.target  # noqa: F401
+        import eaglenest.models.train  # noqa: F401
+        import eaglenest.workers.pipeline  # noqa: F401
     except ImportError:
         return False
     for name in ("AutoConfig", "AutoModelForCausalLM", "AutoTokenizer", "DynamicCache"):
@@ -91,7 +91,7 @@ def preload_training_modules() -> bool:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from workers.celery_app import create_celery
+    from eaglenest.workers.celery_app import create_celery
 
     settings = _settings(args)
     _prepare(settings)
@@ -113,7 +113,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    from workers.supervisor import run_stack
+    from eaglenest.workers.supervisor import run_stack
 
     settings = _settings(args)
     ensure_credentials(settings)
@@ -149,7 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
     m = sub.add_parser("migrate", help="apply database migrations (alembic upgrade head)")
     m.add_argument("--data-dir", default=None)
     m.set_defaults(func=cmd_migrate)
-    from workers import bench_cli, s3_cli, status
+    from eaglenest.workers import bench_cli, s3_cli, status
 
     s3_cli.register(sub)
     bench_cli.register(sub)
@@ -161,9 +161,10 @@ def build_parser() -> argparse.ArgumentParser:
 #: subcommands implemented in models/ (they import torch): parsed lazily so that `eaglenest
 #: api`, `worker` and `s3` start in a fraction of a second
 _LAZY = {
-    "train": ("models.cli", "train an EAGLE / EAGLE-3 / P-EAGLE draft head"),
-    "prepare-target": ("models.cli", "write SmolLM2-135M-Instruct as a model folder"),
-    "generate": ("models.decode.cli", "generate text with the embedded speculative engine"),
+    "train": ("eaglenest.models.cli", "train an EAGLE / EAGLE-3 / P-EAGLE draft head"),
+    "prepare-target": ("eaglenest.models.cli", "write SmolLM2-135M-Instruct as a model folder"),
+    "generate": ("eaglenest.models.decode.cli",
+                 "generate text with the embedded speculative engine"),
 }
 
 

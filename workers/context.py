@@ -7,9 +7,9 @@ import socket
 import threading
 from dataclasses import dataclass, field
 
-from db.session import Database
-from foundation.queue import TaskQueue
-from foundation.settings import Settings
+from eaglenest.db.session import Database
+from eaglenest.foundation.queue import TaskQueue
+from eaglenest.foundation.settings import Settings
 
 
 @dataclass

@@ -8,7 +8,7 @@ import secrets
 import string
 from pathlib import Path
 
-from foundation.settings import CREDENTIALS_PROFILE, Settings
+from eaglenest.foundation.settings import CREDENTIALS_PROFILE, Settings
 
 
 def _random(alphabet: str, n: int) -> str:

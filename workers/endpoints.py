@@ -20,19 +20,19 @@ from typing import Any
 import httpx
 from celery import Celery
 
-from db import endpoints_repo as eps
-from db.common import find
-from db.tables import EndpointRow
-from foundation.deployment import instances_of
-from foundation.queue import (
+from eaglenest.db import endpoints_repo as eps
+from eaglenest.db.common import find
+from eaglenest.db.tables import EndpointRow
+from eaglenest.foundation.deployment import instances_of
+from eaglenest.foundation.queue import (
     ENDPOINT_CREATE_TASK,
     ENDPOINT_DELETE_TASK,
     ENDPOINT_RECOVER_TASK,
     ENDPOINT_UPDATE_TASK,
 )
-from foundation.storage import make_store
-from workers.context import WorkerContext
-from workers.serving.deploy import (
+from eaglenest.foundation.storage import make_store
+from eaglenest.workers.context import WorkerContext
+from eaglenest.workers.serving.deploy import (
     DeployError,
     VariantPlan,
     deployment,
@@ -41,7 +41,7 @@ from workers.serving.deploy import (
     start_variant,
     stop_servers,
 )
-from workers.serving.process import ServingError
+from eaglenest.workers.serving.process import ServingError
 
 log = logging.getLogger("eaglenest.endpoints")
 

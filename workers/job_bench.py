@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from foundation.processes import free_port
-from workers.benchmark import BenchConfig, LevelResult, run, to_json, to_markdown
-from workers.serving.process import ServerProcess, ServerSpec
+from eaglenest.foundation.processes import free_port
+from eaglenest.workers.benchmark import BenchConfig, LevelResult, run, to_json, to_markdown
+from eaglenest.workers.serving.process import ServerProcess, ServerSpec
 
 log = logging.getLogger("eaglenest.optimize")
 

@@ -11,8 +11,8 @@ import logging
 import threading
 import time
 
-from db import optimization_jobs_repo as jobs
-from workers.context import WorkerContext
+from eaglenest.db import optimization_jobs_repo as jobs
+from eaglenest.workers.context import WorkerContext
 
 log = logging.getLogger("eaglenest.optimize")
 

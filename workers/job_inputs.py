@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from foundation.storage import ArtifactStore, StorageError, download_prefix, read_manifest
+from eaglenest.foundation.storage import ArtifactStore, StorageError, download_prefix, read_manifest
 
 EAGLE_CHANNEL = "eagle_model"
 

@@ -15,18 +15,18 @@ from typing import Any
 
 from celery import Celery
 
-from db import models_repo
-from db import optimization_jobs_repo as jobs
-from db.common import find
-from db.tables import ModelRow
-from foundation.accounts import Account
-from foundation.queue import OPTIMIZE_TASK, TRAIN_QUEUE
-from foundation.storage import StorageError, make_store
-from workers.context import WorkerContext
-from workers.job_control import JobControl, JobStopped
-from workers.job_inputs import EAGLE_CHANNEL, InputError, resolve_sources
-from workers.job_options import OptionError, parse_options
-from workers.serving.process import ServingError
+from eaglenest.db import models_repo
+from eaglenest.db import optimization_jobs_repo as jobs
+from eaglenest.db.common import find
+from eaglenest.db.tables import ModelRow
+from eaglenest.foundation.accounts import Account
+from eaglenest.foundation.queue import OPTIMIZE_TASK, TRAIN_QUEUE
+from eaglenest.foundation.storage import StorageError, make_store
+from eaglenest.workers.context import WorkerContext
+from eaglenest.workers.job_control import JobControl, JobStopped
+from eaglenest.workers.job_inputs import EAGLE_CHANNEL, InputError, resolve_sources
+from eaglenest.workers.job_options import OptionError, parse_options
+from eaglenest.workers.serving.process import ServingError
 
 log = logging.getLogger("eaglenest.optimize")
 
@@ -35,8 +35,8 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     """Exceptions whose message is a FailureReason as it stands."""
     errors: list[type[BaseException]] = [InputError, OptionError, ServingError, StorageError]
     try:
-        from models.data import DataError
-        from models.target import TargetError
+        from eaglenest.models.data import DataError
+        from eaglenest.models.target import TargetError
 
         errors += [DataError, TargetError]
     except ImportError:
@@ -76,7 +76,7 @@ def run_job(ctx: WorkerContext, job_name: str) -> str:
 def _execute(ctx: WorkerContext, name: str, spec: dict[str, Any], model: dict[str, Any] | None,
              control: JobControl) -> dict[str, Any]:
     try:
-        from workers.pipeline import Pipeline
+        from eaglenest.workers.pipeline import Pipeline
     except ImportError as exc:
         raise InputError(f"this worker cannot train: install the `train` extra ({exc})") from exc
     options = parse_options(spec.get("OptimizationEnvironment"))

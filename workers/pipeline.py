@@ -14,13 +14,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from foundation.storage import ArtifactStore, StorageError, publish_dir
-from workers.checkpoint_sync import CheckpointSync
-from workers.job_bench import BenchPlan, run_benchmark
-from workers.job_control import JobControl
-from workers.job_inputs import InputError, JobSources, fetch_data, fetch_tree
-from workers.job_options import JobOptions
-from workers.serving.process import default_backend
+from eaglenest.foundation.storage import ArtifactStore, StorageError, publish_dir
+from eaglenest.workers.checkpoint_sync import CheckpointSync
+from eaglenest.workers.job_bench import BenchPlan, run_benchmark
+from eaglenest.workers.job_control import JobControl
+from eaglenest.workers.job_inputs import InputError, JobSources, fetch_data, fetch_tree
+from eaglenest.workers.job_options import JobOptions
+from eaglenest.workers.serving.process import default_backend
 
 log = logging.getLogger("eaglenest.optimize")
 HEAD_FILES = ("config.json", "model.safetensors", "provenance.json")
@@ -37,7 +37,7 @@ class PipelineResult:
 
 
 def _prompt_text(example: Any, tokenizer: Any) -> str:
-    from models.data import Chat
+    from eaglenest.models.data import Chat
 
     if isinstance(example, Chat):
         head: list[dict[str, str]] = []
@@ -65,11 +65,11 @@ class Pipeline:
         log.info("job %s: %s", self.name, label)
 
     def load_examples(self, data_files: list[Path]) -> list[Any]:
-        from models.data import builtin_path, load_examples
+        from eaglenest.models.data import builtin_path, load_examples
 
         if not data_files:
             names = (self.options.dataset or "").split(",") if self.options.dataset else None
-            from models.data import BUILTIN_NAMES
+            from eaglenest.models.data import BUILTIN_NAMES
 
             try:
                 data_files = [builtin_path(n.strip()) for n in (names or BUILTIN_NAMES)]
@@ -90,7 +90,7 @@ class Pipeline:
         if self.sources.head_uri:
             init_head = fetch_tree(self.store, self.sources.head_uri, self.work / "init_head")
         self.stage("check model files")
-        from models.target import check_model_files, load_target, read_architecture
+        from eaglenest.models.target import check_model_files, load_target, read_architecture
 
         check_model_files(model_dir)
         _, support = read_architecture(model_dir)
@@ -125,9 +125,9 @@ class Pipeline:
 
     def _train(self, target: Any, examples: list[Any], head: str,
                init_head: Path | None) -> dict[str, Any]:
-        from models.data import encode_examples
-        from models.data.regenerate import regenerate
-        from models.train import TrainConfig, TrainData, latest_checkpoint, train
+        from eaglenest.models.data import encode_examples
+        from eaglenest.models.data.regenerate import regenerate
+        from eaglenest.models.train import TrainConfig, TrainData, latest_checkpoint, train
 
         if self.options.regenerate:
             self.stage("regenerate assistant turns with the target")
@@ -172,7 +172,7 @@ class Pipeline:
     def _train_processes(self, config: Any, target: Any, samples: list[Any],
                          procs: int) -> dict[str, Any]:
         """Train in ``procs`` data-parallel processes (workers/train_launch.py)."""
-        from workers.train_launch import launch, write_run
+        from eaglenest.workers.train_launch import launch, write_run
 
         self.stage(f"train in {procs} data-parallel processes (torchrun)")
         if next(target.model.parameters()).is_cuda:  # the ranks load their own copies

@@ -15,11 +15,11 @@ import threading
 
 from sqlalchemy import select
 
-from db import endpoints_repo
-from db import optimization_jobs_repo as jobs
-from db.tables import EndpointRow
-from foundation import queue as q
-from workers.context import WorkerContext
+from eaglenest.db import endpoints_repo
+from eaglenest.db import optimization_jobs_repo as jobs
+from eaglenest.db.tables import EndpointRow
+from eaglenest.foundation import queue as q
+from eaglenest.workers.context import WorkerContext
 
 log = logging.getLogger("eaglenest.reconcile")
 

@@ -8,8 +8,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from foundation.settings import Settings
-from foundation.storage import StorageError, download_prefix, make_store, parse_uri
+from eaglenest.foundation.settings import Settings
+from eaglenest.foundation.storage import StorageError, download_prefix, make_store, parse_uri
 
 
 def _settings(args: argparse.Namespace) -> Settings:

@@ -9,10 +9,10 @@ from typing import Any
 
 from sqlalchemy import func, select
 
-from db.session import Database
-from db.tables import EndpointRow, OptimizationJobRow
-from foundation.queue import SERVE_QUEUE, TRAIN_QUEUE
-from foundation.settings import Settings
+from eaglenest.db.session import Database
+from eaglenest.db.tables import EndpointRow, OptimizationJobRow
+from eaglenest.foundation.queue import SERVE_QUEUE, TRAIN_QUEUE
+from eaglenest.foundation.settings import Settings
 
 
 def _broker_url(settings: Settings) -> str | None:

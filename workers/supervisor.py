@@ -29,9 +29,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import FrameType
 
-from foundation.settings import Settings
-from workers.broker import EmbeddedBroker
-from workers.credentials import usage
+from eaglenest.foundation.settings import Settings
+from eaglenest.workers.broker import EmbeddedBroker
+from eaglenest.workers.credentials import usage
 
 log = logging.getLogger("eaglenest.up")
 
@@ -59,7 +59,7 @@ class Child:
 
     def spawn(self) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "workers.cli", *self.argv], env=self.env,
+            [sys.executable, "-m", "eaglenest.workers.cli", *self.argv], env=self.env,
             stderr=subprocess.PIPE)
         self.started = time.monotonic()
         self.restart_at = None

@@ -3,9 +3,9 @@
 With ``EAGLENEST_TRAIN_PROCESSES`` = N > 1 (the job's ``OptimizationEnvironment``, else the
 worker's setting of the same name) the pipeline does not call ``train()`` itself: it writes
 the run to ``<work>/ddp/`` (``run.json``: the TrainConfig fields, target folder, device;
-``samples.json``: the encoded samples) and starts
+``samples.json``: the encoded samples) and starts (as ``python -m torch.distributed.run``)
 
-    python -m torch.distributed.run --standalone --nproc-per-node N -m workers.train_launch RUN
+    torchrun --standalone --nproc-per-node N -m eaglenest.workers.train_launch RUN
 
 in its own process group. Each rank loads the target on its device (``cuda:LOCAL_RANK``, or
 the CPU with gloo) and runs ``train()`` (models/distributed.py does the rest). The job keeps
@@ -46,7 +46,7 @@ def write_run(run_dir: Path, config: Any, target_dir: Path, device: str, source:
               samples: list[Any]) -> Path:
     """Write what every rank needs to ``run_dir``; the path of ``run.json``."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    from models.train import config_record
+    from eaglenest.models.train import config_record
 
     fields = config_record(config)
     (run_dir / "samples.json").write_text(json.dumps(
@@ -63,9 +63,9 @@ def launch(run_file: Path, nproc: int, should_stop: Callable[[], bool],
     """Run the ranks to the end; the result rank 0 wrote. Raises LaunchError on failure."""
     run_dir = run_file.parent
     ckpts = Path(json.loads(run_file.read_text())["config"]["out_dir"]) / "checkpoints"
-    from models.distributed import torchrun_argv
+    from eaglenest.models.distributed import torchrun_argv
 
-    cmd = [*torchrun_argv(nproc), "-m", "workers.train_launch", str(run_file)]
+    cmd = [*torchrun_argv(nproc), "-m", "eaglenest.workers.train_launch", str(run_file)]
     with open(run_dir / "ranks.log", "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
@@ -114,10 +114,10 @@ def _mirror(ckpts: Path, seen: str | None,
 
 def rank_main(run_file: Path) -> int:
     """One rank (run by torchrun): load the target, train, rank 0 writes result.json."""
-    from models import distributed
-    from models.data.template import Sample
-    from models.target import load_target
-    from models.train import TrainConfig, TrainData, train
+    from eaglenest.models import distributed
+    from eaglenest.models.data.template import Sample
+    from eaglenest.models.target import load_target
+    from eaglenest.models.train import TrainConfig, TrainData, train
 
     run_dir = run_file.parent
     run = json.loads(run_file.read_text())

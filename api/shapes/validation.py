@@ -21,7 +21,7 @@ from typing import Any, Literal, get_args, get_origin
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
-from foundation.errors import (
+from eaglenest.foundation.errors import (
     SerializationException,
     ServiceError,
     ValidationException,

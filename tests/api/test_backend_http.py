@@ -10,7 +10,12 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from api.backend_http import BackendClient, BackendConnectError, BackendError, BackendTimeout
+from eaglenest.api.backend_http import (
+    BackendClient,
+    BackendConnectError,
+    BackendError,
+    BackendTimeout,
+)
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 

@@ -50,9 +50,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.strategies import SearchStrategy
 
-from api.shapes import INPUT_SHAPES
-from api.shapes.base import java_to_python
-from db.pagination import fingerprint
+from eaglenest.api.shapes import INPUT_SHAPES
+from eaglenest.api.shapes.base import java_to_python
+from eaglenest.db.pagination import fingerprint
 
 SAGEMAKER: ServiceModel = botocore.session.get_session().get_service_model("sagemaker")
 OPERATIONS = list(INPUT_SHAPES)

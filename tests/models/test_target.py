@@ -8,7 +8,7 @@ import pytest
 import torch
 from tiny import ARCHITECTURES
 
-from models.target import (
+from eaglenest.models.target import (
     SUPPORTED_ARCHITECTURES,
     MissingModelFilesError,
     TargetError,

@@ -6,10 +6,17 @@ import pytest
 import torch
 from tiny import ARCHITECTURES
 
-from models.checkpoint import load_head
-from models.data import encode_examples, load_examples
-from models.optim import Muon, lr_lambda, make_optimizer
-from models.train import HEAD_KINDS, BatchStream, TrainConfig, TrainData, latest_checkpoint, train
+from eaglenest.models.checkpoint import load_head
+from eaglenest.models.data import encode_examples, load_examples
+from eaglenest.models.optim import Muon, lr_lambda, make_optimizer
+from eaglenest.models.train import (
+    HEAD_KINDS,
+    BatchStream,
+    TrainConfig,
+    TrainData,
+    latest_checkpoint,
+    train,
+)
 
 
 def cfg(tmp: Path | None, **kw) -> TrainConfig:  # noqa: ANN003

@@ -7,14 +7,14 @@ from pathlib import Path
 
 import torch
 
-from foundation.storage import LocalStore, parse_uri
-from workers.checkpoint_sync import CheckpointSync
+from eaglenest.foundation.storage import LocalStore, parse_uri
+from eaglenest.workers.checkpoint_sync import CheckpointSync
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
 
 
 def _train(target, samples, out: Path, **kw):  # noqa: ANN001, ANN003, ANN202
-    from models.train import TrainConfig, TrainData, train
+    from eaglenest.models.train import TrainConfig, TrainData, train
 
     cfg = TrainConfig(head="eagle3", out_dir=str(out), max_steps=6, draft_vocab_size=64,
                       progress=False, lr=2e-3, warmup_steps=2, **kw)
@@ -22,8 +22,8 @@ def _train(target, samples, out: Path, **kw):  # noqa: ANN001, ANN003, ANN202
 
 
 def test_second_host_resumes_from_the_uploaded_checkpoint(tiny_llama_dir, tmp_path):
-    from models.data import encode_examples, load_examples
-    from models.target import load_target
+    from eaglenest.models.data import encode_examples, load_examples
+    from eaglenest.models.target import load_target
 
     target = load_target(tiny_llama_dir)
     samples = encode_examples(load_examples("magicoder.jsonl")[:6], target.tokenizer, 96)

@@ -111,8 +111,8 @@ def test_serve_invoke_stream_capture_update_delete(stack):
 
 
 def _server_url(stack: Stack, name: str) -> str:
-    from db.session import Database
-    from db.tables import EndpointRow
+    from eaglenest.db.session import Database
+    from eaglenest.db.tables import EndpointRow
 
     db = Database(stack.database_url)
     try:
@@ -251,8 +251,8 @@ def test_killed_backend_is_model_error_then_recovered(stack):
 
 
 def _server_pid(stack: Stack, name: str) -> int:
-    from db.session import Database
-    from db.tables import EndpointRow
+    from eaglenest.db.session import Database
+    from eaglenest.db.tables import EndpointRow
 
     db = Database(stack.database_url)
     try:

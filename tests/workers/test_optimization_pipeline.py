@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def upload(stack: Stack, src: Path, dst: str) -> None:
     env = {**os.environ, "EAGLENEST_DATA_DIR": str(stack.data_dir)}
     env.pop("EAGLENEST_S3_ENDPOINT_URL", None)
-    r = subprocess.run([sys.executable, "-m", "workers.cli", "s3", "cp", str(src), dst],
+    r = subprocess.run([sys.executable, "-m", "eaglenest.workers.cli", "s3", "cp", str(src), dst],
                        env=env, capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, r.stderr
 
@@ -274,7 +274,7 @@ def test_bench_cli(tiny_llama_dir, tiny_eagle3_dir, tmp_path):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("Natalia sold 48 clips\ndef add(a, b):\n")
     r = subprocess.run(
-        [sys.executable, "-m", "workers.cli", "bench", "--target", str(tiny_llama_dir),
+        [sys.executable, "-m", "eaglenest.workers.cli", "bench", "--target", str(tiny_llama_dir),
          "--head", str(tiny_eagle3_dir), "--out", str(tmp_path / "out"), "--prompts",
          str(prompts), "--concurrency", "1", "--max-tokens", "8", "--backend", "embedded",
          "--num-speculative-tokens", "3"], capture_output=True, text=True, cwd=ROOT, timeout=600)

@@ -41,7 +41,7 @@ def test_a_child_that_never_comes_up_ends_up_with_its_last_lines(tmp_path: Path)
         port = taken.getsockname()[1]
         env = Stack(tmp_path, extra_env={"EAGLENEST_WORKER_QUEUES": ""}).env()
         started = time.monotonic()
-        done = subprocess.run([sys.executable, "-m", "workers.cli", "up", "--port", str(port)],
+        done = subprocess.run([sys.executable, "-m", "eaglenest.workers.cli", "up", "--port", str(port)],
                               env=env, capture_output=True, text=True, timeout=120)
     took = time.monotonic() - started
     assert done.returncode == 1, done.stderr[-3000:]

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from models.data import encode_examples, load_examples
-from models.target import load_target
-from models.train import TrainConfig
-from workers.train_launch import LaunchError, launch, write_run
+from eaglenest.models.data import encode_examples, load_examples
+from eaglenest.models.target import load_target
+from eaglenest.models.train import TrainConfig
+from eaglenest.workers.train_launch import LaunchError, launch, write_run
 
 STEPS = 6
 

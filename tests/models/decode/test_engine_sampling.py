@@ -7,8 +7,8 @@ import torch
 from oracle import OracleDrafter
 from scipy.stats import chisquare
 
-from models.decode import SpeculativeEngine
-from models.decode.sampling import SamplingParams, target_probs
+from eaglenest.models.decode import SpeculativeEngine
+from eaglenest.models.decode.sampling import SamplingParams, target_probs
 
 PROMPT = [5, 17, 33, 80, 9, 100]
 PARAMS = SamplingParams(temperature=0.01, top_p=0.99)  # tiny random logits: sharpen them

@@ -31,8 +31,8 @@ import torch
 from eaglenest_testing import Stack, wait_group_gone
 from test_optimization_pipeline import upload
 
-from workers.serving.embedded.metrics import parse_spec_counters
-from workers.serving.process import vllm_installed
+from eaglenest.workers.serving.embedded.metrics import parse_spec_counters
+from eaglenest.workers.serving.process import vllm_installed
 
 pytestmark = [
     pytest.mark.vllm,
@@ -46,7 +46,7 @@ ENDPOINT = "smol-eagle3"
 
 @pytest.fixture(scope="module")
 def smol(smollm2_dir: Path):  # type: ignore[no-untyped-def]
-    from models.target import load_target
+    from eaglenest.models.target import load_target
 
     return load_target(smollm2_dir)
 
@@ -56,7 +56,7 @@ def eagle3_head(smol, tmp_path_factory: pytest.TempPathFactory) -> Path:  # type
     """An EAGLE-3 head trained as test_vllm_serving.py trains its heads (same budget)."""
     import test_vllm_serving as recipe  # tests/models, on sys.path via tests/workers/conftest.py
 
-    from models.data import encode_examples, load_examples
+    from eaglenest.models.data import encode_examples, load_examples
 
     torch.manual_seed(0)
     samples = encode_examples(load_examples("gsm8k_training.jsonl"), smol.tokenizer, 160)
