@@ -16,7 +16,7 @@ row in turn, so that drift in machine speed hits all rows alike):
   one row per ``--more-trees`` DEPTH:TOTAL), ``ours parallel K`` (P-EAGLE head),
   ``ours chain adaptive`` and ``ours tree adaptive``: models.decode.SpeculativeEngine;
 * ``vllm`` and ``vllm eagle K``: vLLM's OpenAI server (when installed) through
-  workers.benchmark at concurrency 1 (HTTP and streaming included, so slightly pessimistic).
+  workers.jobs.loadgen at concurrency 1 (HTTP and streaming included, so slightly pessimistic).
 
 Greedy decoding is lossless, so each row reports how many outputs differ from hf generate
 (0 expected in fp32; vLLM compares its own target-only row). ``--dtype bfloat16`` runs every
@@ -44,7 +44,7 @@ from eaglenest.foundation.processes import free_port
 from eaglenest.models.decode.engine import SpeculativeEngine
 from eaglenest.models.decode.stats import SpecStats
 from eaglenest.models.target import Target
-from eaglenest.workers.benchmark import BenchConfig, run
+from eaglenest.workers.jobs.loadgen import BenchConfig, run
 from eaglenest.workers.serving.process import EMBEDDED, VLLM, ServerProcess, ServerSpec
 
 CODE_SETS = ("magicoder", "opencodeinstruct", "swebench")

@@ -97,7 +97,7 @@ def serve_fake(port: int, frames: int, gap: float) -> None:
 def serve_api(port: int, backend_port: int, data_dir: Path) -> None:
     import uvicorn
 
-    import eaglenest.api.runtime_routes as routes
+    import eaglenest.api.runtime.routes as routes
     from eaglenest.api.app import create_app
     from eaglenest.foundation.settings import Settings
 

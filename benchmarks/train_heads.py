@@ -16,7 +16,7 @@ heads in the same budget, README). The chats are cached in ``--out`` and reused.
 Per head: training tokens/s (real tokens, padding excluded), peak RSS of this process during
 that head's training (a sampling thread, 0.2 s), and acceptance length tau = 1 + accepted /
 drafts at K = 3 and 5, temperature 0, from vLLM's spec-decode counters on /metrics, read by
-workers.benchmark around one pass over the held-out prompts (concurrency 1) against a vLLM
+workers.jobs.loadgen around one pass over the held-out prompts (concurrency 1) against a vLLM
 server started by workers.serving.process with the saved head.
 """
 
@@ -42,7 +42,7 @@ from eaglenest.models.data import BUILTIN_NAMES, Chat, Example, encode_examples,
 from eaglenest.models.prepare import cached_smollm2
 from eaglenest.models.target import Target, load_target
 from eaglenest.models.train import TrainConfig, TrainData, train
-from eaglenest.workers.benchmark import BenchConfig, run
+from eaglenest.workers.jobs.loadgen import BenchConfig, run
 from eaglenest.workers.serving.embedded.metrics import parse_spec_counters
 from eaglenest.workers.serving.process import VLLM, ServerProcess, ServerSpec
 

@@ -5,15 +5,17 @@ the top-level folders api/, workers/, models/, db/, migrations/ and foundation/;
 folder holds this file and a relative symlink to each of them, so `eaglenest.api` is api/
 and so on (the wheel holds real copies under eaglenest/). Import them only as
 `eaglenest.<folder>...`: a bare `import api` would load a second copy of every module it
-touches (tests/test_layers.py fails on one).
+touches (tests/test_layout.py fails on one).
 
 The floors; a floor imports only the floors below it (.importlinter, checked by
 `lint-imports` in CI and by tests/test_layers.py):
 
-    4  eaglenest.api         control plane (POST / -> registry -> operations/) and
-                             sagemaker-runtime (InvokeEndpoint*)
-       eaglenest.workers     the Celery tasks (optimization jobs, endpoints), serving
-                             processes, the embedded broker and the `eaglenest` CLI
+    4  eaglenest.api         control plane (POST / -> registry -> operations/<resource>)
+                             and runtime/ (sagemaker-runtime: routes, relay, bodies,
+                             backend client, event stream, capture)
+       eaglenest.workers     jobs/ (optimization jobs), serving/ (endpoints and serving
+                             processes), infra/ (Celery app, broker, supervisor,
+                             reconciliation), cli/ (the `eaglenest` command)
        eaglenest.migrations  Alembic; imports db and foundation only
        The three never import each other: api and workers meet through the database
        and the task names foundation.queue publishes. One import crosses, by name in

@@ -21,7 +21,7 @@ class TaskQueue:
     """Sends tasks to the broker; a failed publish is logged, never raised.
 
     State lives in the database, so a task that could not be published is not lost: every
-    worker re-enqueues pending jobs and endpoints when it starts (workers.reconcile).
+    worker re-enqueues pending jobs and endpoints when it starts (workers.infra.reconcile).
     """
 
     def __init__(self, broker_url: str, timeout: float = 2.0) -> None:

@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from eaglenest.api.backend_http import (
+from eaglenest.api.runtime.backend_http import (
     BackendClient,
     BackendConnectError,
     BackendError,

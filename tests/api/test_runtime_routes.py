@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-import eaglenest.api.runtime_routes as rr
-from eaglenest.api.runtime_bodies import RuntimeValidationError
+import eaglenest.api.runtime.routes as rr
+from eaglenest.api.runtime.bodies import RuntimeValidationError
 
 
 class FakeDb:

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from eaglenest.foundation.storage import LocalStore, parse_uri
-from eaglenest.workers.checkpoint_sync import CheckpointSync
+from eaglenest.workers.infra.checkpoint_sync import CheckpointSync
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
 

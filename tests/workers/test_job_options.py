@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from eaglenest.workers.job_options import OptionError, parse_options
+from eaglenest.workers.jobs.options import OptionError, parse_options
 
 
 def test_train_processes_is_read_and_defaults_to_the_worker_setting() -> None:

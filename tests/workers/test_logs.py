@@ -1,4 +1,4 @@
-"""Structured logs (workers/logs.py): JSON lines with ts/level/logger/message, job and
+"""Structured logs (workers/infra/logs.py): JSON lines with ts/level/logger/message, job and
 endpoint names from the log context, exception text; the worker's tasks open that context;
 a real `eaglenest worker` process with EAGLENEST_LOG_FORMAT=json logs JSON lines only."""
 
@@ -19,7 +19,7 @@ import pytest
 
 from eaglenest.foundation.processes import free_port
 from eaglenest.foundation.settings import Settings
-from eaglenest.workers.logs import (
+from eaglenest.workers.infra.logs import (
     JsonFormatter,
     TextFormatter,
     configure_logging,
@@ -134,7 +134,7 @@ def test_settings_log_format(monkeypatch):
 
 def test_celery_tasks_log_with_their_job_or_endpoint(tmp_path):
     """create_celery's task_prerun/postrun hooks: the task body sees job / endpoint."""
-    from eaglenest.workers.celery_app import create_celery, task_log_fields
+    from eaglenest.workers.infra.celery_app import create_celery, task_log_fields
 
     settings = Settings(data_dir=tmp_path, database_url=f"sqlite:///{tmp_path}/x.db")
     app, _ = create_celery(settings, "memory://")

@@ -28,7 +28,7 @@ from eaglenest.db.tables import EndpointConfigRow, ModelRow
 from eaglenest.foundation.deployment import instances_of
 from eaglenest.foundation.processes import free_port, pid_alive
 from eaglenest.foundation.storage import ArtifactStore
-from eaglenest.workers.job_inputs import InputError, _container_uri, fetch_tree
+from eaglenest.workers.jobs.inputs import InputError, _container_uri, fetch_tree
 from eaglenest.workers.serving.process import (
     EMBEDDED,
     VLLM,

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from eaglenest.foundation.processes import free_port
-from eaglenest.workers.benchmark import BenchConfig, run
+from eaglenest.workers.jobs.loadgen import BenchConfig, run
 from eaglenest.workers.serving.embedded.metrics import parse_spec_counters
 from eaglenest.workers.serving.process import EMBEDDED, ServerProcess, ServerSpec
 

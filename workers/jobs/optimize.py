@@ -22,10 +22,10 @@ from eaglenest.db.tables import ModelRow
 from eaglenest.foundation.accounts import Account
 from eaglenest.foundation.queue import OPTIMIZE_TASK, TRAIN_QUEUE
 from eaglenest.foundation.storage import StorageError, make_store
-from eaglenest.workers.context import WorkerContext
-from eaglenest.workers.job_control import JobControl, JobStopped
-from eaglenest.workers.job_inputs import EAGLE_CHANNEL, InputError, resolve_sources
-from eaglenest.workers.job_options import OptionError, parse_options
+from eaglenest.workers.infra.context import WorkerContext
+from eaglenest.workers.jobs.control import JobControl, JobStopped
+from eaglenest.workers.jobs.inputs import EAGLE_CHANNEL, InputError, resolve_sources
+from eaglenest.workers.jobs.options import OptionError, parse_options
 from eaglenest.workers.serving.process import ServingError
 
 log = logging.getLogger("eaglenest.optimize")
@@ -76,7 +76,7 @@ def run_job(ctx: WorkerContext, job_name: str) -> str:
 def _execute(ctx: WorkerContext, name: str, spec: dict[str, Any], model: dict[str, Any] | None,
              control: JobControl) -> dict[str, Any]:
     try:
-        from eaglenest.workers.pipeline import Pipeline
+        from eaglenest.workers.jobs.pipeline import Pipeline
     except ImportError as exc:
         raise InputError(f"this worker cannot train: install the `train` extra ({exc})") from exc
     options = parse_options(spec.get("OptimizationEnvironment"))

@@ -28,7 +28,7 @@ def _prompts(args: argparse.Namespace) -> list[str]:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from eaglenest.workers.job_bench import BenchPlan, run_benchmark
+    from eaglenest.workers.jobs.bench_stage import BenchPlan, run_benchmark
     from eaglenest.workers.serving.process import default_backend
 
     out = Path(args.out)

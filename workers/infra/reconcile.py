@@ -19,7 +19,7 @@ from eaglenest.db import endpoints_repo
 from eaglenest.db import optimization_jobs_repo as jobs
 from eaglenest.db.tables import EndpointRow
 from eaglenest.foundation import queue as q
-from eaglenest.workers.context import WorkerContext
+from eaglenest.workers.infra.context import WorkerContext
 
 log = logging.getLogger("eaglenest.reconcile")
 

@@ -4,7 +4,7 @@
 `{"ts": "<ISO-8601 UTC>", "level", "logger", "message"}` plus `job` / `endpoint` when the
 record was logged inside `with log_context(job=name):` (or passed them with `extra=`), and
 `exc` with the traceback when it carries one. The worker opens such a context around every
-task (workers/celery_app.py, Celery's task_prerun / task_postrun), so every line a job or an
+task (workers/infra/celery_app.py, Celery's task_prerun / task_postrun), so every line a job or an
 endpoint task logs, Celery's own "succeeded" / "raised" lines included, says which job or
 endpoint it was about. Logs go to stderr; stdout is left to what commands print.
 """

@@ -26,9 +26,9 @@ from typing import Any
 
 from starlette.types import Message, Send
 
-from eaglenest.api import eventstream
-from eaglenest.api.backend_http import BackendError, BackendResponse
-from eaglenest.api.runtime_bodies import chunk_text
+from eaglenest.api.runtime import eventstream
+from eaglenest.api.runtime.backend_http import BackendError, BackendResponse
+from eaglenest.api.runtime.bodies import chunk_text
 
 
 def send_now(send: Send, message: Message) -> asyncio.Future[None] | None:

@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from types import FrameType
 
 from eaglenest.foundation.settings import Settings
-from eaglenest.workers.broker import EmbeddedBroker
-from eaglenest.workers.credentials import usage
+from eaglenest.workers.infra.broker import EmbeddedBroker
+from eaglenest.workers.infra.credentials import usage
 
 log = logging.getLogger("eaglenest.up")
 

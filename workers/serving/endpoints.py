@@ -31,7 +31,7 @@ from eaglenest.foundation.queue import (
     ENDPOINT_UPDATE_TASK,
 )
 from eaglenest.foundation.storage import make_store
-from eaglenest.workers.context import WorkerContext
+from eaglenest.workers.infra.context import WorkerContext
 from eaglenest.workers.serving.deploy import (
     DeployError,
     VariantPlan,

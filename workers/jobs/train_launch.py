@@ -5,7 +5,7 @@ worker's setting of the same name) the pipeline does not call ``train()`` itself
 the run to ``<work>/ddp/`` (``run.json``: the TrainConfig fields, target folder, device;
 ``samples.json``: the encoded samples) and starts (as ``python -m torch.distributed.run``)
 
-    torchrun --standalone --nproc-per-node N -m eaglenest.workers.train_launch RUN
+    torchrun --standalone --nproc-per-node N -m eaglenest.workers.jobs.train_launch RUN
 
 in its own process group. Each rank loads the target on its device (``cuda:LOCAL_RANK``, or
 the CPU with gloo) and runs ``train()`` (models/distributed.py does the rest). The job keeps
@@ -65,7 +65,7 @@ def launch(run_file: Path, nproc: int, should_stop: Callable[[], bool],
     ckpts = Path(json.loads(run_file.read_text())["config"]["out_dir"]) / "checkpoints"
     from eaglenest.models.distributed import torchrun_argv
 
-    cmd = [*torchrun_argv(nproc), "-m", "eaglenest.workers.train_launch", str(run_file)]
+    cmd = [*torchrun_argv(nproc), "-m", "eaglenest.workers.jobs.train_launch", str(run_file)]
     with open(run_dir / "ranks.log", "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)

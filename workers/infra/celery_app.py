@@ -18,10 +18,11 @@ from celery.signals import (
 from eaglenest.db.session import Database
 from eaglenest.foundation.queue import OPTIMIZE_TASK, SERVE_QUEUE, TRAIN_QUEUE, TaskQueue
 from eaglenest.foundation.settings import Settings
-from eaglenest.workers import endpoints, optimize
-from eaglenest.workers.context import WorkerContext
-from eaglenest.workers.logs import configure_logging, enter_context, leave_context
-from eaglenest.workers.reconcile import reconcile, start_watchdog
+from eaglenest.workers.infra.context import WorkerContext
+from eaglenest.workers.infra.logs import configure_logging, enter_context, leave_context
+from eaglenest.workers.infra.reconcile import reconcile, start_watchdog
+from eaglenest.workers.jobs import optimize
+from eaglenest.workers.serving import endpoints
 from eaglenest.workers.serving.deploy import stop_servers
 
 #: longer than any task may run: Redis redelivers an unacked task only after this

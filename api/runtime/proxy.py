@@ -9,12 +9,12 @@ The two routes are served by a plain ASGI layer ahead of FastAPI's router (`Runt
 every streamed token costs one read from the model server and one frame to the caller, and
 FastAPI's request and StreamingResponse machinery (a task group, a disconnect listener and
 three send wrappers per frame) cost about as much again. Streamed frames are written from
-the socket callback that read the token (`api.runtime_relay`), not by a task woken for it.
+the socket callback that read the token (`relay`), not by a task woken for it.
 A caller that goes away mid-stream closes the model server's connection, which stops its
 generation.
 
 Routing (variant by weight or TargetVariant, round-robin over instances, the route cache)
-is in `api.runtime_routes`; an instance that refuses the connection is skipped for the next
+is in `routes`; an instance that refuses the connection is skipped for the next
 one (the request never reached it) and a serve worker is asked to restart it.
 """
 
@@ -33,17 +33,16 @@ from fastapi import FastAPI
 from starlette.datastructures import URL
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from eaglenest.api import eventstream
-from eaglenest.api.backend_http import (
+from eaglenest.api.observability import ApiMetrics
+from eaglenest.api.registry import Context
+from eaglenest.api.runtime import eventstream
+from eaglenest.api.runtime.backend_http import (
     BackendClient,
     BackendConnectError,
     BackendError,
     BackendResponse,
 )
-from eaglenest.api.capture import CaptureWriter
-from eaglenest.api.observability import ApiMetrics
-from eaglenest.api.registry import Context
-from eaglenest.api.runtime_bodies import (
+from eaglenest.api.runtime.bodies import (
     LMI,
     Translated,
     capture_record,
@@ -51,8 +50,9 @@ from eaglenest.api.runtime_bodies import (
     lmi_reply,
     translate,
 )
-from eaglenest.api.runtime_relay import FrameRelay
-from eaglenest.api.runtime_routes import Route, Routes
+from eaglenest.api.runtime.capture import CaptureWriter
+from eaglenest.api.runtime.relay import FrameRelay
+from eaglenest.api.runtime.routes import Route, Routes
 from eaglenest.api.sigv4 import IncomingRequest, verify
 from eaglenest.foundation import queue as q
 from eaglenest.foundation.errors import ServiceError

@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 from eaglenest.foundation.settings import Settings
-from eaglenest.workers.credentials import ensure_credentials, usage
-from eaglenest.workers.logs import configure_logging
+from eaglenest.workers.infra.credentials import ensure_credentials, usage
+from eaglenest.workers.infra.logs import configure_logging
 
 
 def _settings(args: argparse.Namespace) -> Settings:
@@ -30,7 +30,7 @@ def _broker(settings: Settings) -> tuple[str, object | None]:
     """The configured broker, or the data dir's embedded one (started if needed)."""
     if settings.broker_url:
         return settings.broker_url, None
-    from eaglenest.workers.broker import EmbeddedBroker
+    from eaglenest.workers.infra.broker import EmbeddedBroker
 
     broker = EmbeddedBroker(settings.data_dir)
     url = broker.attach_or_start()
@@ -82,7 +82,7 @@ def preload_training_modules() -> bool:
 
         import eaglenest.models.target  # noqa: F401
         import eaglenest.models.train  # noqa: F401
-        import eaglenest.workers.pipeline  # noqa: F401
+        import eaglenest.workers.jobs.pipeline  # noqa: F401
     except ImportError:
         return False
     for name in ("AutoConfig", "AutoModelForCausalLM", "AutoTokenizer", "DynamicCache"):
@@ -91,7 +91,7 @@ def preload_training_modules() -> bool:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from eaglenest.workers.celery_app import create_celery
+    from eaglenest.workers.infra.celery_app import create_celery
 
     settings = _settings(args)
     _prepare(settings)
@@ -113,7 +113,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    from eaglenest.workers.supervisor import run_stack
+    from eaglenest.workers.infra.supervisor import run_stack
 
     settings = _settings(args)
     ensure_credentials(settings)
@@ -149,10 +149,10 @@ def build_parser() -> argparse.ArgumentParser:
     m = sub.add_parser("migrate", help="apply database migrations (alembic upgrade head)")
     m.add_argument("--data-dir", default=None)
     m.set_defaults(func=cmd_migrate)
-    from eaglenest.workers import bench_cli, s3_cli, status
+    from eaglenest.workers.cli import bench, s3, status
 
-    s3_cli.register(sub)
-    bench_cli.register(sub)
+    s3.register(sub)
+    bench.register(sub)
     status.register(sub)
     _register_optional(sub)
     return p
@@ -200,6 +200,3 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     return int(args.func(args) or 0)
 
-
-if __name__ == "__main__":
-    sys.exit(main())

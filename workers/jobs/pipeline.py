@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from eaglenest.foundation.storage import ArtifactStore, StorageError, publish_dir
-from eaglenest.workers.checkpoint_sync import CheckpointSync
-from eaglenest.workers.job_bench import BenchPlan, run_benchmark
-from eaglenest.workers.job_control import JobControl
-from eaglenest.workers.job_inputs import InputError, JobSources, fetch_data, fetch_tree
-from eaglenest.workers.job_options import JobOptions
+from eaglenest.workers.infra.checkpoint_sync import CheckpointSync
+from eaglenest.workers.jobs.bench_stage import BenchPlan, run_benchmark
+from eaglenest.workers.jobs.control import JobControl
+from eaglenest.workers.jobs.inputs import InputError, JobSources, fetch_data, fetch_tree
+from eaglenest.workers.jobs.options import JobOptions
 from eaglenest.workers.serving.process import default_backend
 
 log = logging.getLogger("eaglenest.optimize")
@@ -171,8 +171,8 @@ class Pipeline:
 
     def _train_processes(self, config: Any, target: Any, samples: list[Any],
                          procs: int) -> dict[str, Any]:
-        """Train in ``procs`` data-parallel processes (workers/train_launch.py)."""
-        from eaglenest.workers.train_launch import launch, write_run
+        """Train in ``procs`` data-parallel processes (workers/jobs/train_launch.py)."""
+        from eaglenest.workers.jobs.train_launch import launch, write_run
 
         self.stage(f"train in {procs} data-parallel processes (torchrun)")
         if next(target.model.parameters()).is_cuda:  # the ranks load their own copies

@@ -12,7 +12,7 @@ import threading
 import time
 
 from eaglenest.db import optimization_jobs_repo as jobs
-from eaglenest.workers.context import WorkerContext
+from eaglenest.workers.infra.context import WorkerContext
 
 log = logging.getLogger("eaglenest.optimize")
 

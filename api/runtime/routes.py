@@ -20,7 +20,7 @@ from typing import Any
 from fastapi.concurrency import run_in_threadpool
 
 from eaglenest.api.registry import Context
-from eaglenest.api.runtime_bodies import RuntimeValidationError
+from eaglenest.api.runtime.bodies import RuntimeValidationError
 from eaglenest.db.common import find
 from eaglenest.db.tables import EndpointConfigRow, EndpointRow
 from eaglenest.foundation.deployment import instances_of

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from eaglenest.foundation.processes import free_port
-from eaglenest.workers.benchmark import BenchConfig, LevelResult, run, to_json, to_markdown
+from eaglenest.workers.jobs.loadgen import BenchConfig, LevelResult, run, to_json, to_markdown
 from eaglenest.workers.serving.process import ServerProcess, ServerSpec
 
 log = logging.getLogger("eaglenest.optimize")
