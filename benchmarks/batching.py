@@ -19,18 +19,14 @@ tests.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
 
-import torch  # noqa: E402
-
-from benchmarks.decode import held_out_prompts  # noqa: E402
-from eaglenest.models.decode.batch import BatchEngine  # noqa: E402
-from eaglenest.models.decode.engine import SpeculativeEngine  # noqa: E402
+from benchmarks.decode import held_out_prompts
+from eaglenest.models.decode.batch import BatchEngine
+from eaglenest.models.decode.engine import SpeculativeEngine
 
 
 def random_head(target: Any, kind: str) -> torch.nn.Module:

@@ -16,7 +16,7 @@ time per request is printed for each path too (load-independent, unlike latency)
 `invoke-whole`: InvokeEndpoint, signed as above): the proxy's cost per request without a
 frame per token.
 
-Without --target a tiny random Llama is built (tests/models/tiny.py): its forward is cheap,
+Without --target a tiny random Llama is built (eaglenest.models.tiny): its forward is cheap,
 so the proxy's own cost is as visible as it can be. Both paths are warmed up first (8
 requests each), keep their connections open between requests (one httpx.Client, one boto3
 client, as a real caller would), and are measured in interleaved rounds (direct, runtime,
@@ -44,13 +44,10 @@ from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 from botocore.eventstream import EventStreamBuffer
 
+from benchmarks.proxy_cpu import runtime_counters
+from benchmarks.stack import ACCESS_KEY, REGION, SECRET_KEY, Stack
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT / "tests" / "models"))
-
-from eaglenest_testing import ACCESS_KEY, REGION, SECRET_KEY, Stack  # noqa: E402
-
-from benchmarks.proxy_cpu import runtime_counters  # noqa: E402
 
 PROMPTS = ["Natalia sold 48 clips", "def add(a, b):", "The quick brown fox", "import os"]
 
@@ -376,7 +373,7 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="eaglenest-bench-"))
     target = args.target
     if target is None:
-        from tiny import build_tiny_target
+        from eaglenest.models.tiny import build_tiny_target
 
         target = build_tiny_target(tmp / "tiny", "LlamaForCausalLM")
     (tmp / "stack").mkdir()

@@ -22,10 +22,9 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
+from benchmarks.stack import Stack
 
-from eaglenest_testing import Stack  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 ROLE = "arn:aws:iam::123456789012:role/EagleNestRole"
 DEFAULT_TARGET = Path.home() / ".cache" / "eaglenest" / "smollm2-135m-instruct"

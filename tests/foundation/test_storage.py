@@ -14,8 +14,8 @@ from pathlib import Path
 import boto3
 import httpx
 import pytest
-from eaglenest_testing import free_port
 
+from eaglenest.foundation.processes import free_port
 from eaglenest.foundation.storage import (
     LocalStore,
     S3Store,

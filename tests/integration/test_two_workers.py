@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from eaglenest_testing import Stack
+
+from benchmarks.stack import Stack
 
 ROOT = Path(__file__).resolve().parents[2]
 ROLE = "arn:aws:iam::123456789012:role/EagleNestRole"

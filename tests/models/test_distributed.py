@@ -16,7 +16,6 @@ from typing import Any, cast
 
 import pytest
 import torch
-from ddp_worker import STEPS, config, make_samples
 
 from eaglenest.models.capture_cache import CaptureCache
 from eaglenest.models.cli import main
@@ -25,6 +24,7 @@ from eaglenest.models.heads.base import HeadLoss
 from eaglenest.models.optim import make_optimizer
 from eaglenest.models.target import Target
 from eaglenest.models.train import HEAD_KINDS, BatchStream, collate
+from tests.models.ddp_worker import STEPS, config, make_samples
 
 HERE = Path(__file__).parent
 REPO = HERE.parents[1]

@@ -4,12 +4,9 @@ as the artifact store and the serving processes see them."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
 
 
 @pytest.fixture(scope="session")

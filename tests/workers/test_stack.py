@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import redis
 from botocore.exceptions import ClientError, EndpointConnectionError
-from eaglenest_testing import Stack
+
+from benchmarks.stack import Stack
 
 ROLE = "arn:aws:iam::123456789012:role/EagleNestRole"
 JOB = {

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from oracle import OracleDrafter
 
 from eaglenest.models.decode import DecodeMode, SpeculativeEngine
+from tests.models.decode.oracle import OracleDrafter
 
 PROMPTS = [[5, 17, 33, 80, 9, 100], [1, 42], [7] * 12, list(range(60, 90))]
 FAST_ARCHS = ["LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",

@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 
 import torch
-from oracle import OracleDrafter
 
 from eaglenest.models.decode.tree import DraftTree, build_tree, walk_greedy
+from tests.models.decode.oracle import OracleDrafter
 
 
 def test_walk_greedy_docstring_example() -> None:

@@ -13,7 +13,8 @@ import time
 from pathlib import Path
 
 import redis
-from eaglenest_testing import Stack
+
+from benchmarks.stack import Stack
 
 BANNER = "EagleNest is listening on"
 

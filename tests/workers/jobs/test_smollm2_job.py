@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 
-from eaglenest_testing import Stack
-from test_optimization_pipeline import ROLE, upload, wait_status
+from benchmarks.stack import Stack
+from tests.support.jobs import ROLE, upload, wait_status
 
 SHAREGPT = [
     {"conversations": [{"from": "human", "value": f"What is {a} plus {b}?"},

@@ -11,8 +11,10 @@ import time
 import httpx
 import pytest
 from botocore.exceptions import ClientError, WaiterError
-from eaglenest_testing import Stack, wait_group_gone
-from test_optimization_pipeline import upload
+
+from benchmarks.stack import Stack
+from tests.support.jobs import upload
+from tests.support.processes import wait_group_gone
 
 ROLE = "arn:aws:iam::123456789012:role/EagleNestRole"
 #: OMP_NUM_THREADS reaches the model server's process like any container Environment entry
@@ -413,7 +415,8 @@ def test_caller_gone_mid_stream_stops_generation(stack):
     from botocore.awsrequest import AWSRequest
     from botocore.credentials import Credentials
     from botocore.eventstream import EventStreamBuffer
-    from eaglenest_testing import ACCESS_KEY, REGION, SECRET_KEY
+
+    from benchmarks.stack import ACCESS_KEY, REGION, SECRET_KEY
 
     sm, rt = stack.client(), stack.client("sagemaker-runtime")
     make_config(sm, "cfg-gone", "tiny-base")

@@ -27,7 +27,7 @@ from eaglenest.workers.infra.logs import (
     log_context,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _record(msg: str = "hello %s", args: tuple = ("world",), level: int = logging.INFO,

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import torch
 
 from eaglenest.foundation.storage import LocalStore, parse_uri
 from eaglenest.workers.infra.checkpoint_sync import CheckpointSync
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
 
 
 def _train(target, samples, out: Path, **kw):  # noqa: ANN001, ANN003, ANN202

@@ -10,8 +10,9 @@ import time
 
 import psutil
 import pytest
-from eaglenest_testing import Stack
-from test_optimization_pipeline import job, upload, wait_status
+
+from benchmarks.stack import Stack
+from tests.support.jobs import job, upload, wait_status
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
-
-"""Test support: a real `eaglenest up` stack (API + Celery worker + embedded Redis) in a
-temporary data dir, and boto3 clients signed with its keys (fixtures in conftest.py)."""
+"""A real `eaglenest up` stack (API + Celery worker + embedded Redis) in a temporary data
+dir, with fixed keys, and boto3 clients signed with them: what the benchmarks and the tests
+(tests/conftest.py) run against."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import boto3
 import httpx
@@ -95,7 +96,7 @@ class Stack:
         finally:
             db.dispose()
 
-    def client(self, service: str = "sagemaker", **kw: str) -> object:
+    def client(self, service: str = "sagemaker", **kw: str) -> Any:
         return boto3.client(
             service, endpoint_url=self.url, region_name=kw.get("region", REGION),
             aws_access_key_id=kw.get("key", ACCESS_KEY),
@@ -103,23 +104,3 @@ class Stack:
             config=Config(retries={"total_max_attempts": 1}),
         )
 
-
-def process_group_alive(pgid: int) -> bool:
-    """Whether any process of this process group (a serving process and its children) is
-    still running; zombies waiting to be reaped count as gone."""
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            return True
-    return False
-
-
-def wait_group_gone(pgid: int, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while process_group_alive(pgid):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"process group {pgid} still runs after {timeout:.0f} s")
-        time.sleep(0.3)

@@ -1,4 +1,11 @@
-"""Tiny random-initialised targets of every supported architecture, built offline."""
+"""Tiny random-initialised targets of every supported architecture, built offline.
+
+`build_tiny_target(folder, arch)` writes a model folder (config, random weights, a small
+BPE tokenizer with a ChatML template) that loads like any Hugging Face checkpoint: hidden
+size 32, 8 layers, about 360 tokens. Its outputs mean nothing; it exercises the whole
+pipeline (training, checkpoints, serving, decoding) in seconds on a CPU, which the tests
+and the benchmarks' dry runs rely on.
+"""
 
 from __future__ import annotations
 
