@@ -84,8 +84,8 @@ Fn = Callable[[list[int]], tuple[list[int], SpecStats | None]]
 def time_rows(fns: dict[str, Fn], prompts: list[list[int]],
               ) -> dict[str, tuple[float, float | None, list[list[int]]]]:
     """Every row on every prompt, interleaved: prompt by prompt, each row in turn (the order
-    reversed every other prompt), so that a drift in machine speed (this shared 2-core host
-    varies by 10-20% over minutes) hits all rows alike. Per row: (output tokens/s over all
+    reversed every other prompt), so that a drift in machine speed (a shared host's varies
+    over minutes) hits all rows alike. Per row: (output tokens/s over all
     prompts, acceptance length or None, outputs)."""
     elapsed = dict.fromkeys(fns, 0.0)
     outs: dict[str, list[list[int]]] = {name: [] for name in fns}

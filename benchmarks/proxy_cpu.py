@@ -3,7 +3,7 @@
     python -m benchmarks.proxy_cpu [--requests 200] [--frames 1,16,64] [--gap-ms 1]
                                    [--concurrency 1,8] [--repeats 3] [--compare-with DIR]
 
-`benchmarks.endpoint` measures the proxy beside a real model server, which on a 2-core
+`benchmarks.endpoint` measures the proxy beside a real model server, which on a small
 machine takes the cores the proxy needs, so its figures mix the proxy's work with waiting
 for a core. Here the model server is a stand-in (`FakeModelServer`: an OpenAI-style
 `/v1/completions` SSE stream of N events, each its own write, `--gap-ms` apart, as a model

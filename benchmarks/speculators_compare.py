@@ -154,7 +154,7 @@ def reused_speculators(report: Path, steps: int) -> tuple[Row, Path]:
     """The speculators row of an earlier report (same data and steps); tau is measured again.
 
     speculators' run is deterministic given the rows and its seed, so an unchanged library
-    and data need not be retrained (12 minutes here) to try another recipe of ours.
+    and data need not be retrained to try another recipe of ours.
     """
     rows = json.loads(report.read_text())["rows"]
     row = Row(**{k: v for k, v in next(r for r in rows if r["head"].startswith("speculators"))

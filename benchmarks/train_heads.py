@@ -226,9 +226,8 @@ def estimated_steps(kind: str, data: TrainData, minutes: float, probe_steps: int
     The first epoch runs the target once per sample (cache misses), later ones only the
     head: both step costs are timed (the same batches twice, on a throw-away cache) and
     the budget is spent as first-epoch steps at the miss cost, the rest at the hit cost.
-    Costs come from ``TrainResult.seconds`` (the loop only): timing the whole ``train`` call
-    added the head's set-up (draft vocabulary, optimizer) to 4 probe steps and sized a
-    15-minute budget at 124 steps (a run that ended after 281 s).
+    Costs come from ``TrainResult.seconds`` (the loop only), not the whole ``train`` call:
+    the head's set-up (draft vocabulary, optimizer) is paid once, not per step.
     """
     probe = train_config(kind, **{**(extra or {}), "max_steps": probe_steps, "warmup_steps": 1})
     scratch = TrainData(data.target, data.samples, cache=CaptureCache(

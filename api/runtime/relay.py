@@ -7,9 +7,8 @@ task switch and two async generators per token, and under concurrency the tokens
 streams that arrive together wait for each other's task switches. Here `FrameRelay.feed` is
 the backend response's sink (`BackendResponse.stream_to`): it splits the chunk into lines,
 frames them and hands the frames to the ASGI `send` inline (`send_now`). The task only
-waits for the end of the reply. (`benchmarks.proxy_cpu`: 22 instead of 56 us of the proxy's
-own time per frame at concurrency 8; unchanged at 1, where waking the idle core and the
-socket calls cost more than this.)
+waits for the end of the reply (`python -m benchmarks.proxy_cpu` measures the proxy's own
+time per frame).
 
 Backpressure: uvicorn's `send` for a body part suspends only while the caller's socket
 buffer is full. `send_now` then leaves the rest of that send to a task; until it is done the

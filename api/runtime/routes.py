@@ -82,9 +82,9 @@ class Routes:
 
     The snapshots of endpoints invoked in the last `idle_after` seconds are re-read in the
     background about every `3/4 ttl` seconds, so an invocation does not wait for the database
-    (a thread hop and two queries: several ms on a loaded host) unless its endpoint was idle
-    or its instance refused the connection. At one request every few seconds, as a single
-    caller of a slow model makes, a cache filled by requests alone missed on every one.
+    (a thread hop and two queries) unless its endpoint was idle or its instance refused the
+    connection; a cache filled by requests alone would miss on every request of a caller
+    slower than `ttl`.
     """
 
     def __init__(self, ctx: Context, ttl: float, idle_after: float = 300.0) -> None:

@@ -55,9 +55,9 @@ def cmd_api(args: argparse.Namespace) -> int:
     try:
         # log_config=None: uvicorn's loggers go through the root handler (configure_logging),
         # so EAGLENEST_LOG_FORMAT=json covers them too
-        # timeout_keep_alive: uvicorn's default (5 s) equals a boto3 waiter's usual Delay, so
-        # a waiter re-used a pooled connection just as the server closed it (connection
-        # reset, seen in CI); idle connections now live longer than any waiter's delay
+        # timeout_keep_alive: idle connections outlive any boto3 waiter's Delay (usually 5 s,
+        # uvicorn's default), so a waiter never re-uses a pooled connection just as the
+        # server closes it (a connection reset)
         uvicorn.run(create_app(settings, url), host=args.host, port=args.port,
                     log_level="warning", access_log=False, log_config=None,
                     timeout_keep_alive=KEEP_ALIVE_SECONDS)
