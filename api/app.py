@@ -7,12 +7,13 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from api import protocol, runtime
-from api.registry import Context
-from api.settings import Settings
-from db.common import Account
-from db.session import Database
-from workers.queue import TaskQueue
+from eaglenest.api import protocol
+from eaglenest.api.registry import Context
+from eaglenest.api.runtime import proxy
+from eaglenest.db.session import Database
+from eaglenest.foundation.accounts import Account
+from eaglenest.foundation.queue import TaskQueue
+from eaglenest.foundation.settings import Settings
 
 
 def create_app(settings: Settings, broker_url: str | None = None) -> FastAPI:
@@ -40,7 +41,7 @@ def create_app(settings: Settings, broker_url: str | None = None) -> FastAPI:
     app = FastAPI(title="EagleNest", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.ctx = ctx
     protocol.install(app, ctx)
-    runtime.install(app, ctx)
+    proxy.install(app, ctx)
 
     @app.get("/ping")
     async def ping() -> dict[str, str]:

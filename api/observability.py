@@ -9,8 +9,8 @@ from collections import Counter
 
 from sqlalchemy import func, select
 
-from db.session import Database
-from db.tables import EndpointRow, OptimizationJobRow
+from eaglenest.db.session import Database
+from eaglenest.db.tables import EndpointRow, OptimizationJobRow
 
 
 class ApiMetrics:

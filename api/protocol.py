@@ -14,18 +14,18 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response
 from sqlalchemy.exc import OperationalError
 
-from api import operations as _ops  # noqa: F401  (registers the handlers)
-from api import shapes
-from api.errors import (
+from eaglenest.api import operations as _ops  # noqa: F401  (registers the handlers)
+from eaglenest.api import shapes
+from eaglenest.api.observability import ApiMetrics
+from eaglenest.api.registry import REGISTRY, Context
+from eaglenest.api.sigv4 import IncomingRequest, verify
+from eaglenest.foundation.errors import (
     InternalFailure,
     SerializationException,
     ServiceError,
     ServiceUnavailable,
     UnknownOperationException,
 )
-from api.observability import ApiMetrics
-from api.registry import REGISTRY, Context
-from api.sigv4 import IncomingRequest, verify
 
 log = logging.getLogger("eaglenest.api")
 TARGET_PREFIX = "SageMaker."

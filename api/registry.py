@@ -6,10 +6,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from api.settings import Settings
-from db.common import Account
-from db.session import Database
-from workers.queue import TaskQueue
+from eaglenest.db.session import Database
+from eaglenest.foundation.accounts import Account
+from eaglenest.foundation.queue import TaskQueue
+from eaglenest.foundation.settings import Settings
 
 
 @dataclass

@@ -16,7 +16,7 @@ from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 
-from api.errors import (
+from eaglenest.foundation.errors import (
     InvalidSignatureException,
     UnrecognizedClientException,
 )

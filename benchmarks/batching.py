@@ -19,23 +19,19 @@ tests.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
 
-import torch  # noqa: E402
-
-from benchmarks.decode import held_out_prompts  # noqa: E402
-from models.decode.batch import BatchEngine  # noqa: E402
-from models.decode.engine import SpeculativeEngine  # noqa: E402
+from benchmarks.decode import held_out_prompts
+from eaglenest.models.decode.batch import BatchEngine
+from eaglenest.models.decode.engine import SpeculativeEngine
 
 
 def random_head(target: Any, kind: str) -> torch.nn.Module:
-    from models.data import builtin_path, encode_examples, load_examples
-    from models.train import HEAD_KINDS, TrainConfig
+    from eaglenest.models.data import builtin_path, encode_examples, load_examples
+    from eaglenest.models.train import HEAD_KINDS, TrainConfig
 
     examples = load_examples(builtin_path("gsm8k_training.jsonl"))[:16]
     samples = encode_examples(examples, target.tokenizer, max_length=256)
@@ -79,8 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    from models.checkpoint import load_head
-    from models.target import load_target
+    from eaglenest.models.checkpoint import load_head
+    from eaglenest.models.target import load_target
 
     target = load_target(args.target)
     head = None

@@ -6,7 +6,7 @@
 
 Part 1, throughput: each iteration is CreateModel + DescribeModel + ListModels(MaxResults=10),
 run at 1 and 8 client threads (one boto3 client per thread, no retries, errors counted and
-not retried) against a fresh EagleNest (`python -m workers.cli up`, temp data dir) and a
+not retried) against a fresh EagleNest (`python -m eaglenest.workers.cli up`, temp data dir) and a
 fresh `moto_server`, both started here on free loopback ports. Runs are interleaved
 (repeat x threads x server); moto is reset before each of its runs. The median over repeats
 of requests/s and of p50/p95 per operation is reported, with the EagleNest/moto ratio.
@@ -44,7 +44,7 @@ import boto3
 import httpx
 from botocore.config import Config
 
-from workers.broker import free_port
+from eaglenest.foundation.processes import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 ACCESS_KEY = "AKIAEAGLENESTBENCH01"
@@ -163,7 +163,7 @@ class Server:
 @dataclass
 class EagleNest(Server):
     def command(self) -> list[str]:
-        return [sys.executable, "-m", "workers.cli", "up", "--port", str(self.port)]
+        return [sys.executable, "-m", "eaglenest.workers.cli", "up", "--port", str(self.port)]
 
     def env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("EAGLENEST_")}
@@ -398,9 +398,9 @@ def throughput_phase(servers: list[Server], thread_counts: list[int], iterations
 def grow_eaglenest(server: EagleNest, client: Any, size: int, batch: int = 2000) -> None:
     """Grow the model table to `size`: the first 100 through boto3, the rest straight into
     the database with the project's own repository code (same rows CreateModel writes)."""
-    from db import models_repo
-    from db.common import Account
-    from db.session import Database
+    from eaglenest.db import models_repo
+    from eaglenest.db.session import Database
+    from eaglenest.foundation.accounts import Account
 
     have = count_models(server)
     while have < min(size, 100):

@@ -16,7 +16,7 @@ row in turn, so that drift in machine speed hits all rows alike):
   one row per ``--more-trees`` DEPTH:TOTAL), ``ours parallel K`` (P-EAGLE head),
   ``ours chain adaptive`` and ``ours tree adaptive``: models.decode.SpeculativeEngine;
 * ``vllm`` and ``vllm eagle K``: vLLM's OpenAI server (when installed) through
-  workers.benchmark at concurrency 1 (HTTP and streaming included, so slightly pessimistic).
+  workers.jobs.loadgen at concurrency 1 (HTTP and streaming included, so slightly pessimistic).
 
 Greedy decoding is lossless, so each row reports how many outputs differ from hf generate
 (0 expected in fp32; vLLM compares its own target-only row). ``--dtype bfloat16`` runs every
@@ -40,12 +40,12 @@ from typing import Any
 import torch
 
 from benchmarks.train_heads import first_user_prompt, split_builtin
-from models.decode.engine import SpeculativeEngine
-from models.decode.stats import SpecStats
-from models.target import Target
-from workers.benchmark import BenchConfig, run
-from workers.broker import free_port
-from workers.serving.process import EMBEDDED, VLLM, ServerProcess, ServerSpec
+from eaglenest.foundation.processes import free_port
+from eaglenest.models.decode.engine import SpeculativeEngine
+from eaglenest.models.decode.stats import SpecStats
+from eaglenest.models.target import Target
+from eaglenest.workers.jobs.loadgen import BenchConfig, run
+from eaglenest.workers.serving.process import EMBEDDED, VLLM, ServerProcess, ServerSpec
 
 CODE_SETS = ("magicoder", "opencodeinstruct", "swebench")
 
@@ -63,7 +63,7 @@ class Row:
 
 def held_out_prompts(target: Target, held_out: int) -> dict[str, list[str]]:
     """{"chat": [...], "code": [...]}: templated first user turns of the held-out examples."""
-    from models.data import BUILTIN_NAMES, load_examples
+    from eaglenest.models.data import BUILTIN_NAMES, load_examples
 
     sets: dict[str, list[str]] = {"chat": [], "code": []}
     _, eval_ex = split_builtin(held_out)
@@ -84,8 +84,8 @@ Fn = Callable[[list[int]], tuple[list[int], SpecStats | None]]
 def time_rows(fns: dict[str, Fn], prompts: list[list[int]],
               ) -> dict[str, tuple[float, float | None, list[list[int]]]]:
     """Every row on every prompt, interleaved: prompt by prompt, each row in turn (the order
-    reversed every other prompt), so that a drift in machine speed (this shared 2-core host
-    varies by 10-20% over minutes) hits all rows alike. Per row: (output tokens/s over all
+    reversed every other prompt), so that a drift in machine speed (a shared host's varies
+    over minutes) hits all rows alike. Per row: (output tokens/s over all
     prompts, acceptance length or None, outputs)."""
     elapsed = dict.fromkeys(fns, 0.0)
     outs: dict[str, list[list[int]]] = {name: [] for name in fns}
@@ -209,7 +209,7 @@ def vllm_batch1(server: ServerProcess, prompts: list[str], n: int,
     """(tokens/s, tau, texts) of the prompts one at a time, non-streaming, temperature 0."""
     import httpx
 
-    from workers.serving.embedded.metrics import parse_spec_counters
+    from eaglenest.workers.serving.embedded.metrics import parse_spec_counters
 
     with httpx.Client(timeout=3600) as client:
         before = parse_spec_counters(client.get(f"{server.base_url}/metrics").text)
@@ -304,9 +304,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from models.checkpoint import load_head
-    from models.prepare import cached_smollm2
-    from models.target import load_target
+    from eaglenest.models.checkpoint import load_head
+    from eaglenest.models.prepare import cached_smollm2
+    from eaglenest.models.target import load_target
 
     args = parse_args(argv)
     args.target = args.target or str(cached_smollm2())

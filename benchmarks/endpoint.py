@@ -16,7 +16,7 @@ time per request is printed for each path too (load-independent, unlike latency)
 `invoke-whole`: InvokeEndpoint, signed as above): the proxy's cost per request without a
 frame per token.
 
-Without --target a tiny random Llama is built (tests/models/tiny.py): its forward is cheap,
+Without --target a tiny random Llama is built (eaglenest.models.tiny): its forward is cheap,
 so the proxy's own cost is as visible as it can be. Both paths are warmed up first (8
 requests each), keep their connections open between requests (one httpx.Client, one boto3
 client, as a real caller would), and are measured in interleaved rounds (direct, runtime,
@@ -44,13 +44,10 @@ from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 from botocore.eventstream import EventStreamBuffer
 
+from benchmarks.proxy_cpu import runtime_counters
+from benchmarks.stack import ACCESS_KEY, REGION, SECRET_KEY, Stack
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT / "tests" / "models"))
-
-from eaglenest_testing import ACCESS_KEY, REGION, SECRET_KEY, Stack  # noqa: E402
-
-from benchmarks.proxy_cpu import runtime_counters  # noqa: E402
 
 PROMPTS = ["Natalia sold 48 clips", "def add(a, b):", "The quick brown fox", "import os"]
 
@@ -153,7 +150,7 @@ def deploy(stack: Stack, target: Path, backend: str = "embedded",
     import subprocess
 
     env = {**stack.env()}
-    subprocess.run([sys.executable, "-m", "workers.cli", "s3", "cp", str(target),
+    subprocess.run([sys.executable, "-m", "eaglenest.workers.cli", "s3", "cp", str(target),
                     "s3://models/bench/"], env=env, check=True, capture_output=True, cwd=ROOT)
     sm = stack.client()
     sm.create_model(ModelName="bench", ExecutionRoleArn="arn:aws:iam::123456789012:role/r",
@@ -167,8 +164,8 @@ def deploy(stack: Stack, target: Path, backend: str = "embedded",
     sm.create_endpoint(EndpointName="ep", EndpointConfigName="bench")
     sm.get_waiter("endpoint_in_service").wait(
         EndpointName="ep", WaiterConfig={"Delay": 1, "MaxAttempts": 600})
-    from db.session import Database
-    from db.tables import EndpointRow
+    from eaglenest.db.session import Database
+    from eaglenest.db.tables import EndpointRow
 
     db = Database(stack.database_url)
     with db.session() as s:
@@ -251,7 +248,7 @@ def _server_pids(stack: Stack) -> set[int]:
             return ""
 
     servers = [p for p in psutil.Process(stack.proc.pid).children(True)
-               if any(n in cmd(p) for n in ("workers.serving.embedded", "vllm"))]
+               if any(n in cmd(p) for n in ("eaglenest.workers.serving.embedded", "vllm"))]
     return {p.pid for p in servers} | {c.pid for p in servers for c in p.children(True)}
 
 
@@ -313,7 +310,7 @@ def _report(conc: int, got: dict[str, dict[str, float]], base_name: str,
 
 def _start_relay(url: str) -> tuple[str, subprocess.Popen[bytes]]:
     """A bare TCP relay (benchmarks.bare_relay) in front of the model server at `url`."""
-    from workers.broker import free_port
+    from eaglenest.foundation.processes import free_port
 
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "benchmarks.bare_relay", "--port",
@@ -376,7 +373,7 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="eaglenest-bench-"))
     target = args.target
     if target is None:
-        from tiny import build_tiny_target
+        from eaglenest.models.tiny import build_tiny_target
 
         target = build_tiny_target(tmp / "tiny", "LlamaForCausalLM")
     (tmp / "stack").mkdir()

@@ -22,10 +22,9 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
+from benchmarks.stack import Stack
 
-from eaglenest_testing import Stack  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 ROLE = "arn:aws:iam::123456789012:role/EagleNestRole"
 DEFAULT_TARGET = Path.home() / ".cache" / "eaglenest" / "smollm2-135m-instruct"
@@ -73,7 +72,7 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="eaglenest-job-"))
     stack = Stack(tmp).start()
     try:
-        subprocess.run([sys.executable, "-m", "workers.cli", "s3", "cp", str(args.target),
+        subprocess.run([sys.executable, "-m", "eaglenest.workers.cli", "s3", "cp", str(args.target),
                         "s3://models/target/"], env=stack.env(), check=True, cwd=ROOT)
         sm = stack.client()
         sm.create_model(  # type: ignore[attr-defined]

@@ -16,11 +16,17 @@ from pathlib import Path
 
 import torch
 
-from models.checkpoint import load_head
-from models.data import BUILTIN_NAMES, Sample, builtin_path, encode_examples, load_examples
-from models.data.regenerate import regenerate
-from models.target import Target, load_target
-from models.train import collate
+from eaglenest.models.checkpoint import load_head
+from eaglenest.models.data import (
+    BUILTIN_NAMES,
+    Sample,
+    builtin_path,
+    encode_examples,
+    load_examples,
+)
+from eaglenest.models.data.regenerate import regenerate
+from eaglenest.models.target import Target, load_target
+from eaglenest.models.train import collate
 
 DEFAULT_TARGET = Path.home() / ".cache" / "eaglenest" / "smollm2-135m-instruct"
 

@@ -19,8 +19,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from models.decode.onednn import OneDNNLinear, onednn_copy
-from models.decode.runner import TargetRunner
+from eaglenest.models.decode.onednn import OneDNNLinear, onednn_copy
+from eaglenest.models.decode.runner import TargetRunner
 
 
 def _ms(fn: Callable[[], object], repeat: int) -> float:
@@ -63,8 +63,8 @@ def _forward(model: nn.Module, rows: int) -> Callable[[], torch.Tensor]:
 
 @torch.no_grad()
 def main(argv: list[str] | None = None) -> int:
-    from models.prepare import cached_smollm2
-    from models.target import load_target
+    from eaglenest.models.prepare import cached_smollm2
+    from eaglenest.models.target import load_target
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--target", default=None)

@@ -34,11 +34,11 @@ from typing import Any
 import torch
 
 from benchmarks.train_heads import prepared_target, split_builtin, train_config
-from models.capture_cache import CaptureCache
-from models.data import Sample, encode_examples
-from models.heads.base import HeadBatch
-from models.target import Capture, Target, load_target
-from models.train import TrainData, collate, train
+from eaglenest.models.capture_cache import CaptureCache
+from eaglenest.models.data import Sample, encode_examples
+from eaglenest.models.heads.base import HeadBatch
+from eaglenest.models.target import Capture, Target, load_target
+from eaglenest.models.train import TrainData, collate, train
 
 
 def _cpu() -> float:

@@ -3,7 +3,7 @@
     python -m benchmarks.proxy_cpu [--requests 200] [--frames 1,16,64] [--gap-ms 1]
                                    [--concurrency 1,8] [--repeats 3] [--compare-with DIR]
 
-`benchmarks.endpoint` measures the proxy beside a real model server, which on a 2-core
+`benchmarks.endpoint` measures the proxy beside a real model server, which on a small
 machine takes the cores the proxy needs, so its figures mix the proxy's work with waiting
 for a core. Here the model server is a stand-in (`FakeModelServer`: an OpenAI-style
 `/v1/completions` SSE stream of N events, each its own write, `--gap-ms` apart, as a model
@@ -97,9 +97,9 @@ def serve_fake(port: int, frames: int, gap: float) -> None:
 def serve_api(port: int, backend_port: int, data_dir: Path) -> None:
     import uvicorn
 
-    import api.runtime_routes as routes
-    from api.app import create_app
-    from api.settings import Settings
+    import eaglenest.api.runtime.routes as routes
+    from eaglenest.api.app import create_app
+    from eaglenest.foundation.settings import Settings
 
     async def resolve(self: object, name: str, target_variant: str | None,
                       fresh: bool = False) -> routes.Route:
@@ -194,7 +194,7 @@ def measure(frames: int, conc: int, requests: int, gap_ms: float,
     checkout, for a before/after in one run)."""
     import psutil
 
-    from workers.broker import free_port
+    from eaglenest.foundation.processes import free_port
 
     api_port, fake_port = free_port(), free_port()
     data_dir = Path(tempfile.mkdtemp(prefix="eaglenest-proxy-"))

@@ -71,13 +71,13 @@ from benchmarks.train_heads import (
     split_builtin,
     train_config,
 )
-from models.capture_cache import CaptureCache
-from models.checkpoint import save_head
-from models.data import Chat, Example, Sample, encode_examples, load_examples
-from models.heads.vocab import build_draft_vocab, token_counts
-from models.target import Target, load_target
-from models.train import TrainData, train
-from workers.serving.process import ServingError
+from eaglenest.models.capture_cache import CaptureCache
+from eaglenest.models.checkpoint import save_head
+from eaglenest.models.data import Chat, Example, Sample, encode_examples, load_examples
+from eaglenest.models.heads.vocab import build_draft_vocab, token_counts
+from eaglenest.models.target import Target, load_target
+from eaglenest.models.train import TrainData, train
+from eaglenest.workers.serving.process import ServingError
 
 SCRIPTS = Path(__file__).resolve().parent / "speculators_cpu"
 
@@ -154,7 +154,7 @@ def reused_speculators(report: Path, steps: int) -> tuple[Row, Path]:
     """The speculators row of an earlier report (same data and steps); tau is measured again.
 
     speculators' run is deterministic given the rows and its seed, so an unchanged library
-    and data need not be retrained (12 minutes here) to try another recipe of ours.
+    and data need not be retrained to try another recipe of ours.
     """
     rows = json.loads(report.read_text())["rows"]
     row = Row(**{k: v for k, v in next(r for r in rows if r["head"].startswith("speculators"))

@@ -16,7 +16,7 @@ heads in the same budget, README). The chats are cached in ``--out`` and reused.
 Per head: training tokens/s (real tokens, padding excluded), peak RSS of this process during
 that head's training (a sampling thread, 0.2 s), and acceptance length tau = 1 + accepted /
 drafts at K = 3 and 5, temperature 0, from vLLM's spec-decode counters on /metrics, read by
-workers.benchmark around one pass over the held-out prompts (concurrency 1) against a vLLM
+workers.jobs.loadgen around one pass over the held-out prompts (concurrency 1) against a vLLM
 server started by workers.serving.process with the saved head.
 """
 
@@ -35,16 +35,16 @@ from typing import Any
 import httpx
 import torch
 
-from models.capture_cache import CaptureCache
-from models.checkpoint import save_head
-from models.data import BUILTIN_NAMES, Chat, Example, encode_examples, load_examples
-from models.prepare import cached_smollm2
-from models.target import Target, load_target
-from models.train import TrainConfig, TrainData, train
-from workers.benchmark import BenchConfig, run
-from workers.broker import free_port
-from workers.serving.embedded.metrics import parse_spec_counters
-from workers.serving.process import VLLM, ServerProcess, ServerSpec
+from eaglenest.foundation.processes import free_port
+from eaglenest.models.capture_cache import CaptureCache
+from eaglenest.models.checkpoint import save_head
+from eaglenest.models.data import BUILTIN_NAMES, Chat, Example, encode_examples, load_examples
+from eaglenest.models.prepare import cached_smollm2
+from eaglenest.models.target import Target, load_target
+from eaglenest.models.train import TrainConfig, TrainData, train
+from eaglenest.workers.jobs.loadgen import BenchConfig, run
+from eaglenest.workers.serving.embedded.metrics import parse_spec_counters
+from eaglenest.workers.serving.process import VLLM, ServerProcess, ServerSpec
 
 HEALTH_TIMEOUT_S = 900.0
 
@@ -226,9 +226,8 @@ def estimated_steps(kind: str, data: TrainData, minutes: float, probe_steps: int
     The first epoch runs the target once per sample (cache misses), later ones only the
     head: both step costs are timed (the same batches twice, on a throw-away cache) and
     the budget is spent as first-epoch steps at the miss cost, the rest at the hit cost.
-    Costs come from ``TrainResult.seconds`` (the loop only): timing the whole ``train`` call
-    added the head's set-up (draft vocabulary, optimizer) to 4 probe steps and sized a
-    15-minute budget at 124 steps (a run that ended after 281 s).
+    Costs come from ``TrainResult.seconds`` (the loop only), not the whole ``train`` call:
+    the head's set-up (draft vocabulary, optimizer) is paid once, not per step.
     """
     probe = train_config(kind, **{**(extra or {}), "max_steps": probe_steps, "warmup_steps": 1})
     scratch = TrainData(data.target, data.samples, cache=CaptureCache(

@@ -11,24 +11,14 @@ from sqlalchemy import Select, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from db.pagination import PageRequest, fingerprint, paginate
-from db.tables import Base
+from eaglenest.db.pagination import PageRequest, fingerprint, paginate
+from eaglenest.db.tables import Base
 
 RowT = TypeVar("RowT", bound=Base)
 
 
 def now() -> float:
     return time.time()
-
-
-@dataclass(frozen=True)
-class Account:
-    region: str
-    account_id: str
-
-    def arn(self, kind: str, name: str) -> str:
-        """`arn:aws:sagemaker:<region>:<account>:<kind>/<lower-cased name>`."""
-        return f"arn:aws:sagemaker:{self.region}:{self.account_id}:{kind}/{name.lower()}"
 
 
 def insert_unique(session: Session, row: Base, duplicate: Exception) -> None:

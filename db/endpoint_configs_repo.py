@@ -6,10 +6,11 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from api.errors import ResourceLimitExceeded, ValidationException
-from db import models_repo
-from db.common import Account, find, insert_unique, now
-from db.tables import EndpointConfigRow, ModelRow
+from eaglenest.db import models_repo
+from eaglenest.db.common import find, insert_unique, now
+from eaglenest.db.tables import EndpointConfigRow, ModelRow
+from eaglenest.foundation.accounts import Account
+from eaglenest.foundation.errors import ResourceLimitExceeded, ValidationException
 
 
 def not_found(account: Account, name: str) -> ValidationException:

@@ -16,10 +16,11 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from api.errors import ValidationException
-from db import endpoint_configs_repo
-from db.common import Account, find, insert_unique, now
-from db.tables import EndpointRow
+from eaglenest.db import endpoint_configs_repo
+from eaglenest.db.common import find, insert_unique, now
+from eaglenest.db.tables import EndpointRow
+from eaglenest.foundation.accounts import Account
+from eaglenest.foundation.errors import ValidationException
 
 CREATING, IN_SERVICE, UPDATING = "Creating", "InService", "Updating"
 DELETING, FAILED = "Deleting", "Failed"

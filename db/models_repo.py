@@ -6,9 +6,10 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from api.errors import ValidationException
-from db.common import Account, find, insert_unique, now
-from db.tables import ModelRow
+from eaglenest.db.common import find, insert_unique, now
+from eaglenest.db.tables import ModelRow
+from eaglenest.foundation.accounts import Account
+from eaglenest.foundation.errors import ValidationException
 
 
 def not_found(account: Account, name: str) -> ValidationException:

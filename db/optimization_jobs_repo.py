@@ -16,10 +16,11 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from api.errors import ResourceInUse, ResourceNotFound, ValidationException
-from db import models_repo
-from db.common import Account, find, insert_unique, now
-from db.tables import ModelRow, OptimizationJobRow
+from eaglenest.db import models_repo
+from eaglenest.db.common import find, insert_unique, now
+from eaglenest.db.tables import ModelRow, OptimizationJobRow
+from eaglenest.foundation.accounts import Account
+from eaglenest.foundation.errors import ResourceInUse, ResourceNotFound, ValidationException
 
 STARTING, INPROGRESS, COMPLETED = "STARTING", "INPROGRESS", "COMPLETED"
 FAILED, STOPPING, STOPPED = "FAILED", "STOPPING", "STOPPED"

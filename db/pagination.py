@@ -18,7 +18,7 @@ from typing import Any
 from sqlalchemy import Select, tuple_
 from sqlalchemy.orm import InstrumentedAttribute, Session
 
-from api.errors import ValidationException
+from eaglenest.foundation.errors import ValidationException
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,8 @@ ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
 RUN useradd --create-home --uid 10001 eaglenest
 WORKDIR /app
 COPY pyproject.toml README.md alembic.ini ./
+COPY eaglenest ./eaglenest
+COPY foundation ./foundation
 COPY api ./api
 COPY db ./db
 COPY workers ./workers

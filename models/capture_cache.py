@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
-from models.data.template import Sample
-from models.target import Capture, Target
+from eaglenest.models.data.template import Sample
+from eaglenest.models.target import Capture, Target
 
 
 @dataclass

@@ -29,10 +29,10 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from models.heads.eagle import EagleHead
-from models.heads.eagle3 import Eagle3Head
-from models.heads.layers import HeadConfig
-from models.heads.peagle import PEagleHead
+from eaglenest.models.heads.eagle import EagleHead
+from eaglenest.models.heads.eagle3 import Eagle3Head
+from eaglenest.models.heads.layers import HeadConfig
+from eaglenest.models.heads.peagle import PEagleHead
 
 WEIGHTS = "model.safetensors"
 PROVENANCE = "provenance.json"

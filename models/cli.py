@@ -3,7 +3,7 @@
 The main CLI calls ``register(subparsers)``; each subcommand sets ``func(args) -> int``.
 
 Several GPUs (or CPU processes) of one host: ``eaglenest train --nproc N ...`` re-launches
-itself as ``python -m torch.distributed.run --standalone --nproc-per-node N -m models.cli
+itself as ``python -m torch.distributed.run --standalone --nproc-per-node N -m eaglenest.models.cli
 train ...`` (torchrun), and every process trains its share of each batch with DDP
 (``models/distributed.py``). Running that torchrun command directly works too.
 """
@@ -89,15 +89,15 @@ def _torchrun(args: argparse.Namespace) -> int:
             argv += [flag] if value else []
         elif value is not None:
             argv += [flag, str(value)]
-    from models.distributed import torchrun_argv
+    from eaglenest.models.distributed import torchrun_argv
 
-    return subprocess.call([*torchrun_argv(args.nproc), "-m", "models.cli", *argv])
+    return subprocess.call([*torchrun_argv(args.nproc), "-m", "eaglenest.models.cli", *argv])
 
 
 def train_command(args: argparse.Namespace) -> int:
     if args.nproc > 1 and "WORLD_SIZE" not in os.environ:
         return _torchrun(args)
-    from models import distributed
+    from eaglenest.models import distributed
 
     try:
         return _train(args, distributed.local_device(args.device))
@@ -108,10 +108,10 @@ def train_command(args: argparse.Namespace) -> int:
 def _train(args: argparse.Namespace, device: Any) -> int:
     import torch
 
-    from models.data import DataError, encode_examples, load_examples
-    from models.data.regenerate import regenerate
-    from models.target import TargetError, load_target
-    from models.train import TrainConfig, TrainData, train
+    from eaglenest.models.data import DataError, encode_examples, load_examples
+    from eaglenest.models.data.regenerate import regenerate
+    from eaglenest.models.target import TargetError, load_target
+    from eaglenest.models.train import TrainConfig, TrainData, train
 
     try:
         dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
@@ -176,7 +176,7 @@ def _train(args: argparse.Namespace, device: Any) -> int:
 
 
 def prepare_target_command(args: argparse.Namespace) -> int:
-    from models.prepare import prepare_smollm2
+    from eaglenest.models.prepare import prepare_smollm2
 
     out = prepare_smollm2(args.out)
     print(json.dumps({"out": str(out), "model": "SmolLM2-135M-Instruct (dequantised Q4_1)"}))
@@ -184,7 +184,8 @@ def prepare_target_command(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Stand-alone entry point (``python -m models.cli``) for when the main CLI is absent."""
+    """Stand-alone entry point (``python -m eaglenest.models.cli``) for when the main CLI is
+    absent."""
     parser = argparse.ArgumentParser(prog="eaglenest-models")
     register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)

@@ -51,8 +51,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from models.heads.base import HeadBatch, HeadLoss
-from models.target import Capture
+from eaglenest.models.heads.base import HeadBatch, HeadLoss
+from eaglenest.models.target import Capture
 
 #: heads whose parameters may go unused in a step (P-EAGLE's conditional drop-token
 #: sampling can keep no slot at some depth, leaving ``mask_hidden`` without a gradient)
@@ -102,7 +102,7 @@ def torchrun_argv(nproc: int) -> list[str]:
 def local_device(device: str | torch.device) -> torch.device:
     """The device this rank uses: plain ``cuda`` becomes ``cuda:LOCAL_RANK`` under torchrun.
 
-    Load the target there too (``models.cli`` does): captures run where the target is.
+    Load the target there too (``eaglenest.models.cli`` does): captures run where the target is.
     """
     device = torch.device(device)
     if device.type == "cuda" and device.index is None and (under_launcher() or _initialised()):

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 if TYPE_CHECKING:
-    from models.train import TrainConfig
+    from eaglenest.models.train import TrainConfig
 
 __all__ = ["NS_DTYPES", "OPTIMIZERS", "Muon", "Optimizers", "lr_lambda", "make_optimizer",
            "ns_dtype", "orthogonalize"]
@@ -77,11 +77,9 @@ NS_DTYPES = ("auto", "float32", "bfloat16")
 
 def ns_dtype(setting: str, device: torch.device) -> torch.dtype:
     """The dtype of Muon's Newton-Schulz matmuls: ``setting`` or, for "auto", bf16 on CUDA and
-    on CPUs with bf16 dot-product units (AVX512-BF16 or AMX), fp32 on other CPUs.
-
-    Measured on a 2-core AMD EPYC with AVX512-BF16: one step's orthogonalisations of an
-    EAGLE-3 head for SmolLM2 run 2.3x faster in bf16 than in fp32; an earlier machine without
-    those units ran bf16 2.4x slower than fp32 (torch.optim.Muon always uses bf16).
+    on CPUs with bf16 dot-product units (AVX512-BF16 or AMX), fp32 on other CPUs: a CPU
+    without those units emulates bf16 matmuls, slower than fp32 (torch.optim.Muon always
+    uses bf16).
     """
     if setting not in NS_DTYPES:
         raise ValueError(f"muon_ns_dtype must be one of {NS_DTYPES}, got {setting!r}")

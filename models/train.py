@@ -21,18 +21,18 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from models import distributed
-from models.capture_cache import CaptureCache
-from models.checkpoint import head_kind, load_head, save_head
-from models.data.template import Sample
-from models.heads.base import HeadBatch
-from models.heads.eagle import EagleHead
-from models.heads.eagle3 import Eagle3Head
-from models.heads.layers import HeadConfig
-from models.heads.peagle import PEagleHead
-from models.heads.vocab import build_draft_vocab, token_counts
-from models.optim import make_optimizer
-from models.target import Target
+from eaglenest.models import distributed
+from eaglenest.models.capture_cache import CaptureCache
+from eaglenest.models.checkpoint import head_kind, load_head, save_head
+from eaglenest.models.data.template import Sample
+from eaglenest.models.heads.base import HeadBatch
+from eaglenest.models.heads.eagle import EagleHead
+from eaglenest.models.heads.eagle3 import Eagle3Head
+from eaglenest.models.heads.layers import HeadConfig
+from eaglenest.models.heads.peagle import PEagleHead
+from eaglenest.models.heads.vocab import build_draft_vocab, token_counts
+from eaglenest.models.optim import make_optimizer
+from eaglenest.models.target import Target
 
 STATE_FILE = "trainer_state.pt"
 

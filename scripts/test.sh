@@ -21,6 +21,8 @@ echo "== ruff"
 "$PY" -m ruff check .
 echo "== mypy"
 "$PY" -m mypy
+echo "== lint-imports (the floors in .importlinter)"
+lint-imports  # (`python -m importlinter.cli` has no __main__: it would pass silently)
 
 # pytest with the exit-code-5 guard: a run that collects no tests fails.
 run_pytest() {

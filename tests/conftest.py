@@ -1,16 +1,16 @@
-"""Shared fixtures: the running stack and boto3 clients (see eaglenest_testing.py), and the
+"""Shared fixtures: the running stack and boto3 clients (see benchmarks/stack.py), and the
 tiny Llama target folder."""
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-from eaglenest_testing import ACCESS_KEY, REGION, SECRET_KEY, Stack
+
+from benchmarks.stack import ACCESS_KEY, REGION, SECRET_KEY, Stack
 
 
 @pytest.fixture(scope="session")
@@ -25,12 +25,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 
 @pytest.fixture(scope="session")
 def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny random LlamaForCausalLM model folder (tests/models/tiny.py), built once per
+    """A tiny random LlamaForCausalLM model folder (eaglenest.models.tiny), built once per
     session; shared by tests/workers and tests/integration."""
-    models_tests = str(Path(__file__).resolve().parent / "models")
-    if models_tests not in sys.path:
-        sys.path.insert(0, models_tests)
-    from tiny import build_tiny_target
+    from eaglenest.models.tiny import build_tiny_target
 
     return build_tiny_target(tmp_path_factory.mktemp("tiny") / "llama", "LlamaForCausalLM")
 

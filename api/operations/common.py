@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from db.common import ListQuery
+from eaglenest.db.common import ListQuery
 
 DEFAULT_MAX_RESULTS = 10
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from api.operations.common import list_query, page, spec_of
-from api.registry import Context, operation
-from db import endpoint_configs_repo
-from db.common import list_rows
-from db.tables import EndpointConfigRow
+from eaglenest.api.operations.common import list_query, page, spec_of
+from eaglenest.api.registry import Context, operation
+from eaglenest.db import endpoint_configs_repo
+from eaglenest.db.common import list_rows
+from eaglenest.db.tables import EndpointConfigRow
 
 
 @operation("CreateEndpointConfig")

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from api.operations.common import list_query, page, spec_of
-from api.registry import Context, operation
-from db import endpoints_repo
-from db.common import find, list_rows
-from db.tables import EndpointConfigRow, EndpointRow
-from workers import queue as q
+from eaglenest.api.operations.common import list_query, page, spec_of
+from eaglenest.api.registry import Context, operation
+from eaglenest.db import endpoints_repo
+from eaglenest.db.common import find, list_rows
+from eaglenest.db.tables import EndpointConfigRow, EndpointRow
+from eaglenest.foundation import queue as q
 
 
 @operation("CreateEndpoint")

@@ -6,7 +6,7 @@
 
 The shape classes live in the generated modules (``common``, ``models``,
 ``endpoint_configs``, ``endpoints``, ``optimization_jobs``); regenerate them with
-``python -m api.shapes._codegen``.
+``python -m eaglenest.api.shapes._codegen``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from api.errors import InternalFailure, SerializationException, UnknownOperationException
+from eaglenest.foundation.errors import (
+    InternalFailure,
+    SerializationException,
+    UnknownOperationException,
+)
 
 from .base import AwsShape, AwsUnion
 from .registry import INPUT_SHAPES, OUTPUT_SHAPES

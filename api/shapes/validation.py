@@ -21,7 +21,12 @@ from typing import Any, Literal, get_args, get_origin
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
-from api.errors import SerializationException, ServiceError, ValidationException, constraint_message
+from eaglenest.foundation.errors import (
+    SerializationException,
+    ServiceError,
+    ValidationException,
+    constraint_message,
+)
 
 from .base import ORIGINAL_PATTERNS, constraints, unwrap
 

@@ -139,7 +139,7 @@ class Bench:
 
     def target(self, dtype: torch.dtype) -> Any:
         """A models.target.Target over the model in ``dtype``."""
-        from models.target import Target
+        from eaglenest.models.target import Target
 
         tok = SimpleNamespace(pad_token_id=PAD, eos_token_id=EOS, bos_token_id=BOS)
         return Target(self.model(dtype), tok, None, "LlamaForCausalLM")
@@ -152,7 +152,7 @@ class Bench:
 
     def samples(self) -> list[Any]:
         """Random training samples (assistant mask on all but the first 4 tokens)."""
-        from models.data.template import Sample
+        from eaglenest.models.data.template import Sample
 
         n, vocab = self.spec.seq_len, int(self.spec.config["vocab_size"])
         return [Sample(random_ids(n, vocab, 100 + i), [0] * 4 + [1] * (n - 4))
@@ -164,7 +164,7 @@ class Bench:
         if key not in self.heads:
             base = self.heads.get((kind, torch.float32))
             if base is None:
-                from models.train import HEAD_KINDS, TrainConfig
+                from eaglenest.models.train import HEAD_KINDS, TrainConfig
 
                 target = self.target(next(iter(self.models), torch.float32))  # as it is
                 torch.manual_seed(0)
@@ -185,9 +185,9 @@ class Bench:
 def oracle_factory(seq: list[int]) -> Callable[[], Any]:
     """Drafter factory whose drafts are read from ``seq`` (prompt + the greedy output): full
     acceptance wherever ``seq`` is what the target emits. No head, no device work."""
-    from models.decode.drafter import HeadDrafter
-    from models.decode.runner import StepOutput
-    from models.decode.sampling import SamplingParams
+    from eaglenest.models.decode.drafter import HeadDrafter
+    from eaglenest.models.decode.runner import StepOutput
+    from eaglenest.models.decode.sampling import SamplingParams
 
     class Oracle(HeadDrafter):
         def __init__(self) -> None:  # no head: the HeadDrafter fields drafting reads

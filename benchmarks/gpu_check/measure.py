@@ -26,7 +26,7 @@ def _vocab(bench: Bench) -> int:
 
 
 def _engine(bench: Bench, mode: str, kind: str | None, dtype: torch.dtype, **kw: Any) -> Any:
-    from models.decode import SpeculativeEngine
+    from eaglenest.models.decode import SpeculativeEngine
 
     head = None if kind is None else bench.head(kind, dtype)
     opts: dict[str, Any] = dict(k=K, **TREE)
@@ -95,7 +95,7 @@ def lossless(bench: Bench) -> dict[str, Any]:
 
 def _target_curve(bench: Bench) -> dict[int, float]:
     """{n: ms} KV-cached target forward over n new tokens after ``spec.context`` tokens."""
-    from models.decode.runner import TargetRunner
+    from eaglenest.models.decode.runner import TargetRunner
 
     target, spec = bench.target(bench.perf_dtype), bench.spec
     runner = TargetRunner(target.model, list(target.aux_layer_ids))  # as the engine runs it
@@ -112,8 +112,8 @@ def _target_curve(bench: Bench) -> dict[int, float]:
 
 def _draft_ms(bench: Bench, kind: str) -> dict[str, float]:
     """One round's drafting with a random head after ``spec.context`` committed slots."""
-    from models.decode.drafter import HeadDrafter
-    from models.decode.sampling import SamplingParams
+    from eaglenest.models.decode.drafter import HeadDrafter
+    from eaglenest.models.decode.sampling import SamplingParams
 
     head: Any = bench.head(kind, bench.perf_dtype)
     spec = bench.spec
@@ -219,7 +219,7 @@ def _capture_ms(bench: Bench, target: Any, autocast: Any) -> float:
 
 def training(bench: Bench) -> dict[str, Any]:
     """models.train steps/s per head kind after ``train_warmup`` steps (captures cached)."""
-    from models.train import TrainConfig, TrainData, train
+    from eaglenest.models.train import TrainConfig, TrainData, train
 
     spec, cuda = bench.spec, bench.device.type == "cuda"
     target = bench.target(bench.perf_dtype)  # as models.cli loads it

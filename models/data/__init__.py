@@ -1,8 +1,15 @@
 """Training data: JSONL readers, chat templates + assistant masks, built-ins, regeneration."""
 
-from models.data.builtin import BUILTIN_NAMES, builtin_path
-from models.data.readers import Chat, Completion, DataError, Example, load_examples, read_jsonl
-from models.data.template import Sample, encode_example, encode_examples
+from eaglenest.models.data.builtin import BUILTIN_NAMES, builtin_path
+from eaglenest.models.data.readers import (
+    Chat,
+    Completion,
+    DataError,
+    Example,
+    load_examples,
+    read_jsonl,
+)
+from eaglenest.models.data.template import Sample, encode_example, encode_examples
 
 __all__ = [
     "BUILTIN_NAMES",

@@ -137,7 +137,7 @@ def read_jsonl(path: str | Path) -> list[Example]:
 
 def data_files(source: str | Path) -> list[Path]:
     """A file, or every *.jsonl under a directory (sorted), or a built-in dataset name."""
-    from models.data.builtin import builtin_path, is_builtin
+    from eaglenest.models.data.builtin import builtin_path, is_builtin
 
     if is_builtin(str(source)):
         return [builtin_path(str(source))]

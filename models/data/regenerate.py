@@ -11,8 +11,8 @@ from typing import Any
 
 import torch
 
-from models.data.readers import Chat, Completion, Example
-from models.target import Target
+from eaglenest.models.data.readers import Chat, Completion, Example
+from eaglenest.models.target import Target
 
 
 def _generate_batch(

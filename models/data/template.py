@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from models.data.readers import Chat, Completion, DataError, Example
+from eaglenest.models.data.readers import Chat, Completion, DataError, Example
 
 
 @dataclass

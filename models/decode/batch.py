@@ -35,13 +35,19 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from models.decode import batch_draft
-from models.decode.batch_kv import BatchKV
-from models.decode.drafter import HeadDrafter
-from models.decode.engine import DecodeMode, SpeculativeEngine, _Request
-from models.decode.runner import StepOutput
-from models.decode.sampling import target_probs, verify_greedy, verify_rejection
-from models.decode.tree import DraftTree, accepted_path, build_tree, walk_greedy, walk_sampling
+from eaglenest.models.decode import batch_draft
+from eaglenest.models.decode.batch_kv import BatchKV
+from eaglenest.models.decode.drafter import HeadDrafter
+from eaglenest.models.decode.engine import DecodeMode, SpeculativeEngine, _Request
+from eaglenest.models.decode.runner import StepOutput
+from eaglenest.models.decode.sampling import target_probs, verify_greedy, verify_rejection
+from eaglenest.models.decode.tree import (
+    DraftTree,
+    accepted_path,
+    build_tree,
+    walk_greedy,
+    walk_sampling,
+)
 
 Event = tuple[int, list[int], bool]  # (request id, tokens emitted this step, finished)
 

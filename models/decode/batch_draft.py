@@ -24,10 +24,10 @@ from __future__ import annotations
 
 import torch
 
-from models.decode.drafter import HeadDrafter
-from models.decode.sampling import SamplingParams
-from models.heads.layers import KV
-from models.heads.peagle import PEagleHead
+from eaglenest.models.decode.drafter import HeadDrafter
+from eaglenest.models.decode.sampling import SamplingParams
+from eaglenest.models.heads.layers import KV
+from eaglenest.models.heads.peagle import PEagleHead
 
 Draft = tuple[list[int], torch.Tensor | None]  # (target ids, q [k, vocab] or None)
 

@@ -27,7 +27,7 @@ from torch import nn
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from models.decode.runner import model_forward
+from eaglenest.models.decode.runner import model_forward
 
 
 def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -10,7 +10,7 @@ import argparse
 import time
 from typing import Any
 
-from models.decode.engine import DecodeMode, SpeculativeEngine
+from eaglenest.models.decode.engine import DecodeMode, SpeculativeEngine
 
 
 def register(subparsers: Any) -> None:
@@ -38,8 +38,8 @@ def build_engine(args: argparse.Namespace) -> tuple[SpeculativeEngine, Any]:
     """(engine, tokenizer) from the CLI arguments."""
     import torch
 
-    from models.checkpoint import load_head
-    from models.target import load_target
+    from eaglenest.models.checkpoint import load_head
+    from eaglenest.models.target import load_target
 
     dtype = getattr(torch, args.dtype)
     target = load_target(args.target, dtype=dtype)

@@ -12,11 +12,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from models.decode.runner import StepOutput
-from models.decode.sampling import SamplingParams, sample
-from models.heads.eagle3 import Eagle3Head
-from models.heads.layers import KV, causal_mask
-from models.heads.peagle import PEagleHead
+from eaglenest.models.decode.runner import StepOutput
+from eaglenest.models.decode.sampling import SamplingParams, sample
+from eaglenest.models.heads.eagle3 import Eagle3Head
+from eaglenest.models.heads.layers import KV, causal_mask
+from eaglenest.models.heads.peagle import PEagleHead
 
 
 class HeadDrafter:

@@ -23,20 +23,20 @@ from enum import StrEnum
 import torch
 from torch import nn
 
-from models.decode.adaptive import AdaptiveDepth
-from models.decode.drafter import HeadDrafter
-from models.decode.onednn import onednn_available, onednn_copy
-from models.decode.runner import StepOutput, TargetRunner
-from models.decode.sampling import (
+from eaglenest.models.decode.adaptive import AdaptiveDepth
+from eaglenest.models.decode.drafter import HeadDrafter
+from eaglenest.models.decode.onednn import onednn_available, onednn_copy
+from eaglenest.models.decode.runner import StepOutput, TargetRunner
+from eaglenest.models.decode.sampling import (
     SamplingParams,
     sample,
     target_probs,
     verify_greedy,
     verify_rejection,
 )
-from models.decode.stats import SpecStats
-from models.decode.tree import accepted_path, build_tree, walk_greedy, walk_sampling
-from models.heads.peagle import PEagleHead
+from eaglenest.models.decode.stats import SpecStats
+from eaglenest.models.decode.tree import accepted_path, build_tree, walk_greedy, walk_sampling
+from eaglenest.models.heads.peagle import PEagleHead
 
 
 class DecodeMode(StrEnum):
@@ -62,7 +62,7 @@ class _Request:
 
 def _causal_lm(target: nn.Module) -> nn.Module:
     """A models.target.Target or a transformers causal LM -> the causal LM."""
-    from models.target import Target
+    from eaglenest.models.target import Target
 
     return target.model if isinstance(target, Target) else target
 

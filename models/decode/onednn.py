@@ -1,16 +1,15 @@
 """Target and head linears through oneDNN with pre-packed weights (CPU, float32).
 
 At decode shapes (one to a few dozen rows against a wide weight) PyTorch's default CPU
-float32 GEMM is slower than oneDNN's with a pre-packed weight. Measured on the 2-core AMD
-EPYC dev machine (``python -m benchmarks.linears``, SmolLM2-135M): its 30 layers of linears
-36.7 -> 25.2 ms at 1 row and 63.3 -> 19.8 ms at 6 rows, its 576 x 49152 lm_head 10.2 -> 4.9
-ms and 23.2 -> 3.0 ms, a whole KV-cached forward 61.6 -> 40.6 ms and 104.3 -> 41.8 ms.
+float32 GEMM is slower than oneDNN's with a pre-packed weight (``python -m
+benchmarks.linears`` compares the two on a target).
+
 ``onednn_copy(model)`` returns a copy of the module tree that shares every parameter with
 ``model`` except the linears it repacks, so the original keeps its own numerics (a
 baseline can still run on it) and the copy costs one extra copy of the linear weights;
 ``repack_linears(model)`` repacks in place (the embedded server: no second copy).
-The two give the same outputs up to float32 rounding (logits within 1e-4 over SmolLM2's
-vocabulary; greedy output identical in the decode benchmark).
+Both give the original's outputs up to float32 rounding (tests/models/decode/test_onednn.py
+holds the logits to it).
 """
 
 from __future__ import annotations
@@ -27,7 +26,7 @@ class OneDNNLinear(nn.Module):
     blocked layout its GEMM wants (``mkldnn._reorder_linear_weight``, the packing
     TorchInductor uses on CPU); dense input and output, no per-call layout conversion."""
 
-    PACK_ROWS = 64  # batch-size hint for the packing: measured best from 1 to 100 rows
+    PACK_ROWS = 64  # batch-size hint for the packing (any row count stays correct)
 
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()

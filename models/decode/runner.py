@@ -25,7 +25,7 @@ from torch import nn
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
-from models.decode.masks import additive_mask, sliding_mask
+from eaglenest.models.decode.masks import additive_mask, sliding_mask
 
 
 @dataclass

@@ -25,9 +25,9 @@ from dataclasses import dataclass
 
 import torch
 
-from models.decode.drafter import HeadDrafter
-from models.decode.masks import children_of, path_to, tree_depths, tree_mask
-from models.decode.sampling import verify_siblings
+from eaglenest.models.decode.drafter import HeadDrafter
+from eaglenest.models.decode.masks import children_of, path_to, tree_depths, tree_mask
+from eaglenest.models.decode.sampling import verify_siblings
 
 
 @dataclass

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from models.heads.layers import KV, causal_mask, shift_left
+from eaglenest.models.heads.layers import KV, causal_mask, shift_left
 
 
 @dataclass

@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.heads.base import HeadBatch, HeadLoss, greedy_chain, soft_cross_entropy
-from models.heads.layers import (
+from eaglenest.models.heads.base import HeadBatch, HeadLoss, greedy_chain, soft_cross_entropy
+from eaglenest.models.heads.layers import (
     KV,
     DraftAttention,
     DraftMLP,
@@ -28,7 +28,7 @@ from models.heads.layers import (
     causal_mask,
     shift_left,
 )
-from models.target import Capture
+from eaglenest.models.target import Capture
 
 
 class EagleLayer(nn.Module):

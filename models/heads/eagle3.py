@@ -24,8 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.heads.base import HeadBatch, HeadLoss, greedy_chain, scored_steps
-from models.heads.layers import (
+from eaglenest.models.heads.base import HeadBatch, HeadLoss, greedy_chain, scored_steps
+from eaglenest.models.heads.layers import (
     KV,
     DraftAttention,
     DraftMLP,
@@ -36,8 +36,8 @@ from models.heads.layers import (
     split_layers,
     ttt_mask,
 )
-from models.heads.vocab import draft_to_target
-from models.target import Capture
+from eaglenest.models.heads.vocab import draft_to_target
+from eaglenest.models.target import Capture
 
 
 class Eagle3Layer(nn.Module):

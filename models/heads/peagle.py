@@ -18,10 +18,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from models.heads.base import HeadBatch, HeadLoss, scored_steps
-from models.heads.eagle3 import Eagle3Head
-from models.heads.layers import HeadConfig, causal_mask, shift_left, ttt_mask
-from models.target import Capture
+from eaglenest.models.heads.base import HeadBatch, HeadLoss, scored_steps
+from eaglenest.models.heads.eagle3 import Eagle3Head
+from eaglenest.models.heads.layers import HeadConfig, causal_mask, shift_left, ttt_mask
+from eaglenest.models.target import Capture
 
 
 def parallel_mask(seq: int, depth: int, device: torch.device | None = None) -> torch.Tensor:

@@ -12,8 +12,8 @@ import time
 import pytest
 from botocore.exceptions import ClientError, WaiterError
 
-from db import endpoints_repo
-from db.session import Database
+from eaglenest.db import endpoints_repo
+from eaglenest.db.session import Database
 
 ROLE = "arn:aws:iam::123456789012:role/EagleNestRole"
 DEPLOYED = {"ProductionVariants": [{"VariantName": "AllTraffic", "CurrentWeight": 1.0,

@@ -45,14 +45,14 @@ import botocore.session
 import httpx
 import pytest
 from botocore.model import ServiceModel, Shape
-from eaglenest_testing import Stack
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.strategies import SearchStrategy
 
-from api.shapes import INPUT_SHAPES
-from api.shapes.base import java_to_python
-from db.pagination import fingerprint
+from benchmarks.stack import Stack
+from eaglenest.api.shapes import INPUT_SHAPES
+from eaglenest.api.shapes.base import java_to_python
+from eaglenest.db.pagination import fingerprint
 
 SAGEMAKER: ServiceModel = botocore.session.get_session().get_service_model("sagemaker")
 OPERATIONS = list(INPUT_SHAPES)

@@ -12,7 +12,8 @@ import botocore.session
 import pytest
 from botocore.config import Config
 from botocore.exceptions import ClientError
-from eaglenest_testing import ACCESS_KEY, REGION, SECRET_KEY
+
+from benchmarks.stack import ACCESS_KEY, REGION, SECRET_KEY
 
 ROLE = "arn:aws:iam::123456789012:role/EagleNestRole"
 ARN_PREFIX = "arn:aws:sagemaker:us-east-1:123456789012"

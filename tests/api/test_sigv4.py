@@ -8,8 +8,8 @@ import httpx
 import pytest
 from botocore.exceptions import ClientError
 
-from api.errors import ServiceError
-from api.sigv4 import IncomingRequest, verify
+from eaglenest.api.sigv4 import IncomingRequest, verify
+from eaglenest.foundation.errors import ServiceError
 
 
 def test_unsigned_request_is_rejected(stack):

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from api.errors import ResourceInUse, ResourceNotFound, ValidationException
-from db import optimization_jobs_repo as jobs
-from db.common import Account
-from db.migrate import upgrade_head
-from db.session import Database
+from eaglenest.db import optimization_jobs_repo as jobs
+from eaglenest.db.migrate import upgrade_head
+from eaglenest.db.session import Database
+from eaglenest.foundation.accounts import Account
+from eaglenest.foundation.errors import ResourceInUse, ResourceNotFound, ValidationException
 
 ACCOUNT = Account("us-east-1", "123456789012")
 SPEC = {

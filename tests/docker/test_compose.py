@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from api.settings import Settings
+from eaglenest.foundation.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())

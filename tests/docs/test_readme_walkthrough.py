@@ -8,16 +8,14 @@ import contextlib
 import io
 import json
 import re
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests" / "workers"))
+from benchmarks.stack import ACCESS_KEY, REGION, SECRET_KEY, Stack
+from tests.support.jobs import upload
 
-from eaglenest_testing import ACCESS_KEY, REGION, SECRET_KEY, Stack  # noqa: E402
-from test_optimization_pipeline import upload  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 TINY_OPTIONS = {
     "EAGLENEST_MAX_STEPS": "2", "EAGLENEST_MAX_LENGTH": "192", "EAGLENEST_HOLDOUT": "2",

@@ -23,7 +23,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import pytest
-from eaglenest_testing import free_port
+
+from eaglenest.foundation.processes import free_port
 
 
 def _missing(what: str) -> None:

@@ -19,7 +19,8 @@ from typing import Any
 
 import pytest
 from botocore.exceptions import ClientError
-from eaglenest_testing import Stack
+
+from benchmarks.stack import Stack
 
 ROLE = "arn:aws:iam::123456789012:role/EagleNestRole"
 LEAKS = ("Traceback", 'File "', "psycopg", "sqlalchemy", "OperationalError")

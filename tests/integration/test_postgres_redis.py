@@ -8,7 +8,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import redis
 from botocore.exceptions import ClientError
-from eaglenest_testing import Stack
+
+from benchmarks.stack import Stack
 
 ROLE = "arn:aws:iam::123456789012:role/EagleNestRole"
 

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from eaglenest_testing import Stack
+
+from benchmarks.stack import Stack
 
 ROOT = Path(__file__).resolve().parents[2]
 ROLE = "arn:aws:iam::123456789012:role/EagleNestRole"
@@ -64,13 +65,13 @@ def start_worker(stack: Stack, queue: str, *args: str) -> Worker:
     log_path = stack.data_dir / f"worker-{queue}.log"
     with open(log_path, "ab") as log:  # the child keeps its own descriptor
         proc = subprocess.Popen(
-            [sys.executable, "-m", "workers.cli", "worker", "--queues", queue, *args],
+            [sys.executable, "-m", "eaglenest.workers.cli", "worker", "--queues", queue, *args],
             env=stack.env(), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log)
     return Worker(queue, proc, log_path)
 
 
 def upload(stack: Stack, src: Path, dst: str) -> None:
-    r = subprocess.run([sys.executable, "-m", "workers.cli", "s3", "cp", str(src), dst],
+    r = subprocess.run([sys.executable, "-m", "eaglenest.workers.cli", "s3", "cp", str(src), dst],
                        env=stack.env(), capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, r.stderr
 

@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from tiny import ARCHITECTURES, build_tiny_target  # noqa: E402
-
-from models.data import encode_examples, load_examples  # noqa: E402
-from models.data.template import Sample  # noqa: E402
-from models.target import Target, load_target  # noqa: E402
+from eaglenest.models.data import encode_examples, load_examples
+from eaglenest.models.data.template import Sample
+from eaglenest.models.target import Target, load_target
+from eaglenest.models.tiny import ARCHITECTURES, build_tiny_target
 
 torch.set_num_threads(2)
 

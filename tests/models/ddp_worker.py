@@ -17,11 +17,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-import models.train as train_module
-from models.data import encode_examples, load_examples
-from models.data.template import Sample
-from models.target import Target, load_target
-from models.train import TrainConfig, TrainData, train
+import eaglenest.models.train as train_module
+from eaglenest.models.data import encode_examples, load_examples
+from eaglenest.models.data.template import Sample
+from eaglenest.models.target import Target, load_target
+from eaglenest.models.train import TrainConfig, TrainData, train
 
 STEPS = 4
 

@@ -3,8 +3,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from models.capture_cache import CaptureCache
-from models.train import TrainConfig, TrainData, collate, train
+from eaglenest.models.capture_cache import CaptureCache
+from eaglenest.models.train import TrainConfig, TrainData, collate, train
 
 
 def test_cached_capture_matches_a_live_capture(llama, samples) -> None:  # noqa: ANN001
@@ -56,7 +56,7 @@ def test_training_is_identical_with_and_without_the_cache(head: str, llama, samp
 
 def test_cached_loss_close_to_a_live_padded_batch(llama, samples) -> None:  # noqa: ANN001
     """The cached per-sample capture gives the same loss as one live padded forward."""
-    from models.train import HEAD_KINDS
+    from eaglenest.models.train import HEAD_KINDS
 
     cfg = TrainConfig(head="eagle3", draft_vocab_size=64)
     head = HEAD_KINDS["eagle3"].build(llama, samples, cfg)

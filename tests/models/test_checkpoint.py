@@ -6,10 +6,10 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from vllm_reference import ReferenceDraft
 
-from models.checkpoint import load_head, read_head_config, save_head
-from models.train import TrainConfig, TrainData, train
+from eaglenest.models.checkpoint import load_head, read_head_config, save_head
+from eaglenest.models.train import TrainConfig, TrainData, train
+from tests.models.vllm_reference import ReferenceDraft
 
 EXPLICIT = (
     "norm_before_residual",

@@ -16,15 +16,15 @@ from typing import Any, cast
 
 import pytest
 import torch
-from ddp_worker import STEPS, config, make_samples
 
-from models.capture_cache import CaptureCache
-from models.cli import main
-from models.distributed import Dist, shard
-from models.heads.base import HeadLoss
-from models.optim import make_optimizer
-from models.target import Target
-from models.train import HEAD_KINDS, BatchStream, collate
+from eaglenest.models.capture_cache import CaptureCache
+from eaglenest.models.cli import main
+from eaglenest.models.distributed import Dist, shard
+from eaglenest.models.heads.base import HeadLoss
+from eaglenest.models.optim import make_optimizer
+from eaglenest.models.target import Target
+from eaglenest.models.train import HEAD_KINDS, BatchStream, collate
+from tests.models.ddp_worker import STEPS, config, make_samples
 
 HERE = Path(__file__).parent
 REPO = HERE.parents[1]

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from models.cli import main, register
+from eaglenest.models.cli import main, register
 
 
 def parser() -> argparse.ArgumentParser:

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import torch
 
-from models.optim import Muon, orthogonalize
+from eaglenest.models.optim import Muon, orthogonalize
 
 
 def test_orthogonalize_pulls_singular_values_to_one() -> None:
@@ -39,7 +39,7 @@ def test_muon_step_matches_torch_muon() -> None:
 def test_ns_dtype_choice(monkeypatch) -> None:  # noqa: ANN001
     import pytest
 
-    import models.optim as optim
+    import eaglenest.models.optim as optim
 
     cpu = torch.device("cpu")
     assert optim.ns_dtype("float32", cpu) is torch.float32

@@ -6,9 +6,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny import ARCHITECTURES
 
-from models.target import (
+from eaglenest.models.target import (
     SUPPORTED_ARCHITECTURES,
     MissingModelFilesError,
     TargetError,
@@ -17,6 +16,7 @@ from models.target import (
     default_aux_layer_ids,
     load_target,
 )
+from eaglenest.models.tiny import ARCHITECTURES
 
 
 def test_support_table_matches_the_seeds() -> None:

@@ -4,12 +4,19 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny import ARCHITECTURES
 
-from models.checkpoint import load_head
-from models.data import encode_examples, load_examples
-from models.optim import Muon, lr_lambda, make_optimizer
-from models.train import HEAD_KINDS, BatchStream, TrainConfig, TrainData, latest_checkpoint, train
+from eaglenest.models.checkpoint import load_head
+from eaglenest.models.data import encode_examples, load_examples
+from eaglenest.models.optim import Muon, lr_lambda, make_optimizer
+from eaglenest.models.tiny import ARCHITECTURES
+from eaglenest.models.train import (
+    HEAD_KINDS,
+    BatchStream,
+    TrainConfig,
+    TrainData,
+    latest_checkpoint,
+    train,
+)
 
 
 def cfg(tmp: Path | None, **kw) -> TrainConfig:  # noqa: ANN003

@@ -32,15 +32,21 @@ import httpx
 import pytest
 import torch
 
-from models.checkpoint import load_head, save_head
-from models.data import encode_examples, load_examples
-from models.decode import DecodeMode, SpecStats, SpeculativeEngine
-from models.prepare import cached_smollm2
-from models.target import Target, load_target
-from models.train import TrainConfig, TrainData, train
-from workers.broker import free_port
-from workers.serving.embedded.metrics import parse_spec_counters
-from workers.serving.process import VLLM, ServerProcess, ServerSpec, head_method, vllm_installed
+from eaglenest.foundation.processes import free_port
+from eaglenest.models.checkpoint import load_head, save_head
+from eaglenest.models.data import encode_examples, load_examples
+from eaglenest.models.decode import DecodeMode, SpecStats, SpeculativeEngine
+from eaglenest.models.prepare import cached_smollm2
+from eaglenest.models.target import Target, load_target
+from eaglenest.models.train import TrainConfig, TrainData, train
+from eaglenest.workers.serving.embedded.metrics import parse_spec_counters
+from eaglenest.workers.serving.process import (
+    VLLM,
+    ServerProcess,
+    ServerSpec,
+    head_method,
+    vllm_installed,
+)
 
 pytestmark = [
     pytest.mark.vllm,

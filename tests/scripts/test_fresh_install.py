@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from workers.broker import free_port
+from eaglenest.workers.infra.broker import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("api", "db", "workers", "models")
+PACKAGES = ("eaglenest.foundation", "eaglenest.db", "eaglenest.models", "eaglenest.api",
+            "eaglenest.workers")
 IMPORT_ALL = """
 import importlib, pkgutil, sys
 failed, count = [], 0

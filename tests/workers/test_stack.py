@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import redis
 from botocore.exceptions import ClientError, EndpointConnectionError
-from eaglenest_testing import Stack
+
+from benchmarks.stack import Stack
 
 ROLE = "arn:aws:iam::123456789012:role/EagleNestRole"
 JOB = {
@@ -96,7 +97,7 @@ def test_reconcile_runs_jobs_accepted_while_no_worker_ran(tmp_path):
         assert "reconciled: re-enqueued 1 jobs" in stack.log()
         assert broker(stack).llen("train") == 0
         status = subprocess.run(
-            [sys.executable, "-m", "workers.cli", "status"], env=stack.env(),
+            [sys.executable, "-m", "eaglenest.workers.cli", "status"], env=stack.env(),
             capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2])
         assert status.returncode == 0, status.stderr
         assert "jobs: FAILED 1" in status.stdout

@@ -23,12 +23,19 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from db.common import find
-from db.tables import EndpointConfigRow, ModelRow
-from workers.broker import free_port, pid_alive
-from workers.job_inputs import InputError, _container_uri, fetch_tree
-from workers.serving.process import EMBEDDED, VLLM, ServerProcess, ServerSpec, default_backend
-from workers.storage import ArtifactStore
+from eaglenest.db.common import find
+from eaglenest.db.tables import EndpointConfigRow, ModelRow
+from eaglenest.foundation.deployment import instances_of
+from eaglenest.foundation.processes import free_port, pid_alive
+from eaglenest.foundation.storage import ArtifactStore
+from eaglenest.workers.jobs.inputs import InputError, _container_uri, fetch_tree
+from eaglenest.workers.serving.process import (
+    EMBEDDED,
+    VLLM,
+    ServerProcess,
+    ServerSpec,
+    default_backend,
+)
 
 DEFAULT_HEALTH_TIMEOUT = 900
 
@@ -181,15 +188,9 @@ def restart_instances(plan: VariantPlan, record: dict[str, Any], dead: list[int]
     return {**record, **new[0], "instances": new}
 
 
-def instances_of(record: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every serving process of a variant (a record written before `instances` existed
-    describes one process itself)."""
-    return list(record.get("instances") or [record])
-
-
 def _check_model(model_dir: Path, variant: str) -> None:
     try:
-        from models.target import TargetError, check_model_files
+        from eaglenest.models.target import TargetError, check_model_files
     except ImportError:
         return  # a serving-only worker without the train extra: the server will tell
     try:

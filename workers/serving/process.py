@@ -67,7 +67,8 @@ class ServerSpec:
     def command(self) -> list[str]:
         if self.backend == VLLM:
             return self._vllm()
-        cmd = [sys.executable, "-m", "workers.serving.embedded", "--model", str(self.model_dir),
+        cmd = [sys.executable, "-m", "eaglenest.workers.serving.embedded",
+               "--model", str(self.model_dir),
                "--port", str(self.port), "--host", self.bind_host,
                "--served-model-name", self.served_name, "--dtype", self.dtype,
                "--max-model-len", str(self.max_model_len)]
@@ -127,7 +128,7 @@ class ServerProcess:
         """Start the process without waiting for it (several can then start side by side)."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:  # the child keeps its own copy of the fd
-            root = Path(__file__).resolve().parents[2]
+            root = Path(__file__).parents[3]  # holds the eaglenest package (-m finds it)
             self.proc = subprocess.Popen(self.spec.command(), env=self.spec.env(), stdout=log,
                                          stderr=subprocess.STDOUT, cwd=root,
                                          start_new_session=True)

@@ -5,7 +5,14 @@ from pathlib import Path
 
 import pytest
 
-from models.data import BUILTIN_NAMES, Chat, Completion, DataError, load_examples, read_jsonl
+from eaglenest.models.data import (
+    BUILTIN_NAMES,
+    Chat,
+    Completion,
+    DataError,
+    load_examples,
+    read_jsonl,
+)
 
 
 def write(path: Path, *records: object) -> Path:

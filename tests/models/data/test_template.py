@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import pytest
 
-from models.data import Chat, Completion, DataError, encode_example, encode_examples
-from models.data.regenerate import regenerate
-from models.data.template import assistant_spans
+from eaglenest.models.data import Chat, Completion, DataError, encode_example, encode_examples
+from eaglenest.models.data.regenerate import regenerate
+from eaglenest.models.data.template import assistant_spans
 
 
 def test_assistant_only_mask_chatml(llama) -> None:  # noqa: ANN001

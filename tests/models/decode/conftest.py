@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from models.data.template import Sample  # noqa: E402
-from models.target import Target  # noqa: E402
-from models.train import TrainConfig, _build_eagle, _build_eagle3, _build_peagle  # noqa: E402
+from eaglenest.models.data.template import Sample
+from eaglenest.models.target import Target
+from eaglenest.models.train import TrainConfig, _build_eagle, _build_eagle3, _build_peagle
 
 BUILDERS = {"eagle": _build_eagle, "eagle3": _build_eagle3, "peagle": _build_peagle}
 

@@ -8,9 +8,9 @@ from collections.abc import Callable
 
 import torch
 
-from models.decode.drafter import HeadDrafter
-from models.decode.runner import StepOutput
-from models.decode.sampling import SamplingParams
+from eaglenest.models.decode.drafter import HeadDrafter
+from eaglenest.models.decode.runner import StepOutput
+from eaglenest.models.decode.sampling import SamplingParams
 
 
 class OracleDrafter(HeadDrafter):

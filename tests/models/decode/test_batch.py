@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from oracle import OracleDrafter
 
-from models.decode import SpeculativeEngine
-from models.decode.batch import BatchEngine
-from models.decode.batch_kv import BatchKV
+from eaglenest.models.decode import SpeculativeEngine
+from eaglenest.models.decode.batch import BatchEngine
+from eaglenest.models.decode.batch_kv import BatchKV
+from tests.models.decode.oracle import OracleDrafter
 
 PROMPTS = [[5, 17, 33, 80, 9, 100], [1, 42], [7] * 12, list(range(60, 90)), [3, 9, 27]]
 LENGTHS = [20, 7, 1, 26, 13]  # max_new_tokens per prompt: requests finish at different steps

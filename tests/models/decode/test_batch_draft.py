@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from models.decode import batch_draft
-from models.decode.batch import BatchEngine
-from models.decode.drafter import HeadDrafter
-from models.decode.runner import TargetRunner
-from models.decode.sampling import SamplingParams
+from eaglenest.models.decode import batch_draft
+from eaglenest.models.decode.batch import BatchEngine
+from eaglenest.models.decode.drafter import HeadDrafter
+from eaglenest.models.decode.runner import TargetRunner
+from eaglenest.models.decode.sampling import SamplingParams
 
 PROMPTS = [[5, 17, 33, 80, 9, 100], [1, 42], list(range(60, 90))]  # 6, 2 and 30 slots
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from models.checkpoint import save_head
-from models.decode import cli
+from eaglenest.models.checkpoint import save_head
+from eaglenest.models.decode import cli
 
 
 def test_generate_command(tmp_path, tiny_dir, llama, make_head, capsys) -> None:  # noqa: ANN001

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from oracle import OracleDrafter
 
-from models.decode import DecodeMode, SpeculativeEngine
+from eaglenest.models.decode import DecodeMode, SpeculativeEngine
+from tests.models.decode.oracle import OracleDrafter
 
 PROMPTS = [[5, 17, 33, 80, 9, 100], [1, 42], [7] * 12, list(range(60, 90))]
 FAST_ARCHS = ["LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
@@ -161,7 +161,7 @@ def test_adaptive_plain_rounds_are_lossless_and_not_counted_as_drafts(
 ) -> None:
     """The controller picks K = 0 on every other round (pinned): those rounds run the target
     on the pending token alone, keep the head's cache in step, and are no draft rounds."""
-    from models.decode.batch import BatchEngine
+    from eaglenest.models.decode.batch import BatchEngine
 
     head = make_head(llama, "peagle" if mode == "parallel" else "eagle3")
     base = SpeculativeEngine(llama, None).generate_ids(PROMPTS[0], 24)

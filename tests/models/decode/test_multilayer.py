@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from models.decode.drafter import HeadDrafter
-from models.decode.engine import SpeculativeEngine
-from models.decode.runner import TargetRunner
-from models.decode.sampling import SamplingParams
-from models.heads.layers import causal_mask, join_layers, split_layers
+from eaglenest.models.decode.drafter import HeadDrafter
+from eaglenest.models.decode.engine import SpeculativeEngine
+from eaglenest.models.decode.runner import TargetRunner
+from eaglenest.models.decode.sampling import SamplingParams
+from eaglenest.models.heads.layers import causal_mask, join_layers, split_layers
 
 PROMPTS = [[5, 17, 33, 80, 9, 100], list(range(60, 90)), [1, 42, 7]]
 

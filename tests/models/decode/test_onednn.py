@@ -8,9 +8,9 @@ import pytest
 import torch
 from torch import nn
 
-from models.decode import SpeculativeEngine
-from models.decode.onednn import OneDNNLinear, onednn_available, onednn_copy
-from models.decode.runner import TargetRunner
+from eaglenest.models.decode import SpeculativeEngine
+from eaglenest.models.decode.onednn import OneDNNLinear, onednn_available, onednn_copy
+from eaglenest.models.decode.runner import TargetRunner
 
 pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="no oneDNN")
 
@@ -69,7 +69,7 @@ def test_repack_in_place_is_not_copied_again(tiny_target) -> None:  # noqa: ANN0
     ids = torch.tensor([[5, 17, 33, 80, 9]])
     with torch.no_grad():
         before = model(ids).logits
-    from models.decode.onednn import is_repacked, repack_linears
+    from eaglenest.models.decode.onednn import is_repacked, repack_linears
 
     assert not is_repacked(model)
     assert repack_linears(model) is model and is_repacked(model)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from scipy.stats import chisquare
 
-from models.decode.sampling import (
+from eaglenest.models.decode.sampling import (
     SamplingParams,
     residual,
     target_probs,

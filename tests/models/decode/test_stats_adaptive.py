@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from models.decode.adaptive import AdaptiveDepth
-from models.decode.stats import SpecStats
+from eaglenest.models.decode.adaptive import AdaptiveDepth
+from eaglenest.models.decode.stats import SpecStats
 
 
 def test_stats_docstring_example() -> None:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 
 import torch
-from oracle import OracleDrafter
 
-from models.decode.tree import DraftTree, build_tree, walk_greedy
+from eaglenest.models.decode.tree import DraftTree, build_tree, walk_greedy
+from tests.models.decode.oracle import OracleDrafter
 
 
 def test_walk_greedy_docstring_example() -> None:
@@ -51,7 +51,7 @@ def test_walk_sampling_matches_target_distribution() -> None:
     """First emitted token of a sampling walk over a hand-built tree ~ the root's p."""
     from scipy.stats import chisquare
 
-    from models.decode.tree import walk_sampling
+    from eaglenest.models.decode.tree import walk_sampling
 
     tree = DraftTree(tokens=[0, 2, 1, 3], parents=[-1, 0, 0, 1])  # root -> {2, 1}, 2 -> 3
     p = torch.tensor([[0.1, 0.2, 0.3, 0.4], [0.25, 0.25, 0.25, 0.25],

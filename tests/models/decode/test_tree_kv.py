@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from models.decode.masks import (
+from eaglenest.models.decode.masks import (
     additive_mask,
     children_of,
     path_to,
@@ -13,7 +13,7 @@ from models.decode.masks import (
     tree_depths,
     tree_mask,
 )
-from models.decode.runner import TargetRunner
+from eaglenest.models.decode.runner import TargetRunner
 
 # root -> a, root -> b, a -> c, a -> d, c -> e
 PARENTS = [-1, 0, 0, 1, 1, 3]

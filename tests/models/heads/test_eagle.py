@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import torch
 
-from models.heads.base import HeadBatch
-from models.heads.layers import causal_mask
-from models.train import TrainConfig, _build_eagle
+from eaglenest.models.heads.base import HeadBatch
+from eaglenest.models.heads.layers import causal_mask
+from eaglenest.models.train import TrainConfig, _build_eagle
 
 
 def test_eagle_head_structure(llama, samples) -> None:  # noqa: ANN001

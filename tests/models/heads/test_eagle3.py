@@ -2,10 +2,10 @@ from __future__ import annotations
 
 import torch
 
-from models.heads.base import HeadBatch
-from models.heads.eagle3 import Eagle3Head
-from models.heads.layers import causal_mask
-from models.train import TrainConfig, _build_eagle3
+from eaglenest.models.heads.base import HeadBatch
+from eaglenest.models.heads.eagle3 import Eagle3Head
+from eaglenest.models.heads.layers import causal_mask
+from eaglenest.models.train import TrainConfig, _build_eagle3
 
 
 def make_head(llama, samples, **kw) -> Eagle3Head:  # noqa: ANN001

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from models.heads.layers import causal_mask, shift_left, ttt_mask
-from models.heads.peagle import cod_keep, parallel_mask
-from models.heads.vocab import build_draft_vocab, draft_to_target, token_counts
+from eaglenest.models.heads.layers import causal_mask, shift_left, ttt_mask
+from eaglenest.models.heads.peagle import cod_keep, parallel_mask
+from eaglenest.models.heads.vocab import build_draft_vocab, draft_to_target, token_counts
 
 
 def b(rows: list[list[int]]) -> torch.Tensor:

@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import torch
 
-from models.heads.layers import causal_mask
-from models.heads.peagle import PEagleHead, cod_keep
-from models.train import TrainConfig, _build_peagle
+from eaglenest.models.heads.layers import causal_mask
+from eaglenest.models.heads.peagle import PEagleHead, cod_keep
+from eaglenest.models.train import TrainConfig, _build_peagle
 
 
 def make_head(llama, samples) -> PEagleHead:  # noqa: ANN001

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from workers.serving.deploy import DeployError, VariantPlan, _spec
-from workers.serving.process import EMBEDDED
+from eaglenest.workers.serving.deploy import DeployError, VariantPlan, _spec
+from eaglenest.workers.serving.process import EMBEDDED
 
 
 def plan(**env: str) -> VariantPlan:
@@ -41,7 +41,7 @@ def test_bad_values_name_the_variable_and_the_constraint(env: dict[str, str],
 
 
 def test_adaptive_needs_the_embedded_backend(monkeypatch: pytest.MonkeyPatch) -> None:
-    import workers.serving.deploy as deploy
+    import eaglenest.workers.serving.deploy as deploy
 
     monkeypatch.setattr(deploy, "default_backend", lambda: "vllm")  # as if vLLM were installed
     with pytest.raises(DeployError, match="EAGLENEST_ADAPTIVE=1 needs "

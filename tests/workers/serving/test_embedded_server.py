@@ -10,10 +10,10 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from workers.benchmark import BenchConfig, run
-from workers.broker import free_port
-from workers.serving.embedded.metrics import parse_spec_counters
-from workers.serving.process import EMBEDDED, ServerProcess, ServerSpec
+from eaglenest.foundation.processes import free_port
+from eaglenest.workers.jobs.loadgen import BenchConfig, run
+from eaglenest.workers.serving.embedded.metrics import parse_spec_counters
+from eaglenest.workers.serving.process import EMBEDDED, ServerProcess, ServerSpec
 
 PROMPTS = ["Natalia sold 48 clips", "def add(a, b):", "The quick brown fox"]
 LENGTHS = [24, 5, 17, 9, 30, 2]  # different lengths: requests leave the batch at different steps

@@ -28,11 +28,12 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
-from eaglenest_testing import Stack, wait_group_gone
-from test_optimization_pipeline import upload
 
-from workers.serving.embedded.metrics import parse_spec_counters
-from workers.serving.process import vllm_installed
+from benchmarks.stack import Stack
+from eaglenest.workers.serving.embedded.metrics import parse_spec_counters
+from eaglenest.workers.serving.process import vllm_installed
+from tests.support.jobs import upload
+from tests.support.processes import wait_group_gone
 
 pytestmark = [
     pytest.mark.vllm,
@@ -46,7 +47,7 @@ ENDPOINT = "smol-eagle3"
 
 @pytest.fixture(scope="module")
 def smol(smollm2_dir: Path):  # type: ignore[no-untyped-def]
-    from models.target import load_target
+    from eaglenest.models.target import load_target
 
     return load_target(smollm2_dir)
 
@@ -54,9 +55,8 @@ def smol(smollm2_dir: Path):  # type: ignore[no-untyped-def]
 @pytest.fixture(scope="module")
 def eagle3_head(smol, tmp_path_factory: pytest.TempPathFactory) -> Path:  # type: ignore[no-untyped-def]
     """An EAGLE-3 head trained as test_vllm_serving.py trains its heads (same budget)."""
-    import test_vllm_serving as recipe  # tests/models, on sys.path via tests/workers/conftest.py
-
-    from models.data import encode_examples, load_examples
+    from eaglenest.models.data import encode_examples, load_examples
+    from tests.models import test_vllm_serving as recipe
 
     torch.manual_seed(0)
     samples = encode_examples(load_examples("gsm8k_training.jsonl"), smol.tokenizer, 160)
@@ -67,7 +67,7 @@ def eagle3_head(smol, tmp_path_factory: pytest.TempPathFactory) -> Path:  # type
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path, eagle3_head: Path):  # type: ignore[no-untyped-def]
     """A stack with the endpoint InService: (stack, backend record of its one instance)."""
-    import test_vllm_serving as recipe
+    from tests.models import test_vllm_serving as recipe
 
     stack = Stack(tmp_path_factory.mktemp("vllm-endpoint")).start()
     try:
@@ -124,7 +124,7 @@ def _stream(rt, body: dict) -> list[str]:  # type: ignore[no-untyped-def]
 
 
 def test_vllm_endpoint_serves_head_losslessly_with_speculation(served, smol) -> None:  # type: ignore[no-untyped-def]
-    import test_vllm_serving as recipe
+    from tests.models import test_vllm_serving as recipe
 
     stack, record = served
     url = record["instances"][0]["url"]

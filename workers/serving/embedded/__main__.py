@@ -1,4 +1,4 @@
-"""`python -m workers.serving.embedded --model DIR [--head DIR] ...`: the embedded server.
+"""`python -m eaglenest.workers.serving.embedded --model DIR [--head DIR] ...`: the embedded server.
 
 Its arguments mirror vLLM's OpenAI server where they overlap (--model, --port, --host,
 --served-model-name, --dtype, --max-model-len) so the process manager treats both alike.
@@ -12,7 +12,7 @@ import sys
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m workers.serving.embedded")
+    p = argparse.ArgumentParser(prog="python -m eaglenest.workers.serving.embedded")
     p.add_argument("--model", required=True)
     p.add_argument("--head", default=None)
     p.add_argument("--mode", default="chain", choices=["chain", "tree", "parallel"])
@@ -32,13 +32,13 @@ def build_parser() -> argparse.ArgumentParser:
 def build_server(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     import torch
 
-    from models.checkpoint import load_head
-    from models.decode.batch import BatchEngine
-    from models.decode.engine import DecodeMode, SpeculativeEngine
-    from models.decode.onednn import onednn_available, repack_linears
-    from models.heads.peagle import PEagleHead
-    from models.target import load_target
-    from workers.serving.embedded.server import EmbeddedServer
+    from eaglenest.models.checkpoint import load_head
+    from eaglenest.models.decode.batch import BatchEngine
+    from eaglenest.models.decode.engine import DecodeMode, SpeculativeEngine
+    from eaglenest.models.decode.onednn import onednn_available, repack_linears
+    from eaglenest.models.heads.peagle import PEagleHead
+    from eaglenest.models.target import load_target
+    from eaglenest.workers.serving.embedded.server import EmbeddedServer
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     target = load_target(args.model, device=device, dtype=getattr(torch, args.dtype))
@@ -68,7 +68,7 @@ def build_server(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
-    from workers.serving.embedded.server import create_server_app
+    from eaglenest.workers.serving.embedded.server import create_server_app
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     args = build_parser().parse_args(argv)

@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from workers.serving.embedded.metrics import ServerMetrics
+from eaglenest.workers.serving.embedded.metrics import ServerMetrics
 
 
 class Engine(Protocol):

@@ -16,9 +16,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from workers.serving.embedded.generation import Engine, Runner
-from workers.serving.embedded.generation import Request as GenRequest
-from workers.serving.embedded.metrics import ServerMetrics
+from eaglenest.workers.serving.embedded.generation import Engine, Runner
+from eaglenest.workers.serving.embedded.generation import Request as GenRequest
+from eaglenest.workers.serving.embedded.metrics import ServerMetrics
 
 
 class _Common(BaseModel):

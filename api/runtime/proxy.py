@@ -1,0 +1,328 @@
+"""sagemaker-runtime: InvokeEndpoint and InvokeEndpointWithResponseStream (rest-json).
+
+SigV4 as for the control plane; errors take their code from `x-amzn-ErrorType` (botocore
+reads it there for rest-json): ValidationError 400 for unknown endpoints and bad bodies,
+ModelError 424 when the model server fails. Streaming replies are AWS event-stream frames
+(`PayloadPart`; a mid-stream failure is a `ModelStreamError` exception frame).
+
+The two routes are served by a plain ASGI layer ahead of FastAPI's router (`RuntimeASGI`):
+every streamed token costs one read from the model server and one frame to the caller, and
+FastAPI's request and StreamingResponse machinery (a task group, a disconnect listener and
+three send wrappers per frame) cost about as much again. Streamed frames are written from
+the socket callback that read the token (`relay`), not by a task woken for it.
+A caller that goes away mid-stream closes the model server's connection, which stops its
+generation.
+
+Routing (variant by weight or TargetVariant, round-robin over instances, the route cache)
+is in `routes`; an instance that refuses the connection is skipped for the next
+one (the request never reached it) and a serve worker is asked to restart it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import time
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from fastapi import FastAPI
+from starlette.datastructures import URL
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from eaglenest.api.observability import ApiMetrics
+from eaglenest.api.registry import Context
+from eaglenest.api.runtime import eventstream
+from eaglenest.api.runtime.backend_http import (
+    BackendClient,
+    BackendConnectError,
+    BackendError,
+    BackendResponse,
+)
+from eaglenest.api.runtime.bodies import (
+    LMI,
+    Translated,
+    capture_record,
+    completion_text,
+    lmi_reply,
+    translate,
+)
+from eaglenest.api.runtime.capture import CaptureWriter
+from eaglenest.api.runtime.relay import FrameRelay
+from eaglenest.api.runtime.routes import Route, Routes
+from eaglenest.api.sigv4 import IncomingRequest, verify
+from eaglenest.foundation import queue as q
+from eaglenest.foundation.errors import ServiceError
+from eaglenest.foundation.storage import make_store
+
+log = logging.getLogger("eaglenest.runtime")
+Headers = list[tuple[bytes, bytes]]
+EVENTSTREAM = b"application/vnd.amazon.eventstream"
+
+
+class ModelError(ServiceError):
+    code = "ModelError"
+    status = 424
+
+    def __init__(self, message: str, original_status: int, original_message: str) -> None:
+        super().__init__(message)
+        self.original_status, self.original_message = original_status, original_message
+
+    def body(self) -> dict[str, Any]:
+        return {"message": self.message, "OriginalStatusCode": self.original_status,
+                "OriginalMessage": self.original_message[:2000]}
+
+
+class Clock:
+    """The proxy's own time on one invocation, for /metrics: from the request's arrival to
+    its sending to the model server (`forward`, also counted alone: the part every caller
+    waits for before the model starts; up to the write that hands the request over, see
+    `BackendClient._exchange`), plus, per frame, from the chunk's arrival to the frame's
+    writing (the write included). Waiting on the model server is not counted."""
+
+    def __init__(self) -> None:
+        self.start = time.monotonic()
+        self.own = self.forward = 0.0
+        self.frames = 0
+
+    def sent(self, r: BackendResponse) -> None:
+        self.forward = r.sent_at - self.start
+        self.own += self.forward
+
+    def relayed(self, r: BackendResponse, frames: int = 1) -> None:
+        self.own += time.monotonic() - r.last_data_at
+        self.frames += frames
+
+
+def _request_id() -> tuple[bytes, bytes]:
+    return b"x-amzn-requestid", str(uuid.uuid4()).encode()
+
+
+async def _reply(send: Send, status: int, body: bytes, content_type: bytes,
+                 headers: Headers) -> None:
+    await send({"type": "http.response.start", "status": status, "headers": [
+        (b"content-type", content_type), (b"content-length", str(len(body)).encode()),
+        _request_id(), *headers]})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+async def _error_reply(send: Send, err: ServiceError) -> None:
+    body = err.body()
+    body.pop("__type", None)
+    await _reply(send, err.status, json.dumps(body).encode(), b"application/json",
+                 [(b"x-amzn-errortype", err.code.encode())])
+
+
+def _sampled(route: Route) -> bool:
+    """Whether Data Capture keeps this request (decided up front: a stream that is not
+    captured and not LMI relays the model server's lines without parsing them)."""
+    cfg = route.capture
+    if not cfg or not cfg.get("EnableCapture", True):
+        return False
+    return random.uniform(0, 100) < float(cfg.get("InitialSamplingPercentage", 100))
+
+
+def _capture(px: Proxy, route: Route, endpoint: str, tr: Translated, text: str) -> None:
+    assert route.capture is not None
+    px.capture.add(route.capture["DestinationS3Uri"], endpoint, route.variant,
+                   capture_record(tr, text, endpoint, route.variant))
+
+
+def _ask_recovery(ctx: Context, name: str, route: Route) -> None:
+    """A model server did not answer: have a serve worker check and restart it (unless a
+    recovery is already under way)."""
+    if route.status != "SystemUpdating":
+        ctx.queue.send(q.ENDPOINT_RECOVER_TASK, name, q.SERVE_QUEUE)
+
+
+def _backend_failed(ctx: Context, name: str, route: Route, exc: Exception) -> ModelError:
+    _ask_recovery(ctx, name, route)
+    return ModelError(f"Received server error from model {route.variant}: the model server "
+                      f"did not answer ({exc.__class__.__name__}).", 500, str(exc))
+
+
+async def _send(ctx: Context, client: BackendClient, route: Route, name: str,
+                tr: Translated) -> BackendResponse:
+    """POST to the route's instances in turn until one takes the connection; an instance
+    that refused it never saw the request, so the next one may have it."""
+    for url in route.urls[:-1]:
+        try:
+            return await client.post(url + tr.path, tr.body)
+        except BackendConnectError:
+            _ask_recovery(ctx, name, route)
+    return await client.post(route.urls[-1] + tr.path, tr.body)
+
+
+class Proxy:
+    """What every invocation shares: context, routes, the backend client, capture."""
+
+    def __init__(self, ctx: Context, routes: Routes, client: BackendClient,
+                 capture: CaptureWriter) -> None:
+        self.ctx, self.routes, self.client, self.capture = ctx, routes, client, capture
+
+    async def open(self, headers: Mapping[str, str], name: str, raw: bytes,
+                   stream: bool) -> tuple[Route, Translated, BackendResponse]:
+        """Resolve the route, translate the body, send it; returns once the model server
+        answered with its status line. A cached route whose instance refused the
+        connection is read again from the database (the instance was replaced) and the
+        request goes out once more on the fresh one."""
+        target_variant = headers.get("x-amzn-sagemaker-target-variant")
+        route = await self.routes.resolve(name, target_variant)
+        tr = translate(raw, route.served, stream=stream)
+        try:
+            if route.cached:
+                try:
+                    return route, tr, await self.client.post(route.urls[0] + tr.path, tr.body)
+                except BackendConnectError:
+                    _ask_recovery(self.ctx, name, route)  # as _send does for a refusal
+                    route = await self.routes.resolve(name, target_variant, fresh=True)
+                    tr = translate(raw, route.served, stream=stream)
+            return route, tr, await _send(self.ctx, self.client, route, name, tr)
+        except BackendError as exc:
+            raise _backend_failed(self.ctx, name, route, exc) from exc
+
+
+async def _read(px: Proxy, name: str, route: Route, r: BackendResponse) -> bytes:
+    try:
+        return await r.aread()
+    except BackendError as exc:
+        raise _backend_failed(px.ctx, name, route, exc) from exc
+
+
+def _client_error(status: int, body: bytes) -> ModelError:
+    text = body.decode(errors="replace")
+    return ModelError(f"Received client error ({status}) from primary with message "
+                      f"\"{text[:500]}\".", status, text)
+
+
+def _reply_headers(headers: Mapping[str, str], route: Route) -> Headers:
+    out = [(b"x-amzn-invoked-production-variant", route.variant.encode())]
+    custom = headers.get("x-amzn-sagemaker-custom-attributes")
+    if custom:
+        out.append((b"x-amzn-sagemaker-custom-attributes", custom.encode()))
+    return out
+
+
+async def _invoke(px: Proxy, send: Send, headers: Mapping[str, str], name: str,
+                  raw: bytes, clock: Clock) -> None:
+    route, tr, r = await px.open(headers, name, raw, stream=False)
+    clock.sent(r)
+    body = await _read(px, name, route, r)
+    if r.status_code != 200:
+        raise _client_error(r.status_code, body)
+    reply = json.loads(body)
+    if _sampled(route):
+        _capture(px, route, name, tr, completion_text(reply))
+    out = lmi_reply(reply) if tr.style == LMI else reply
+    await _reply(send, 200, json.dumps(out).encode(), b"application/json",
+                 _reply_headers(headers, route))
+    clock.relayed(r)
+
+
+async def _watch_disconnect(receive: Receive, r: BackendResponse, gone: list[bool]) -> None:
+    """The caller went away: close the model server's connection (it stops generating)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    gone.append(True)
+    r.close()
+
+
+async def _stream(px: Proxy, receive: Receive, send: Send,
+                  headers: Mapping[str, str], name: str, raw: bytes, clock: Clock) -> None:
+    """The model server's answer is awaited before replying, so a model server that is
+    down or refuses the request is a ModelError (424) like InvokeEndpoint's; a failure
+    after the first byte is a ModelStreamError frame in the stream."""
+    route, tr, r = await px.open(headers, name, raw, stream=True)
+    clock.sent(r)
+    if r.status_code != 200:
+        raise _client_error(r.status_code, await _read(px, name, route, r))
+    captured = _sampled(route)
+    parts: list[str] | None = [] if captured or tr.style == LMI else None
+    await send({"type": "http.response.start", "status": 200, "headers": [
+        (b"content-type", EVENTSTREAM), _request_id(), *_reply_headers(headers, route),
+        (b"x-amzn-sagemaker-content-type",
+         b"application/jsonlines" if tr.style == LMI else b"text/event-stream")]})
+    gone: list[bool] = []
+    watcher = asyncio.create_task(_watch_disconnect(receive, r, gone))
+    try:
+        await FrameRelay(r, send, tr.style == LMI, parts,
+                         lambda frames: clock.relayed(r, frames)).run()
+    except BackendError as exc:
+        if not gone:
+            _backend_failed(px.ctx, name, route, exc)
+            await send({"type": "http.response.body", "more_body": True,
+                        "body": eventstream.model_stream_error(
+                            f"model server failed mid-stream: {exc}")})
+        parts = None
+    finally:
+        watcher.cancel()
+        r.close()
+    if parts is not None and not gone:
+        text = "".join(parts)
+        if tr.style == LMI:
+            final = json.dumps({"token": None, "generated_text": text}) + "\n"
+            await send({"type": "http.response.body", "more_body": True,
+                        "body": eventstream.payload_part(final.encode())})
+        if captured:
+            _capture(px, route, name, tr, text)
+    await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+class RuntimeASGI:
+    """`POST /endpoints/{name}/invocations[-response-stream]`, ahead of FastAPI's router;
+    anything else goes on to the app."""
+
+    def __init__(self, app: ASGIApp, px: Proxy, secrets: Mapping[str, str],
+                 metrics: ApiMetrics) -> None:
+        self.app, self.px, self.secrets, self.metrics = app, px, secrets, metrics
+        self.settings = px.ctx.settings
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        parts = scope["path"].split("/") if scope["type"] == "http" else []
+        if (len(parts) != 4 or parts[1] != "endpoints"
+                or parts[3] not in ("invocations", "invocations-response-stream")):
+            await self.app(scope, receive, send)
+            return
+        if scope["method"] != "POST":  # sagemaker-runtime only ever POSTs here
+            body = json.dumps({"message": f"Method {scope['method']} not allowed: "
+                                          f"{scope['path']} accepts POST only"}).encode()
+            await _reply(send, 405, body, b"application/json", [(b"allow", b"POST")])
+            return
+        clock, code = Clock(), "OK"
+        raw = await _body(receive)
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        try:
+            verify(IncomingRequest("POST", str(URL(scope=scope)), headers, raw), self.secrets,
+                   self.settings.region, self.settings.signature_max_skew)
+            if parts[3] == "invocations":
+                await _invoke(self.px, send, headers, parts[2], raw, clock)
+            else:
+                await _stream(self.px, receive, send, headers, parts[2], raw, clock)
+        except ServiceError as err:
+            code = err.code
+            await _error_reply(send, err)
+        finally:
+            self.metrics.observe_invocation(code, clock.own, clock.frames, clock.forward)
+
+
+async def _body(receive: Receive) -> bytes:
+    chunks = []
+    while True:
+        message = await receive()
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def install(app: FastAPI, ctx: Context) -> None:
+    px = Proxy(ctx, Routes(ctx, ctx.settings.route_cache_seconds),
+               BackendClient(connect_timeout=5.0, read_timeout=600.0),
+               CaptureWriter(make_store(ctx.settings), ctx.settings.capture_flush_seconds))
+    app.state.runtime_client = px.client
+    app.state.routes = px.routes
+    app.state.capture = px.capture
+    app.add_middleware(RuntimeASGI, px=px, secrets=ctx.settings.credentials(),
+                       metrics=app.state.metrics)  # protocol.install made it

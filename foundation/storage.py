@@ -1,0 +1,220 @@
+"""The artifact store: `s3://bucket/key` URIs over real S3 (boto3, any endpoint_url: AWS,
+MinIO, moto_server) or over a local directory (`<data-dir>/s3/bucket/key`).
+
+Both implement the same small interface; callers never branch on which one they hold.
+Multi-file outputs are published file by file with a `_MANIFEST.json` written last, so a
+reader that sees the manifest sees every file it lists (single PUTs are atomic in S3; the
+local store writes to a temporary name and renames).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any, Protocol
+
+from eaglenest.foundation.settings import Settings
+
+MANIFEST = "_MANIFEST.json"
+_URI = re.compile(r"^s3://(?P<bucket>[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9])(?:/(?P<key>.*))?$")
+
+
+class StorageError(Exception):
+    """A user-actionable storage failure (bad URI, missing object)."""
+
+
+@dataclass(frozen=True)
+class S3Uri:
+    bucket: str
+    key: str  # no leading slash; may be "" (the bucket) or end with "/" (a prefix)
+
+    def __str__(self) -> str:
+        return f"s3://{self.bucket}/{self.key}"
+
+    def child(self, relative: str) -> S3Uri:
+        base = self.key if not self.key or self.key.endswith("/") else self.key + "/"
+        return parse_uri(f"s3://{self.bucket}/{base}{relative}")
+
+
+def parse_uri(uri: str) -> S3Uri:
+    """Parse and check an S3 URI; reject keys that would escape their bucket.
+
+    >>> parse_uri("s3://bucket/a/b.txt")
+    S3Uri(bucket='bucket', key='a/b.txt')
+    """
+    m = _URI.match(uri)
+    if m is None:
+        raise StorageError(f"'{uri}' is not an S3 URI of the form s3://bucket/key")
+    key = m["key"] or ""
+    parts = PurePosixPath(key).parts
+    if key.startswith("/") or "\\" in key or any(p in ("..", ".") for p in parts):
+        raise StorageError(f"'{uri}': keys may not contain '.', '..', '\\' or a leading '/'")
+    return S3Uri(m["bucket"], key)
+
+
+class ArtifactStore(Protocol):
+    def put_bytes(self, uri: S3Uri, data: bytes) -> None: ...
+    def get_bytes(self, uri: S3Uri) -> bytes: ...
+    def list_keys(self, prefix: S3Uri) -> list[str]: ...
+    def put_file(self, uri: S3Uri, path: Path) -> None: ...
+    def get_file(self, uri: S3Uri, path: Path) -> None: ...
+    def delete(self, uri: S3Uri) -> None: ...
+
+
+class LocalStore:
+    def __init__(self, root: Path) -> None:
+        self.root = root.resolve()
+
+    def _path(self, uri: S3Uri) -> Path:
+        path = (self.root / uri.bucket / uri.key).resolve()
+        if not path.is_relative_to(self.root / uri.bucket):
+            raise StorageError(f"'{uri}' escapes its bucket")
+        return path
+
+    def put_bytes(self, uri: S3Uri, data: bytes) -> None:
+        path = self._path(uri)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+
+    def get_bytes(self, uri: S3Uri) -> bytes:
+        path = self._path(uri)
+        if not path.is_file():
+            raise StorageError(f"{uri} does not exist")
+        return path.read_bytes()
+
+    def list_keys(self, prefix: S3Uri) -> list[str]:
+        base = self._path(S3Uri(prefix.bucket, ""))
+        if not base.exists():
+            return []
+        keys = (p.relative_to(base).as_posix() for p in base.rglob("*") if p.is_file())
+        return sorted(k for k in keys if k.startswith(prefix.key) and ".tmp-" not in k)
+
+    def put_file(self, uri: S3Uri, path: Path) -> None:
+        dest = self._path(uri)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=".tmp-")
+        os.close(fd)
+        shutil.copyfile(path, tmp)
+        os.replace(tmp, dest)
+
+    def get_file(self, uri: S3Uri, path: Path) -> None:
+        src = self._path(uri)
+        if not src.is_file():
+            raise StorageError(f"{uri} does not exist")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src, path)
+
+    def delete(self, uri: S3Uri) -> None:
+        """Remove one object (no error if it is already gone)."""
+        self._path(uri).unlink(missing_ok=True)
+
+
+class S3Store:
+    def __init__(self, endpoint_url: str | None, region: str, **client_kw: Any) -> None:
+        import boto3
+
+        self.client = boto3.client("s3", endpoint_url=endpoint_url, region_name=region,
+                                   **client_kw)
+
+    def _missing(self, exc: Exception, uri: S3Uri) -> Exception:
+        code = getattr(exc, "response", {}).get("Error", {}).get("Code", "")
+        if code in ("NoSuchKey", "404", "NoSuchBucket", "NotFound"):
+            return StorageError(f"{uri} does not exist")
+        return exc
+
+    def put_bytes(self, uri: S3Uri, data: bytes) -> None:
+        self.client.put_object(Bucket=uri.bucket, Key=uri.key, Body=data)
+
+    def get_bytes(self, uri: S3Uri) -> bytes:
+        try:
+            body: bytes = self.client.get_object(Bucket=uri.bucket, Key=uri.key)["Body"].read()
+        except Exception as exc:
+            raise self._missing(exc, uri) from exc
+        return body
+
+    def list_keys(self, prefix: S3Uri) -> list[str]:
+        keys: list[str] = []
+        try:
+            pages = self.client.get_paginator("list_objects_v2").paginate(
+                Bucket=prefix.bucket, Prefix=prefix.key)
+            for page in pages:
+                keys += [o["Key"] for o in page.get("Contents", [])]
+        except Exception as exc:
+            raise self._missing(exc, prefix) from exc
+        return sorted(keys)
+
+    def put_file(self, uri: S3Uri, path: Path) -> None:
+        self.client.upload_file(str(path), uri.bucket, uri.key)
+
+    def get_file(self, uri: S3Uri, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.client.download_file(uri.bucket, uri.key, str(path))
+        except Exception as exc:
+            raise self._missing(exc, uri) from exc
+
+    def delete(self, uri: S3Uri) -> None:
+        self.client.delete_object(Bucket=uri.bucket, Key=uri.key)
+
+
+def make_store(settings: Settings) -> ArtifactStore:
+    """S3 when EAGLENEST_S3_ENDPOINT_URL is set, else the local directory store."""
+    if settings.s3_endpoint_url:
+        return S3Store(settings.s3_endpoint_url, settings.region)
+    return LocalStore(settings.artifact_dir)
+
+
+def download_prefix(store: ArtifactStore, uri: str, dest: Path) -> list[Path]:
+    """Fetch one object, or every object under a prefix, into `dest` (keys relative to the
+    prefix). Raises StorageError if nothing is there."""
+    src = parse_uri(uri)
+    keys = store.list_keys(src)
+    exact = [k for k in keys if k == src.key]
+    if exact and not src.key.endswith("/"):
+        target = dest / PurePosixPath(src.key).name
+        store.get_file(src, target)
+        return [target]
+    base = src.key if not src.key or src.key.endswith("/") else src.key + "/"
+    under = [k for k in keys if k.startswith(base)]
+    if not under:
+        raise StorageError(f"nothing found at {uri}")
+    out = []
+    for key in under:
+        rel = key[len(base):]
+        target = dest / parse_uri(f"s3://{src.bucket}/{rel}").key
+        store.get_file(S3Uri(src.bucket, key), target)
+        out.append(target)
+    return out
+
+
+def read_manifest(store: ArtifactStore, uri: str) -> list[str]:
+    """A SageMaker ManifestFile: `[{"prefix": "s3://b/p/"}, "rel/key1", ...]` -> object URIs."""
+    try:
+        doc = json.loads(store.get_bytes(parse_uri(uri)))
+        prefix = doc[0]["prefix"]
+        rels = doc[1:]
+    except (ValueError, KeyError, IndexError, TypeError) as exc:
+        raise StorageError(
+            f"{uri} is not a manifest file: expected [{{\"prefix\": \"s3://...\"}}, \"key\", ...]"
+        ) from exc
+    base = parse_uri(prefix)
+    return [str(base.child(rel)) for rel in rels]
+
+
+def publish_dir(store: ArtifactStore, local: Path, dest: str) -> list[str]:
+    """Upload a directory under `dest/`, then `_MANIFEST.json` listing it (written last)."""
+    base = parse_uri(dest if dest.endswith("/") else dest + "/")
+    files = sorted(p for p in local.rglob("*") if p.is_file())
+    rels = [p.relative_to(local).as_posix() for p in files]
+    for path, rel in zip(files, rels, strict=True):
+        store.put_file(base.child(rel), path)
+    store.put_bytes(base.child(MANIFEST), json.dumps({"files": rels}, indent=1).encode())
+    return [str(base.child(r)) for r in rels]

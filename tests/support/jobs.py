@@ -1,0 +1,51 @@
+"""Optimization jobs against a running stack: a model folder into its artifact store, a
+CreateOptimizationJob request for a tiny fast job, and waiting for a job's status."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from benchmarks.stack import Stack
+
+ROLE = "arn:aws:iam::123456789012:role/EagleNestRole"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def upload(stack: Stack, src: Path, dst: str) -> None:
+    env = {**os.environ, "EAGLENEST_DATA_DIR": str(stack.data_dir)}
+    env.pop("EAGLENEST_S3_ENDPOINT_URL", None)
+    r = subprocess.run([sys.executable, "-m", "eaglenest.workers.cli", "s3", "cp", str(src), dst],
+                       env=env, capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+
+
+def job(model_uri: str, **env: str) -> dict:
+    return {
+        "RoleArn": ROLE, "ModelSource": {"S3": {"S3Uri": model_uri}},
+        "DeploymentInstanceType": "ml.g5.2xlarge",
+        "OptimizationEnvironment": {
+            "EAGLENEST_MAX_STEPS": "4", "EAGLENEST_MAX_LENGTH": "192",
+            "EAGLENEST_DATASET": "gsm8k_training.jsonl", "EAGLENEST_HOLDOUT": "2",
+            "EAGLENEST_BENCH_CONCURRENCY": "1,2", "EAGLENEST_BENCH_MAX_TOKENS": "8",
+            "EAGLENEST_SERVING_BACKEND": "embedded", "EAGLENEST_NUM_SPECULATIVE_TOKENS": "3",
+            **env,
+        },
+        "OptimizationConfigs": [{"ModelSpeculativeDecodingConfig": {"Technique": "EAGLE"}}],
+        "OutputConfig": {"S3OutputLocation": "s3://output/jobs/",
+                         "SageMakerModel": {"ModelName": "optimized"}},
+        "StoppingCondition": {"MaxRuntimeInSeconds": 1800},
+    }
+
+
+def wait_status(sm, name: str, want: set[str], timeout: float = 300) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        d = sm.describe_optimization_job(OptimizationJobName=name)
+        if d["OptimizationJobStatus"] in want:
+            return d
+        assert time.monotonic() < deadline, d
+        time.sleep(0.5)

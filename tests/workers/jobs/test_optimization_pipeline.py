@@ -1,0 +1,248 @@
+"""CreateOptimizationJob end to end: a real stack (API, Celery worker, embedded Redis,
+local artifact store), a tiny real target, built-in data, real training, a real benchmark
+(embedded backend, baseline vs EAGLE), outputs published, output model registered."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from benchmarks.stack import Stack
+from tests.support.jobs import job, upload, wait_status
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory, tiny_llama_dir):
+    s = Stack(tmp_path_factory.mktemp("pipeline")).start()
+    upload(s, tiny_llama_dir, "s3://models/tiny-llama/")
+    yield s
+    s.stop()
+
+
+def test_job_trains_benchmarks_and_publishes(stack):
+    sm = stack.client()
+    sm.create_optimization_job(OptimizationJobName="tiny-eagle3",
+                               **job("s3://models/tiny-llama/"))
+    d = wait_status(sm, "tiny-eagle3", {"COMPLETED", "FAILED"})
+    assert d["OptimizationJobStatus"] == "COMPLETED", d.get("FailureReason")
+    assert d["OptimizationStartTime"] <= d["OptimizationEndTime"]
+    assert d["OptimizationOutput"] == {"RecommendedInferenceImage": "vllm"}
+    out = stack.data_dir / "s3" / "output" / "jobs" / "tiny-eagle3"
+    manifest = json.loads((out / "_MANIFEST.json").read_text())["files"]
+    for f in ("eagle_model/config.json", "eagle_model/model.safetensors",
+              "eagle_model/provenance.json", "benchmark.json", "benchmark.md", "benchmark.png",
+              "training_log.jsonl", "provenance.json"):
+        assert f in manifest and (out / f).is_file(), f
+    bench = json.loads((out / "benchmark.json").read_text())
+    assert bench["backend"] == "embedded"
+    for name in ("baseline", "eagle"):
+        assert [r["concurrency"] for r in bench["results"][name]] == [1, 2]
+        assert all(r["output_tokens"] > 0 for r in bench["results"][name])
+    assert bench["results"]["eagle"][0]["acceptance_length"] >= 1.0
+    assert "| eagle | 1 |" in (out / "benchmark.md").read_text()
+    assert (out / "benchmark.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    log_lines = (out / "training_log.jsonl").read_text().splitlines()
+    assert [json.loads(x)["step"] for x in log_lines] == [1, 2, 3, 4]
+    head_cfg = json.loads((out / "eagle_model" / "config.json").read_text())
+    assert head_cfg["eagle_aux_hidden_state_layer_ids"] == [2, 4, 5]
+    model = sm.describe_model(ModelName="optimized")
+    extra = model["PrimaryContainer"]["AdditionalModelDataSources"]
+    assert extra == [{"ChannelName": "eagle_model", "S3DataSource": {
+        "S3Uri": "s3://output/jobs/tiny-eagle3/eagle_model/", "S3DataType": "S3Prefix",
+        "CompressionType": "None"}}]
+    assert not (stack.data_dir / "jobs" / "tiny-eagle3").exists()  # work dir cleaned
+
+
+def _step_losses(stack: Stack, name: str) -> list[float]:
+    log = stack.data_dir / "s3" / "output" / "jobs" / name / "training_log.jsonl"
+    return [json.loads(x)["loss"] for x in log.read_text().splitlines()]
+
+
+def test_bring_your_own_eagle_trains_further(stack):
+    """SageMaker's second path: the source model carries a trained head as the
+    `eagle_model` channel (here: the output model of the first job); the job starts from
+    that head instead of a fresh one."""
+    sm = stack.client()
+    if not sm.list_models(NameContains="optimized")["Models"]:
+        sm.create_optimization_job(OptimizationJobName="tiny-eagle3",
+                                   **job("s3://models/tiny-llama/"))
+        wait_status(sm, "tiny-eagle3", {"COMPLETED"})
+    args = job("s3://models/tiny-llama/")
+    args["ModelSource"] = {"SageMakerModel": {"ModelName": "optimized"}}
+    args["OutputConfig"] = {"S3OutputLocation": "s3://output/jobs/"}
+    sm.create_optimization_job(OptimizationJobName="byo-eagle", **args)
+    d = wait_status(sm, "byo-eagle", {"COMPLETED", "FAILED"})
+    assert d["OptimizationJobStatus"] == "COMPLETED", d.get("FailureReason")
+    out = stack.data_dir / "s3" / "output" / "jobs" / "byo-eagle"
+    prov = json.loads((out / "eagle_model" / "provenance.json").read_text())
+    assert prov["train_config"]["init_head"], prov["train_config"]
+    # Same data order and seed as the first job: step 1 sees the same batch, so a head
+    # that starts trained starts with a lower loss than the first job's fresh head did.
+    first, again = _step_losses(stack, "tiny-eagle3"), _step_losses(stack, "byo-eagle")
+    assert again[0] < first[0], (first, again)
+    # the wrong head kind for the channel's head fails with a reason, not a crash
+    args["OptimizationEnvironment"] = {**args["OptimizationEnvironment"],
+                                       "EAGLENEST_HEAD": "eagle"}
+    sm.create_optimization_job(OptimizationJobName="byo-wrong-kind", **args)
+    d = wait_status(sm, "byo-wrong-kind", {"COMPLETED", "FAILED"})
+    assert d["OptimizationJobStatus"] == "FAILED"
+    assert "holds a eagle3 head, not eagle" in d["FailureReason"], d["FailureReason"]
+
+
+def test_stop_during_training(stack):
+    sm = stack.client()
+    sm.create_optimization_job(OptimizationJobName="to-stop", **job(
+        "s3://models/tiny-llama/", EAGLENEST_MAX_STEPS="100000"))
+    wait_status(sm, "to-stop", {"INPROGRESS"})
+    time.sleep(2)
+    sm.stop_optimization_job(OptimizationJobName="to-stop")
+    assert sm.describe_optimization_job(
+        OptimizationJobName="to-stop")["OptimizationJobStatus"] in ("STOPPING", "STOPPED")
+    d = wait_status(sm, "to-stop", {"STOPPED", "FAILED", "COMPLETED"}, timeout=60)
+    assert d["OptimizationJobStatus"] == "STOPPED"
+
+
+def test_job_trains_in_two_data_parallel_processes(stack):
+    """EAGLENEST_TRAIN_PROCESSES=2: the training stage runs under torchrun (2 gloo ranks on
+    the CPU); the job's outputs are the same as in one process."""
+    sm = stack.client()
+    args = job("s3://models/tiny-llama/", EAGLENEST_TRAIN_PROCESSES="2",
+               EAGLENEST_BENCHMARK="0", EAGLENEST_CHECKPOINT_EVERY="2")
+    del args["OutputConfig"]["SageMakerModel"]
+    sm.create_optimization_job(OptimizationJobName="tiny-ddp", **args)
+    d = wait_status(sm, "tiny-ddp", {"COMPLETED", "FAILED"})
+    assert d["OptimizationJobStatus"] == "COMPLETED", d.get("FailureReason")
+    assert "job tiny-ddp: train in 2 data-parallel processes (torchrun)" in stack.log()
+    out = stack.data_dir / "s3" / "output" / "jobs" / "tiny-ddp"
+    log = [json.loads(x)["step"] for x in (out / "training_log.jsonl").read_text().splitlines()]
+    assert log == [1, 2, 3, 4]
+    assert json.loads((out / "eagle_model" / "provenance.json").read_text())["steps"] == 4
+
+
+def test_stop_reaches_data_parallel_processes(stack):
+    sm = stack.client()
+    args = job("s3://models/tiny-llama/", EAGLENEST_TRAIN_PROCESSES="2",
+               EAGLENEST_MAX_STEPS="100000")
+    del args["OutputConfig"]["SageMakerModel"]
+    sm.create_optimization_job(OptimizationJobName="ddp-stop", **args)
+    wait_status(sm, "ddp-stop", {"INPROGRESS"})
+    ranks_log = stack.data_dir / "jobs" / "ddp-stop" / "ddp" / "ranks.log"
+    deadline = time.monotonic() + 120
+    while not ranks_log.exists():
+        assert time.monotonic() < deadline, stack.log()[-3000:]
+        time.sleep(0.2)
+    time.sleep(3)
+    sm.stop_optimization_job(OptimizationJobName="ddp-stop")
+    d = wait_status(sm, "ddp-stop", {"STOPPED", "FAILED", "COMPLETED"}, timeout=90)
+    assert d["OptimizationJobStatus"] == "STOPPED", d.get("FailureReason")
+
+
+def test_max_runtime_is_enforced(stack):
+    sm = stack.client()
+    args = job("s3://models/tiny-llama/", EAGLENEST_MAX_STEPS="100000")
+    args["StoppingCondition"] = {"MaxRuntimeInSeconds": 5}
+    sm.create_optimization_job(OptimizationJobName="too-long", **args)
+    d = wait_status(sm, "too-long", {"FAILED", "COMPLETED", "STOPPED"}, timeout=120)
+    assert d["OptimizationJobStatus"] == "FAILED"
+    assert d["FailureReason"] == ("The job ran longer than StoppingCondition."
+                                  "MaxRuntimeInSeconds (5 s) and was stopped.")
+
+
+def test_missing_model_files_fail_clearly(stack, tiny_llama_dir, tmp_path):
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_llama_dir, broken)
+    (broken / "tokenizer.json").unlink()
+    (broken / "generation_config.json").unlink()
+    upload(stack, broken, "s3://models/broken/")
+    sm = stack.client()
+    sm.create_optimization_job(OptimizationJobName="broken", **job("s3://models/broken/"))
+    d = wait_status(sm, "broken", {"FAILED", "COMPLETED"})
+    assert d["OptimizationJobStatus"] == "FAILED"
+    assert "missing required files" in d["FailureReason"]
+    assert "tokenizer.json" in d["FailureReason"]
+    assert "generation_config.json" in d["FailureReason"]
+
+
+def test_bad_dataset_line_fails_with_file_and_line(stack, tmp_path):
+    data = tmp_path / "train.jsonl"
+    good = json.dumps({"prompt": "1+1=", "completion": " 2"})
+    data.write_text("\n".join([good] * 5 + ["{not json"] + [good] * 5) + "\n")
+    upload(stack, data, "s3://data/bad/train.jsonl")
+    sm = stack.client()
+    args = job("s3://models/tiny-llama/")
+    args["OptimizationConfigs"] = [{"ModelSpeculativeDecodingConfig": {
+        "Technique": "EAGLE", "TrainingDataSource": {"S3Uri": "s3://data/bad/",
+                                                     "S3DataType": "S3Prefix"}}}]
+    sm.create_optimization_job(OptimizationJobName="bad-data", **args)
+    d = wait_status(sm, "bad-data", {"FAILED", "COMPLETED"})
+    assert d["OptimizationJobStatus"] == "FAILED"
+    assert "train.jsonl:6" in d["FailureReason"]
+
+
+def test_bad_option_fails_naming_the_variable(stack):
+    sm = stack.client()
+    sm.create_optimization_job(OptimizationJobName="bad-option", **job(
+        "s3://models/tiny-llama/", EAGLENEST_HEAD="medusa"))
+    d = wait_status(sm, "bad-option", {"FAILED", "COMPLETED"})
+    assert d["FailureReason"] == "EAGLENEST_HEAD='medusa' must be one of eagle, eagle3, peagle"
+
+
+def test_unsupported_architecture(stack, tiny_llama_dir, tmp_path):
+    other = tmp_path / "gpt2ish"
+    shutil.copytree(tiny_llama_dir, other)
+    cfg = json.loads((other / "config.json").read_text())
+    cfg["architectures"] = ["GPT2LMHeadModel"]
+    (other / "config.json").write_text(json.dumps(cfg))
+    upload(stack, other, "s3://models/gpt2ish/")
+    sm = stack.client()
+    sm.create_optimization_job(OptimizationJobName="arch", **job("s3://models/gpt2ish/"))
+    d = wait_status(sm, "arch", {"FAILED", "COMPLETED"})
+    assert d["OptimizationJobStatus"] == "FAILED"
+    assert "GPT2LMHeadModel" in d["FailureReason"]
+    assert "LlamaForCausalLM" in d["FailureReason"]  # the message lists what is supported
+
+
+def test_unknown_builtin_dataset_and_empty_dataset(stack, tmp_path):
+    sm = stack.client()
+    sm.create_optimization_job(OptimizationJobName="no-such-data", **job(
+        "s3://models/tiny-llama/", EAGLENEST_DATASET="wikipedia.jsonl"))
+    d = wait_status(sm, "no-such-data", {"FAILED", "COMPLETED"})
+    assert d["FailureReason"].startswith("EAGLENEST_DATASET: unknown built-in dataset")
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n\n")
+    upload(stack, empty, "s3://data/empty/empty.jsonl")
+    args = job("s3://models/tiny-llama/")
+    args["OptimizationConfigs"] = [{"ModelSpeculativeDecodingConfig": {
+        "Technique": "EAGLE", "TrainingDataSource": {"S3Uri": "s3://data/empty/",
+                                                     "S3DataType": "S3Prefix"}}}]
+    sm.create_optimization_job(OptimizationJobName="empty-data", **args)
+    d = wait_status(sm, "empty-data", {"FAILED", "COMPLETED"})
+    assert d["OptimizationJobStatus"] == "FAILED"
+    assert "empty.jsonl" in d["FailureReason"]
+    args["OptimizationConfigs"][0]["ModelSpeculativeDecodingConfig"]["TrainingDataSource"][
+        "S3Uri"] = "s3://data/nothing-here/"
+    sm.create_optimization_job(OptimizationJobName="no-files", **args)
+    d = wait_status(sm, "no-files", {"FAILED", "COMPLETED"})
+    assert d["FailureReason"] == "TrainingDataSource: nothing found at s3://data/nothing-here/"
+
+
+def test_bench_cli(tiny_llama_dir, tiny_eagle3_dir, tmp_path):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("Natalia sold 48 clips\ndef add(a, b):\n")
+    r = subprocess.run(
+        [sys.executable, "-m", "eaglenest.workers.cli", "bench", "--target", str(tiny_llama_dir),
+         "--head", str(tiny_eagle3_dir), "--out", str(tmp_path / "out"), "--prompts",
+         str(prompts), "--concurrency", "1", "--max-tokens", "8", "--backend", "embedded",
+         "--num-speculative-tokens", "3"], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "| baseline | 1 |" in r.stdout and "| eagle | 1 |" in r.stdout
+    report = json.loads((tmp_path / "out" / "benchmark.json").read_text())
+    assert report["backend"] == "embedded" and "1" in report["speedup"]

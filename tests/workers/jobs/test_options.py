@@ -1,0 +1,36 @@
+"""OptimizationEnvironment parsing: values become JobOptions; a bad one names the variable
+and its constraint (the job then fails with that message as FailureReason)."""
+
+from __future__ import annotations
+
+import pytest
+
+from eaglenest.workers.jobs.options import OptionError, parse_options
+
+
+def test_train_processes_is_read_and_defaults_to_the_worker_setting() -> None:
+    assert parse_options({"EAGLENEST_TRAIN_PROCESSES": "4"}).train_processes == 4
+    assert parse_options({}).train_processes is None  # the worker's setting decides
+
+
+@pytest.mark.parametrize(("raw", "message"), [
+    ("0", "EAGLENEST_TRAIN_PROCESSES=0 must be between 1 and 64"),
+    ("65", "EAGLENEST_TRAIN_PROCESSES=65 must be between 1 and 64"),
+    ("two", "EAGLENEST_TRAIN_PROCESSES='two' is not an integer"),
+])
+def test_bad_train_processes_names_the_variable(raw: str, message: str) -> None:
+    with pytest.raises(OptionError) as exc:
+        parse_options({"EAGLENEST_TRAIN_PROCESSES": raw})
+    assert str(exc.value) == message
+
+
+def test_num_layers_is_read_and_checked_against_the_head() -> None:
+    assert parse_options({"EAGLENEST_NUM_LAYERS": "2"}).num_layers == 2
+    assert parse_options({}).num_layers == 1
+    with pytest.raises(OptionError) as exc:
+        parse_options({"EAGLENEST_NUM_LAYERS": "17"})
+    assert str(exc.value) == "EAGLENEST_NUM_LAYERS=17 must be between 1 and 16"
+    with pytest.raises(OptionError) as exc:
+        parse_options({"EAGLENEST_NUM_LAYERS": "2", "EAGLENEST_HEAD": "eagle"})
+    assert str(exc.value) == ("EAGLENEST_NUM_LAYERS=2 needs an EAGLE-3 or P-EAGLE head; "
+                              "EAGLE-2 heads (EAGLENEST_HEAD=eagle) have one layer")

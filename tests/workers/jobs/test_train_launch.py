@@ -1,0 +1,72 @@
+"""A job's training stage in 2 data-parallel processes (torchrun, gloo on the CPU), driven
+from the parent by files: checkpoints mirrored as the pointer moves, stop by a stop file,
+exact resume, and a rank failure reported with the ranks' log."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from eaglenest.models.data import encode_examples, load_examples
+from eaglenest.models.target import load_target
+from eaglenest.models.train import TrainConfig
+from eaglenest.workers.jobs.train_launch import LaunchError, launch, write_run
+
+STEPS = 6
+
+
+@pytest.fixture(scope="module")
+def samples(tiny_llama_dir: Path) -> list:
+    target = load_target(tiny_llama_dir)
+    return encode_examples(load_examples("gsm8k_training.jsonl")[:8], target.tokenizer, 96)
+
+
+def config(out: Path, **kw: object) -> TrainConfig:
+    base: dict = dict(head="eagle3", max_steps=STEPS, batch_size=1, draft_vocab_size=64,
+                      lr=2e-3, warmup_steps=2, checkpoint_every=2, progress=False)
+    base.update(kw)
+    return TrainConfig(out_dir=str(out), **base)
+
+
+def test_two_processes_train_and_mirror_each_checkpoint(tmp_path, tiny_llama_dir, samples):
+    run = write_run(tmp_path / "ddp", config(tmp_path / "train"), tiny_llama_dir, "cpu",
+                    "gsm8k", samples)
+    mirrored: list[str] = []
+    result = launch(run, 2, lambda: False, lambda p: mirrored.append(p.name))
+    assert result["steps"] == STEPS
+    assert [row["step"] for row in result["history"]] == list(range(1, STEPS + 1))
+    assert mirrored and mirrored[-1] == (tmp_path / "train/checkpoints/latest").read_text()
+    assert len(set(mirrored)) == len(mirrored)  # each checkpoint handed over once
+    assert (tmp_path / "train" / "model.safetensors").is_file()
+    provenance = json.loads((tmp_path / "train" / "provenance.json").read_text())
+    assert provenance["steps"] == STEPS
+
+
+def test_stop_file_ends_all_ranks_with_a_checkpoint_then_resume_continues(
+        tmp_path, tiny_llama_dir, samples):
+    long = 400  # more steps than the tiny model runs between two polls of the parent
+    out = tmp_path / "train"
+    mirrored: list[str] = []
+    run = write_run(tmp_path / "ddp", config(out, max_steps=long), tiny_llama_dir, "cpu",
+                    "gsm8k", samples)
+    first = launch(run, 2, lambda: bool(mirrored), lambda p: mirrored.append(p.name))
+    assert 2 <= first["steps"] < long  # stopped once the first checkpoint was mirrored
+    assert (tmp_path / "ddp" / "stop").exists()
+    assert mirrored[-1] == f"step-{first['steps']:08d}"  # the stop's checkpoint, mirrored
+    run = write_run(tmp_path / "ddp", config(out, max_steps=long, resume=True),
+                    tiny_llama_dir, "cpu", "gsm8k", samples)
+    assert not (tmp_path / "ddp" / "stop").exists()  # a new run clears the old stop
+    resumed = launch(run, 2, lambda: False, None)
+    assert resumed["steps"] == long
+    assert [r["step"] for r in resumed["history"]] == list(range(1, long + 1))
+
+
+def test_a_failing_rank_raises_with_the_log_tail(tmp_path, samples):
+    run = write_run(tmp_path / "ddp", config(tmp_path / "train"), tmp_path / "no-such-model",
+                    "cpu", "gsm8k", samples)
+    with pytest.raises(LaunchError) as exc:
+        launch(run, 2, lambda: False, None)
+    assert "2 training processes exited with status 1" in str(exc.value)
+    assert "no-such-model" in str(exc.value)

@@ -1,0 +1,58 @@
+"""`eaglenest bench --target DIR --head DIR`: the optimization job's benchmark stage alone.
+
+Baseline (target alone) and EAGLE (target + head) served by the same backend, the same
+load at each concurrency; writes benchmark.json / .md / .png into --out and prints the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def _prompts(args: argparse.Namespace) -> list[str]:
+    if args.prompts:
+        lines = Path(args.prompts).read_text().splitlines()
+        return [json.loads(x)["prompt"] if x.startswith("{") else x for x in lines if x.strip()]
+    from eaglenest.models.data import BUILTIN_NAMES, Chat, builtin_path, load_examples
+
+    prompts: list[str] = []
+    for name in BUILTIN_NAMES:  # the last example of each built-in file (held out by jobs)
+        example = load_examples(builtin_path(name))[-1]
+        if isinstance(example, Chat):
+            prompts.append(next(m["content"] for m in example.messages if m["role"] == "user"))
+        else:
+            prompts.append(example.prompt)
+    return prompts
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from eaglenest.workers.jobs.bench_stage import BenchPlan, run_benchmark
+    from eaglenest.workers.serving.process import default_backend
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    levels = tuple(int(c) for c in args.concurrency.split(","))
+    plan = BenchPlan(Path(args.target), Path(args.head), _prompts(args),
+                     args.backend or default_backend(), levels, args.max_tokens,
+                     args.num_speculative_tokens, mode=args.mode)
+    report = run_benchmark(plan, out, should_stop=lambda: False)
+    print((out / "benchmark.md").read_text())
+    print("speedup (EAGLE / baseline output throughput):",
+          ", ".join(f"c={c}: {s:.2f}x" for c, s in report["speedup"].items()))
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("bench", help="benchmark baseline vs EAGLE on a target and a head")
+    p.add_argument("--target", required=True)
+    p.add_argument("--head", required=True)
+    p.add_argument("--out", default="bench-out")
+    p.add_argument("--prompts", default=None, help="text file, one prompt per line (or JSONL)")
+    p.add_argument("--concurrency", default="1,2,4,8")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--num-speculative-tokens", type=int, default=5)
+    p.add_argument("--mode", default="chain", choices=["chain", "tree", "parallel"])
+    p.add_argument("--backend", default=None, choices=["vllm", "embedded"])
+    p.set_defaults(func=cmd_bench)

@@ -1,0 +1,202 @@
+"""The `eaglenest` command: up, api, worker, migrate (+ train commands when installed)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from eaglenest.foundation.settings import Settings
+from eaglenest.workers.infra.credentials import ensure_credentials, usage
+from eaglenest.workers.infra.logs import configure_logging
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    settings = Settings()
+    if getattr(args, "data_dir", None):
+        settings = settings.model_copy(update={"data_dir": Path(args.data_dir)})
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    return settings
+
+
+def _prepare(settings: Settings) -> None:
+    from eaglenest.db.migrate import upgrade_head
+
+    upgrade_head(settings.resolved_database_url())
+
+
+def _broker(settings: Settings) -> tuple[str, object | None]:
+    """The configured broker, or the data dir's embedded one (started if needed)."""
+    if settings.broker_url:
+        return settings.broker_url, None
+    from eaglenest.workers.infra.broker import EmbeddedBroker
+
+    broker = EmbeddedBroker(settings.data_dir)
+    url = broker.attach_or_start()
+    return url, broker if broker.process else None
+
+
+#: idle keep-alive connections are kept this long (AWS load balancers: 60 s)
+KEEP_ALIVE_SECONDS = 75
+
+
+def cmd_api(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from eaglenest.api.app import create_app
+
+    settings = _settings(args)
+    ensure_credentials(settings)
+    _prepare(settings)
+    url, broker = _broker(settings)
+    if not os.environ.get("EAGLENEST_SUPERVISED"):  # under `up`, up prints it once ready
+        print(usage(settings, args.host, args.port), flush=True)
+    try:
+        # log_config=None: uvicorn's loggers go through the root handler (configure_logging),
+        # so EAGLENEST_LOG_FORMAT=json covers them too
+        # timeout_keep_alive: idle connections outlive any boto3 waiter's Delay (usually 5 s,
+        # uvicorn's default), so a waiter never re-uses a pooled connection just as the
+        # server closes it (a connection reset)
+        uvicorn.run(create_app(settings, url), host=args.host, port=args.port,
+                    log_level="warning", access_log=False, log_config=None,
+                    timeout_keep_alive=KEEP_ALIVE_SECONDS)
+    finally:
+        if broker is not None:
+            broker.stop()  # type: ignore[attr-defined]
+    return 0
+
+
+def preload_training_modules() -> bool:
+    """Import torch, transformers and models/ in the main thread before any task runs.
+
+    transformers resolves its top-level names lazily, and that lookup is not thread-safe:
+    two job threads importing `models.target` at once (a re-delivered job and its
+    re-enqueued copy after a worker restart, say) can make one of them fail with
+    "cannot import name 'AutoModelForCausalLM' from 'transformers'". Resolving the names
+    once here, before the thread pool starts, removes the race. False when the `train`
+    extra is not installed (a serve-only worker).
+    """
+    try:
+        import transformers
+
+        import eaglenest.models.target  # noqa: F401
+        import eaglenest.models.train  # noqa: F401
+        import eaglenest.workers.jobs.pipeline  # noqa: F401
+    except ImportError:
+        return False
+    for name in ("AutoConfig", "AutoModelForCausalLM", "AutoTokenizer", "DynamicCache"):
+        getattr(transformers, name)
+    return True
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from eaglenest.workers.infra.celery_app import create_celery
+
+    settings = _settings(args)
+    _prepare(settings)
+    if "train" in args.queues.split(","):
+        preload_training_modules()
+    url, broker = _broker(settings)
+    app, _ = create_celery(settings, url)
+    # JSON logs: no banner (it is not a log line); Celery's own records come through ours
+    argv = ["--quiet"] if settings.log_format == "json" else []
+    argv += ["worker", "--pool", args.pool, "--concurrency", str(args.concurrency),
+            "--queues", args.queues, "--loglevel", args.loglevel, "--without-gossip",
+            "--without-mingle", "--hostname", f"eaglenest-{os.getpid()}@%h"]
+    try:
+        app.worker_main(argv)
+    finally:
+        if broker is not None:
+            broker.stop()  # type: ignore[attr-defined]
+    return 0
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    from eaglenest.workers.infra.supervisor import run_stack
+
+    settings = _settings(args)
+    ensure_credentials(settings)
+    _prepare(settings)
+    return run_stack(settings, args.host, args.port)
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    _prepare(_settings(args))
+    print("database is at head")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="eaglenest", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+    for name, func, text in (("up", cmd_up, "API + worker on embedded defaults"),
+                             ("api", cmd_api, "the API server alone")):
+        sp = sub.add_parser(name, help=text)
+        sp.add_argument("--host", default="127.0.0.1")
+        sp.add_argument("--port", type=int, default=8080)
+        sp.add_argument("--data-dir", default=None,
+                        help="default: $EAGLENEST_DATA_DIR or .eaglenest")
+        sp.set_defaults(func=func)
+    w = sub.add_parser("worker", help="a Celery worker alone")
+    w.add_argument("--data-dir", default=None)
+    w.add_argument("--queues", default="train,serve")
+    w.add_argument("--concurrency", type=int, default=4)
+    w.add_argument("--loglevel", default="INFO")
+    w.add_argument("--pool", default="threads", choices=["threads", "prefork", "solo"],
+                   help="prefork: one process per task (GPU training hosts)")
+    w.set_defaults(func=cmd_worker)
+    m = sub.add_parser("migrate", help="apply database migrations (alembic upgrade head)")
+    m.add_argument("--data-dir", default=None)
+    m.set_defaults(func=cmd_migrate)
+    from eaglenest.workers.cli import bench, s3, status
+
+    s3.register(sub)
+    bench.register(sub)
+    status.register(sub)
+    _register_optional(sub)
+    return p
+
+
+#: subcommands implemented in models/ (they import torch): parsed lazily so that `eaglenest
+#: api`, `worker` and `s3` start in a fraction of a second
+_LAZY = {
+    "train": ("eaglenest.models.cli", "train an EAGLE / EAGLE-3 / P-EAGLE draft head"),
+    "prepare-target": ("eaglenest.models.cli", "write SmolLM2-135M-Instruct as a model folder"),
+    "generate": ("eaglenest.models.decode.cli",
+                 "generate text with the embedded speculative engine"),
+}
+
+
+def _register_optional(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    for name, (module, text) in _LAZY.items():
+        sp = sub.add_parser(name, help=text, add_help=False)
+        sp.add_argument("rest", nargs=argparse.REMAINDER)
+        sp.set_defaults(func=_run_lazy, lazy=(name, module))
+
+
+def _run_lazy(args: argparse.Namespace) -> int:
+    import importlib
+
+    name, module = args.lazy
+    try:
+        mod = importlib.import_module(module)
+    except ImportError as exc:
+        print(f"eaglenest {name} needs the `train` extra: pip install 'EagleNest[train]' "
+              f"({exc})", file=sys.stderr)
+        return 2
+    parser = argparse.ArgumentParser(prog="eaglenest")
+    mod.register(parser.add_subparsers(dest="command", required=True))
+    real = parser.parse_args([name, *args.rest])
+    return int(real.func(real) or 0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    configure_logging(Settings().log_format)  # text, or JSON lines (EAGLENEST_LOG_FORMAT)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in _LAZY:  # hand every argument (--help too) to the real parser
+        ns = argparse.Namespace(lazy=(argv[0], _LAZY[argv[0]][0]), rest=argv[1:])
+        return _run_lazy(ns)
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+

@@ -1,0 +1,77 @@
+"""`eaglenest s3 cp SRC DST` and `eaglenest s3 ls URI`: move model folders and datasets into
+(or out of) the artifact store the workers read: the local store by default, real S3 when
+EAGLENEST_S3_ENDPOINT_URL is set."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from eaglenest.foundation.settings import Settings
+from eaglenest.foundation.storage import StorageError, download_prefix, make_store, parse_uri
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    settings = Settings()
+    if args.data_dir:
+        settings = settings.model_copy(update={"data_dir": Path(args.data_dir)})
+    return settings
+
+
+def cmd_cp(args: argparse.Namespace) -> int:
+    store = make_store(_settings(args))
+    src, dst = args.src, args.dst
+    try:
+        if src.startswith("s3://") and not dst.startswith("s3://"):
+            for path in download_prefix(store, src, Path(dst)):
+                print(f"download: -> {path}")
+            return 0
+        if dst.startswith("s3://") and not src.startswith("s3://"):
+            return _upload(store, Path(src), dst)
+    except StorageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print("error: exactly one of SRC and DST must be an s3:// URI", file=sys.stderr)
+    return 2
+
+
+def _upload(store: object, src: Path, dst: str) -> int:
+    if not src.exists():
+        print(f"error: {src} does not exist", file=sys.stderr)
+        return 1
+    files = [src] if src.is_file() else sorted(p for p in src.rglob("*") if p.is_file())
+    base = parse_uri(dst)
+    for path in files:
+        if src.is_file():
+            uri = base if not dst.endswith("/") else base.child(path.name)
+        else:
+            uri = base.child(path.relative_to(src).as_posix())
+        store.put_file(uri, path)  # type: ignore[attr-defined]
+        print(f"upload: {path} -> {uri}")
+    return 0
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    store = make_store(_settings(args))
+    try:
+        for key in store.list_keys(parse_uri(args.uri)):
+            print(f"s3://{parse_uri(args.uri).bucket}/{key}")
+    except StorageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    s3 = sub.add_parser("s3", help="copy files into or out of the artifact store")
+    s3sub = s3.add_subparsers(dest="s3_command", required=True)
+    cp = s3sub.add_parser("cp", help="cp SRC DST (a file or a folder, recursively)")
+    cp.add_argument("src")
+    cp.add_argument("dst")
+    cp.add_argument("--data-dir", default=None)
+    cp.set_defaults(func=cmd_cp)
+    ls = s3sub.add_parser("ls", help="list the keys under an s3:// prefix")
+    ls.add_argument("uri")
+    ls.add_argument("--data-dir", default=None)
+    ls.set_defaults(func=cmd_ls)

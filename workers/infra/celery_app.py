@@ -1,0 +1,116 @@
+"""create_celery(settings, broker_url): the worker's Celery app with our tasks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import Celery
+from celery.signals import (
+    setup_logging,
+    task_postrun,
+    task_prerun,
+    worker_process_init,
+    worker_ready,
+    worker_shutdown,
+    worker_shutting_down,
+)
+
+from eaglenest.db.session import Database
+from eaglenest.foundation.queue import OPTIMIZE_TASK, SERVE_QUEUE, TRAIN_QUEUE, TaskQueue
+from eaglenest.foundation.settings import Settings
+from eaglenest.workers.infra.context import WorkerContext
+from eaglenest.workers.infra.logs import configure_logging, enter_context, leave_context
+from eaglenest.workers.infra.reconcile import reconcile, start_watchdog
+from eaglenest.workers.jobs import optimize
+from eaglenest.workers.serving import endpoints
+from eaglenest.workers.serving.deploy import stop_servers
+
+#: longer than any task may run: Redis redelivers an unacked task only after this
+VISIBILITY_TIMEOUT = 48 * 3600
+#: log-context tokens of the tasks running now, by task id (see _task_started)
+_log_tokens: dict[str, Any] = {}
+
+
+def task_log_fields(task_name: str, args: Any) -> dict[str, str]:
+    """What a task's log lines say they are about: `job` for the optimization task,
+    `endpoint` for endpoint tasks (every task takes the resource name first)."""
+    if not args:
+        return {}
+    if task_name == OPTIMIZE_TASK:
+        return {"job": str(args[0])}
+    if task_name.startswith("eaglenest.endpoint."):
+        return {"endpoint": str(args[0])}
+    return {}
+
+
+def _task_started(task_id: str | None = None, task: Any = None, args: Any = None,
+                  **_: Any) -> None:
+    # prerun, the task body, Celery's "succeeded"/"raised" line and postrun all run in the
+    # same thread (or prefork child): everything logged in between carries job / endpoint
+    if task_id and task is not None:
+        _log_tokens[task_id] = enter_context(**task_log_fields(task.name, args))
+
+
+def _task_finished(task_id: str | None = None, **_: Any) -> None:
+    token = _log_tokens.pop(task_id or "", None)
+    if token is not None:
+        leave_context(token)
+
+
+def create_celery(settings: Settings, broker_url: str) -> tuple[Celery, WorkerContext]:
+    app = Celery("eaglenest", broker=broker_url, set_as_current=True)
+    app.conf.update(
+        task_serializer="json",
+        accept_content=["json"],
+        worker_max_tasks_per_child=1,  # prefork pool (GPU train workers): a fresh process
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        task_ignore_result=True,
+        worker_prefetch_multiplier=1,
+        worker_hijack_root_logger=False,
+        broker_connection_retry_on_startup=True,
+        broker_transport_options={"visibility_timeout": VISIBILITY_TIMEOUT},
+        task_default_queue=TRAIN_QUEUE,
+        task_routes={"eaglenest.optimize": {"queue": TRAIN_QUEUE},
+                     "eaglenest.endpoint.*": {"queue": SERVE_QUEUE}},
+    )
+    ctx = WorkerContext(
+        settings=settings, db=Database(settings.resolved_database_url()),
+        queue=TaskQueue(broker_url, settings.broker_publish_timeout),
+        lease_seconds=settings.job_lease_seconds,
+    )
+    optimize.register(app, ctx)
+    endpoints.register(app, ctx)
+
+    def on_ready(**_: Any) -> None:
+        reconcile(ctx)
+        start_watchdog(ctx)
+
+    def on_shutting_down(**_: Any) -> None:
+        ctx.shutting_down.set()  # running jobs checkpoint, hand back, and are re-enqueued
+
+    def on_shutdown(**_: Any) -> None:
+        # Serving processes live in their own sessions (they survive a worker crash and
+        # are adopted); a deliberate shutdown stops them, and the next start restarts
+        # InService endpoints (reconcile -> recover).
+        stop_servers({str(pid): {"pid": pid} for pid in ctx.serving_pids})
+
+    def on_child_start(**_: Any) -> None:
+        ctx.db.engine.dispose(close=False)  # never share pooled connections across fork
+
+    def on_setup_logging(loglevel: Any = None, **_: Any) -> None:
+        # A receiver here means Celery leaves logging to us: our format (text or JSON,
+        # EAGLENEST_LOG_FORMAT) at the worker's --loglevel, Celery's own loggers included;
+        # print() output is still turned into log records, as Celery would.
+        configure_logging(settings.log_format, loglevel or "INFO")
+        if app.conf.worker_redirect_stdouts:
+            app.log.redirect_stdouts(app.conf.worker_redirect_stdouts_level)
+
+    setup_logging.connect(on_setup_logging, weak=False, dispatch_uid="eaglenest-logging")
+    task_prerun.connect(_task_started, weak=False, dispatch_uid="eaglenest-log-context")
+    task_postrun.connect(_task_finished, weak=False, dispatch_uid="eaglenest-log-context")
+    worker_ready.connect(on_ready, weak=False)
+    worker_process_init.connect(on_child_start, weak=False)
+    worker_shutdown.connect(on_shutdown, weak=False)
+    worker_shutting_down.connect(on_shutting_down, weak=False)
+    return app, ctx

@@ -1,0 +1,55 @@
+"""First-start credentials: an access key pair in AWS shared-credentials format."""
+
+from __future__ import annotations
+
+import configparser
+import os
+import secrets
+import string
+from pathlib import Path
+
+from eaglenest.foundation.settings import CREDENTIALS_PROFILE, Settings
+
+
+def _random(alphabet: str, n: int) -> str:
+    return "".join(secrets.choice(alphabet) for _ in range(n))
+
+
+def ensure_credentials(settings: Settings) -> tuple[str, bool]:
+    """Make sure a key pair exists. Returns (access key id, created_now)."""
+    existing = settings.credentials()
+    if existing:
+        return next(iter(existing)), False
+    key = "AKIA" + _random(string.ascii_uppercase + string.digits, 16)
+    secret = _random(string.ascii_letters + string.digits + "+/", 40)
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    creds = configparser.ConfigParser()
+    creds[CREDENTIALS_PROFILE] = {"aws_access_key_id": key, "aws_secret_access_key": secret}
+    _write_private(settings.credentials_file, creds)
+    config = configparser.ConfigParser()
+    config[f"profile {CREDENTIALS_PROFILE}"] = {"region": settings.region}
+    _write_private(settings.data_dir / "config", config)
+    return key, True
+
+
+def _write_private(path: Path, parser: configparser.ConfigParser) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        parser.write(fh)
+
+
+def usage(settings: Settings, host: str, port: int) -> str:
+    d = settings.data_dir.resolve()
+    url = f"http://{host}:{port}"
+    if settings.access_key_id:
+        creds = "credentials: the EAGLENEST_ACCESS_KEY_ID / EAGLENEST_SECRET_ACCESS_KEY you set"
+    else:
+        creds = (
+            f"export AWS_SHARED_CREDENTIALS_FILE={d}/credentials AWS_CONFIG_FILE={d}/config "
+            f"AWS_PROFILE={CREDENTIALS_PROFILE}"
+        )
+    return (
+        f"EagleNest is listening on {url}\n  {creds}\n"
+        f"  aws sagemaker list-models --endpoint-url {url}\n"
+        f"  boto3.client('sagemaker', endpoint_url='{url}')"
+    )

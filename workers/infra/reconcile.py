@@ -1,0 +1,82 @@
+"""Reconciliation: the database is the truth, the broker only a hint.
+
+At worker start: jobs whose owner died are put back to STARTING (or STOPPED if a stop was
+pending) and, with every other pending job and every endpoint in a transitional state,
+re-enqueued, so nothing is stranded by a crash, a lost message or a broker that was down
+when the API accepted the call. While the worker runs, a background thread repeats the
+dead-owner check every lease period, so a job whose worker died is resumed even if no
+worker restarts.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from sqlalchemy import select
+
+from eaglenest.db import endpoints_repo
+from eaglenest.db import optimization_jobs_repo as jobs
+from eaglenest.db.tables import EndpointRow
+from eaglenest.foundation import queue as q
+from eaglenest.workers.infra.context import WorkerContext
+
+log = logging.getLogger("eaglenest.reconcile")
+
+_ENDPOINT_TASKS = {
+    endpoints_repo.CREATING: q.ENDPOINT_CREATE_TASK,
+    endpoints_repo.UPDATING: q.ENDPOINT_UPDATE_TASK,
+    endpoints_repo.DELETING: q.ENDPOINT_DELETE_TASK,
+    endpoints_repo.IN_SERVICE: q.ENDPOINT_RECOVER_TASK,  # restarts dead servers
+    endpoints_repo.SYSTEM_UPDATING: q.ENDPOINT_RECOVER_TASK,
+}
+
+
+def reconcile(ctx: WorkerContext) -> dict[str, int]:
+    with ctx.db.session() as s:
+        reclaimed = jobs.reclaim_lost(s, ctx.lease_seconds)
+        job_names = sorted(set(reclaimed) | set(jobs.pending(s)))
+        pending = select(EndpointRow.name, EndpointRow.status).where(
+            EndpointRow.status.in_(list(_ENDPOINT_TASKS))
+        )
+        endpoints = list(s.execute(pending))
+    for name in reclaimed:
+        log.warning("job %s lost its worker; re-enqueued to resume from its checkpoint", name)
+    for name in job_names:
+        ctx.queue.send(q.OPTIMIZE_TASK, name, q.TRAIN_QUEUE)
+    for name, status in endpoints:
+        ctx.queue.send(_ENDPOINT_TASKS[status], name, q.SERVE_QUEUE)
+    counts = {"jobs": len(job_names), "endpoints": len(endpoints)}
+    log.info("reconciled: re-enqueued %(jobs)d jobs and %(endpoints)d endpoints", counts)
+    return counts
+
+
+def reclaim_once(ctx: WorkerContext) -> list[str]:
+    with ctx.db.session() as s:
+        names = jobs.reclaim_lost(s, ctx.lease_seconds)
+        stale = jobs.stale_starting(s, ctx.lease_seconds)
+    for name in names:
+        log.warning("job %s lost its worker; re-enqueued to resume from its checkpoint", name)
+        ctx.queue.send(q.OPTIMIZE_TASK, name, q.TRAIN_QUEUE)
+    # A job accepted while the broker was down has no message anywhere. When the queue is
+    # empty, STARTING jobs older than a lease are re-sent (a duplicate is a no-op: claiming
+    # a job is atomic).
+    if stale and ctx.queue.waiting(q.TRAIN_QUEUE) == 0:
+        for name in stale:
+            if name not in names:
+                log.warning("job %s was never picked up; re-enqueued", name)
+                ctx.queue.send(q.OPTIMIZE_TASK, name, q.TRAIN_QUEUE)
+    return names
+
+
+def start_watchdog(ctx: WorkerContext) -> threading.Thread:
+    def loop() -> None:
+        while not ctx.shutting_down.wait(ctx.lease_seconds):
+            try:
+                reclaim_once(ctx)
+            except Exception as exc:  # database blip: try again next period
+                log.warning("reclaim check failed: %s", exc)
+
+    t = threading.Thread(target=loop, name="eaglenest-watchdog", daemon=True)
+    t.start()
+    return t

@@ -1,0 +1,72 @@
+"""A running job's link to the database: lease heartbeat, stop requests, max runtime.
+
+`JobControl.should_stop()` is cheap (reads flags the heartbeat thread maintains) and is
+polled between training steps and benchmark levels. It turns true when the job was
+stopped (StopOptimizationJob), deleted, or ran past `StoppingCondition.MaxRuntimeInSeconds`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from eaglenest.db import optimization_jobs_repo as jobs
+from eaglenest.workers.infra.context import WorkerContext
+
+log = logging.getLogger("eaglenest.optimize")
+
+
+class JobStopped(Exception):
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason  # "stopped", "deleted", "max-runtime" or "shutdown"
+
+
+class JobControl:
+    def __init__(self, ctx: WorkerContext, name: str, max_runtime: float | None,
+                 started_at: float, interval: float | None = None) -> None:
+        self.ctx, self.name = ctx, name
+        self.interval = interval or ctx.lease_seconds / 3
+        self.deadline = started_at + max_runtime if max_runtime else None
+        self.reason: str | None = None
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name=f"heartbeat-{name}",
+                                        daemon=True)
+
+    def __enter__(self) -> JobControl:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self._thread.join(timeout=10)
+
+    def _beat(self) -> None:
+        while not self._done.wait(self.interval):
+            self.poll()
+
+    def poll(self) -> None:
+        try:
+            with self.ctx.db.session() as s:
+                status = jobs.heartbeat(s, self.name, self.ctx.owner)
+        except Exception as exc:  # database blip: keep working, try again next beat
+            log.warning("heartbeat for %s failed: %s", self.name, exc, extra={"job": self.name})
+            return
+        if status is None:
+            self.reason = self.reason or "deleted"
+        elif status == jobs.STOPPING:
+            self.reason = self.reason or "stopped"
+        if self.deadline is not None and time.time() > self.deadline:
+            self.reason = self.reason or "max-runtime"
+
+    def should_stop(self) -> bool:
+        if self.deadline is not None and time.time() > self.deadline:
+            self.reason = self.reason or "max-runtime"
+        if self.ctx.shutting_down.is_set():
+            self.reason = self.reason or "shutdown"
+        return self.reason is not None
+
+    def check(self) -> None:
+        if self.should_stop():
+            raise JobStopped(self.reason or "stopped")

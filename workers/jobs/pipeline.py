@@ -1,0 +1,222 @@
+"""The optimization-job pipeline, stage by stage (all real work; models/ does the torch).
+
+fetch model -> check files -> load target -> load data (+ optional regeneration) -> train
+(resumable; checks for stop between steps) -> export head -> benchmark -> publish under
+`S3OutputLocation/<job-name>/` -> register the output SageMaker model.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from eaglenest.foundation.storage import ArtifactStore, StorageError, publish_dir
+from eaglenest.workers.infra.checkpoint_sync import CheckpointSync
+from eaglenest.workers.jobs.bench_stage import BenchPlan, run_benchmark
+from eaglenest.workers.jobs.control import JobControl
+from eaglenest.workers.jobs.inputs import InputError, JobSources, fetch_data, fetch_tree
+from eaglenest.workers.jobs.options import JobOptions
+from eaglenest.workers.serving.process import default_backend
+
+log = logging.getLogger("eaglenest.optimize")
+HEAD_FILES = ("config.json", "model.safetensors", "provenance.json")
+
+
+@dataclass
+class PipelineResult:
+    head: str
+    output_uri: str
+    head_uri: str
+    train: dict[str, Any]
+    benchmark: dict[str, Any] | None = None
+    stages: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _prompt_text(example: Any, tokenizer: Any) -> str:
+    from eaglenest.models.data import Chat
+
+    if isinstance(example, Chat):
+        head: list[dict[str, str]] = []
+        for m in example.messages:
+            if m["role"] == "assistant":
+                break
+            head.append(m)
+        return str(tokenizer.apply_chat_template(head, tokenize=False,
+                                                 add_generation_prompt=True))
+    return str(example.prompt)
+
+
+@dataclass
+class Pipeline:
+    name: str
+    spec: dict[str, Any]
+    options: JobOptions
+    sources: JobSources
+    store: ArtifactStore
+    work: Path
+    control: JobControl
+
+    def stage(self, label: str) -> None:
+        self.control.check()
+        log.info("job %s: %s", self.name, label)
+
+    def load_examples(self, data_files: list[Path]) -> list[Any]:
+        from eaglenest.models.data import builtin_path, load_examples
+
+        if not data_files:
+            names = (self.options.dataset or "").split(",") if self.options.dataset else None
+            from eaglenest.models.data import BUILTIN_NAMES
+
+            try:
+                data_files = [builtin_path(n.strip()) for n in (names or BUILTIN_NAMES)]
+            except KeyError as exc:
+                raise InputError(f"EAGLENEST_DATASET: {exc.args[0]}") from exc
+        examples: list[Any] = []
+        for f in data_files:
+            examples += load_examples(f)
+        if len(examples) <= self.options.holdout:
+            raise InputError(f"training data has {len(examples)} usable samples; need more "
+                             f"than the {self.options.holdout} held out for the benchmark")
+        return examples
+
+    def run(self) -> PipelineResult:
+        self.stage("download model")
+        model_dir = fetch_tree(self.store, self.sources.model_uri, self.work / "model")
+        init_head = None
+        if self.sources.head_uri:
+            init_head = fetch_tree(self.store, self.sources.head_uri, self.work / "init_head")
+        self.stage("check model files")
+        from eaglenest.models.target import check_model_files, load_target, read_architecture
+
+        check_model_files(model_dir)
+        _, support = read_architecture(model_dir)
+        head_kind = self.options.head or support.head
+        if head_kind != "eagle" and support.head == "eagle":
+            raise InputError(f"{support.architecture} supports only EAGLE-2 heads "
+                             f"(EAGLENEST_HEAD=eagle), not {head_kind}")
+        if head_kind == "eagle" and self.options.num_layers != 1:
+            raise InputError(f"EAGLENEST_NUM_LAYERS={self.options.num_layers}: EAGLE-2 heads "
+                             f"(the {support.architecture} default) have one layer")
+        self.stage("load data")
+        examples = self.load_examples(fetch_data(self.store, self.sources, self.work / "data"))
+        cut = len(examples) - self.options.holdout
+        holdout, train_examples = examples[cut:], examples[:cut]
+        target = load_target(model_dir, device=self._device())
+        prompts = [_prompt_text(e, target.tokenizer) for e in holdout]
+        train_out = self._train(target, train_examples, head_kind, init_head)
+        del target
+        return self._finish(model_dir, head_kind, train_out, prompts)
+
+    def _device(self) -> str:
+        if self.options.device:
+            return self.options.device
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+
+    def _regenerated(self, done: int, total: int) -> None:
+        """Between regeneration batches: a progress line, and a stop ends the job here."""
+        log.info("job %s: regenerated %d/%d assistant turns", self.name, done, total)
+        self.control.check()
+
+    def _train(self, target: Any, examples: list[Any], head: str,
+               init_head: Path | None) -> dict[str, Any]:
+        from eaglenest.models.data import encode_examples
+        from eaglenest.models.data.regenerate import regenerate
+        from eaglenest.models.train import TrainConfig, TrainData, latest_checkpoint, train
+
+        if self.options.regenerate:
+            self.stage("regenerate assistant turns with the target")
+            examples = regenerate(examples, target, seed=self.options.seed,
+                                  progress=self._regenerated)
+        samples = encode_examples(examples, target.tokenizer, self.options.max_length)
+        self.stage(f"train {head} head on {len(samples)} samples")
+        out_dir = self.work / "train"
+        sync = self.checkpoints()
+        try:
+            sync.restore(out_dir)  # another host's checkpoint, when this host has none
+        except StorageError as exc:
+            log.warning("job %s: could not restore the uploaded checkpoint: %s", self.name, exc)
+        config = TrainConfig(
+            head=head, out_dir=str(out_dir), max_steps=self.options.max_steps,
+            batch_size=self.options.batch_size, lr=self.options.lr, seed=self.options.seed,
+            draft_vocab_size=min(self.options.draft_vocab_size, target.vocab_size),
+            num_layers=self.options.num_layers, checkpoint_every=self.options.checkpoint_every,
+            resume=latest_checkpoint(out_dir) is not None,
+            init_head=str(init_head) if init_head else None,
+            checkpoint_format="speculators" if head == "peagle" else "native",
+            speculative_tokens=self.options.num_speculative_tokens, progress=False,
+            should_stop=self.control.should_stop, on_checkpoint=sync.upload,
+        )
+        procs = self.options.train_processes or 1
+        if procs > 1:
+            summary = self._train_processes(config, target, samples, procs)
+        else:
+            result = train(config, TrainData(target, samples, source=self._data_label()),
+                           self._device())
+            summary = {"steps": result.steps, "loss": result.loss,
+                       "step_accuracy": result.step_accuracy,
+                       "tokens_per_second": result.tokens_per_second,
+                       "seconds": result.seconds, "history": result.history}
+        self.control.check()  # a stop during the last steps ends the job here
+        (self.work / "out").mkdir(parents=True, exist_ok=True)
+        with open(self.work / "out" / "training_log.jsonl", "w") as fh:
+            for row in summary.pop("history"):
+                fh.write(json.dumps(row) + "\n")
+        return summary
+
+    def _train_processes(self, config: Any, target: Any, samples: list[Any],
+                         procs: int) -> dict[str, Any]:
+        """Train in ``procs`` data-parallel processes (workers/jobs/train_launch.py)."""
+        from eaglenest.workers.jobs.train_launch import launch, write_run
+
+        self.stage(f"train in {procs} data-parallel processes (torchrun)")
+        if next(target.model.parameters()).is_cuda:  # the ranks load their own copies
+            target.model.to("cpu")
+        run = write_run(self.work / "ddp", config, Path(target.folder), self._device(),
+                        self._data_label(), samples)
+        summary = launch(run, procs, self.control.should_stop, config.on_checkpoint)
+        summary["processes"] = procs
+        return summary
+
+    @property
+    def output_base(self) -> str:
+        return self.spec["OutputConfig"]["S3OutputLocation"].rstrip("/") + f"/{self.name}/"
+
+    def checkpoints(self) -> CheckpointSync:
+        """Checkpoints mirrored under the output location, for resume on another host."""
+        return CheckpointSync(self.store, self.output_base + "_checkpoints/")
+
+    def _data_label(self) -> str:
+        return self.sources.data_uri or f"builtin:{self.options.dataset or 'all'}"
+
+    def _finish(self, model_dir: Path, head: str, train: dict[str, Any],
+                prompts: list[str]) -> PipelineResult:
+        self.stage("export head")
+        out = self.work / "out"
+        head_dir = out / "eagle_model"
+        head_dir.mkdir(parents=True, exist_ok=True)
+        for f in HEAD_FILES:
+            if (self.work / "train" / f).exists():
+                shutil.copy2(self.work / "train" / f, head_dir / f)
+        bench = None
+        if self.options.benchmark:
+            self.stage("benchmark baseline vs EAGLE")
+            plan = BenchPlan(model_dir, head_dir, prompts, self.options.backend or
+                             default_backend(), self.options.concurrency,
+                             self.options.bench_max_tokens, self.options.num_speculative_tokens,
+                             mode="parallel" if head == "peagle" else "chain")
+            bench = run_benchmark(plan, out, self.control.should_stop)
+        self.stage("upload outputs")
+        (out / "provenance.json").write_text(json.dumps(
+            {"job": self.name, "sources": self.sources.__dict__, "options":
+             self.options.__dict__, "train": train}, indent=1, default=str))
+        base = self.output_base
+        publish_dir(self.store, out, base)
+        self.checkpoints().clear()
+        return PipelineResult(head=head, output_uri=base, head_uri=base + "eagle_model/",
+                              train=train, benchmark=bench)

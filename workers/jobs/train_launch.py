@@ -1,0 +1,144 @@
+"""An optimization job's training stage in several data-parallel processes (torchrun + DDP).
+
+With ``EAGLENEST_TRAIN_PROCESSES`` = N > 1 (the job's ``OptimizationEnvironment``, else the
+worker's setting of the same name) the pipeline does not call ``train()`` itself: it writes
+the run to ``<work>/ddp/`` (``run.json``: the TrainConfig fields, target folder, device;
+``samples.json``: the encoded samples) and starts (as ``python -m torch.distributed.run``)
+
+    torchrun --standalone --nproc-per-node N -m eaglenest.workers.jobs.train_launch RUN
+
+in its own process group. Each rank loads the target on its device (``cuda:LOCAL_RANK``, or
+the CPU with gloo) and runs ``train()`` (models/distributed.py does the rest). The job keeps
+control from the parent, by files, because the ranks cannot reach the job's database
+session or store:
+
+- stop: when the job's ``should_stop`` turns true (StopOptimizationJob, MaxRuntime, worker
+  shutdown) the parent creates ``<work>/ddp/stop``; every rank polls it before each step
+  (the ranks agree on stopping), rank 0 saves a resumable checkpoint and all exit;
+- checkpoints: rank 0 writes them as usual under ``<work>/train/checkpoints``; the parent
+  sees the ``latest`` pointer move and mirrors that folder to the store (CheckpointSync);
+- result: rank 0 writes ``result.json`` (steps, loss, accuracy, history); a rank that fails
+  makes torchrun exit non-zero and the job fails with the tail of the ranks' log.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+POLL_SECONDS = 0.5
+LOG_TAIL = 2000
+
+
+class LaunchError(RuntimeError):
+    """The training processes failed; the message ends with their log's tail."""
+
+
+def write_run(run_dir: Path, config: Any, target_dir: Path, device: str, source: str,
+              samples: list[Any]) -> Path:
+    """Write what every rank needs to ``run_dir``; the path of ``run.json``."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    from eaglenest.models.train import config_record
+
+    fields = config_record(config)
+    (run_dir / "samples.json").write_text(json.dumps(
+        [{"input_ids": s.input_ids, "loss_mask": s.loss_mask} for s in samples]))
+    run = {"config": fields, "target": str(target_dir), "device": device, "source": source}
+    (run_dir / "run.json").write_text(json.dumps(run))
+    (run_dir / "stop").unlink(missing_ok=True)
+    (run_dir / "result.json").unlink(missing_ok=True)
+    return run_dir / "run.json"
+
+
+def launch(run_file: Path, nproc: int, should_stop: Callable[[], bool],
+           on_checkpoint: Callable[[Path], None] | None) -> dict[str, Any]:
+    """Run the ranks to the end; the result rank 0 wrote. Raises LaunchError on failure."""
+    run_dir = run_file.parent
+    ckpts = Path(json.loads(run_file.read_text())["config"]["out_dir"]) / "checkpoints"
+    from eaglenest.models.distributed import torchrun_argv
+
+    cmd = [*torchrun_argv(nproc), "-m", "eaglenest.workers.jobs.train_launch", str(run_file)]
+    with open(run_dir / "ranks.log", "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        seen = _pointer(ckpts)
+        try:
+            while proc.poll() is None:
+                time.sleep(POLL_SECONDS)
+                if should_stop():
+                    (run_dir / "stop").touch()
+                seen = _mirror(ckpts, seen, on_checkpoint)
+        except BaseException:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise
+    _mirror(ckpts, seen, on_checkpoint)
+    result = run_dir / "result.json"
+    if proc.returncode != 0 or not result.is_file():
+        raise LaunchError(f"{nproc} training processes exited with status "
+                          f"{proc.returncode}: {_cause(run_dir / 'ranks.log')}")
+    return dict(json.loads(result.read_text()))
+
+
+def _cause(log: Path) -> str:
+    """The first exception a rank printed (torchrun's own summary after it says nothing a
+    user can act on), else the log's tail."""
+    text = log.read_bytes().decode(errors="replace")
+    found = re.search(r"^(?:\[rank\d+\]: )?([\w.]+(?:Error|Exception): .*)$", text, re.M)
+    return found.group(1)[:LOG_TAIL] if found else text[-LOG_TAIL:]
+
+
+def _pointer(ckpts: Path) -> str | None:
+    try:
+        return (ckpts / "latest").read_text().strip() or None
+    except FileNotFoundError:
+        return None
+
+
+def _mirror(ckpts: Path, seen: str | None,
+            on_checkpoint: Callable[[Path], None] | None) -> str | None:
+    """Hand a newly written checkpoint (the pointer moved) to ``on_checkpoint``."""
+    now = _pointer(ckpts)
+    if now is not None and now != seen and on_checkpoint is not None:
+        on_checkpoint(ckpts / now)
+    return now
+
+
+def rank_main(run_file: Path) -> int:
+    """One rank (run by torchrun): load the target, train, rank 0 writes result.json."""
+    from eaglenest.models import distributed
+    from eaglenest.models.data.template import Sample
+    from eaglenest.models.target import load_target
+    from eaglenest.models.train import TrainConfig, TrainData, train
+
+    run_dir = run_file.parent
+    run = json.loads(run_file.read_text())
+    stop_file = run_dir / "stop"
+    config = TrainConfig(**run["config"], should_stop=stop_file.exists)
+    samples = [Sample(**s) for s in json.loads((run_dir / "samples.json").read_text())]
+    device = distributed.local_device(run["device"])
+    try:
+        target = load_target(run["target"], device=device)
+        result = train(config, TrainData(target, samples, source=run["source"]), device)
+    finally:
+        distributed.shutdown()
+    if int(os.environ.get("RANK", "0")) == 0:
+        out = {"steps": result.steps, "loss": result.loss,
+               "step_accuracy": result.step_accuracy,
+               "tokens_per_second": result.tokens_per_second, "seconds": result.seconds,
+               "history": result.history}
+        (run_dir / "result.json.part").write_text(json.dumps(out))
+        (run_dir / "result.json.part").replace(run_dir / "result.json")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(rank_main(Path(sys.argv[1])))

@@ -1,0 +1,232 @@
+"""Endpoint lifecycle tasks, by endpoint name (queue `serve`).
+
+create: start InitialInstanceCount serving processes per production variant; InService when
+every /health answers, else Failed with the reason (bad model files, process exited, health
+timeout). update: start the new config's processes beside the old ones, switch traffic when
+healthy, then stop the old ones; on failure stop the new ones and keep serving the old
+(rollback). delete: stop the processes, remove the row. recover: check every instance of an
+InService endpoint; restart only the ones that no longer answer (the others keep serving,
+status SystemUpdating meanwhile), all of them when none answers (after a restart), or mark
+it Failed.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import threading
+from typing import Any
+
+import httpx
+from celery import Celery
+
+from eaglenest.db import endpoints_repo as eps
+from eaglenest.db.common import find
+from eaglenest.db.tables import EndpointRow
+from eaglenest.foundation.deployment import instances_of
+from eaglenest.foundation.queue import (
+    ENDPOINT_CREATE_TASK,
+    ENDPOINT_DELETE_TASK,
+    ENDPOINT_RECOVER_TASK,
+    ENDPOINT_UPDATE_TASK,
+)
+from eaglenest.foundation.storage import make_store
+from eaglenest.workers.infra.context import WorkerContext
+from eaglenest.workers.serving.deploy import (
+    DeployError,
+    VariantPlan,
+    deployment,
+    plan_variants,
+    restart_instances,
+    start_variant,
+    stop_servers,
+)
+from eaglenest.workers.serving.process import ServingError
+
+log = logging.getLogger("eaglenest.endpoints")
+
+
+def _row(ctx: WorkerContext, name: str) -> tuple[str, str, str | None, dict[str, Any]] | None:
+    with ctx.db.session() as s:
+        row = find(s, EndpointRow, name)
+        if row is None:
+            return None
+        return row.status, row.config_name, row.pending_config_name, dict(row.deployment)
+
+
+def _plans(ctx: WorkerContext, config_name: str) -> list[VariantPlan]:
+    with ctx.db.session() as s:
+        plans = plan_variants(s, config_name)
+    cap = ctx.settings.max_instances_per_variant
+    for plan in plans:  # the config may predate a lower cap on this worker
+        if plan.instance_count > cap:
+            raise DeployError(f"Variant {plan.variant} asks for {plan.instance_count} "
+                              f"instances; this worker allows at most {cap} "
+                              "(EAGLENEST_MAX_INSTANCES_PER_VARIANT).")
+    return plans
+
+
+def _launch(ctx: WorkerContext, name: str, config_name: str) -> dict[str, Any]:
+    """Start every variant of `config_name`; on any failure stop what started and raise."""
+    plans = _plans(ctx, config_name)
+    store, servers = make_store(ctx.settings), {}
+    workdir = ctx.settings.data_dir / "endpoints" / name
+    try:
+        for plan in plans:
+            servers[plan.variant] = start_variant(store, workdir, name, plan,
+                                                  ctx.settings.advertise_host)
+            ctx.serving_pids.update(i["pid"] for i in instances_of(servers[plan.variant]))
+    except BaseException:
+        stop_servers(servers)
+        raise
+    return deployment(plans, servers)
+
+
+def create(ctx: WorkerContext, name: str) -> str:
+    state = _row(ctx, name)
+    if state is None or state[0] != eps.CREATING:
+        return f"skipped ({state[0] if state else 'deleted'})"
+    try:
+        dep = _launch(ctx, name, state[1])
+    except (DeployError, ServingError) as exc:
+        with ctx.db.session() as s:
+            eps.mark_failed(s, name, str(exc)[:1024])
+        return eps.FAILED
+    with ctx.db.session() as s:
+        ok = eps.mark_in_service(s, name, dep)
+    if not ok:  # deleted while starting: nothing may keep running
+        stop_servers(dep["Servers"])
+        return "deleted-while-creating"
+    return eps.IN_SERVICE
+
+
+def update(ctx: WorkerContext, name: str) -> str:
+    state = _row(ctx, name)
+    if state is None or state[0] != eps.UPDATING or not state[2]:
+        return f"skipped ({state[0] if state else 'deleted'})"
+    old = state[3].get("Servers", {})
+    try:
+        dep = _launch(ctx, name, state[2])
+    except (DeployError, ServingError) as exc:
+        with ctx.db.session() as s:
+            eps.rollback_update(s, name, f"Update to {state[2]} failed and was rolled back: "
+                                         f"{exc}"[:1024])
+        return "rolled-back"
+    with ctx.db.session() as s:
+        ok = eps.finish_update(s, name, dep)
+    stop_servers(old if ok else dep["Servers"])
+    return eps.IN_SERVICE if ok else "superseded"
+
+
+def delete(ctx: WorkerContext, name: str) -> str:
+    state = _row(ctx, name)
+    if state is None or state[0] != eps.DELETING:
+        return f"skipped ({state[0] if state else 'deleted'})"
+    stop_servers(state[3].get("Servers", {}))
+    shutil.rmtree(ctx.settings.data_dir / "endpoints" / name, ignore_errors=True)
+    with ctx.db.session() as s:
+        eps.finish_delete(s, name)
+    return "deleted"
+
+
+def _answers(instance: dict[str, Any]) -> bool:
+    try:
+        return httpx.get(f"{instance['url']}/health", timeout=3).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _dead(servers: dict[str, Any]) -> dict[str, list[int]]:
+    """Variant -> indexes of its instances whose /health does not answer."""
+    dead = {v: [i for i, inst in enumerate(instances_of(rec)) if not _answers(inst)]
+            for v, rec in servers.items()}
+    return {v: idx for v, idx in dead.items() if idx}
+
+
+def _replace_dead(ctx: WorkerContext, config_name: str, servers: dict[str, Any],
+                  dead: dict[str, list[int]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Restart only the dead instances. Returns the new deployment and, to stop if it cannot
+    be stored, the new instances alone (as variant records)."""
+    plans = {p.variant: p for p in _plans(ctx, config_name)}
+    if set(plans) != set(servers):
+        raise DeployError(f"The variants of {config_name} no longer match the running ones.")
+    new_servers, started = dict(servers), {}
+    try:
+        for variant, idx in dead.items():
+            new_servers[variant] = restart_instances(plans[variant], servers[variant], idx,
+                                                     ctx.settings.advertise_host)
+            fresh = [instances_of(new_servers[variant])[i] for i in idx]
+            started[variant] = {"instances": fresh}
+            ctx.serving_pids.update(i["pid"] for i in fresh)
+    except BaseException:
+        stop_servers(started)
+        raise
+    return deployment(list(plans.values()), new_servers), started
+
+
+#: endpoints this worker is recovering now: a second recover task for one of them (several
+#: failed requests each ask for one) must not restart the same processes again meanwhile
+_recovering: set[str] = set()
+_recovering_lock = threading.Lock()
+
+
+def recover(ctx: WorkerContext, name: str) -> str:
+    with _recovering_lock:
+        if name in _recovering:
+            return "already-recovering"
+        _recovering.add(name)
+    try:
+        return _recover(ctx, name)
+    finally:
+        with _recovering_lock:
+            _recovering.discard(name)
+
+
+def _recover(ctx: WorkerContext, name: str) -> str:
+    state = _row(ctx, name)
+    if state is None or state[0] not in (eps.IN_SERVICE, eps.SYSTEM_UPDATING):
+        return "skipped"
+    servers: dict[str, Any] = state[3].get("Servers", {})
+    dead = _dead(servers)
+    if state[0] == eps.IN_SERVICE:  # SystemUpdating: a recovery was cut short; redo it
+        if servers and not dead:
+            return "healthy"
+        with ctx.db.session() as s:
+            if not eps.begin_recovery(s, name):
+                return "skipped"
+    total = sum(len(instances_of(rec)) for rec in servers.values())
+    try:
+        if servers and sum(map(len, dead.values())) < total:  # some still serve: keep them
+            dep, started = _replace_dead(ctx, state[1], servers, dead)
+        else:
+            stop_servers(servers)
+            dep = _launch(ctx, name, state[1])
+            started = dep["Servers"]
+    except (DeployError, ServingError) as exc:
+        stop_servers(servers)  # a Failed endpoint serves nothing, not even its live instances
+        with ctx.db.session() as s:
+            eps.mark_failed(s, name, f"Serving processes died and could not be restarted: "
+                                     f"{exc}"[:1024])
+        return eps.FAILED
+    with ctx.db.session() as s:
+        if not eps.finish_recovery(s, name, dep):
+            stop_servers(started)
+    return "restarted"
+
+
+def register(app: Celery, ctx: WorkerContext) -> None:
+    @app.task(name=ENDPOINT_CREATE_TASK, acks_late=True)
+    def create_endpoint(name: str) -> str:
+        return create(ctx, name)
+
+    @app.task(name=ENDPOINT_UPDATE_TASK, acks_late=True)
+    def update_endpoint(name: str) -> str:
+        return update(ctx, name)
+
+    @app.task(name=ENDPOINT_DELETE_TASK, acks_late=True)
+    def delete_endpoint(name: str) -> str:
+        return delete(ctx, name)
+
+    @app.task(name=ENDPOINT_RECOVER_TASK, acks_late=True)
+    def recover_endpoint(name: str) -> str:
+        return recover(ctx, name)
