@@ -185,6 +185,15 @@ def test_readme_examples_run_in_order(tmp_path, tiny_llama_dir, monkeypatch):
         stack.stop()
 
 
+def test_readme_creates_each_name_once():
+    code = "\n".join(e.code for e in examples(readme()) if e.lang == "python")
+    created = re.findall(r'create_\w+\(\s*\w+Name="([^"]+)"', code)
+    jobs = re.findall(r'optimize\("([^"]+)"', code)
+    names = created + jobs + [f"{job}-model" for job in jobs]  # optimize() names its output
+    assert len(created) >= 4 and len(jobs) == 3
+    assert len(names) == len(set(names)), names
+
+
 @pytest.mark.parametrize("command, runs", [
     ("aws sagemaker list-models --endpoint-url http://127.0.0.1:8080", True),
     ("eaglenest s3 cp ./smollm2 s3://models/smollm2/", True),
