@@ -7,7 +7,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from api.errors import ResourceLimitExceeded, ValidationException
-from db import models_repo
+from db import models_repo, tags_repo
 from db.common import Account, find, insert_unique, now
 from db.tables import EndpointConfigRow, ModelRow
 
@@ -60,7 +60,7 @@ def create(session: Session, account: Account, spec: dict[str, Any],
         _check_instance_counts(spec, max_instances)
     _check_variants(session, account, spec)
     name = spec["EndpointConfigName"]
-    tags = spec.pop("Tags", None) or []
+    tags = tags_repo.check_new_tags(spec.pop("Tags", None) or [])
     row = EndpointConfigRow(
         name=name, name_key=name.lower(), arn=account.arn("endpoint-config", name),
         creation_time=now(), spec=spec, tags=tags,

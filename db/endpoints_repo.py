@@ -17,7 +17,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from api.errors import ValidationException
-from db import endpoint_configs_repo
+from db import endpoint_configs_repo, tags_repo
 from db.common import Account, find, insert_unique, now
 from db.tables import EndpointRow
 
@@ -33,7 +33,7 @@ def not_found(account: Account, name: str) -> ValidationException:
 def create(session: Session, account: Account, spec: dict[str, Any]) -> EndpointRow:
     config = endpoint_configs_repo.get(session, account, spec["EndpointConfigName"])
     name = spec["EndpointName"]
-    tags = spec.pop("Tags", None) or []
+    tags = tags_repo.check_new_tags(spec.pop("Tags", None) or [])
     t = now()
     row = EndpointRow(
         name=name, name_key=name.lower(), arn=account.arn("endpoint", name),

@@ -7,6 +7,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from api.errors import ValidationException
+from db import tags_repo
 from db.common import Account, find, insert_unique, now
 from db.tables import ModelRow
 
@@ -17,7 +18,7 @@ def not_found(account: Account, name: str) -> ValidationException:
 
 def create(session: Session, account: Account, spec: dict[str, Any]) -> ModelRow:
     name = spec["ModelName"]
-    tags = spec.pop("Tags", None) or []
+    tags = tags_repo.check_new_tags(spec.pop("Tags", None) or [])
     row = ModelRow(
         name=name, name_key=name.lower(), arn=account.arn("model", name),
         creation_time=now(), spec=spec, tags=tags,

@@ -17,7 +17,7 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from api.errors import ResourceInUse, ResourceNotFound, ValidationException
-from db import models_repo
+from db import models_repo, tags_repo
 from db.common import Account, find, insert_unique, now
 from db.tables import ModelRow, OptimizationJobRow
 
@@ -64,7 +64,7 @@ def _check_spec(session: Session, account: Account, spec: dict[str, Any]) -> lis
 def create(session: Session, account: Account, spec: dict[str, Any]) -> OptimizationJobRow:
     types = _check_spec(session, account, spec)
     name = spec["OptimizationJobName"]
-    tags = spec.pop("Tags", None) or []
+    tags = tags_repo.check_new_tags(spec.pop("Tags", None) or [])
     t = now()
     row = OptimizationJobRow(
         name=name, name_key=name.lower(), arn=account.arn("optimization-job", name),

@@ -49,6 +49,7 @@ RESOURCES: dict[str, tuple[str, ...]] = {
         "StopOptimizationJob",
         "DeleteOptimizationJob",
     ),
+    "tags": ("AddTags", "ListTags", "DeleteTags"),
 }
 COMMON = "common"
 REGISTRY = "registry"

@@ -44,6 +44,14 @@ from .optimization_jobs import (
     ListOptimizationJobsResponse,
     StopOptimizationJobRequest,
 )
+from .tags import (
+    AddTagsInput,
+    AddTagsOutput,
+    DeleteTagsInput,
+    DeleteTagsOutput,
+    ListTagsInput,
+    ListTagsOutput,
+)
 
 INPUT_SHAPES: dict[str, type[AwsShape]] = {
     "CreateModel": CreateModelInput,
@@ -64,6 +72,9 @@ INPUT_SHAPES: dict[str, type[AwsShape]] = {
     "ListOptimizationJobs": ListOptimizationJobsRequest,
     "StopOptimizationJob": StopOptimizationJobRequest,
     "DeleteOptimizationJob": DeleteOptimizationJobRequest,
+    "AddTags": AddTagsInput,
+    "ListTags": ListTagsInput,
+    "DeleteTags": DeleteTagsInput,
 }
 OUTPUT_SHAPES: dict[str, type[AwsShape] | None] = {
     "CreateModel": CreateModelOutput,
@@ -84,4 +95,7 @@ OUTPUT_SHAPES: dict[str, type[AwsShape] | None] = {
     "ListOptimizationJobs": ListOptimizationJobsResponse,
     "StopOptimizationJob": None,
     "DeleteOptimizationJob": None,
+    "AddTags": AddTagsOutput,
+    "ListTags": ListTagsOutput,
+    "DeleteTags": DeleteTagsOutput,
 }

@@ -103,6 +103,10 @@ LIST_TABLE = {
     "ListEndpoints": ("endpoints", True),
     "ListOptimizationJobs": ("optimization_jobs", False),  # default SortOrder Ascending
 }
+#: resources AddTags / ListTags / DeleteTags inputs name
+TAGGABLE_ARNS = [f"arn:aws:sagemaker:us-east-1:123456789012:{kind}/{KNOWN[key][0]}"
+                 for kind, key in (("model", "model"), ("endpoint-config", "config"),
+                                   ("endpoint", "endpoint"), ("optimization-job", "job"))]
 #: operations no valid input can make succeed here (no worker: endpoints stay Creating)
 NEVER_SUCCEEDS = {"UpdateEndpoint"}
 
@@ -159,6 +163,8 @@ OVERRIDES: dict[tuple[str, str], Callable[[SearchStrategy[Any]], SearchStrategy[
         _one_of_names(_names("job", victims=True, known=False)),
     ("CreateOptimizationJobRequest", "OptimizationConfigs"): _speculative_configs,
     ("CreateOptimizationJobRequest", "ModelSource"): _model_sources,
+    **{(shape, "ResourceArn"): _one_of_names(TAGGABLE_ARNS)
+       for shape in ("AddTagsInput", "ListTagsInput", "DeleteTagsInput")},
 }
 
 # ---------------------------------------------------------------------------------------
