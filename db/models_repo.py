@@ -16,7 +16,22 @@ def not_found(account: Account, name: str) -> ValidationException:
     return ValidationException(f'Could not find model "{account.arn("model", name)}".')
 
 
+def _check_containers(spec: dict[str, Any]) -> None:
+    """AWS's rule: a model has one PrimaryContainer or an inference pipeline (Containers),
+    exactly one of the two."""
+    primary, pipeline = spec.get("PrimaryContainer"), spec.get("Containers")
+    if primary is None and not pipeline:
+        raise ValidationException(
+            "Either PrimaryContainer or Containers must be specified: a model needs at "
+            "least one container.")
+    if primary is not None and pipeline:
+        raise ValidationException(
+            "PrimaryContainer and Containers cannot both be specified: use PrimaryContainer "
+            "for one container or Containers for an inference pipeline.")
+
+
 def create(session: Session, account: Account, spec: dict[str, Any]) -> ModelRow:
+    _check_containers(spec)
     name = spec["ModelName"]
     tags = tags_repo.check_new_tags(spec.pop("Tags", None) or [])
     row = ModelRow(

@@ -163,6 +163,10 @@ OVERRIDES: dict[tuple[str, str], Callable[[SearchStrategy[Any]], SearchStrategy[
         _one_of_names(_names("job", victims=True, known=False)),
     ("CreateOptimizationJobRequest", "OptimizationConfigs"): _speculative_configs,
     ("CreateOptimizationJobRequest", "ModelSource"): _model_sources,
+    # AWS's rules beyond the shape: 1 GB memory steps, ProvisionedConcurrency <= MaxConcurrency
+    ("ProductionVariantServerlessConfig", "MemorySizeInMB"):
+        lambda _: st.sampled_from([1024, 2048, 3072, 4096, 5120, 6144]),
+    ("ProductionVariantServerlessConfig", "ProvisionedConcurrency"): lambda _: st.just(1),
     **{(shape, "ResourceArn"): _one_of_names(TAGGABLE_ARNS)
        for shape in ("AddTagsInput", "ListTagsInput", "DeleteTagsInput")},
 }
