@@ -1,4 +1,5 @@
-"""CreateEndpoint, DescribeEndpoint, ListEndpoints, UpdateEndpoint, DeleteEndpoint.
+"""CreateEndpoint, DescribeEndpoint, ListEndpoints, UpdateEndpoint,
+UpdateEndpointWeightsAndCapacities, DeleteEndpoint.
 
 Status changes happen in db.endpoints_repo; the serving work is a Celery task by name.
 """
@@ -76,6 +77,17 @@ def update_endpoint(ctx: Context, req: Any) -> dict[str, Any]:
         )
         arn, name = row.arn, row.name
     ctx.queue.send(q.ENDPOINT_UPDATE_TASK, name, q.SERVE_QUEUE)
+    return {"EndpointArn": arn}
+
+
+@operation("UpdateEndpointWeightsAndCapacities")
+def update_endpoint_weights_and_capacities(ctx: Context, req: Any) -> dict[str, Any]:
+    with ctx.db.session() as s:
+        row = endpoints_repo.request_weights(
+            s, ctx.account, req.EndpointName, spec_of(req)["DesiredWeightsAndCapacities"],
+            ctx.settings.max_instances_per_variant)
+        arn, name = row.arn, row.name
+    ctx.queue.send(q.ENDPOINT_UPDATE_TASK, name, q.SERVE_QUEUE)  # applies weights too
     return {"EndpointArn": arn}
 
 

@@ -40,6 +40,7 @@ RESOURCES: dict[str, tuple[str, ...]] = {
         "DescribeEndpoint",
         "ListEndpoints",
         "UpdateEndpoint",
+        "UpdateEndpointWeightsAndCapacities",
         "DeleteEndpoint",
     ),
     "optimization_jobs": (

@@ -24,6 +24,8 @@ from .endpoints import (
     ListEndpointsOutput,
     UpdateEndpointInput,
     UpdateEndpointOutput,
+    UpdateEndpointWeightsAndCapacitiesInput,
+    UpdateEndpointWeightsAndCapacitiesOutput,
 )
 from .models import (
     CreateModelInput,
@@ -66,6 +68,7 @@ INPUT_SHAPES: dict[str, type[AwsShape]] = {
     "DescribeEndpoint": DescribeEndpointInput,
     "ListEndpoints": ListEndpointsInput,
     "UpdateEndpoint": UpdateEndpointInput,
+    "UpdateEndpointWeightsAndCapacities": UpdateEndpointWeightsAndCapacitiesInput,
     "DeleteEndpoint": DeleteEndpointInput,
     "CreateOptimizationJob": CreateOptimizationJobRequest,
     "DescribeOptimizationJob": DescribeOptimizationJobRequest,
@@ -89,6 +92,7 @@ OUTPUT_SHAPES: dict[str, type[AwsShape] | None] = {
     "DescribeEndpoint": DescribeEndpointOutput,
     "ListEndpoints": ListEndpointsOutput,
     "UpdateEndpoint": UpdateEndpointOutput,
+    "UpdateEndpointWeightsAndCapacities": UpdateEndpointWeightsAndCapacitiesOutput,
     "DeleteEndpoint": None,
     "CreateOptimizationJob": CreateOptimizationJobResponse,
     "DescribeOptimizationJob": DescribeOptimizationJobResponse,

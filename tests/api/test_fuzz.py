@@ -108,7 +108,7 @@ TAGGABLE_ARNS = [f"arn:aws:sagemaker:us-east-1:123456789012:{kind}/{KNOWN[key][0
                  for kind, key in (("model", "model"), ("endpoint-config", "config"),
                                    ("endpoint", "endpoint"), ("optimization-job", "job"))]
 #: operations no valid input can make succeed here (no worker: endpoints stay Creating)
-NEVER_SUCCEEDS = {"UpdateEndpoint"}
+NEVER_SUCCEEDS = {"UpdateEndpoint", "UpdateEndpointWeightsAndCapacities"}
 
 
 def _names(kind: str, *, victims: bool = False, known: bool = True) -> list[str]:
@@ -152,6 +152,8 @@ OVERRIDES: dict[tuple[str, str], Callable[[SearchStrategy[Any]], SearchStrategy[
     ("CreateEndpointInput", "EndpointConfigName"): _one_of_names(_names("config")),
     ("UpdateEndpointInput", "EndpointConfigName"): _one_of_names(_names("config")),
     ("UpdateEndpointInput", "EndpointName"): _one_of_names(_names("endpoint")),
+    ("UpdateEndpointWeightsAndCapacitiesInput", "EndpointName"):
+        _one_of_names(_names("endpoint")),
     ("DescribeEndpointInput", "EndpointName"): _one_of_names(_names("endpoint", victims=True)),
     ("DeleteEndpointInput", "EndpointName"):
         _one_of_names(_names("endpoint", victims=True, known=False)),

@@ -60,6 +60,7 @@ OPERATIONS = [
     "DescribeEndpoint",
     "ListEndpoints",
     "UpdateEndpoint",
+    "UpdateEndpointWeightsAndCapacities",
     "DeleteEndpoint",
     "CreateOptimizationJob",
     "DescribeOptimizationJob",

@@ -486,3 +486,65 @@ def test_runtime_metrics_count_invocations_frames_and_proxy_time(stack):
     forward = delta("eaglenest_runtime_forward_seconds_total")
     assert 0 < forward < delta("eaglenest_runtime_proxy_seconds_total")
     sm.delete_endpoint(EndpointName="metered")
+
+
+def test_weights_and_capacities_split_traffic_and_scale_live(stack):
+    """UpdateEndpointWeightsAndCapacities: Updating (serving meanwhile) -> InService, Desired*
+    then Current* as AWS reports them; the router follows the new weights (3:1 over 400
+    invocations, within 4 standard deviations of a binomial); instances start and stop."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    sm, rt = stack.client(), stack.client("sagemaker-runtime")
+    variants = [{"VariantName": v, "ModelName": "tiny-base", "InstanceType": "ml.g5.2xlarge",
+                 "InitialInstanceCount": 1, "InitialVariantWeight": 1.0,
+                 "ContainerStartupHealthCheckTimeoutInSeconds": 120} for v in ("A", "B")]
+    sm.create_endpoint_config(EndpointConfigName="cfg-wc", ProductionVariants=variants)
+    sm.create_endpoint(EndpointName="ep-wc", EndpointConfigName="cfg-wc")
+    in_service(sm, "ep-wc")
+    first_b = stack.deployment("ep-wc")["Servers"]["B"]["instances"]
+    sm.update_endpoint_weights_and_capacities(EndpointName="ep-wc", DesiredWeightsAndCapacities=[
+        {"VariantName": "A", "DesiredWeight": 3.0, "DesiredInstanceCount": 2},
+        {"VariantName": "B", "DesiredWeight": 1.0}])
+    d = sm.describe_endpoint(EndpointName="ep-wc")
+    assert d["EndpointStatus"] == "Updating"
+    assert d["ProductionVariants"][0] == {"VariantName": "A", "CurrentWeight": 1.0,
+                                          "DesiredWeight": 3.0, "CurrentInstanceCount": 1,
+                                          "DesiredInstanceCount": 2}
+    body = json.dumps({"inputs": "x", "parameters": {"max_new_tokens": 1}})
+    rt.invoke_endpoint(EndpointName="ep-wc", ContentType="application/json", Body=body)
+    d = in_service(sm, "ep-wc")
+    assert d["ProductionVariants"] == [
+        {"VariantName": "A", "CurrentWeight": 3.0, "DesiredWeight": 3.0,
+         "CurrentInstanceCount": 2, "DesiredInstanceCount": 2},
+        {"VariantName": "B", "CurrentWeight": 1.0, "DesiredWeight": 1.0,
+         "CurrentInstanceCount": 1, "DesiredInstanceCount": 1}]
+    servers = stack.deployment("ep-wc")["Servers"]
+    a_instances = servers["A"]["instances"]
+    assert len(a_instances) == 2 and servers["B"]["instances"] == first_b  # B untouched
+    assert all(httpx.get(f"{i['url']}/health").status_code == 200 for i in a_instances)
+    time.sleep(2.5)  # the runtime's route cache (1 s) has the new weights
+
+    def invoke(_: int) -> str:
+        return rt.invoke_endpoint(EndpointName="ep-wc", ContentType="application/json",
+                                  Body=body)["InvokedProductionVariant"]
+
+    with ThreadPoolExecutor(4) as pool:
+        seen = list(pool.map(invoke, range(400)))
+    assert 300 - 35 <= seen.count("A") <= 300 + 35, seen.count("A")  # sd 8.66
+    assert seen.count("A") + seen.count("B") == 400
+    assert invoke(0) in ("A", "B")
+    r = rt.invoke_endpoint(EndpointName="ep-wc", ContentType="application/json", Body=body,
+                           TargetVariant="B")
+    assert r["InvokedProductionVariant"] == "B"
+
+    sm.update_endpoint_weights_and_capacities(EndpointName="ep-wc", DesiredWeightsAndCapacities=[
+        {"VariantName": "A", "DesiredInstanceCount": 1}])
+    d = in_service(sm, "ep-wc")
+    assert d["ProductionVariants"][0]["CurrentInstanceCount"] == 1
+    assert d["ProductionVariants"][0]["CurrentWeight"] == 3.0  # kept from the first change
+    assert stack.deployment("ep-wc")["Servers"]["A"]["instances"] == a_instances[:1]
+    _gone(a_instances[1]["url"])
+    wait_group_gone(a_instances[1]["pid"])
+    rt.invoke_endpoint(EndpointName="ep-wc", ContentType="application/json", Body=body,
+                       TargetVariant="A")
+    sm.delete_endpoint(EndpointName="ep-wc")
