@@ -145,21 +145,53 @@ def test_runtime_errors(stack):
     make_config(sm, "cfg-err", "tiny-base")
     sm.create_endpoint(EndpointName="ep-err", EndpointConfigName="cfg-err")
     in_service(sm, "ep-err")
-    with pytest.raises(ClientError) as exc:
-        rt.invoke_endpoint(EndpointName="ep-err", Body=b"not json",
-                           ContentType="application/json")
-    assert exc.value.response["Error"]["Code"] == "ValidationError"
-    with pytest.raises(ClientError) as exc:
-        rt.invoke_endpoint(EndpointName="ep-err", ContentType="application/json",
-                           Body=json.dumps({"inputs": "x", "parameters": {"top_p": 7}}))
-    assert exc.value.response["Error"]["Code"] == "ModelError"
-    assert exc.value.response["ResponseMetadata"]["HTTPStatusCode"] == 424
+    # SageMaker never judges a body: what the container does not understand is its 4xx,
+    # which the caller gets as ModelError 424 with the container's status and message
+    log_group = "arn:aws:logs:us-east-1:123456789012:log-group:/aws/sagemaker/Endpoints/ep-err"
+    for body, content_type, status, text in (
+            (b"not json", "application/json", 400, "Request body is not valid JSON."),
+            (b"1,2,3", "text/csv", 415, "Content type text/csv is not supported"),
+            (b'{"x": 1}', "application/json", 400, "Request body must be LMI style"),
+            (json.dumps({"inputs": "x", "parameters": {"top_p": 7}}).encode(),
+             "application/json", 400, "top_p")):
+        with pytest.raises(rt.exceptions.ModelError) as exc:
+            rt.invoke_endpoint(EndpointName="ep-err", Body=body, ContentType=content_type,
+                               Accept="text/csv")
+        r = exc.value.response
+        assert (r["Error"]["Code"], r["ResponseMetadata"]["HTTPStatusCode"]) == ("ModelError", 424)
+        assert r["OriginalStatusCode"] == status, r
+        assert text in r["OriginalMessage"], r
+        assert r["Error"]["Message"].startswith(
+            f'Received client error ({status}) from primary with message "')
+        assert r["LogStreamArn"] == log_group
+    out = rt.invoke_endpoint(EndpointName="ep-err", ContentType="text/plain; charset=utf-8",
+                             Body=b"Natalia sold 48 clips")
+    assert json.loads(out["Body"].read())["generated_text"]
+    # what SageMaker itself checks stays a ValidationError (400) from the service
+    for kw, text in (({"TargetVariant": "v" * 64}, "at 'targetVariant' failed to satisfy "
+                      "constraint: Member must have length less than or equal to 63"),
+                     ({"InferenceId": "i" * 65}, "at 'inferenceId' failed to satisfy "
+                      "constraint: Member must have length less than or equal to 64"),
+                     ({"Body": b"x" * (6291456 + 1)}, "at 'body' failed to satisfy "
+                      "constraint: Member must have length less than or equal to 6291456")):
+        with pytest.raises(ClientError) as exc:
+            rt.invoke_endpoint(**{"EndpointName": "ep-err", "ContentType": "text/plain",
+                                  "Body": b"hi", **kw})
+        assert exc.value.response["Error"]["Code"] == "ValidationError"
+        assert exc.value.response["ResponseMetadata"]["HTTPStatusCode"] == 400
+        assert text in exc.value.response["Error"]["Message"]
     with pytest.raises(ClientError) as exc:  # the model server's 400, before any frame
         rt.invoke_endpoint_with_response_stream(
             EndpointName="ep-err", ContentType="application/json",
             Body=json.dumps({"inputs": "x", "parameters": {"top_p": 7}}))
     assert exc.value.response["Error"]["Code"] == "ModelError"
     assert "(400)" in exc.value.response["Error"]["Message"]
+    assert exc.value.response["OriginalStatusCode"] == 400
+    with pytest.raises(ClientError) as exc:  # and a body the container cannot read
+        rt.invoke_endpoint_with_response_stream(EndpointName="ep-err", ContentType="text/csv",
+                                                Body=b"a,b")
+    assert exc.value.response["Error"]["Code"] == "ModelError"
+    assert exc.value.response["OriginalStatusCode"] == 415
     with pytest.raises(ClientError) as exc:
         rt.invoke_endpoint(EndpointName="ep-err", ContentType="application/json",
                            Body=b"{}", TargetVariant="Other")
@@ -241,6 +273,7 @@ def test_killed_backend_is_model_error_then_recovered(stack):
             Body=json.dumps({"inputs": "anyone?", "parameters": {"max_new_tokens": 4}}))
     assert exc.value.response["Error"]["Code"] == "ModelError"
     assert "did not answer" in exc.value.response["Error"]["Message"]
+    assert exc.value.response["Error"]["Message"].startswith("Received server error (500)")
     deadline = time.monotonic() + 180  # the failed call had a serve worker check it
     while _server_url(stack, "ep-kill") == url:
         assert time.monotonic() < deadline, stack.log()[-3000:]
