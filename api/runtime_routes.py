@@ -22,6 +22,7 @@ from fastapi.concurrency import run_in_threadpool
 from api.registry import Context
 from api.runtime_bodies import RuntimeValidationError
 from db.common import find
+from db.endpoint_retention import capture_config
 from db.tables import EndpointConfigRow, EndpointRow
 from workers.serving.deploy import instances_of
 
@@ -71,7 +72,7 @@ def _load(ctx: Context, name: str, ttl: float) -> _Snapshot:
             raise RuntimeValidationError(
                 f"Endpoint {name} is not in service (status {row.status}).")
         config = find(s, EndpointConfigRow, row.config_name)
-        capture = config.spec.get("DataCaptureConfig") if config else None
+        capture = capture_config(row.spec, config.spec if config else None)
         return _Snapshot(dict(row.deployment["Servers"]), row.status, capture,
                          time.monotonic() + ttl)
 

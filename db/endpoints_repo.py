@@ -19,8 +19,9 @@ from sqlalchemy.orm import Session
 
 from api.errors import ResourceLimitExceeded, ValidationException
 from db import endpoint_configs_repo, tags_repo
+from db import endpoint_retention as retention
 from db.common import Account, find, insert_unique, now
-from db.tables import EndpointRow
+from db.tables import EndpointConfigRow, EndpointRow
 
 CREATING, IN_SERVICE, UPDATING = "Creating", "InService", "Updating"
 DELETING, FAILED = "Deleting", "Failed"
@@ -70,18 +71,28 @@ def _require_in_service(row: EndpointRow) -> None:
 def request_update(
     session: Session, account: Account, name: str, config_name: str, spec: dict[str, Any]
 ) -> EndpointRow:
+    """UpdateEndpoint: the new config, what is retained of the running endpoint
+    (db.endpoint_retention) and the deployment configuration, pending until a worker has
+    the new fleet serving."""
     row = get(session, account, name, lock=True)
     config = endpoint_configs_repo.get(session, account, config_name)
     _require_in_service(row)
+    deploy_config = retention.deployment_config(row.spec, spec)
+    old = find(session, EndpointConfigRow, row.config_name)
+    pending = retention.retained(row.spec, row.deployment, old.spec if old else None,
+                                 config.spec, spec)
+    new_spec = {k: v for k, v in row.spec.items() if k != retention.DEPLOYMENT_CONFIG}
+    if deploy_config is not None:
+        new_spec[retention.DEPLOYMENT_CONFIG] = deploy_config
     row.pending_config_name = config.name
-    row.spec = {**row.spec, "PendingUpdate": spec}
+    row.spec = {**new_spec, "PendingUpdate": spec, **pending}
     _set(row, UPDATING)
     return row
 
 
 #: spec keys: variant -> {"DesiredWeight", "DesiredInstanceCount"} in force (set by
 #: UpdateEndpointWeightsAndCapacities, kept or dropped by UpdateEndpoint), and pending
-OVERRIDES, PENDING_WEIGHTS = "VariantOverrides", "PendingWeights"
+OVERRIDES, PENDING_WEIGHTS = retention.OVERRIDES, "PendingWeights"
 
 
 def effective_overrides(spec: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -215,7 +226,7 @@ def finish_update(session: Session, name: str, deployment: dict[str, Any]) -> bo
     row.config_name = row.pending_config_name
     row.pending_config_name = None
     row.deployment = deployment
-    row.spec = {k: v for k, v in row.spec.items() if k != "PendingUpdate"}
+    row.spec = retention.settle(row.spec, applied=True)
     _set(row, IN_SERVICE)
     return True
 
@@ -224,7 +235,7 @@ def rollback_update(session: Session, name: str, reason: str) -> None:
     row = find(session, EndpointRow, name, lock=True)
     if row is not None and row.status == UPDATING:
         row.pending_config_name = None
-        row.spec = {k: v for k, v in row.spec.items() if k != "PendingUpdate"}
+        row.spec = retention.settle(row.spec, applied=False)
         _set(row, IN_SERVICE, reason)
 
 

@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 from celery import Celery
 
+from db import endpoint_retention as retention
 from db import endpoints_repo as eps
 from db.common import find
 from db.tables import EndpointRow
@@ -55,12 +56,17 @@ def _row(ctx: WorkerContext, name: str) -> tuple[str, str, str | None, dict[str,
         return row.status, row.config_name, row.pending_config_name, dict(row.deployment)
 
 
-def _overrides(ctx: WorkerContext, name: str) -> dict[str, dict[str, Any]]:
+def _overrides(ctx: WorkerContext, name: str,
+               new_config: bool = False) -> dict[str, dict[str, Any]]:
     """The endpoint's weights and counts that replace its config's (a pending change
-    included)."""
+    included), or with `new_config` those retained for a pending UpdateEndpoint's."""
     with ctx.db.session() as s:
         row = find(s, EndpointRow, name)
-        return eps.effective_overrides(row.spec) if row is not None else {}
+        if row is None:
+            return {}
+        if new_config:
+            return dict(row.spec.get(retention.PENDING_OVERRIDES) or {})
+        return eps.effective_overrides(row.spec)
 
 
 def _plans(ctx: WorkerContext, config_name: str,
@@ -125,7 +131,7 @@ def update(ctx: WorkerContext, name: str) -> str:
         return _scale(ctx, name, state[1], state[3].get("Servers", {}))
     old = state[3].get("Servers", {})
     try:
-        dep = _launch(ctx, name, state[2])
+        dep = _launch(ctx, name, state[2], _overrides(ctx, name, new_config=True))
     except (DeployError, ServingError) as exc:
         with ctx.db.session() as s:
             eps.rollback_update(s, name, f"Update to {state[2]} failed and was rolled back: "

@@ -10,6 +10,7 @@ from typing import Any
 
 from api.operations.common import list_query, page, spec_of
 from api.registry import Context, operation
+from db import endpoint_retention as retention
 from db import endpoints_repo
 from db.common import find, list_rows
 from db.tables import EndpointConfigRow, EndpointRow
@@ -25,8 +26,11 @@ def create_endpoint(ctx: Context, req: Any) -> dict[str, Any]:
     return {"EndpointArn": arn}
 
 
-def _capture_summary(config: EndpointConfigRow | None) -> dict[str, Any] | None:
-    capture = config.spec.get("DataCaptureConfig") if config else None
+def _spec_of(config: EndpointConfigRow | None) -> dict[str, Any] | None:
+    return config.spec if config is not None else None
+
+
+def _capture_summary(capture: dict[str, Any] | None) -> dict[str, Any] | None:
     if not capture:
         return None
     enabled = capture.get("EnableCapture", True)
@@ -49,7 +53,8 @@ def describe_endpoint(ctx: Context, req: Any) -> dict[str, Any]:
             "CreationTime": row.creation_time, "LastModifiedTime": row.last_modified_time,
             "FailureReason": row.failure_reason,
             "ProductionVariants": row.deployment.get("ProductionVariants"),
-            "DataCaptureConfig": _capture_summary(find(s, EndpointConfigRow, row.config_name)),
+            "DataCaptureConfig": _capture_summary(retention.capture_config(
+                row.spec, _spec_of(find(s, EndpointConfigRow, row.config_name)))),
             "LastDeploymentConfig": row.spec.get("DeploymentConfig"),
         }
         if row.pending_config_name:

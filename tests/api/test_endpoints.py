@@ -212,3 +212,52 @@ def test_weights_and_capacities_rules(stack, sm, db, config):
     d = sm.describe_endpoint(EndpointName=config)
     assert (d["EndpointStatus"], d["FailureReason"]) == ("InService", "could not start")
     assert d["ProductionVariants"] == DEPLOYED["ProductionVariants"]
+
+
+BLUE_GREEN = {"BlueGreenUpdatePolicy": {
+    "TrafficRoutingConfiguration": {"Type": "CANARY", "WaitIntervalInSeconds": 60,
+                                    "CanarySize": {"Type": "INSTANCE_COUNT", "Value": 1}},
+    "TerminationWaitInSeconds": 0}}
+
+
+def test_update_retains_and_records_deployment_config(stack, sm, db, config, unique):
+    """LastDeploymentConfig follows DeploymentConfig / RetainDeploymentConfig; what
+    RetainAllVariantProperties keeps is carried by the pending update (the serve worker
+    applies it: tests/workers)."""
+    from db.common import Account
+    from db.tables import EndpointRow
+
+    sm.create_endpoint(EndpointName=config, EndpointConfigName=config,
+                       DeploymentConfig=BLUE_GREEN)
+    assert sm.describe_endpoint(EndpointName=config)["LastDeploymentConfig"] == BLUE_GREEN
+    with db.session() as s:
+        endpoints_repo.mark_in_service(s, config, DEPLOYED)
+        endpoints_repo.request_weights(s, Account("us-east-1", "123456789012"), config, [
+            {"VariantName": "AllTraffic", "DesiredWeight": 3.0, "DesiredInstanceCount": 2}], 4)
+        endpoints_repo.finish_weights(s, config, {"ProductionVariants": [{
+            "VariantName": "AllTraffic", "CurrentWeight": 3.0, "DesiredWeight": 3.0,
+            "CurrentInstanceCount": 2, "DesiredInstanceCount": 2}]})
+    with pytest.raises(ClientError) as exc:
+        sm.update_endpoint(EndpointName=config, EndpointConfigName=config,
+                           DeploymentConfig=BLUE_GREEN, RetainDeploymentConfig=True)
+    assert code_and_message(exc) == ("ValidationException", "DeploymentConfig and "
+        "RetainDeploymentConfig=true cannot be specified together: either give a new "
+        "deployment configuration or keep the last one.")
+    assert sm.describe_endpoint(EndpointName=config)["EndpointStatus"] == "InService"
+    sm.update_endpoint(EndpointName=config, EndpointConfigName=config,
+                       RetainAllVariantProperties=True, RetainDeploymentConfig=True,
+                       ExcludeRetainedVariantProperties=[{"VariantPropertyType": "DesiredWeight"}])
+    d = sm.describe_endpoint(EndpointName=config)
+    assert (d["EndpointStatus"], d["LastDeploymentConfig"]) == ("Updating", BLUE_GREEN)
+    with db.session() as s:
+        row = s.query(EndpointRow).filter_by(name=config).one()
+        assert row.spec["PendingOverrides"] == {"AllTraffic": {"DesiredInstanceCount": 2}}
+        assert row.spec["PendingCapture"] == {"value": None}
+        endpoints_repo.finish_update(s, config, DEPLOYED)
+    sm.update_endpoint(EndpointName=config, EndpointConfigName=config)  # neither: none
+    d = sm.describe_endpoint(EndpointName=config)
+    assert "LastDeploymentConfig" not in d
+    with db.session() as s:
+        row = s.query(EndpointRow).filter_by(name=config).one()
+        assert row.spec["VariantOverrides"] == {"AllTraffic": {"DesiredInstanceCount": 2}}
+        assert row.spec["PendingOverrides"] == {}  # the new config's values

@@ -581,3 +581,51 @@ def test_weights_and_capacities_split_traffic_and_scale_live(stack):
     rt.invoke_endpoint(EndpointName="ep-wc", ContentType="application/json", Body=body,
                        TargetVariant="A")
     sm.delete_endpoint(EndpointName="ep-wc")
+
+
+def test_update_endpoint_retains_variant_properties(stack):
+    """RetainAllVariantProperties keeps the running instance count and weight (not the new
+    config's), ExcludeRetainedVariantProperties takes Data Capture from the new config;
+    without it the new config's values apply; LastDeploymentConfig follows the requests."""
+    sm = stack.client()
+    one = {"VariantName": "AllTraffic", "ModelName": "tiny-base",
+           "InstanceType": "ml.g5.2xlarge", "InitialInstanceCount": 1,
+           "InitialVariantWeight": 1.0, "ContainerStartupHealthCheckTimeoutInSeconds": 120}
+    sm.create_endpoint_config(EndpointConfigName="cfg-keep-1", ProductionVariants=[one])
+    sm.create_endpoint_config(
+        EndpointConfigName="cfg-keep-2",
+        ProductionVariants=[{**one, "InitialInstanceCount": 2, "InitialVariantWeight": 5.0}],
+        DataCaptureConfig={"EnableCapture": True, "InitialSamplingPercentage": 50,
+                           "DestinationS3Uri": "s3://capture/keep",
+                           "CaptureOptions": [{"CaptureMode": "Input"}]})
+    sm.create_endpoint(EndpointName="ep-keep", EndpointConfigName="cfg-keep-1")
+    in_service(sm, "ep-keep")
+    policy = {"BlueGreenUpdatePolicy": {"TrafficRoutingConfiguration": {
+        "Type": "ALL_AT_ONCE", "WaitIntervalInSeconds": 0}, "TerminationWaitInSeconds": 0}}
+    sm.update_endpoint(EndpointName="ep-keep", EndpointConfigName="cfg-keep-2",
+                       RetainAllVariantProperties=True, DeploymentConfig=policy,
+                       ExcludeRetainedVariantProperties=[
+                           {"VariantPropertyType": "DataCaptureConfig"}])
+    d = in_service(sm, "ep-keep")
+    assert d["EndpointConfigName"] == "cfg-keep-2"
+    assert d["ProductionVariants"] == [{"VariantName": "AllTraffic", "CurrentWeight": 1.0,
+                                        "DesiredWeight": 1.0, "CurrentInstanceCount": 1,
+                                        "DesiredInstanceCount": 1}]
+    assert len(stack.deployment("ep-keep")["Servers"]["AllTraffic"]["instances"]) == 1
+    assert d["DataCaptureConfig"]["CurrentSamplingPercentage"] == 50
+    assert d["LastDeploymentConfig"] == policy
+    sm.update_endpoint(EndpointName="ep-keep", EndpointConfigName="cfg-keep-2",
+                       RetainDeploymentConfig=True)
+    d = in_service(sm, "ep-keep")
+    assert d["ProductionVariants"] == [{"VariantName": "AllTraffic", "CurrentWeight": 5.0,
+                                        "DesiredWeight": 5.0, "CurrentInstanceCount": 2,
+                                        "DesiredInstanceCount": 2}]
+    assert len(stack.deployment("ep-keep")["Servers"]["AllTraffic"]["instances"]) == 2
+    assert d["LastDeploymentConfig"] == policy
+    sm.update_endpoint(EndpointName="ep-keep", EndpointConfigName="cfg-keep-1",
+                       RetainAllVariantProperties=True)  # keeps 2 instances and capture
+    d = in_service(sm, "ep-keep")
+    assert d["ProductionVariants"][0]["CurrentInstanceCount"] == 2
+    assert d["DataCaptureConfig"]["DestinationS3Uri"] == "s3://capture/keep"
+    assert "LastDeploymentConfig" not in d
+    sm.delete_endpoint(EndpointName="ep-keep")
