@@ -22,13 +22,15 @@ from db.tables import Base, EndpointConfigRow, EndpointRow, ModelRow, Optimizati
 MAX_TAGS = 50
 RESERVED_PREFIX = "aws:"
 
-#: ARN resource type -> (table, the noun AWS's not-found message uses)
-TAGGABLE: dict[str, tuple[type[Base], str]] = {
-    "model": (ModelRow, "model"),
-    "endpoint-config": (EndpointConfigRow, "endpoint configuration"),
-    "endpoint": (EndpointRow, "endpoint"),
-    "optimization-job": (OptimizationJobRow, "optimization job"),
+#: ARN resource type -> table
+TAGGABLE: dict[str, type[Base]] = {
+    "model": ModelRow,
+    "endpoint-config": EndpointConfigRow,
+    "endpoint": EndpointRow,
+    "optimization-job": OptimizationJobRow,
 }
+#: what SageMaker's tag operations answer for an ARN that names nothing (ValidationException)
+NOT_FOUND = "Resource does not exist"
 
 Tag = dict[str, str]
 
@@ -59,16 +61,17 @@ def check_new_tags(tags: list[Tag], existing: list[Tag] | None = None) -> list[T
 
 def resource_of(session: Session, account: Account, arn: str, *, lock: bool = False) -> Any:
     """The row that `arn` names (our region and account, a taggable type, an existing
-    name: compared ignoring case, as ARNs are lower-cased); ValidationException if none."""
+    name: compared ignoring case, as ARNs are lower-cased); ValidationException if none,
+    worded as SageMaker's."""
     parts = arn.split(":", 5)
     kind, _, name = parts[5].partition("/") if len(parts) == 6 else ("", "", "")
-    table, noun = TAGGABLE.get(kind, (None, kind or "resource"))
+    table = TAGGABLE.get(kind)
     row = None
     if (table is not None and name and "/" not in name and parts[3] == account.region
             and parts[4] == account.account_id):
         row = find(session, table, name, lock=lock)
     if row is None:
-        raise ValidationException(f'Could not find {noun} "{arn}".')
+        raise ValidationException(NOT_FOUND)
     return row
 
 
