@@ -1,4 +1,5 @@
-"""AWS JSON 1.1 on `POST /`: SigV4 check, X-Amz-Target dispatch, AWS error rendering."""
+"""AWS JSON 1.1 on `POST /`: SigV4 check, X-Amz-Target dispatch (SageMaker's operations and
+the Resource Groups Tagging API's, api.tagging), AWS error rendering."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from fastapi.responses import Response
 from sqlalchemy.exc import OperationalError
 
 from eaglenest.api import operations as _ops  # noqa: F401  (registers the handlers)
-from eaglenest.api import shapes
+from eaglenest.api import shapes, tagging
 from eaglenest.api.observability import ApiMetrics
 from eaglenest.api.registry import REGISTRY, Context
 from eaglenest.api.sigv4 import IncomingRequest, verify
@@ -45,10 +46,22 @@ def error_response(err: ServiceError) -> Response:
     return json_response(err.body(), err.status)
 
 
-def authenticate(request: Request, ctx: Context, secrets: dict[str, str], body: bytes) -> None:
+def authenticate(request: Request, ctx: Context, secrets: dict[str, str], body: bytes,
+                 service: str = "sagemaker") -> None:
     headers = {k.lower(): v for k, v in request.headers.items()}
     incoming = IncomingRequest(request.method, str(request.url), headers, body)
-    verify(incoming, secrets, ctx.settings.region, ctx.settings.signature_max_skew)
+    verify(incoming, secrets, ctx.settings.region, ctx.settings.signature_max_skew, service)
+
+
+def route(target: str) -> tuple[str, str]:
+    """(SigV4 service name, operation label) of an X-Amz-Target: SageMaker's operations,
+    the Resource Groups Tagging API's (`tagging:<Op>`), else ("sagemaker", "Unknown")."""
+    if target.startswith(TARGET_PREFIX) and target[len(TARGET_PREFIX):] in REGISTRY:
+        return "sagemaker", target[len(TARGET_PREFIX):]
+    op = target.removeprefix(tagging.TARGET_PREFIX)
+    if target.startswith(tagging.TARGET_PREFIX) and op in tagging.OPERATIONS:
+        return tagging.SERVICE, f"tagging:{op}"
+    return "sagemaker", "Unknown"
 
 
 def _not_json(token: str) -> Any:
@@ -64,20 +77,26 @@ def _finite(text: str) -> float:
     return value
 
 
-def dispatch(ctx: Context, target: str, body: bytes) -> dict[str, Any]:
-    """Run one control-plane operation; raise ServiceError for every failure."""
-    if not target.startswith(TARGET_PREFIX) or target[len(TARGET_PREFIX):] not in REGISTRY:
-        raise UnknownOperationException(f"Operation '{target}' is not supported by EagleNest.")
-    op = target[len(TARGET_PREFIX):]
+def _payload(body: bytes) -> dict[str, Any]:
     try:
         payload = json.loads(body or b"{}", parse_constant=_not_json, parse_float=_finite)
     except ValueError as exc:
         raise SerializationException("Request body is not valid JSON.") from exc
     if not isinstance(payload, dict):
         raise SerializationException("Request body must be a JSON object.")
-    request = shapes.parse_input(op, payload)
+    return payload
+
+
+def dispatch(ctx: Context, target: str, body: bytes) -> dict[str, Any]:
+    """Run one control-plane operation; raise ServiceError for every failure."""
+    service, op = route(target)
+    if op == "Unknown":
+        raise UnknownOperationException(f"Operation '{target}' is not supported by EagleNest.")
+    payload = _payload(body)
     try:
-        result = REGISTRY[op](ctx, request)
+        if service == tagging.SERVICE:
+            return tagging.OPERATIONS[op.removeprefix("tagging:")](ctx, payload)
+        result = REGISTRY[op](ctx, shapes.parse_input(op, payload))
     except OperationalError as exc:
         log.warning("database unavailable during %s: %s", op, exc.orig)
         raise ServiceUnavailable("The database is unavailable; retry the request.") from exc
@@ -94,11 +113,10 @@ def install(app: FastAPI, ctx: Context) -> None:
     async def aws_json(request: Request) -> Response:
         start = time.perf_counter()
         target = request.headers.get("x-amz-target", "")
-        op = target.removeprefix(TARGET_PREFIX) if target[len(TARGET_PREFIX):] in REGISTRY \
-            else "Unknown"
+        service, op = route(target)
         try:
             body = await request.body()
-            authenticate(request, ctx, secrets, body)
+            authenticate(request, ctx, secrets, body, service)
             result = await run_in_threadpool(dispatch, ctx, target, body)
         except ServiceError as err:
             metrics.observe(op, err.code, time.perf_counter() - start)

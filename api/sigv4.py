@@ -43,14 +43,16 @@ class Verified:
 
 
 def verify(
-    req: IncomingRequest, secrets: Mapping[str, str], region: str, max_skew: int
+    req: IncomingRequest, secrets: Mapping[str, str], region: str, max_skew: int,
+    service: str = SERVICE,
 ) -> Verified:
-    """Raise an AWS auth error unless `req` carries a valid SigV4 signature."""
+    """Raise an AWS auth error unless `req` carries a valid SigV4 signature for `service`
+    (the SigV4 signing name: sagemaker, or tagging for the Resource Groups Tagging API)."""
     auth = req.headers.get("authorization")
     if not auth:
         raise InvalidSignatureException(
             "Request is missing Authentication Token: sign it with AWS Signature Version 4 "
-            f"(service '{SERVICE}')."
+            f"(service '{service}')."
         )
     m = _AUTH_RE.match(auth)
     if m is None:
@@ -61,13 +63,13 @@ def verify(
     scope = m["cred"].split("/")
     if len(scope) != 5 or scope[4] != "aws4_request":
         raise InvalidSignatureException(f"Credential scope '{m['cred']}' is malformed.")
-    access_key, date, cred_region, service, _ = scope
+    access_key, date, cred_region = scope[:3]
     secret = secrets.get(access_key)
     if secret is None:
         raise UnrecognizedClientException("The security token included in the request is invalid.")
-    if service != SERVICE:
+    if scope[3] != service:
         raise InvalidSignatureException(
-            f"Credential should be scoped to correct service: '{SERVICE}'."
+            f"Credential should be scoped to correct service: '{service}'."
         )
     if cred_region != region:
         raise InvalidSignatureException(
@@ -75,7 +77,8 @@ def verify(
             f"the request was signed for '{cred_region}'."
         )
     amz_date = _check_date(req.headers, date, max_skew)
-    expected = _signature(req, m["signed"].split(";"), access_key, secret, cred_region, amz_date)
+    expected = _signature(req, m["signed"].split(";"), access_key, secret, cred_region,
+                          amz_date, service)
     if not hmac.compare_digest(expected, m["sig"]):
         raise InvalidSignatureException(
             "The request signature we calculated does not match the signature you provided. "
@@ -104,7 +107,8 @@ def _check_date(headers: Mapping[str, str], scope_date: str, max_skew: int) -> s
 
 
 def _signature(
-    req: IncomingRequest, signed: list[str], key: str, secret: str, region: str, amz_date: str
+    req: IncomingRequest, signed: list[str], key: str, secret: str, region: str, amz_date: str,
+    service: str,
 ) -> str:
     if "host" not in signed:
         raise InvalidSignatureException("SignedHeaders must include 'host'.")
@@ -115,7 +119,7 @@ def _signature(
         headers[name] = req.headers[name]
     aws_req = AWSRequest(method=req.method, url=req.url, headers=headers, data=req.body)
     aws_req.context["timestamp"] = amz_date
-    signer = SigV4Auth(Credentials(key, secret), SERVICE, region)
+    signer = SigV4Auth(Credentials(key, secret), service, region)
     canonical = signer.canonical_request(aws_req)
     string_to_sign = signer.string_to_sign(aws_req, canonical)
     return str(signer.signature(string_to_sign, aws_req))

@@ -6,11 +6,15 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from eaglenest.db import models_repo
+from eaglenest.db import models_repo, tags_repo
 from eaglenest.db.common import find, insert_unique, now
 from eaglenest.db.tables import EndpointConfigRow, ModelRow
 from eaglenest.foundation.accounts import Account
-from eaglenest.foundation.errors import ResourceLimitExceeded, ValidationException
+from eaglenest.foundation.errors import (
+    ResourceLimitExceeded,
+    ValidationException,
+    constraint_message,
+)
 
 
 def not_found(account: Account, name: str) -> ValidationException:
@@ -31,6 +35,35 @@ def _check_instance_counts(spec: dict[str, Any], max_instances: int) -> None:
                     f"{key}.{i}.InitialInstanceCount is {count}, but this service runs at "
                     f"most {max_instances} instances (model server processes) per variant "
                     f"(EAGLENEST_MAX_INSTANCES_PER_VARIANT).")
+
+
+#: ServerlessConfig.MemorySizeInMB: 1 GB steps from 1024 to 6144 (the shape only has the range)
+SERVERLESS_MEMORY_SIZES = (1024, 2048, 3072, 4096, 5120, 6144)
+
+
+def _check_serverless(spec: dict[str, Any]) -> None:
+    """What AWS documents for a serverless variant beyond the shape's ranges, reported in
+    AWS's aggregate form: MemorySizeInMB one of the 1 GB steps, ProvisionedConcurrency at
+    most MaxConcurrency."""
+    errors = []
+    for key in ("ProductionVariants", "ShadowProductionVariants"):
+        for i, v in enumerate(spec.get(key) or [], start=1):
+            cfg = v.get("ServerlessConfig")
+            if not cfg:
+                continue
+            at = f"{key[0].lower()}{key[1:]}.{i}.member.serverlessConfig"
+            if cfg["MemorySizeInMB"] not in SERVERLESS_MEMORY_SIZES:
+                sizes = ", ".join(map(str, SERVERLESS_MEMORY_SIZES))
+                errors.append(f"Value '{cfg['MemorySizeInMB']}' at '{at}.memorySizeInMB' "
+                              f"failed to satisfy constraint: Member must satisfy enum value "
+                              f"set: [{sizes}]")
+            provisioned = cfg.get("ProvisionedConcurrency")
+            if provisioned is not None and provisioned > cfg["MaxConcurrency"]:
+                errors.append(f"Value '{provisioned}' at '{at}.provisionedConcurrency' failed "
+                              f"to satisfy constraint: Member must have value less than or "
+                              f"equal to MaxConcurrency ({cfg['MaxConcurrency']})")
+    if errors:
+        raise ValidationException(constraint_message(errors))
 
 
 def _check_variants(session: Session, account: Account, spec: dict[str, Any]) -> None:
@@ -59,9 +92,10 @@ def create(session: Session, account: Account, spec: dict[str, Any],
            max_instances: int | None = None) -> EndpointConfigRow:
     if max_instances is not None:
         _check_instance_counts(spec, max_instances)
+    _check_serverless(spec)
     _check_variants(session, account, spec)
     name = spec["EndpointConfigName"]
-    tags = spec.pop("Tags", None) or []
+    tags = tags_repo.check_new_tags(spec.pop("Tags", None) or [])
     row = EndpointConfigRow(
         name=name, name_key=name.lower(), arn=account.arn("endpoint-config", name),
         creation_time=now(), spec=spec, tags=tags,

@@ -5,6 +5,7 @@
     any ------request_delete----> Deleting (or gone at once if nothing is deployed)
     Deleting --finish_delete----> (row removed)
     Updating --rollback_update--> InService (old config kept, FailureReason set)
+    InService --request_weights--> Updating --finish_weights / rollback_weights--> InService
     InService --begin_recovery--> SystemUpdating --finish_recovery--> InService / Failed
 
 The web layer calls the request_* functions; serving workers call the others.
@@ -16,11 +17,12 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from eaglenest.db import endpoint_configs_repo
+from eaglenest.db import endpoint_configs_repo, tags_repo
+from eaglenest.db import endpoint_retention as retention
 from eaglenest.db.common import find, insert_unique, now
-from eaglenest.db.tables import EndpointRow
+from eaglenest.db.tables import EndpointConfigRow, EndpointRow
 from eaglenest.foundation.accounts import Account
-from eaglenest.foundation.errors import ValidationException
+from eaglenest.foundation.errors import ResourceLimitExceeded, ValidationException
 
 CREATING, IN_SERVICE, UPDATING = "Creating", "InService", "Updating"
 DELETING, FAILED = "Deleting", "Failed"
@@ -34,7 +36,7 @@ def not_found(account: Account, name: str) -> ValidationException:
 def create(session: Session, account: Account, spec: dict[str, Any]) -> EndpointRow:
     config = endpoint_configs_repo.get(session, account, spec["EndpointConfigName"])
     name = spec["EndpointName"]
-    tags = spec.pop("Tags", None) or []
+    tags = tags_repo.check_new_tags(spec.pop("Tags", None) or [])
     t = now()
     row = EndpointRow(
         name=name, name_key=name.lower(), arn=account.arn("endpoint", name),
@@ -59,20 +61,119 @@ def _set(row: EndpointRow, status: str, reason: str | None = None) -> None:
     row.last_modified_time = now()
 
 
-def request_update(
-    session: Session, account: Account, name: str, config_name: str, spec: dict[str, Any]
-) -> EndpointRow:
-    row = get(session, account, name, lock=True)
-    config = endpoint_configs_repo.get(session, account, config_name)
+def _require_in_service(row: EndpointRow) -> None:
     if row.status != IN_SERVICE:
         raise ValidationException(
             f'Cannot update endpoint "{row.arn}" while it is {row.status}: '
             f"an endpoint can be updated only when its status is {IN_SERVICE}."
         )
+
+
+def request_update(
+    session: Session, account: Account, name: str, config_name: str, spec: dict[str, Any]
+) -> EndpointRow:
+    """UpdateEndpoint: the new config, what is retained of the running endpoint
+    (db.endpoint_retention) and the deployment configuration, pending until a worker has
+    the new fleet serving."""
+    row = get(session, account, name, lock=True)
+    config = endpoint_configs_repo.get(session, account, config_name)
+    _require_in_service(row)
+    deploy_config = retention.deployment_config(row.spec, spec)
+    old = find(session, EndpointConfigRow, row.config_name)
+    pending = retention.retained(row.spec, row.deployment, old.spec if old else None,
+                                 config.spec, spec)
+    new_spec = {k: v for k, v in row.spec.items() if k != retention.DEPLOYMENT_CONFIG}
+    if deploy_config is not None:
+        new_spec[retention.DEPLOYMENT_CONFIG] = deploy_config
     row.pending_config_name = config.name
-    row.spec = {**row.spec, "PendingUpdate": spec}
+    row.spec = {**new_spec, "PendingUpdate": spec, **pending}
     _set(row, UPDATING)
     return row
+
+
+#: spec keys: variant -> {"DesiredWeight", "DesiredInstanceCount"} in force (set by
+#: UpdateEndpointWeightsAndCapacities, kept or dropped by UpdateEndpoint), and pending
+OVERRIDES, PENDING_WEIGHTS = retention.OVERRIDES, "PendingWeights"
+
+
+def effective_overrides(spec: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per variant, the weight and instance count that replace the endpoint config's
+    InitialVariantWeight / InitialInstanceCount, a pending change included."""
+    out = {v: dict(o) for v, o in (spec.get(OVERRIDES) or {}).items()}
+    for variant, change in (spec.get(PENDING_WEIGHTS) or {}).items():
+        out.setdefault(variant, {}).update(change)
+    return out
+
+
+def _check_desired(row: EndpointRow, desired: list[dict[str, Any]], max_instances: int) -> None:
+    names = [d["VariantName"] for d in desired]
+    for n in names:
+        if names.count(n) > 1:
+            raise ValidationException(f'The variant name "{n}" was non-unique within the request.')
+    _require_in_service(row)
+    present = {v["VariantName"] for v in row.deployment.get("ProductionVariants") or []}
+    missing = [n for n in names if n not in present]
+    if missing:
+        raise ValidationException(
+            f'The variant name(s) "{", ".join(missing)}" is/are not present within endpoint '
+            f'configuration "{row.config_name}".')
+    for d in desired:
+        if "ServerlessUpdateConfig" in d:
+            raise ValidationException(
+                f"Variant {d['VariantName']}: ServerlessUpdateConfig is not supported by "
+                "EagleNest (a serverless variant runs as one instance).")
+        count = d.get("DesiredInstanceCount")
+        if count == 0:
+            raise ValidationException(
+                f"Variant {d['VariantName']}: DesiredInstanceCount must be at least 1 "
+                "(scaling a variant to zero instances is not supported).")
+        if count is not None and count > max_instances:
+            raise ResourceLimitExceeded(
+                f"Variant {d['VariantName']}: DesiredInstanceCount is {count}, but this "
+                f"service runs at most {max_instances} instances (model server processes) "
+                "per variant (EAGLENEST_MAX_INSTANCES_PER_VARIANT).")
+
+
+def request_weights(session: Session, account: Account, name: str,
+                    desired: list[dict[str, Any]], max_instances: int) -> EndpointRow:
+    """UpdateEndpointWeightsAndCapacities: record the desired weights and counts (shown as
+    Desired* at once; Current* follow when a worker has applied them) and go Updating."""
+    row = get(session, account, name, lock=True)
+    _check_desired(row, desired, max_instances)
+    pending = {d["VariantName"]: {k: d[k] for k in ("DesiredWeight", "DesiredInstanceCount")
+                                  if k in d} for d in desired}
+    summaries = [{**v, **pending.get(v["VariantName"], {})}
+                 for v in row.deployment["ProductionVariants"]]
+    row.deployment = {**row.deployment, "ProductionVariants": summaries}
+    row.spec = {**row.spec, PENDING_WEIGHTS: pending}
+    _set(row, UPDATING)
+    return row
+
+
+def finish_weights(session: Session, name: str, deployment: dict[str, Any]) -> bool:
+    """False if the endpoint was deleted or changed meanwhile (the caller stops what it
+    started)."""
+    row = find(session, EndpointRow, name, lock=True)
+    if row is None or row.status != UPDATING or PENDING_WEIGHTS not in row.spec:
+        return False
+    spec = {k: v for k, v in row.spec.items() if k != PENDING_WEIGHTS}
+    row.spec = {**spec, OVERRIDES: effective_overrides(row.spec)}
+    row.deployment = deployment
+    _set(row, IN_SERVICE)
+    return True
+
+
+def rollback_weights(session: Session, name: str, reason: str) -> None:
+    """The change could not be applied: Desired* back to Current*, InService, the reason
+    in FailureReason."""
+    row = find(session, EndpointRow, name, lock=True)
+    if row is None or row.status != UPDATING or PENDING_WEIGHTS not in row.spec:
+        return
+    row.spec = {k: v for k, v in row.spec.items() if k != PENDING_WEIGHTS}
+    row.deployment = {**row.deployment, "ProductionVariants": [
+        {**v, "DesiredWeight": v["CurrentWeight"], "DesiredInstanceCount":
+         v["CurrentInstanceCount"]} for v in row.deployment["ProductionVariants"]]}
+    _set(row, IN_SERVICE, reason)
 
 
 def request_delete(session: Session, account: Account, name: str) -> bool:
@@ -126,7 +227,7 @@ def finish_update(session: Session, name: str, deployment: dict[str, Any]) -> bo
     row.config_name = row.pending_config_name
     row.pending_config_name = None
     row.deployment = deployment
-    row.spec = {k: v for k, v in row.spec.items() if k != "PendingUpdate"}
+    row.spec = retention.settle(row.spec, applied=True)
     _set(row, IN_SERVICE)
     return True
 
@@ -135,7 +236,7 @@ def rollback_update(session: Session, name: str, reason: str) -> None:
     row = find(session, EndpointRow, name, lock=True)
     if row is not None and row.status == UPDATING:
         row.pending_config_name = None
-        row.spec = {k: v for k, v in row.spec.items() if k != "PendingUpdate"}
+        row.spec = retention.settle(row.spec, applied=False)
         _set(row, IN_SERVICE, reason)
 
 

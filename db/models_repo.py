@@ -6,6 +6,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from eaglenest.db import tags_repo
 from eaglenest.db.common import find, insert_unique, now
 from eaglenest.db.tables import ModelRow
 from eaglenest.foundation.accounts import Account
@@ -16,9 +17,24 @@ def not_found(account: Account, name: str) -> ValidationException:
     return ValidationException(f'Could not find model "{account.arn("model", name)}".')
 
 
+def _check_containers(spec: dict[str, Any]) -> None:
+    """AWS's rule: a model has one PrimaryContainer or an inference pipeline (Containers),
+    exactly one of the two."""
+    primary, pipeline = spec.get("PrimaryContainer"), spec.get("Containers")
+    if primary is None and not pipeline:
+        raise ValidationException(
+            "Either PrimaryContainer or Containers must be specified: a model needs at "
+            "least one container.")
+    if primary is not None and pipeline:
+        raise ValidationException(
+            "PrimaryContainer and Containers cannot both be specified: use PrimaryContainer "
+            "for one container or Containers for an inference pipeline.")
+
+
 def create(session: Session, account: Account, spec: dict[str, Any]) -> ModelRow:
+    _check_containers(spec)
     name = spec["ModelName"]
-    tags = spec.pop("Tags", None) or []
+    tags = tags_repo.check_new_tags(spec.pop("Tags", None) or [])
     row = ModelRow(
         name=name, name_key=name.lower(), arn=account.arn("model", name),
         creation_time=now(), spec=spec, tags=tags,

@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from eaglenest.db import models_repo
+from eaglenest.db import models_repo, tags_repo
 from eaglenest.db.common import find, insert_unique, now
 from eaglenest.db.tables import ModelRow, OptimizationJobRow
 from eaglenest.foundation.accounts import Account
@@ -65,7 +65,7 @@ def _check_spec(session: Session, account: Account, spec: dict[str, Any]) -> lis
 def create(session: Session, account: Account, spec: dict[str, Any]) -> OptimizationJobRow:
     types = _check_spec(session, account, spec)
     name = spec["OptimizationJobName"]
-    tags = spec.pop("Tags", None) or []
+    tags = tags_repo.check_new_tags(spec.pop("Tags", None) or [])
     t = now()
     row = OptimizationJobRow(
         name=name, name_key=name.lower(), arn=account.arn("optimization-job", name),

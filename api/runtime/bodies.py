@@ -1,11 +1,16 @@
-"""InvokeEndpoint bodies -> OpenAI requests, and replies back.
+"""InvokeEndpoint bodies -> OpenAI requests, and replies back: the request side of our
+model container (what an LMI container's front end does before its engine).
 
-Two request styles are accepted, as SageMaker's LMI containers do:
-- LMI: `{"inputs": "text", "parameters": {"max_new_tokens", "temperature", "top_p",
+The container reads, whatever the caller's Accept:
+- LMI JSON: `{"inputs": "text", "parameters": {"max_new_tokens", "temperature", "top_p",
   "stop", "do_sample", "seed"}}` -> `/v1/completions`; reply `{"generated_text": ...}`
   (streaming: JSON lines `{"token": {"text": ...}}`, then one with `generated_text`).
-- OpenAI: a body with `messages` (-> `/v1/chat/completions`) or `prompt`
+- OpenAI JSON: a body with `messages` (-> `/v1/chat/completions`) or `prompt`
   (-> `/v1/completions`), passed through unchanged, replies unchanged.
+- `text/plain`: the body is the prompt, answered as LMI.
+SageMaker itself never judges a body: one this container does not understand is the
+container's answer, 400 (or 415 for a content type it does not read), which the caller
+gets as ModelError (see `ContainerRejected`).
 """
 
 from __future__ import annotations
@@ -17,10 +22,23 @@ from typing import Any
 from eaglenest.foundation.errors import ServiceError
 
 LMI, OPENAI = "lmi", "openai"
+#: content types read as JSON (a missing one too: botocore sends none unless told)
+JSON_TYPES = ("", "application/json", "application/octet-stream", "application/jsonlines")
 
 
 class RuntimeValidationError(ServiceError):
     code = "ValidationError"
+
+
+class ContainerRejected(Exception):
+    """The container's own 4xx for a body it does not understand: `status`, and the JSON
+    error body it answers with."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.body = json.dumps({"code": status, "type": "BadRequest" if status == 400
+                                else "UnsupportedMediaType", "message": message})
 
 
 @dataclass
@@ -30,13 +48,34 @@ class Translated:
     style: str
 
 
-def translate(raw: bytes, served_name: str, stream: bool) -> Translated:
+def _media_type(content_type: str | None) -> str:
+    return (content_type or "").split(";", 1)[0].strip().lower()
+
+
+def _decode(raw: bytes, content_type: str | None) -> dict[str, Any]:
+    media = _media_type(content_type)
+    if media == "text/plain":
+        try:
+            return {"inputs": raw.decode("utf-8")}
+        except UnicodeDecodeError:
+            raise ContainerRejected(400, "text/plain body is not UTF-8 text.") from None
+    if media not in JSON_TYPES and not media.endswith("+json"):
+        raise ContainerRejected(415, f"Content type {media} is not supported: send "
+                                     "application/json (LMI or OpenAI) or text/plain.")
     try:
         body = json.loads(raw or b"null")
     except ValueError:
-        raise RuntimeValidationError("Request body is not valid JSON.") from None
+        raise ContainerRejected(400, "Request body is not valid JSON.") from None
     if not isinstance(body, dict):
-        raise RuntimeValidationError("Request body must be a JSON object.")
+        raise ContainerRejected(400, "Request body must be a JSON object.")
+    return body
+
+
+def translate(raw: bytes, served_name: str, stream: bool,
+              content_type: str | None = "application/json") -> Translated:
+    """The model server request for an InvokeEndpoint body; ContainerRejected if the
+    container does not understand it."""
+    body = _decode(raw, content_type)
     if "messages" in body or "prompt" in body:
         path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
         out = {**body, "model": served_name}
@@ -45,18 +84,18 @@ def translate(raw: bytes, served_name: str, stream: bool) -> Translated:
         return Translated(path, out, OPENAI)
     if "inputs" in body:
         return Translated("/v1/completions", _lmi(body, served_name, stream), LMI)
-    raise RuntimeValidationError(
-        "Request body must be LMI style ({\"inputs\": ..., \"parameters\": {...}}) or OpenAI "
-        "style (with \"messages\" or \"prompt\")."
+    raise ContainerRejected(
+        400, "Request body must be LMI style ({\"inputs\": ..., \"parameters\": {...}}) or "
+             "OpenAI style (with \"messages\" or \"prompt\")."
     )
 
 
 def _lmi(body: dict[str, Any], served_name: str, stream: bool) -> dict[str, Any]:
     inputs, params = body["inputs"], body.get("parameters") or {}
     if not isinstance(inputs, str):
-        raise RuntimeValidationError("'inputs' must be a string.")
+        raise ContainerRejected(400, "'inputs' must be a string.")
     if not isinstance(params, dict):
-        raise RuntimeValidationError("'parameters' must be an object.")
+        raise ContainerRejected(400, "'parameters' must be an object.")
     out: dict[str, Any] = {"model": served_name, "prompt": inputs,
                            "max_tokens": params.get("max_new_tokens", 256)}
     do_sample = params.get("do_sample")
@@ -66,7 +105,7 @@ def _lmi(body: dict[str, Any], served_name: str, stream: bool) -> dict[str, Any]
         if src in params:
             out[dst] = params[src]
     if not isinstance(out["max_tokens"], int) or out["max_tokens"] < 1:
-        raise RuntimeValidationError("'parameters.max_new_tokens' must be a positive integer.")
+        raise ContainerRejected(400, "'parameters.max_new_tokens' must be a positive integer.")
     if stream:
         out["stream"] = True
     return out

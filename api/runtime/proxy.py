@@ -1,9 +1,12 @@
 """sagemaker-runtime: InvokeEndpoint and InvokeEndpointWithResponseStream (rest-json).
 
 SigV4 as for the control plane; errors take their code from `x-amzn-ErrorType` (botocore
-reads it there for rest-json): ValidationError 400 for unknown endpoints and bad bodies,
-ModelError 424 when the model server fails. Streaming replies are AWS event-stream frames
-(`PayloadPart`; a mid-stream failure is a `ModelStreamError` exception frame).
+reads it there for rest-json): ValidationError 400 only for what SageMaker itself checks
+(the endpoint exists and serves, header formats, body size: api.runtime_checks), ModelError
+424 whenever the container answers non-2xx or not at all, a body it does not understand
+included (OriginalStatusCode, OriginalMessage, LogStreamArn). Streaming replies are AWS
+event-stream frames (`PayloadPart`; a mid-stream failure is a `ModelStreamError` exception
+frame).
 
 The two routes are served by a plain ASGI layer ahead of FastAPI's router (`RuntimeASGI`):
 every streamed token costs one read from the model server and one frame to the caller, and
@@ -44,6 +47,7 @@ from eaglenest.api.runtime.backend_http import (
 )
 from eaglenest.api.runtime.bodies import (
     LMI,
+    ContainerRejected,
     Translated,
     capture_record,
     completion_text,
@@ -51,6 +55,7 @@ from eaglenest.api.runtime.bodies import (
     translate,
 )
 from eaglenest.api.runtime.capture import CaptureWriter
+from eaglenest.api.runtime.checks import check_request
 from eaglenest.api.runtime.relay import FrameRelay
 from eaglenest.api.runtime.routes import Route, Routes
 from eaglenest.api.sigv4 import IncomingRequest, verify
@@ -64,16 +69,39 @@ EVENTSTREAM = b"application/vnd.amazon.eventstream"
 
 
 class ModelError(ServiceError):
+    """The model container failed: HTTP 424 with the container's status and body, and where
+    its logs are (`LogStreamArn`: the endpoint's log group, as SageMaker names it)."""
+
     code = "ModelError"
     status = 424
 
-    def __init__(self, message: str, original_status: int, original_message: str) -> None:
+    def __init__(self, message: str, original_status: int, original_message: str,
+                 log_stream_arn: str | None = None) -> None:
         super().__init__(message)
         self.original_status, self.original_message = original_status, original_message
+        self.log_stream_arn = log_stream_arn
 
     def body(self) -> dict[str, Any]:
-        return {"message": self.message, "OriginalStatusCode": self.original_status,
-                "OriginalMessage": self.original_message[:2000]}
+        out: dict[str, Any] = {"message": self.message,
+                               "OriginalStatusCode": self.original_status,
+                               "OriginalMessage": self.original_message[:2000]}
+        if self.log_stream_arn:
+            out["LogStreamArn"] = self.log_stream_arn
+        return out
+
+
+def container_error(ctx: Context, name: str, status: int, text: str) -> ModelError:
+    """SageMaker's ModelError for a container's non-2xx answer. The log group is named as
+    SageMaker's; here the model servers' logs are the files under `endpoints/<name>/` in the
+    data directory."""
+    group = f"/aws/sagemaker/Endpoints/{name}"
+    kind = "client" if 400 <= status < 500 else "server"
+    return ModelError(
+        f'Received {kind} error ({status}) from primary with message "{text[:500]}". '
+        f"See the log group {group} (model server logs: endpoints/{name}/ in the EagleNest "
+        f"data directory) in account {ctx.account.account_id} for more information.",
+        status, text,
+        f"arn:aws:logs:{ctx.account.region}:{ctx.account.account_id}:log-group:{group}")
 
 
 class Clock:
@@ -140,8 +168,8 @@ def _ask_recovery(ctx: Context, name: str, route: Route) -> None:
 
 def _backend_failed(ctx: Context, name: str, route: Route, exc: Exception) -> ModelError:
     _ask_recovery(ctx, name, route)
-    return ModelError(f"Received server error from model {route.variant}: the model server "
-                      f"did not answer ({exc.__class__.__name__}).", 500, str(exc))
+    return container_error(ctx, name, 500, f"The model server of variant {route.variant} did "
+                                           f"not answer ({exc.__class__.__name__}: {exc}).")
 
 
 async def _send(ctx: Context, client: BackendClient, route: Route, name: str,
@@ -171,7 +199,7 @@ class Proxy:
         request goes out once more on the fresh one."""
         target_variant = headers.get("x-amzn-sagemaker-target-variant")
         route = await self.routes.resolve(name, target_variant)
-        tr = translate(raw, route.served, stream=stream)
+        tr = self._translate(name, raw, route, stream, headers)
         try:
             if route.cached:
                 try:
@@ -179,10 +207,18 @@ class Proxy:
                 except BackendConnectError:
                     _ask_recovery(self.ctx, name, route)  # as _send does for a refusal
                     route = await self.routes.resolve(name, target_variant, fresh=True)
-                    tr = translate(raw, route.served, stream=stream)
+                    tr = self._translate(name, raw, route, stream, headers)
             return route, tr, await _send(self.ctx, self.client, route, name, tr)
         except BackendError as exc:
             raise _backend_failed(self.ctx, name, route, exc) from exc
+
+
+    def _translate(self, name: str, raw: bytes, route: Route, stream: bool,
+                   headers: Mapping[str, str]) -> Translated:
+        try:
+            return translate(raw, route.served, stream, headers.get("content-type"))
+        except ContainerRejected as exc:  # the container's 4xx, as SageMaker reports it
+            raise container_error(self.ctx, name, exc.status, exc.body) from None
 
 
 async def _read(px: Proxy, name: str, route: Route, r: BackendResponse) -> bytes:
@@ -192,10 +228,6 @@ async def _read(px: Proxy, name: str, route: Route, r: BackendResponse) -> bytes
         raise _backend_failed(px.ctx, name, route, exc) from exc
 
 
-def _client_error(status: int, body: bytes) -> ModelError:
-    text = body.decode(errors="replace")
-    return ModelError(f"Received client error ({status}) from primary with message "
-                      f"\"{text[:500]}\".", status, text)
 
 
 def _reply_headers(headers: Mapping[str, str], route: Route) -> Headers:
@@ -211,8 +243,8 @@ async def _invoke(px: Proxy, send: Send, headers: Mapping[str, str], name: str,
     route, tr, r = await px.open(headers, name, raw, stream=False)
     clock.sent(r)
     body = await _read(px, name, route, r)
-    if r.status_code != 200:
-        raise _client_error(r.status_code, body)
+    if not 200 <= r.status_code < 300:
+        raise container_error(px.ctx, name, r.status_code, body.decode(errors="replace"))
     reply = json.loads(body)
     if _sampled(route):
         _capture(px, route, name, tr, completion_text(reply))
@@ -237,8 +269,9 @@ async def _stream(px: Proxy, receive: Receive, send: Send,
     after the first byte is a ModelStreamError frame in the stream."""
     route, tr, r = await px.open(headers, name, raw, stream=True)
     clock.sent(r)
-    if r.status_code != 200:
-        raise _client_error(r.status_code, await _read(px, name, route, r))
+    if not 200 <= r.status_code < 300:
+        body = await _read(px, name, route, r)
+        raise container_error(px.ctx, name, r.status_code, body.decode(errors="replace"))
     captured = _sampled(route)
     parts: list[str] | None = [] if captured or tr.style == LMI else None
     await send({"type": "http.response.start", "status": 200, "headers": [
@@ -297,6 +330,7 @@ class RuntimeASGI:
         try:
             verify(IncomingRequest("POST", str(URL(scope=scope)), headers, raw), self.secrets,
                    self.settings.region, self.settings.signature_max_skew)
+            check_request(parts[2], headers, raw)
             if parts[3] == "invocations":
                 await _invoke(self.px, send, headers, parts[2], raw, clock)
             else:

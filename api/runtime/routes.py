@@ -22,6 +22,7 @@ from fastapi.concurrency import run_in_threadpool
 from eaglenest.api.registry import Context
 from eaglenest.api.runtime.bodies import RuntimeValidationError
 from eaglenest.db.common import find
+from eaglenest.db.endpoint_retention import capture_config
 from eaglenest.db.tables import EndpointConfigRow, EndpointRow
 from eaglenest.foundation.deployment import instances_of
 
@@ -71,7 +72,7 @@ def _load(ctx: Context, name: str, ttl: float) -> _Snapshot:
             raise RuntimeValidationError(
                 f"Endpoint {name} is not in service (status {row.status}).")
         config = find(s, EndpointConfigRow, row.config_name)
-        capture = config.spec.get("DataCaptureConfig") if config else None
+        capture = capture_config(row.spec, config.spec if config else None)
         return _Snapshot(dict(row.deployment["Servers"]), row.status, capture,
                          time.monotonic() + ttl)
 

@@ -40,6 +40,7 @@ RESOURCES: dict[str, tuple[str, ...]] = {
         "DescribeEndpoint",
         "ListEndpoints",
         "UpdateEndpoint",
+        "UpdateEndpointWeightsAndCapacities",
         "DeleteEndpoint",
     ),
     "optimization_jobs": (
@@ -49,6 +50,7 @@ RESOURCES: dict[str, tuple[str, ...]] = {
         "StopOptimizationJob",
         "DeleteOptimizationJob",
     ),
+    "tags": ("AddTags", "ListTags", "DeleteTags"),
 }
 COMMON = "common"
 REGISTRY = "registry"

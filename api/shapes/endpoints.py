@@ -33,6 +33,8 @@ from .common import (
     T_ProductionVariantRoutingConfig,
     T_ProductionVariantServerlessConfig,
     T_SamplingPercentage,
+    T_ServerlessMaxConcurrency,
+    T_ServerlessProvisionedConcurrency,
     T_TagList,
     T_Timestamp,
     T_VariantName,
@@ -374,6 +376,42 @@ class UpdateEndpointOutput(AwsShape):
 
 
 T_UpdateEndpointOutput = UpdateEndpointOutput
+
+
+class ProductionVariantServerlessUpdateConfig(AwsShape):
+    MaxConcurrency: T_ServerlessMaxConcurrency | None = None
+    ProvisionedConcurrency: T_ServerlessProvisionedConcurrency | None = None
+
+
+T_ProductionVariantServerlessUpdateConfig = ProductionVariantServerlessUpdateConfig
+
+
+class DesiredWeightAndCapacity(AwsShape):
+    VariantName: T_VariantName
+    DesiredWeight: T_VariantWeight | None = None
+    DesiredInstanceCount: T_TaskCount | None = None
+    ServerlessUpdateConfig: T_ProductionVariantServerlessUpdateConfig | None = None
+
+
+T_DesiredWeightAndCapacity = DesiredWeightAndCapacity
+
+
+T_DesiredWeightAndCapacityList = Annotated[list[T_DesiredWeightAndCapacity], Field(min_length=1)]
+
+
+class UpdateEndpointWeightsAndCapacitiesInput(AwsShape):
+    EndpointName: T_EndpointName
+    DesiredWeightsAndCapacities: T_DesiredWeightAndCapacityList
+
+
+T_UpdateEndpointWeightsAndCapacitiesInput = UpdateEndpointWeightsAndCapacitiesInput
+
+
+class UpdateEndpointWeightsAndCapacitiesOutput(AwsShape):
+    EndpointArn: T_EndpointArn
+
+
+T_UpdateEndpointWeightsAndCapacitiesOutput = UpdateEndpointWeightsAndCapacitiesOutput
 
 
 class DeleteEndpointInput(AwsShape):

@@ -14,6 +14,7 @@ from .common import (
     T_KmsKeyId,
     T_MaxResults,
     T_ModelName,
+    T_NextToken,
     T_RoleArn,
     T_TagList,
     T_Timestamp,
@@ -29,7 +30,6 @@ T_MaxWaitTimeInSeconds = Annotated[int, Field(strict=True, ge=1)]
 T_ModelSpeculativeDecodingS3DataType = Literal["S3Prefix", "ManifestFile"]
 T_ModelSpeculativeDecodingTechnique = Literal["EAGLE"]
 T_NameContains = Annotated[str, Field(strict=True, min_length=0, max_length=63, pattern=aws_pattern(r"[a-zA-Z0-9\-]+"))]
-T_NextToken = Annotated[str, Field(strict=True, min_length=0, max_length=8192, pattern=aws_pattern(r".*"))]
 T_NonEmptyString256 = Annotated[str, Field(strict=True, min_length=0, max_length=256, pattern=aws_pattern(r"(?!\s*$).+"))]
 T_OptimizationContainerImage = Annotated[str, Field(strict=True, min_length=0, max_length=255, pattern=aws_pattern(r"[\S]+"))]
 T_OptimizationJobArn = Annotated[str, Field(strict=True, min_length=0, max_length=256, pattern=aws_pattern(r"arn:aws[a-z\-]*:sagemaker:[a-z0-9\-]*:[0-9]{12}:optimization-job/.*"))]

@@ -24,6 +24,8 @@ from .endpoints import (
     ListEndpointsOutput,
     UpdateEndpointInput,
     UpdateEndpointOutput,
+    UpdateEndpointWeightsAndCapacitiesInput,
+    UpdateEndpointWeightsAndCapacitiesOutput,
 )
 from .models import (
     CreateModelInput,
@@ -44,6 +46,14 @@ from .optimization_jobs import (
     ListOptimizationJobsResponse,
     StopOptimizationJobRequest,
 )
+from .tags import (
+    AddTagsInput,
+    AddTagsOutput,
+    DeleteTagsInput,
+    DeleteTagsOutput,
+    ListTagsInput,
+    ListTagsOutput,
+)
 
 INPUT_SHAPES: dict[str, type[AwsShape]] = {
     "CreateModel": CreateModelInput,
@@ -58,12 +68,16 @@ INPUT_SHAPES: dict[str, type[AwsShape]] = {
     "DescribeEndpoint": DescribeEndpointInput,
     "ListEndpoints": ListEndpointsInput,
     "UpdateEndpoint": UpdateEndpointInput,
+    "UpdateEndpointWeightsAndCapacities": UpdateEndpointWeightsAndCapacitiesInput,
     "DeleteEndpoint": DeleteEndpointInput,
     "CreateOptimizationJob": CreateOptimizationJobRequest,
     "DescribeOptimizationJob": DescribeOptimizationJobRequest,
     "ListOptimizationJobs": ListOptimizationJobsRequest,
     "StopOptimizationJob": StopOptimizationJobRequest,
     "DeleteOptimizationJob": DeleteOptimizationJobRequest,
+    "AddTags": AddTagsInput,
+    "ListTags": ListTagsInput,
+    "DeleteTags": DeleteTagsInput,
 }
 OUTPUT_SHAPES: dict[str, type[AwsShape] | None] = {
     "CreateModel": CreateModelOutput,
@@ -78,10 +92,14 @@ OUTPUT_SHAPES: dict[str, type[AwsShape] | None] = {
     "DescribeEndpoint": DescribeEndpointOutput,
     "ListEndpoints": ListEndpointsOutput,
     "UpdateEndpoint": UpdateEndpointOutput,
+    "UpdateEndpointWeightsAndCapacities": UpdateEndpointWeightsAndCapacitiesOutput,
     "DeleteEndpoint": None,
     "CreateOptimizationJob": CreateOptimizationJobResponse,
     "DescribeOptimizationJob": DescribeOptimizationJobResponse,
     "ListOptimizationJobs": ListOptimizationJobsResponse,
     "StopOptimizationJob": None,
     "DeleteOptimizationJob": None,
+    "AddTags": AddTagsOutput,
+    "ListTags": ListTagsOutput,
+    "DeleteTags": DeleteTagsOutput,
 }

@@ -59,3 +59,35 @@ def test_cli_lists(stack, op, key):
     r = aws(stack, op, "--max-results", "101")
     assert r.returncode != 0
     assert "ValidationException" in r.stderr and "less than or equal to 100" in r.stderr
+
+
+def test_cli_update_endpoint_weights_and_capacities(stack, unique):
+    from eaglenest.db import endpoints_repo
+    from eaglenest.db.session import Database
+
+    variant = {"VariantName": "AllTraffic", "ModelName": unique,
+               "InstanceType": "ml.g5.2xlarge", "InitialInstanceCount": 1}
+    for args in (("create-model", "--model-name", unique, "--execution-role-arn", ROLE,
+                  "--primary-container", json.dumps({"Image": "lmi"})),
+                 ("create-endpoint-config", "--endpoint-config-name", unique,
+                  "--production-variants", json.dumps([variant])),
+                 ("create-endpoint", "--endpoint-name", unique, "--endpoint-config-name",
+                  unique)):
+        r = aws(stack, *args)
+        assert r.returncode == 0, r.stderr
+    db = Database(stack.database_url)
+    with db.session() as s:  # as a serve worker would (tests/workers serve for real)
+        endpoints_repo.mark_in_service(s, unique, {"ProductionVariants": [{
+            "VariantName": "AllTraffic", "CurrentWeight": 1.0, "DesiredWeight": 1.0,
+            "CurrentInstanceCount": 1, "DesiredInstanceCount": 1}]})
+    db.dispose()
+    r = aws(stack, "update-endpoint-weights-and-capacities", "--endpoint-name", unique,
+            "--desired-weights-and-capacities",
+            "VariantName=AllTraffic,DesiredWeight=2,DesiredInstanceCount=2")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["EndpointArn"].endswith(f":endpoint/{unique.lower()}")
+    r = aws(stack, "describe-endpoint", "--endpoint-name", unique)
+    d = json.loads(r.stdout)
+    assert d["EndpointStatus"] == "Updating"
+    assert d["ProductionVariants"][0]["DesiredWeight"] == 2.0
+    assert d["ProductionVariants"][0]["DesiredInstanceCount"] == 2

@@ -107,3 +107,36 @@ def test_instance_count_is_capped_per_variant(sm, model, unique):
         variant(model, InitialInstanceCount=4)])
     assert sm.describe_endpoint_config(EndpointConfigName=unique)[
         "ProductionVariants"][0]["InitialInstanceCount"] == 4
+
+
+def serverless(model: str, **cfg: int) -> dict[str, object]:
+    return {"VariantName": "AllTraffic", "ModelName": model,
+            "ServerlessConfig": {"MemorySizeInMB": 2048, "MaxConcurrency": 10, **cfg}}
+
+
+def test_serverless_config_limits(sm, model, signed_post):
+    import json
+
+    sm.create_endpoint_config(EndpointConfigName=model, ProductionVariants=[
+        serverless(model, MemorySizeInMB=6144, MaxConcurrency=5, ProvisionedConcurrency=5)])
+    assert sm.describe_endpoint_config(EndpointConfigName=model)["ProductionVariants"] == [
+        serverless(model, MemorySizeInMB=6144, MaxConcurrency=5, ProvisionedConcurrency=5)]
+    sizes = "[1024, 2048, 3072, 4096, 5120, 6144]"
+    at = "productionVariants.1.member.serverlessConfig"
+    with pytest.raises(ClientError) as exc:
+        sm.create_endpoint_config(EndpointConfigName=model + "-b", ProductionVariants=[
+            serverless(model, MemorySizeInMB=1111, MaxConcurrency=4, ProvisionedConcurrency=5)])
+    assert exc.value.response["Error"]["Code"] == "ValidationException"
+    assert exc.value.response["Error"]["Message"] == (
+        f"2 validation errors detected: Value '1111' at '{at}.memorySizeInMB' failed to satisfy "
+        f"constraint: Member must satisfy enum value set: {sizes}; Value '5' at "
+        f"'{at}.provisionedConcurrency' failed to satisfy constraint: Member must have value "
+        "less than or equal to MaxConcurrency (4)")
+    with pytest.raises(ClientError):
+        sm.describe_endpoint_config(EndpointConfigName=model + "-b")
+    body = {"EndpointConfigName": model + "-c", "ProductionVariants": [
+        serverless(model, MemorySizeInMB=7168, MaxConcurrency=201)]}
+    r = signed_post("SageMaker.CreateEndpointConfig", json.dumps(body).encode())
+    assert r.json()["__type"] == "ValidationException"
+    assert "Member must have value less than or equal to 6144" in r.json()["message"]
+    assert "Member must have value less than or equal to 200" in r.json()["message"]

@@ -157,3 +157,107 @@ def test_delete_undeployed_endpoint_and_waiter(sm, config):
     with pytest.raises(ClientError) as exc:
         sm.delete_endpoint(EndpointName=config)
     assert code_and_message(exc)[0] == "ValidationException"
+
+
+def test_weights_and_capacities_rules(stack, sm, db, config):
+    """UpdateEndpointWeightsAndCapacities: its errors change nothing; an accepted change
+    shows as Desired* at once and the endpoint goes Updating (tests/workers apply it)."""
+    sm.create_endpoint(EndpointName=config, EndpointConfigName=config)
+    change = [{"VariantName": "AllTraffic", "DesiredWeight": 3.0, "DesiredInstanceCount": 2}]
+    with pytest.raises(ClientError) as exc:
+        sm.update_endpoint_weights_and_capacities(EndpointName=config,
+                                                  DesiredWeightsAndCapacities=change)
+    assert "while it is Creating" in code_and_message(exc)[1]
+    with db.session() as s:
+        endpoints_repo.mark_in_service(s, config, DEPLOYED)
+    before = sm.describe_endpoint(EndpointName=config)
+    del before["ResponseMetadata"]
+    arn = f"arn:aws:sagemaker:us-east-1:123456789012:endpoint/{config.lower()}"
+    cases = [
+        ("no-such", change, "ValidationException", f'Could not find endpoint "{arn[:-len(config)]}no-such".'),
+        (config, change * 2, "ValidationException",
+         'The variant name "AllTraffic" was non-unique within the request.'),
+        (config, [{"VariantName": "Nope", "DesiredWeight": 1.0}], "ValidationException",
+         f'The variant name(s) "Nope" is/are not present within endpoint configuration "{config}".'),
+        (config, [{"VariantName": "AllTraffic", "DesiredInstanceCount": 5}],
+         "ResourceLimitExceeded", "Variant AllTraffic: DesiredInstanceCount is 5, but this "
+         "service runs at most 4 instances (model server processes) per variant "
+         "(EAGLENEST_MAX_INSTANCES_PER_VARIANT)."),
+        (config, [{"VariantName": "AllTraffic", "DesiredInstanceCount": 0}],
+         "ValidationException", "Variant AllTraffic: DesiredInstanceCount must be at least 1 "
+         "(scaling a variant to zero instances is not supported)."),
+    ]
+    for name, desired, code, message in cases:
+        with pytest.raises(ClientError) as exc:
+            sm.update_endpoint_weights_and_capacities(EndpointName=name,
+                                                      DesiredWeightsAndCapacities=desired)
+        assert code_and_message(exc) == (code, message)
+        after = sm.describe_endpoint(EndpointName=config)
+        del after["ResponseMetadata"]
+        assert after == before
+    out = sm.update_endpoint_weights_and_capacities(EndpointName=config,
+                                                    DesiredWeightsAndCapacities=change)
+    assert out["EndpointArn"] == arn
+    d = sm.describe_endpoint(EndpointName=config)
+    assert d["EndpointStatus"] == "Updating"
+    assert d["ProductionVariants"] == [{"VariantName": "AllTraffic", "CurrentWeight": 1.0,
+                                        "DesiredWeight": 3.0, "CurrentInstanceCount": 1,
+                                        "DesiredInstanceCount": 2}]
+    with pytest.raises(ClientError) as exc:  # one change at a time
+        sm.update_endpoint_weights_and_capacities(EndpointName=config,
+                                                  DesiredWeightsAndCapacities=change)
+    assert "while it is Updating" in code_and_message(exc)[1]
+    with db.session() as s:
+        endpoints_repo.rollback_weights(s, config, "could not start")
+    d = sm.describe_endpoint(EndpointName=config)
+    assert (d["EndpointStatus"], d["FailureReason"]) == ("InService", "could not start")
+    assert d["ProductionVariants"] == DEPLOYED["ProductionVariants"]
+
+
+BLUE_GREEN = {"BlueGreenUpdatePolicy": {
+    "TrafficRoutingConfiguration": {"Type": "CANARY", "WaitIntervalInSeconds": 60,
+                                    "CanarySize": {"Type": "INSTANCE_COUNT", "Value": 1}},
+    "TerminationWaitInSeconds": 0}}
+
+
+def test_update_retains_and_records_deployment_config(stack, sm, db, config, unique):
+    """LastDeploymentConfig follows DeploymentConfig / RetainDeploymentConfig; what
+    RetainAllVariantProperties keeps is carried by the pending update (the serve worker
+    applies it: tests/workers)."""
+    from eaglenest.db.tables import EndpointRow
+    from eaglenest.foundation.accounts import Account
+
+    sm.create_endpoint(EndpointName=config, EndpointConfigName=config,
+                       DeploymentConfig=BLUE_GREEN)
+    assert sm.describe_endpoint(EndpointName=config)["LastDeploymentConfig"] == BLUE_GREEN
+    with db.session() as s:
+        endpoints_repo.mark_in_service(s, config, DEPLOYED)
+        endpoints_repo.request_weights(s, Account("us-east-1", "123456789012"), config, [
+            {"VariantName": "AllTraffic", "DesiredWeight": 3.0, "DesiredInstanceCount": 2}], 4)
+        endpoints_repo.finish_weights(s, config, {"ProductionVariants": [{
+            "VariantName": "AllTraffic", "CurrentWeight": 3.0, "DesiredWeight": 3.0,
+            "CurrentInstanceCount": 2, "DesiredInstanceCount": 2}]})
+    with pytest.raises(ClientError) as exc:
+        sm.update_endpoint(EndpointName=config, EndpointConfigName=config,
+                           DeploymentConfig=BLUE_GREEN, RetainDeploymentConfig=True)
+    assert code_and_message(exc) == ("ValidationException", "DeploymentConfig and "
+        "RetainDeploymentConfig=true cannot be specified together: either give a new "
+        "deployment configuration or keep the last one.")
+    assert sm.describe_endpoint(EndpointName=config)["EndpointStatus"] == "InService"
+    sm.update_endpoint(EndpointName=config, EndpointConfigName=config,
+                       RetainAllVariantProperties=True, RetainDeploymentConfig=True,
+                       ExcludeRetainedVariantProperties=[{"VariantPropertyType": "DesiredWeight"}])
+    d = sm.describe_endpoint(EndpointName=config)
+    assert (d["EndpointStatus"], d["LastDeploymentConfig"]) == ("Updating", BLUE_GREEN)
+    with db.session() as s:
+        row = s.query(EndpointRow).filter_by(name=config).one()
+        assert row.spec["PendingOverrides"] == {"AllTraffic": {"DesiredInstanceCount": 2}}
+        assert row.spec["PendingCapture"] == {"value": None}
+        endpoints_repo.finish_update(s, config, DEPLOYED)
+    sm.update_endpoint(EndpointName=config, EndpointConfigName=config)  # neither: none
+    d = sm.describe_endpoint(EndpointName=config)
+    assert "LastDeploymentConfig" not in d
+    with db.session() as s:
+        row = s.query(EndpointRow).filter_by(name=config).one()
+        assert row.spec["VariantOverrides"] == {"AllTraffic": {"DesiredInstanceCount": 2}}
+        assert row.spec["PendingOverrides"] == {}  # the new config's values

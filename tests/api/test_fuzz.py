@@ -103,8 +103,12 @@ LIST_TABLE = {
     "ListEndpoints": ("endpoints", True),
     "ListOptimizationJobs": ("optimization_jobs", False),  # default SortOrder Ascending
 }
+#: resources AddTags / ListTags / DeleteTags inputs name
+TAGGABLE_ARNS = [f"arn:aws:sagemaker:us-east-1:123456789012:{kind}/{KNOWN[key][0]}"
+                 for kind, key in (("model", "model"), ("endpoint-config", "config"),
+                                   ("endpoint", "endpoint"), ("optimization-job", "job"))]
 #: operations no valid input can make succeed here (no worker: endpoints stay Creating)
-NEVER_SUCCEEDS = {"UpdateEndpoint"}
+NEVER_SUCCEEDS = {"UpdateEndpoint", "UpdateEndpointWeightsAndCapacities"}
 
 
 def _names(kind: str, *, victims: bool = False, known: bool = True) -> list[str]:
@@ -148,6 +152,8 @@ OVERRIDES: dict[tuple[str, str], Callable[[SearchStrategy[Any]], SearchStrategy[
     ("CreateEndpointInput", "EndpointConfigName"): _one_of_names(_names("config")),
     ("UpdateEndpointInput", "EndpointConfigName"): _one_of_names(_names("config")),
     ("UpdateEndpointInput", "EndpointName"): _one_of_names(_names("endpoint")),
+    ("UpdateEndpointWeightsAndCapacitiesInput", "EndpointName"):
+        _one_of_names(_names("endpoint")),
     ("DescribeEndpointInput", "EndpointName"): _one_of_names(_names("endpoint", victims=True)),
     ("DeleteEndpointInput", "EndpointName"):
         _one_of_names(_names("endpoint", victims=True, known=False)),
@@ -159,6 +165,12 @@ OVERRIDES: dict[tuple[str, str], Callable[[SearchStrategy[Any]], SearchStrategy[
         _one_of_names(_names("job", victims=True, known=False)),
     ("CreateOptimizationJobRequest", "OptimizationConfigs"): _speculative_configs,
     ("CreateOptimizationJobRequest", "ModelSource"): _model_sources,
+    # AWS's rules beyond the shape: 1 GB memory steps, ProvisionedConcurrency <= MaxConcurrency
+    ("ProductionVariantServerlessConfig", "MemorySizeInMB"):
+        lambda _: st.sampled_from([1024, 2048, 3072, 4096, 5120, 6144]),
+    ("ProductionVariantServerlessConfig", "ProvisionedConcurrency"): lambda _: st.just(1),
+    **{(shape, "ResourceArn"): _one_of_names(TAGGABLE_ARNS)
+       for shape in ("AddTagsInput", "ListTagsInput", "DeleteTagsInput")},
 }
 
 # ---------------------------------------------------------------------------------------

@@ -182,3 +182,20 @@ def test_members_of_a_newer_botocore_are_ignored(stack, sm, unique, tmp_path):
     assert "executionRoleArn" in message and "Future" not in message
     with pytest.raises(ClientError):
         sm.describe_model(ModelName=unique + "-2")
+
+
+def test_a_model_needs_exactly_one_of_primary_container_and_containers(sm, unique):
+    with pytest.raises(ClientError) as exc:
+        sm.create_model(ModelName=unique, ExecutionRoleArn=ROLE)
+    assert error(exc) == ("ValidationException", "Either PrimaryContainer or Containers must be "
+                          "specified: a model needs at least one container.", 400)
+    with pytest.raises(ClientError) as exc:
+        sm.create_model(ModelName=unique, ExecutionRoleArn=ROLE, PrimaryContainer=container(),
+                        Containers=[container()])
+    assert error(exc)[:2] == ("ValidationException", "PrimaryContainer and Containers cannot "
+                              "both be specified: use PrimaryContainer for one container or "
+                              "Containers for an inference pipeline.")
+    with pytest.raises(ClientError):
+        sm.describe_model(ModelName=unique)
+    sm.create_model(ModelName=unique, ExecutionRoleArn=ROLE, Containers=[container()])
+    assert sm.describe_model(ModelName=unique)["Containers"] == [container()]

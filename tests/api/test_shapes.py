@@ -28,6 +28,7 @@ from eaglenest.api.shapes import (
     endpoints,
     models,
     optimization_jobs,
+    tags,
 )
 from eaglenest.api.shapes.base import (
     ORIGINAL_PATTERNS,
@@ -59,18 +60,22 @@ OPERATIONS = [
     "DescribeEndpoint",
     "ListEndpoints",
     "UpdateEndpoint",
+    "UpdateEndpointWeightsAndCapacities",
     "DeleteEndpoint",
     "CreateOptimizationJob",
     "DescribeOptimizationJob",
     "ListOptimizationJobs",
     "StopOptimizationJob",
     "DeleteOptimizationJob",
+    "AddTags",
+    "ListTags",
+    "DeleteTags",
 ]
 SHAPES_DIR = Path(shapes.__file__).parent
 SAGEMAKER: ServiceModel = botocore.session.get_session().get_service_model("sagemaker")
 CLASSES: dict[str, type[AwsShape]] = {
     name: value
-    for module in (common, models, endpoint_configs, endpoints, optimization_jobs)
+    for module in (common, models, endpoint_configs, endpoints, optimization_jobs, tags)
     for name, value in vars(module).items()
     if isinstance(value, type)
     and issubclass(value, AwsShape)
@@ -200,6 +205,7 @@ def test_generated_modules_are_up_to_date(tmp_path: Path) -> None:
         "endpoint_configs.py",
         "endpoints.py",
         "optimization_jobs.py",
+        "tags.py",
         "registry.py",
     }
     for path in written:
@@ -770,6 +776,7 @@ PATTERN_SAMPLES = {
     r"arn:aws[a-z\-]*:sagemaker:[a-z0-9\-]*:[0-9]{12}:training-plan/.*": "arn:aws:sagemaker:us-east-1:123456789012:training-plan/p",
     r"mig-[0-9]+g\.[0-9]+gb([+-][a-z0-9.]+)*": "mig-1g.10gb",
     r"/(?!.*\.\.)[a-zA-Z0-9/_.\-]+": "/metrics",
+    r"arn:aws[a-z-]*:sagemaker:[a-z0-9-]*:[0-9]{12}:.+": "arn:aws:sagemaker:us-east-1:123456789012:model/m",
 }
 
 

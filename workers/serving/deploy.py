@@ -188,6 +188,20 @@ def restart_instances(plan: VariantPlan, record: dict[str, Any], dead: list[int]
     return {**record, **new[0], "instances": new}
 
 
+def add_instances(plan: VariantPlan, record: dict[str, Any], count: int,
+                  advertise_host: str = "127.0.0.1") -> tuple[dict[str, Any], list[Any]]:
+    """Grow a running variant to `count` instances over its fetched model files. Returns
+    the updated record and the new instances alone."""
+    base = Path(record["dir"])
+    head_dir = base / "head" if record.get("speculative") else None
+    if not (base / "model").is_dir() or (head_dir is not None and not head_dir.is_dir()):
+        raise DeployError(f"Variant {plan.variant}: its model files are gone from {base}.")
+    old = instances_of(record)
+    _, started = _start_instances(plan, base, base / "model", head_dir, record["served_name"],
+                                  advertise_host, list(range(len(old), count)))
+    return {**record, "instances": old + started}, started
+
+
 def _check_model(model_dir: Path, variant: str) -> None:
     try:
         from eaglenest.models.target import TargetError, check_model_files

@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 from celery import Celery
 
+from eaglenest.db import endpoint_retention as retention
 from eaglenest.db import endpoints_repo as eps
 from eaglenest.db.common import find
 from eaglenest.db.tables import EndpointRow
@@ -35,6 +36,7 @@ from eaglenest.workers.infra.context import WorkerContext
 from eaglenest.workers.serving.deploy import (
     DeployError,
     VariantPlan,
+    add_instances,
     deployment,
     plan_variants,
     restart_instances,
@@ -54,10 +56,28 @@ def _row(ctx: WorkerContext, name: str) -> tuple[str, str, str | None, dict[str,
         return row.status, row.config_name, row.pending_config_name, dict(row.deployment)
 
 
-def _plans(ctx: WorkerContext, config_name: str) -> list[VariantPlan]:
+def _overrides(ctx: WorkerContext, name: str,
+               new_config: bool = False) -> dict[str, dict[str, Any]]:
+    """The endpoint's weights and counts that replace its config's (a pending change
+    included), or with `new_config` those retained for a pending UpdateEndpoint's."""
+    with ctx.db.session() as s:
+        row = find(s, EndpointRow, name)
+        if row is None:
+            return {}
+        if new_config:
+            return dict(row.spec.get(retention.PENDING_OVERRIDES) or {})
+        return eps.effective_overrides(row.spec)
+
+
+def _plans(ctx: WorkerContext, config_name: str,
+           overrides: dict[str, dict[str, Any]] | None = None) -> list[VariantPlan]:
     with ctx.db.session() as s:
         plans = plan_variants(s, config_name)
     cap = ctx.settings.max_instances_per_variant
+    for plan in plans:
+        o = (overrides or {}).get(plan.variant, {})
+        plan.weight = float(o.get("DesiredWeight", plan.weight))
+        plan.instance_count = int(o.get("DesiredInstanceCount", plan.instance_count))
     for plan in plans:  # the config may predate a lower cap on this worker
         if plan.instance_count > cap:
             raise DeployError(f"Variant {plan.variant} asks for {plan.instance_count} "
@@ -66,9 +86,11 @@ def _plans(ctx: WorkerContext, config_name: str) -> list[VariantPlan]:
     return plans
 
 
-def _launch(ctx: WorkerContext, name: str, config_name: str) -> dict[str, Any]:
-    """Start every variant of `config_name`; on any failure stop what started and raise."""
-    plans = _plans(ctx, config_name)
+def _launch(ctx: WorkerContext, name: str, config_name: str,
+            overrides: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Start every variant of `config_name` (weights and counts from `overrides` where it
+    has them); on any failure stop what started and raise."""
+    plans = _plans(ctx, config_name, overrides)
     store, servers = make_store(ctx.settings), {}
     workdir = ctx.settings.data_dir / "endpoints" / name
     try:
@@ -101,12 +123,15 @@ def create(ctx: WorkerContext, name: str) -> str:
 
 
 def update(ctx: WorkerContext, name: str) -> str:
+    """UpdateEndpoint (a pending config) or UpdateEndpointWeightsAndCapacities (none)."""
     state = _row(ctx, name)
-    if state is None or state[0] != eps.UPDATING or not state[2]:
+    if state is None or state[0] != eps.UPDATING:
         return f"skipped ({state[0] if state else 'deleted'})"
+    if not state[2]:
+        return _scale(ctx, name, state[1], state[3].get("Servers", {}))
     old = state[3].get("Servers", {})
     try:
-        dep = _launch(ctx, name, state[2])
+        dep = _launch(ctx, name, state[2], _overrides(ctx, name, new_config=True))
     except (DeployError, ServingError) as exc:
         with ctx.db.session() as s:
             eps.rollback_update(s, name, f"Update to {state[2]} failed and was rolled back: "
@@ -115,6 +140,46 @@ def update(ctx: WorkerContext, name: str) -> str:
     with ctx.db.session() as s:
         ok = eps.finish_update(s, name, dep)
     stop_servers(old if ok else dep["Servers"])
+    return eps.IN_SERVICE if ok else "superseded"
+
+
+def _resize(ctx: WorkerContext, plans: dict[str, VariantPlan], servers: dict[str, Any],
+            started: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Each variant at its plan's weight and instance count: new instances are started
+    (and listed in `started` as they come up), surplus ones dropped from the records.
+    Returns the new records and, to stop once traffic has left them, the surplus ones."""
+    new_servers, surplus = dict(servers), {}
+    for variant, plan in plans.items():
+        record, have = servers[variant], instances_of(servers[variant])
+        if plan.instance_count > len(have):
+            record, fresh = add_instances(plan, record, plan.instance_count,
+                                          ctx.settings.advertise_host)
+            started.extend(fresh)
+            ctx.serving_pids.update(i["pid"] for i in fresh)
+        elif plan.instance_count < len(have):
+            surplus[variant] = {"instances": have[plan.instance_count:]}
+            record = {**record, "instances": have[:plan.instance_count]}
+        new_servers[variant] = {**record, "weight": plan.weight}
+    return new_servers, surplus
+
+
+def _scale(ctx: WorkerContext, name: str, config_name: str, servers: dict[str, Any]) -> str:
+    """Apply UpdateEndpointWeightsAndCapacities live: instances are added or stopped, the
+    others keep serving; the new weights take effect when the endpoint is InService."""
+    started: list[dict[str, Any]] = []
+    try:
+        plans = {p.variant: p for p in _plans(ctx, config_name, _overrides(ctx, name))}
+        if set(plans) != set(servers):
+            raise DeployError(f"The variants of {config_name} no longer match the running ones.")
+        new_servers, surplus = _resize(ctx, plans, servers, started)
+    except (DeployError, ServingError) as exc:
+        stop_servers({"new": {"instances": started}})
+        with ctx.db.session() as s:
+            eps.rollback_weights(s, name, f"Weights and capacities update failed: {exc}"[:1024])
+        return "rolled-back"
+    with ctx.db.session() as s:
+        ok = eps.finish_weights(s, name, deployment(list(plans.values()), new_servers))
+    stop_servers(surplus if ok else {"new": {"instances": started}})
     return eps.IN_SERVICE if ok else "superseded"
 
 
@@ -144,10 +209,11 @@ def _dead(servers: dict[str, Any]) -> dict[str, list[int]]:
 
 
 def _replace_dead(ctx: WorkerContext, config_name: str, servers: dict[str, Any],
-                  dead: dict[str, list[int]]) -> tuple[dict[str, Any], dict[str, Any]]:
+                  dead: dict[str, list[int]], overrides: dict[str, dict[str, Any]]
+                  ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Restart only the dead instances. Returns the new deployment and, to stop if it cannot
     be stored, the new instances alone (as variant records)."""
-    plans = {p.variant: p for p in _plans(ctx, config_name)}
+    plans = {p.variant: p for p in _plans(ctx, config_name, overrides)}
     if set(plans) != set(servers):
         raise DeployError(f"The variants of {config_name} no longer match the running ones.")
     new_servers, started = dict(servers), {}
@@ -195,12 +261,13 @@ def _recover(ctx: WorkerContext, name: str) -> str:
             if not eps.begin_recovery(s, name):
                 return "skipped"
     total = sum(len(instances_of(rec)) for rec in servers.values())
+    overrides = _overrides(ctx, name)  # the weights and counts the endpoint was given
     try:
         if servers and sum(map(len, dead.values())) < total:  # some still serve: keep them
-            dep, started = _replace_dead(ctx, state[1], servers, dead)
+            dep, started = _replace_dead(ctx, state[1], servers, dead, overrides)
         else:
             stop_servers(servers)
-            dep = _launch(ctx, name, state[1])
+            dep = _launch(ctx, name, state[1], overrides)
             started = dep["Servers"]
     except (DeployError, ServingError) as exc:
         stop_servers(servers)  # a Failed endpoint serves nothing, not even its live instances

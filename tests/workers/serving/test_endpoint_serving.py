@@ -147,21 +147,53 @@ def test_runtime_errors(stack):
     make_config(sm, "cfg-err", "tiny-base")
     sm.create_endpoint(EndpointName="ep-err", EndpointConfigName="cfg-err")
     in_service(sm, "ep-err")
-    with pytest.raises(ClientError) as exc:
-        rt.invoke_endpoint(EndpointName="ep-err", Body=b"not json",
-                           ContentType="application/json")
-    assert exc.value.response["Error"]["Code"] == "ValidationError"
-    with pytest.raises(ClientError) as exc:
-        rt.invoke_endpoint(EndpointName="ep-err", ContentType="application/json",
-                           Body=json.dumps({"inputs": "x", "parameters": {"top_p": 7}}))
-    assert exc.value.response["Error"]["Code"] == "ModelError"
-    assert exc.value.response["ResponseMetadata"]["HTTPStatusCode"] == 424
+    # SageMaker never judges a body: what the container does not understand is its 4xx,
+    # which the caller gets as ModelError 424 with the container's status and message
+    log_group = "arn:aws:logs:us-east-1:123456789012:log-group:/aws/sagemaker/Endpoints/ep-err"
+    for body, content_type, status, text in (
+            (b"not json", "application/json", 400, "Request body is not valid JSON."),
+            (b"1,2,3", "text/csv", 415, "Content type text/csv is not supported"),
+            (b'{"x": 1}', "application/json", 400, "Request body must be LMI style"),
+            (json.dumps({"inputs": "x", "parameters": {"top_p": 7}}).encode(),
+             "application/json", 400, "top_p")):
+        with pytest.raises(rt.exceptions.ModelError) as exc:
+            rt.invoke_endpoint(EndpointName="ep-err", Body=body, ContentType=content_type,
+                               Accept="text/csv")
+        r = exc.value.response
+        assert (r["Error"]["Code"], r["ResponseMetadata"]["HTTPStatusCode"]) == ("ModelError", 424)
+        assert r["OriginalStatusCode"] == status, r
+        assert text in r["OriginalMessage"], r
+        assert r["Error"]["Message"].startswith(
+            f'Received client error ({status}) from primary with message "')
+        assert r["LogStreamArn"] == log_group
+    out = rt.invoke_endpoint(EndpointName="ep-err", ContentType="text/plain; charset=utf-8",
+                             Body=b"Natalia sold 48 clips")
+    assert json.loads(out["Body"].read())["generated_text"]
+    # what SageMaker itself checks stays a ValidationError (400) from the service
+    for kw, text in (({"TargetVariant": "v" * 64}, "at 'targetVariant' failed to satisfy "
+                      "constraint: Member must have length less than or equal to 63"),
+                     ({"InferenceId": "i" * 65}, "at 'inferenceId' failed to satisfy "
+                      "constraint: Member must have length less than or equal to 64"),
+                     ({"Body": b"x" * (6291456 + 1)}, "at 'body' failed to satisfy "
+                      "constraint: Member must have length less than or equal to 6291456")):
+        with pytest.raises(ClientError) as exc:
+            rt.invoke_endpoint(**{"EndpointName": "ep-err", "ContentType": "text/plain",
+                                  "Body": b"hi", **kw})
+        assert exc.value.response["Error"]["Code"] == "ValidationError"
+        assert exc.value.response["ResponseMetadata"]["HTTPStatusCode"] == 400
+        assert text in exc.value.response["Error"]["Message"]
     with pytest.raises(ClientError) as exc:  # the model server's 400, before any frame
         rt.invoke_endpoint_with_response_stream(
             EndpointName="ep-err", ContentType="application/json",
             Body=json.dumps({"inputs": "x", "parameters": {"top_p": 7}}))
     assert exc.value.response["Error"]["Code"] == "ModelError"
     assert "(400)" in exc.value.response["Error"]["Message"]
+    assert exc.value.response["OriginalStatusCode"] == 400
+    with pytest.raises(ClientError) as exc:  # and a body the container cannot read
+        rt.invoke_endpoint_with_response_stream(EndpointName="ep-err", ContentType="text/csv",
+                                                Body=b"a,b")
+    assert exc.value.response["Error"]["Code"] == "ModelError"
+    assert exc.value.response["OriginalStatusCode"] == 415
     with pytest.raises(ClientError) as exc:
         rt.invoke_endpoint(EndpointName="ep-err", ContentType="application/json",
                            Body=b"{}", TargetVariant="Other")
@@ -243,6 +275,7 @@ def test_killed_backend_is_model_error_then_recovered(stack):
             Body=json.dumps({"inputs": "anyone?", "parameters": {"max_new_tokens": 4}}))
     assert exc.value.response["Error"]["Code"] == "ModelError"
     assert "did not answer" in exc.value.response["Error"]["Message"]
+    assert exc.value.response["Error"]["Message"].startswith("Received server error (500)")
     deadline = time.monotonic() + 180  # the failed call had a serve worker check it
     while _server_url(stack, "ep-kill") == url:
         assert time.monotonic() < deadline, stack.log()[-3000:]
@@ -489,3 +522,113 @@ def test_runtime_metrics_count_invocations_frames_and_proxy_time(stack):
     forward = delta("eaglenest_runtime_forward_seconds_total")
     assert 0 < forward < delta("eaglenest_runtime_proxy_seconds_total")
     sm.delete_endpoint(EndpointName="metered")
+
+
+def test_weights_and_capacities_split_traffic_and_scale_live(stack):
+    """UpdateEndpointWeightsAndCapacities: Updating (serving meanwhile) -> InService, Desired*
+    then Current* as AWS reports them; the router follows the new weights (3:1 over 400
+    invocations, within 4 standard deviations of a binomial); instances start and stop."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    sm, rt = stack.client(), stack.client("sagemaker-runtime")
+    variants = [{"VariantName": v, "ModelName": "tiny-base", "InstanceType": "ml.g5.2xlarge",
+                 "InitialInstanceCount": 1, "InitialVariantWeight": 1.0,
+                 "ContainerStartupHealthCheckTimeoutInSeconds": 120} for v in ("A", "B")]
+    sm.create_endpoint_config(EndpointConfigName="cfg-wc", ProductionVariants=variants)
+    sm.create_endpoint(EndpointName="ep-wc", EndpointConfigName="cfg-wc")
+    in_service(sm, "ep-wc")
+    first_b = stack.deployment("ep-wc")["Servers"]["B"]["instances"]
+    sm.update_endpoint_weights_and_capacities(EndpointName="ep-wc", DesiredWeightsAndCapacities=[
+        {"VariantName": "A", "DesiredWeight": 3.0, "DesiredInstanceCount": 2},
+        {"VariantName": "B", "DesiredWeight": 1.0}])
+    d = sm.describe_endpoint(EndpointName="ep-wc")
+    assert d["EndpointStatus"] == "Updating"
+    assert d["ProductionVariants"][0] == {"VariantName": "A", "CurrentWeight": 1.0,
+                                          "DesiredWeight": 3.0, "CurrentInstanceCount": 1,
+                                          "DesiredInstanceCount": 2}
+    body = json.dumps({"inputs": "x", "parameters": {"max_new_tokens": 1}})
+    rt.invoke_endpoint(EndpointName="ep-wc", ContentType="application/json", Body=body)
+    d = in_service(sm, "ep-wc")
+    assert d["ProductionVariants"] == [
+        {"VariantName": "A", "CurrentWeight": 3.0, "DesiredWeight": 3.0,
+         "CurrentInstanceCount": 2, "DesiredInstanceCount": 2},
+        {"VariantName": "B", "CurrentWeight": 1.0, "DesiredWeight": 1.0,
+         "CurrentInstanceCount": 1, "DesiredInstanceCount": 1}]
+    servers = stack.deployment("ep-wc")["Servers"]
+    a_instances = servers["A"]["instances"]
+    assert len(a_instances) == 2 and servers["B"]["instances"] == first_b  # B untouched
+    assert all(httpx.get(f"{i['url']}/health").status_code == 200 for i in a_instances)
+    time.sleep(2.5)  # the runtime's route cache (1 s) has the new weights
+
+    def invoke(_: int) -> str:
+        return rt.invoke_endpoint(EndpointName="ep-wc", ContentType="application/json",
+                                  Body=body)["InvokedProductionVariant"]
+
+    with ThreadPoolExecutor(4) as pool:
+        seen = list(pool.map(invoke, range(400)))
+    assert 300 - 35 <= seen.count("A") <= 300 + 35, seen.count("A")  # sd 8.66
+    assert seen.count("A") + seen.count("B") == 400
+    assert invoke(0) in ("A", "B")
+    r = rt.invoke_endpoint(EndpointName="ep-wc", ContentType="application/json", Body=body,
+                           TargetVariant="B")
+    assert r["InvokedProductionVariant"] == "B"
+
+    sm.update_endpoint_weights_and_capacities(EndpointName="ep-wc", DesiredWeightsAndCapacities=[
+        {"VariantName": "A", "DesiredInstanceCount": 1}])
+    d = in_service(sm, "ep-wc")
+    assert d["ProductionVariants"][0]["CurrentInstanceCount"] == 1
+    assert d["ProductionVariants"][0]["CurrentWeight"] == 3.0  # kept from the first change
+    assert stack.deployment("ep-wc")["Servers"]["A"]["instances"] == a_instances[:1]
+    _gone(a_instances[1]["url"])
+    wait_group_gone(a_instances[1]["pid"])
+    rt.invoke_endpoint(EndpointName="ep-wc", ContentType="application/json", Body=body,
+                       TargetVariant="A")
+    sm.delete_endpoint(EndpointName="ep-wc")
+
+
+def test_update_endpoint_retains_variant_properties(stack):
+    """RetainAllVariantProperties keeps the running instance count and weight (not the new
+    config's), ExcludeRetainedVariantProperties takes Data Capture from the new config;
+    without it the new config's values apply; LastDeploymentConfig follows the requests."""
+    sm = stack.client()
+    one = {"VariantName": "AllTraffic", "ModelName": "tiny-base",
+           "InstanceType": "ml.g5.2xlarge", "InitialInstanceCount": 1,
+           "InitialVariantWeight": 1.0, "ContainerStartupHealthCheckTimeoutInSeconds": 120}
+    sm.create_endpoint_config(EndpointConfigName="cfg-keep-1", ProductionVariants=[one])
+    sm.create_endpoint_config(
+        EndpointConfigName="cfg-keep-2",
+        ProductionVariants=[{**one, "InitialInstanceCount": 2, "InitialVariantWeight": 5.0}],
+        DataCaptureConfig={"EnableCapture": True, "InitialSamplingPercentage": 50,
+                           "DestinationS3Uri": "s3://capture/keep",
+                           "CaptureOptions": [{"CaptureMode": "Input"}]})
+    sm.create_endpoint(EndpointName="ep-keep", EndpointConfigName="cfg-keep-1")
+    in_service(sm, "ep-keep")
+    policy = {"BlueGreenUpdatePolicy": {"TrafficRoutingConfiguration": {
+        "Type": "ALL_AT_ONCE", "WaitIntervalInSeconds": 0}, "TerminationWaitInSeconds": 0}}
+    sm.update_endpoint(EndpointName="ep-keep", EndpointConfigName="cfg-keep-2",
+                       RetainAllVariantProperties=True, DeploymentConfig=policy,
+                       ExcludeRetainedVariantProperties=[
+                           {"VariantPropertyType": "DataCaptureConfig"}])
+    d = in_service(sm, "ep-keep")
+    assert d["EndpointConfigName"] == "cfg-keep-2"
+    assert d["ProductionVariants"] == [{"VariantName": "AllTraffic", "CurrentWeight": 1.0,
+                                        "DesiredWeight": 1.0, "CurrentInstanceCount": 1,
+                                        "DesiredInstanceCount": 1}]
+    assert len(stack.deployment("ep-keep")["Servers"]["AllTraffic"]["instances"]) == 1
+    assert d["DataCaptureConfig"]["CurrentSamplingPercentage"] == 50
+    assert d["LastDeploymentConfig"] == policy
+    sm.update_endpoint(EndpointName="ep-keep", EndpointConfigName="cfg-keep-2",
+                       RetainDeploymentConfig=True)
+    d = in_service(sm, "ep-keep")
+    assert d["ProductionVariants"] == [{"VariantName": "AllTraffic", "CurrentWeight": 5.0,
+                                        "DesiredWeight": 5.0, "CurrentInstanceCount": 2,
+                                        "DesiredInstanceCount": 2}]
+    assert len(stack.deployment("ep-keep")["Servers"]["AllTraffic"]["instances"]) == 2
+    assert d["LastDeploymentConfig"] == policy
+    sm.update_endpoint(EndpointName="ep-keep", EndpointConfigName="cfg-keep-1",
+                       RetainAllVariantProperties=True)  # keeps 2 instances and capture
+    d = in_service(sm, "ep-keep")
+    assert d["ProductionVariants"][0]["CurrentInstanceCount"] == 2
+    assert d["DataCaptureConfig"]["DestinationS3Uri"] == "s3://capture/keep"
+    assert "LastDeploymentConfig" not in d
+    sm.delete_endpoint(EndpointName="ep-keep")

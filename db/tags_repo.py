@@ -1,0 +1,119 @@
+"""Tags of every taggable resource, addressed by ARN (AddTags / ListTags / DeleteTags).
+
+A resource's tags live in its row (`tags`, a list of {"Key", "Value"} in the order they were
+first added), so they go with the row when the resource is deleted. AWS's rules: at most
+50 tags per resource, keys unique per resource (AddTags overwrites the value of a key that is
+already there), and keys beginning with `aws:` are reserved for AWS.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from eaglenest.db.common import find
+from eaglenest.db.tables import Base, EndpointConfigRow, EndpointRow, ModelRow, OptimizationJobRow
+from eaglenest.foundation.accounts import Account
+from eaglenest.foundation.errors import ValidationException
+
+MAX_TAGS = 50
+RESERVED_PREFIX = "aws:"
+
+#: ARN resource type -> table
+TAGGABLE: dict[str, type[Base]] = {
+    "model": ModelRow,
+    "endpoint-config": EndpointConfigRow,
+    "endpoint": EndpointRow,
+    "optimization-job": OptimizationJobRow,
+}
+#: what SageMaker's tag operations answer for an ARN that names nothing (ValidationException)
+NOT_FOUND = "Resource does not exist"
+
+Tag = dict[str, str]
+
+
+def check_new_tags(tags: list[Tag], existing: list[Tag] | None = None) -> list[Tag]:
+    """`existing` with `tags` added (a key already there takes the new value); raises
+    ValidationException, naming the rule, for a reserved or repeated key or more than
+    MAX_TAGS tags in all."""
+    seen: set[str] = set()
+    for tag in tags:
+        key = tag["Key"]
+        if key.lower().startswith(RESERVED_PREFIX):
+            raise ValidationException(
+                f"Tag keys beginning with '{RESERVED_PREFIX}' are reserved for AWS use: "
+                f"'{key}' at 'tags.key' is not allowed.")
+        if key in seen:
+            raise ValidationException(
+                f"Tag keys must be unique per resource: duplicate key '{key}' in 'tags'.")
+        seen.add(key)
+    merged = {t["Key"]: t["Value"] for t in existing or []}
+    merged.update({t["Key"]: t.get("Value", "") for t in tags})
+    if len(merged) > MAX_TAGS:
+        raise ValidationException(
+            f"A resource can have at most {MAX_TAGS} tags: this request would give it "
+            f"{len(merged)}.")
+    return [{"Key": k, "Value": v} for k, v in merged.items()]
+
+
+def resource_of(session: Session, account: Account, arn: str, *, lock: bool = False) -> Any:
+    """The row that `arn` names (our region and account, a taggable type, an existing
+    name: compared ignoring case, as ARNs are lower-cased); ValidationException if none,
+    worded as SageMaker's."""
+    parts = arn.split(":", 5)
+    kind, _, name = parts[5].partition("/") if len(parts) == 6 else ("", "", "")
+    table = TAGGABLE.get(kind)
+    row = None
+    if (table is not None and name and "/" not in name and parts[3] == account.region
+            and parts[4] == account.account_id):
+        row = find(session, table, name, lock=lock)
+    if row is None:
+        raise ValidationException(NOT_FOUND)
+    return row
+
+
+def add(session: Session, account: Account, arn: str, tags: list[Tag]) -> list[Tag]:
+    row = resource_of(session, account, arn, lock=True)
+    row.tags = check_new_tags(tags, row.tags)
+    return list(row.tags)
+
+
+def delete(session: Session, account: Account, arn: str, keys: list[str]) -> None:
+    """Remove the tags with these keys; keys the resource does not have are ignored."""
+    row = resource_of(session, account, arn, lock=True)
+    gone = set(keys)
+    row.tags = [t for t in row.tags if t["Key"] not in gone]
+
+
+def _token(arn: str, offset: int) -> str:
+    data = {"o": offset, "f": hashlib.sha256(arn.encode()).hexdigest()[:16]}
+    return base64.urlsafe_b64encode(json.dumps(data).encode()).decode()
+
+
+def _offset(arn: str, token: str | None) -> int:
+    if not token:
+        return 0
+    try:
+        data = json.loads(base64.urlsafe_b64decode(token.encode()))
+        offset, fp = data["o"], data["f"]
+    except Exception as exc:  # any garbage is the caller's error
+        raise ValidationException("Invalid pagination token: NextToken is malformed.") from exc
+    if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
+        raise ValidationException("Invalid pagination token: NextToken is malformed.")
+    if fp != hashlib.sha256(arn.encode()).hexdigest()[:16]:
+        raise ValidationException(
+            "Invalid pagination token: NextToken belongs to another resource.")
+    return offset
+
+
+def page(session: Session, account: Account, arn: str, token: str | None,
+         max_results: int) -> tuple[list[Tag], str | None]:
+    """One page of the resource's tags in the order they were added, and the next token."""
+    start = _offset(arn, token)
+    tags = list(resource_of(session, account, arn).tags)
+    end = start + max_results
+    return tags[start:end], (_token(arn, end) if end < len(tags) else None)
