@@ -74,10 +74,9 @@ def _launch(ctx: WorkerContext, name: str, config_name: str) -> dict[str, Any]:
     try:
         for plan in plans:
             servers[plan.variant] = start_variant(store, workdir, name, plan,
-                                                  ctx.settings.advertise_host)
-            ctx.serving_pids.update(i["pid"] for i in instances_of(servers[plan.variant]))
+                                                  ctx.settings.advertise_host, ctx.children_dir)
     except BaseException:
-        stop_servers(servers)
+        stop_servers(servers, ctx.children_dir)
         raise
     return deployment(plans, servers)
 
@@ -95,7 +94,7 @@ def create(ctx: WorkerContext, name: str) -> str:
     with ctx.db.session() as s:
         ok = eps.mark_in_service(s, name, dep)
     if not ok:  # deleted while starting: nothing may keep running
-        stop_servers(dep["Servers"])
+        stop_servers(dep["Servers"], ctx.children_dir)
         return "deleted-while-creating"
     return eps.IN_SERVICE
 
@@ -114,7 +113,7 @@ def update(ctx: WorkerContext, name: str) -> str:
         return "rolled-back"
     with ctx.db.session() as s:
         ok = eps.finish_update(s, name, dep)
-    stop_servers(old if ok else dep["Servers"])
+    stop_servers(old if ok else dep["Servers"], ctx.children_dir)
     return eps.IN_SERVICE if ok else "superseded"
 
 
@@ -122,7 +121,7 @@ def delete(ctx: WorkerContext, name: str) -> str:
     state = _row(ctx, name)
     if state is None or state[0] != eps.DELETING:
         return f"skipped ({state[0] if state else 'deleted'})"
-    stop_servers(state[3].get("Servers", {}))
+    stop_servers(state[3].get("Servers", {}), ctx.children_dir)
     shutil.rmtree(ctx.settings.data_dir / "endpoints" / name, ignore_errors=True)
     with ctx.db.session() as s:
         eps.finish_delete(s, name)
@@ -154,12 +153,12 @@ def _replace_dead(ctx: WorkerContext, config_name: str, servers: dict[str, Any],
     try:
         for variant, idx in dead.items():
             new_servers[variant] = restart_instances(plans[variant], servers[variant], idx,
-                                                     ctx.settings.advertise_host)
+                                                     ctx.settings.advertise_host,
+                                                     ctx.children_dir)
             fresh = [instances_of(new_servers[variant])[i] for i in idx]
             started[variant] = {"instances": fresh}
-            ctx.serving_pids.update(i["pid"] for i in fresh)
     except BaseException:
-        stop_servers(started)
+        stop_servers(started, ctx.children_dir)
         raise
     return deployment(list(plans.values()), new_servers), started
 
@@ -199,18 +198,19 @@ def _recover(ctx: WorkerContext, name: str) -> str:
         if servers and sum(map(len, dead.values())) < total:  # some still serve: keep them
             dep, started = _replace_dead(ctx, state[1], servers, dead)
         else:
-            stop_servers(servers)
+            stop_servers(servers, ctx.children_dir)
             dep = _launch(ctx, name, state[1])
             started = dep["Servers"]
     except (DeployError, ServingError) as exc:
-        stop_servers(servers)  # a Failed endpoint serves nothing, not even its live instances
+        # a Failed endpoint serves nothing, not even its live instances
+        stop_servers(servers, ctx.children_dir)
         with ctx.db.session() as s:
             eps.mark_failed(s, name, f"Serving processes died and could not be restarted: "
                                      f"{exc}"[:1024])
         return eps.FAILED
     with ctx.db.session() as s:
         if not eps.finish_recovery(s, name, dep):
-            stop_servers(started)
+            stop_servers(started, ctx.children_dir)
     return "restarted"
 
 

@@ -83,7 +83,8 @@ def _execute(ctx: WorkerContext, name: str, spec: dict[str, Any], model: dict[st
         options = dataclasses.replace(options, train_processes=ctx.settings.train_processes)
     sources = resolve_sources(spec, model)
     work = ctx.settings.data_dir / "jobs" / name
-    pipeline = Pipeline(name, spec, options, sources, make_store(ctx.settings), work, control)
+    pipeline = Pipeline(name, spec, options, sources, make_store(ctx.settings), work, control,
+                        ctx.children_dir)
     result = pipeline.run()
     output_model = (spec["OutputConfig"].get("SageMakerModel") or {}).get("ModelName")
     if output_model:
