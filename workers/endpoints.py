@@ -8,6 +8,12 @@ healthy, then stop the old ones; on failure stop the new ones and keep serving t
 InService endpoint; restart only the ones that no longer answer (the others keep serving,
 status SystemUpdating meanwhile), all of them when none answers (after a restart), or mark
 it Failed.
+
+Every task holds its transition with an EndpointLease (one worker at a time; a dead one's
+task is sent again). Any exception ends the transition: Failed with the reason (create,
+delete, recover) or a rollback to the config that serves (update); never left transitional.
+Serving processes are owned children of the worker (workers/children.py): they die with it,
+and its next start restarts InService endpoints.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from db import endpoints_repo as eps
 from db.common import find
 from db.tables import EndpointRow
 from workers.context import WorkerContext
+from workers.endpoint_lease import EndpointLease
 from workers.queue import (
     ENDPOINT_CREATE_TASK,
     ENDPOINT_DELETE_TASK,
@@ -81,51 +88,68 @@ def _launch(ctx: WorkerContext, name: str, config_name: str) -> dict[str, Any]:
     return deployment(plans, servers)
 
 
+def _reason(name: str, exc: Exception) -> str:
+    """A failed task's FailureReason: the message of a deploy/serving error as it stands,
+    anything else as an internal error (logged with its traceback)."""
+    if isinstance(exc, (DeployError, ServingError)):
+        return str(exc)
+    log.exception("endpoint %s: task failed", name)
+    return f"Internal error: {type(exc).__name__}: {exc}"
+
+
 def create(ctx: WorkerContext, name: str) -> str:
-    state = _row(ctx, name)
-    if state is None or state[0] != eps.CREATING:
-        return f"skipped ({state[0] if state else 'deleted'})"
-    try:
-        dep = _launch(ctx, name, state[1])
-    except (DeployError, ServingError) as exc:
+    with EndpointLease(ctx, name, eps.CREATING) as lease:
+        state = _row(ctx, name) if lease.held else None
+        if state is None:
+            return "skipped (not Creating, or another worker has it)"
+        try:
+            dep = _launch(ctx, name, state[1])
+        except Exception as exc:
+            with ctx.db.session() as s:
+                eps.mark_failed(s, name, _reason(name, exc)[:1024])
+            return eps.FAILED
         with ctx.db.session() as s:
-            eps.mark_failed(s, name, str(exc)[:1024])
-        return eps.FAILED
-    with ctx.db.session() as s:
-        ok = eps.mark_in_service(s, name, dep)
-    if not ok:  # deleted while starting: nothing may keep running
-        stop_servers(dep["Servers"], ctx.children_dir)
-        return "deleted-while-creating"
-    return eps.IN_SERVICE
+            ok = eps.mark_in_service(s, name, dep)
+        if not ok:  # deleted (or timed out) while starting: nothing may keep running
+            stop_servers(dep["Servers"], ctx.children_dir)
+            return "deleted-while-creating"
+        return eps.IN_SERVICE
 
 
 def update(ctx: WorkerContext, name: str) -> str:
-    state = _row(ctx, name)
-    if state is None or state[0] != eps.UPDATING or not state[2]:
-        return f"skipped ({state[0] if state else 'deleted'})"
-    old = state[3].get("Servers", {})
-    try:
-        dep = _launch(ctx, name, state[2])
-    except (DeployError, ServingError) as exc:
+    with EndpointLease(ctx, name, eps.UPDATING) as lease:
+        state = _row(ctx, name) if lease.held else None
+        if state is None or not state[2]:
+            return "skipped (not Updating, or another worker has it)"
+        old = state[3].get("Servers", {})
+        try:
+            dep = _launch(ctx, name, state[2])
+        except Exception as exc:
+            with ctx.db.session() as s:
+                eps.rollback_update(s, name, f"Update to {state[2]} failed and was rolled "
+                                             f"back: {_reason(name, exc)}"[:1024])
+            return "rolled-back"
         with ctx.db.session() as s:
-            eps.rollback_update(s, name, f"Update to {state[2]} failed and was rolled back: "
-                                         f"{exc}"[:1024])
-        return "rolled-back"
-    with ctx.db.session() as s:
-        ok = eps.finish_update(s, name, dep)
-    stop_servers(old if ok else dep["Servers"], ctx.children_dir)
-    return eps.IN_SERVICE if ok else "superseded"
+            ok = eps.finish_update(s, name, dep)
+        stop_servers(old if ok else dep["Servers"], ctx.children_dir)
+        return eps.IN_SERVICE if ok else "superseded"
 
 
 def delete(ctx: WorkerContext, name: str) -> str:
-    state = _row(ctx, name)
-    if state is None or state[0] != eps.DELETING:
-        return f"skipped ({state[0] if state else 'deleted'})"
-    stop_servers(state[3].get("Servers", {}), ctx.children_dir)
-    shutil.rmtree(ctx.settings.data_dir / "endpoints" / name, ignore_errors=True)
-    with ctx.db.session() as s:
-        eps.finish_delete(s, name)
-    return "deleted"
+    with EndpointLease(ctx, name, eps.DELETING) as lease:
+        state = _row(ctx, name) if lease.held else None
+        if state is None:
+            return "skipped (not Deleting, or another worker has it)"
+        try:
+            stop_servers(state[3].get("Servers", {}), ctx.children_dir)
+            shutil.rmtree(ctx.settings.data_dir / "endpoints" / name, ignore_errors=True)
+        except Exception as exc:
+            with ctx.db.session() as s:
+                eps.mark_failed(s, name, f"Deleting failed: {_reason(name, exc)}"[:1024])
+            return eps.FAILED
+        with ctx.db.session() as s:
+            eps.finish_delete(s, name)
+        return "deleted"
 
 
 def _answers(instance: dict[str, Any]) -> bool:
@@ -191,22 +215,30 @@ def _recover(ctx: WorkerContext, name: str) -> str:
         if servers and not dead:
             return "healthy"
         with ctx.db.session() as s:
-            if not eps.begin_recovery(s, name):
+            if not eps.begin_recovery(s, name, ctx.owner):
                 return "skipped"
+    with EndpointLease(ctx, name, eps.SYSTEM_UPDATING) as lease:
+        if not lease.held:
+            return "skipped (another worker recovers it)"
+        return _restart(ctx, name, state[1], servers, dead)
+
+
+def _restart(ctx: WorkerContext, name: str, config_name: str, servers: dict[str, Any],
+             dead: dict[str, list[int]]) -> str:
     total = sum(len(instances_of(rec)) for rec in servers.values())
     try:
         if servers and sum(map(len, dead.values())) < total:  # some still serve: keep them
-            dep, started = _replace_dead(ctx, state[1], servers, dead)
+            dep, started = _replace_dead(ctx, config_name, servers, dead)
         else:
             stop_servers(servers, ctx.children_dir)
-            dep = _launch(ctx, name, state[1])
+            dep = _launch(ctx, name, config_name)
             started = dep["Servers"]
-    except (DeployError, ServingError) as exc:
+    except Exception as exc:
         # a Failed endpoint serves nothing, not even its live instances
         stop_servers(servers, ctx.children_dir)
         with ctx.db.session() as s:
             eps.mark_failed(s, name, f"Serving processes died and could not be restarted: "
-                                     f"{exc}"[:1024])
+                                     f"{_reason(name, exc)}"[:1024])
         return eps.FAILED
     with ctx.db.session() as s:
         if not eps.finish_recovery(s, name, dep):

@@ -3,9 +3,13 @@
 At worker start: jobs whose owner died are put back to STARTING (or STOPPED if a stop was
 pending) and, with every other pending job and every endpoint in a transitional state,
 re-enqueued, so nothing is stranded by a crash, a lost message or a broker that was down
-when the API accepted the call. While the worker runs, a background thread repeats the
-dead-owner check every lease period, so a job whose worker died is resumed even if no
-worker restarts.
+when the API accepted the call.
+
+While the worker runs, its watchdog thread, every lease, resumes jobs whose worker died,
+re-sends STARTING jobs and transitional endpoints whose message is lost (unowned for a
+lease, queue empty) or whose worker died (owner silent for a lease), and ends endpoint
+transitions older than EAGLENEST_ENDPOINT_TRANSITION_SECONDS (db/endpoints_repo.time_out).
+Duplicates are harmless: a job or endpoint transition is claimed by one worker only.
 """
 
 from __future__ import annotations
@@ -69,13 +73,32 @@ def reclaim_once(ctx: WorkerContext) -> list[str]:
     return names
 
 
+def sweep_endpoints(ctx: WorkerContext) -> list[str]:
+    """Re-send the tasks of unattended transitional endpoints, time out overdue ones; the
+    names re-sent."""
+    with ctx.db.session() as s:
+        overdue = endpoints_repo.time_out(s, ctx.settings.endpoint_transition_seconds)
+        unattended = endpoints_repo.unattended(s, ctx.lease_seconds)
+    for name in overdue:
+        log.warning("endpoint %s stayed in transition past %.0f s; ended", name,
+                    ctx.settings.endpoint_transition_seconds)
+    if unattended and ctx.queue.waiting(q.SERVE_QUEUE) == 0:
+        for name, status in unattended:
+            log.warning("endpoint %s (%s) has no live worker; its task is sent again", name,
+                        status)
+            ctx.queue.send(_ENDPOINT_TASKS[status], name, q.SERVE_QUEUE)
+        return [name for name, _ in unattended]
+    return []
+
+
 def start_watchdog(ctx: WorkerContext) -> threading.Thread:
     def loop() -> None:
         while not ctx.shutting_down.wait(ctx.lease_seconds):
             try:
                 reclaim_once(ctx)
+                sweep_endpoints(ctx)
             except Exception as exc:  # database blip: try again next period
-                log.warning("reclaim check failed: %s", exc)
+                log.warning("watchdog check failed: %s", exc)
 
     t = threading.Thread(target=loop, name="eaglenest-watchdog", daemon=True)
     t.start()

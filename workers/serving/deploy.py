@@ -105,11 +105,14 @@ def _spec(plan: VariantPlan, model_dir: Path, head_dir: Path | None, served: str
     if adaptive == "1" and backend != EMBEDDED:
         raise DeployError("EAGLENEST_ADAPTIVE=1 needs EAGLENEST_SERVING_BACKEND=embedded "
                           "(vLLM drafts a fixed num_speculative_tokens)")
+    max_len = plan.env.get("EAGLENEST_MAX_MODEL_LEN", "2048")
+    if not max_len.isdigit() or int(max_len) < 1:
+        raise DeployError(f"EAGLENEST_MAX_MODEL_LEN={max_len!r} must be a positive integer")
     return ServerSpec(model_dir=model_dir, served_name=served, port=free_port(),
                       backend=backend, head_dir=head_dir, adaptive=adaptive == "1",
                       num_speculative_tokens=_speculative_tokens(plan, head_dir), mode=mode,
                       dtype=plan.env.get("EAGLENEST_DTYPE", "float32"),
-                      max_model_len=int(plan.env.get("EAGLENEST_MAX_MODEL_LEN", "2048")),
+                      max_model_len=int(max_len),
                       extra_env=dict(plan.env))  # as SageMaker sets a container's Environment
 
 
