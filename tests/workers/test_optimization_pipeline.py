@@ -27,8 +27,10 @@ def upload(stack: Stack, src: Path, dst: str) -> None:
     assert r.returncode == 0, r.stderr
 
 
-def job(model_uri: str, **env: str) -> dict:
-    return {
+def job(model_uri: str, output_model: str | None = None, **env: str) -> dict:
+    """CreateOptimizationJob arguments; `output_model` names the SageMaker model to register
+    (a name may be registered once: CreateOptimizationJob refuses a taken one)."""
+    args = {
         "RoleArn": ROLE, "ModelSource": {"S3": {"S3Uri": model_uri}},
         "DeploymentInstanceType": "ml.g5.2xlarge",
         "OptimizationEnvironment": {
@@ -39,10 +41,12 @@ def job(model_uri: str, **env: str) -> dict:
             **env,
         },
         "OptimizationConfigs": [{"ModelSpeculativeDecodingConfig": {"Technique": "EAGLE"}}],
-        "OutputConfig": {"S3OutputLocation": "s3://output/jobs/",
-                         "SageMakerModel": {"ModelName": "optimized"}},
+        "OutputConfig": {"S3OutputLocation": "s3://output/jobs/"},
         "StoppingCondition": {"MaxRuntimeInSeconds": 1800},
     }
+    if output_model:
+        args["OutputConfig"]["SageMakerModel"] = {"ModelName": output_model}
+    return args
 
 
 def wait_status(sm, name: str, want: set[str], timeout: float = 300) -> dict:
@@ -66,7 +70,7 @@ def stack(tmp_path_factory, tiny_llama_dir):
 def test_job_trains_benchmarks_and_publishes(stack):
     sm = stack.client()
     sm.create_optimization_job(OptimizationJobName="tiny-eagle3",
-                               **job("s3://models/tiny-llama/"))
+                               **job("s3://models/tiny-llama/", "optimized"))
     d = wait_status(sm, "tiny-eagle3", {"COMPLETED", "FAILED"})
     assert d["OptimizationJobStatus"] == "COMPLETED", d.get("FailureReason")
     assert d["OptimizationStartTime"] <= d["OptimizationEndTime"]
@@ -109,7 +113,7 @@ def test_bring_your_own_eagle_trains_further(stack):
     sm = stack.client()
     if not sm.list_models(NameContains="optimized")["Models"]:
         sm.create_optimization_job(OptimizationJobName="tiny-eagle3",
-                                   **job("s3://models/tiny-llama/"))
+                                   **job("s3://models/tiny-llama/", "optimized"))
         wait_status(sm, "tiny-eagle3", {"COMPLETED"})
     args = job("s3://models/tiny-llama/")
     args["ModelSource"] = {"SageMakerModel": {"ModelName": "optimized"}}
@@ -152,7 +156,6 @@ def test_job_trains_in_two_data_parallel_processes(stack):
     sm = stack.client()
     args = job("s3://models/tiny-llama/", EAGLENEST_TRAIN_PROCESSES="2",
                EAGLENEST_BENCHMARK="0", EAGLENEST_CHECKPOINT_EVERY="2")
-    del args["OutputConfig"]["SageMakerModel"]
     sm.create_optimization_job(OptimizationJobName="tiny-ddp", **args)
     d = wait_status(sm, "tiny-ddp", {"COMPLETED", "FAILED"})
     assert d["OptimizationJobStatus"] == "COMPLETED", d.get("FailureReason")
@@ -167,7 +170,6 @@ def test_stop_reaches_data_parallel_processes(stack):
     sm = stack.client()
     args = job("s3://models/tiny-llama/", EAGLENEST_TRAIN_PROCESSES="2",
                EAGLENEST_MAX_STEPS="100000")
-    del args["OutputConfig"]["SageMakerModel"]
     sm.create_optimization_job(OptimizationJobName="ddp-stop", **args)
     wait_status(sm, "ddp-stop", {"INPROGRESS"})
     ranks_log = stack.data_dir / "jobs" / "ddp-stop" / "ddp" / "ranks.log"
