@@ -23,7 +23,7 @@ from api.errors import (
     ServiceUnavailable,
     UnknownOperationException,
 )
-from api.observability import ApiMetrics
+from api.observability import ApiMetrics, BrokerProbe
 from api.registry import REGISTRY, Context
 from api.sigv4 import IncomingRequest, verify
 
@@ -88,6 +88,7 @@ def install(app: FastAPI, ctx: Context) -> None:
     router = APIRouter()
     metrics = ApiMetrics()
     app.state.metrics = metrics
+    app.state.broker = BrokerProbe(ctx.queue.broker_up)
     secrets = ctx.settings.credentials()  # read once: the key pair is fixed at start
 
     @router.post("/")
@@ -108,7 +109,7 @@ def install(app: FastAPI, ctx: Context) -> None:
 
     @router.get("/metrics")
     async def prometheus() -> Response:
-        text = await run_in_threadpool(metrics.render, ctx.db)
+        text = await run_in_threadpool(metrics.render, ctx.db, app.state.broker)
         return Response(text, media_type="text/plain; version=0.0.4")
 
     app.include_router(router)

@@ -5,10 +5,14 @@ pending) and, with every other pending job and every endpoint in a transitional 
 re-enqueued, so nothing is stranded by a crash, a lost message or a broker that was down
 when the API accepted the call.
 
-While the worker runs, its watchdog thread, every lease, resumes jobs whose worker died,
-re-sends STARTING jobs and transitional endpoints whose message is lost (unowned for a
-lease, queue empty) or whose worker died (owner silent for a lease), and ends endpoint
-transitions older than EAGLENEST_ENDPOINT_TRANSITION_SECONDS (db/endpoints_repo.time_out).
+While the worker runs, its watchdog thread
+- every `BROKER_POLL_SECONDS`: pings the broker; when it answers again after not
+  answering, re-sends every pending job and every transitional endpoint nobody owns (what
+  the API accepted meanwhile is dispatched within seconds of the broker's return);
+- every lease: resumes jobs whose worker died, re-sends STARTING jobs and transitional
+  endpoints whose message is lost (unowned for a lease, queue empty) or whose worker died
+  (owner silent for a lease), and ends endpoint transitions older than
+  EAGLENEST_ENDPOINT_TRANSITION_SECONDS (db/endpoints_repo.time_out).
 Duplicates are harmless: a job or endpoint transition is claimed by one worker only.
 """
 
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 from sqlalchemy import select
 
@@ -26,6 +31,7 @@ from workers import queue as q
 from workers.context import WorkerContext
 
 log = logging.getLogger("eaglenest.reconcile")
+BROKER_POLL_SECONDS = 1.0
 
 _ENDPOINT_TASKS = {
     endpoints_repo.CREATING: q.ENDPOINT_CREATE_TASK,
@@ -91,12 +97,33 @@ def sweep_endpoints(ctx: WorkerContext) -> list[str]:
     return []
 
 
+def resend_pending(ctx: WorkerContext) -> None:
+    """Every STARTING job and every unowned transitional endpoint, sent again."""
+    with ctx.db.session() as s:
+        job_names = jobs.pending(s)
+        endpoints = list(s.execute(select(EndpointRow.name, EndpointRow.status).where(
+            EndpointRow.status.in_(endpoints_repo.TRANSITIONAL), EndpointRow.owner.is_(None))))
+    for name in job_names:
+        ctx.queue.send(q.OPTIMIZE_TASK, name, q.TRAIN_QUEUE)
+    for name, status in endpoints:
+        ctx.queue.send(_ENDPOINT_TASKS[status], name, q.SERVE_QUEUE)
+    log.warning("the broker answers again: re-sent %d jobs and %d endpoints", len(job_names),
+                len(endpoints))
+
+
 def start_watchdog(ctx: WorkerContext) -> threading.Thread:
     def loop() -> None:
-        while not ctx.shutting_down.wait(ctx.lease_seconds):
+        broker_up, next_sweep = True, time.monotonic() + ctx.lease_seconds
+        while not ctx.shutting_down.wait(BROKER_POLL_SECONDS):
             try:
-                reclaim_once(ctx)
-                sweep_endpoints(ctx)
+                up = ctx.queue.broker_up()
+                if up and not broker_up:
+                    resend_pending(ctx)
+                broker_up = up
+                if time.monotonic() >= next_sweep:
+                    next_sweep = time.monotonic() + ctx.lease_seconds
+                    reclaim_once(ctx)
+                    sweep_endpoints(ctx)
             except Exception as exc:  # database blip: try again next period
                 log.warning("watchdog check failed: %s", exc)
 
