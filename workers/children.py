@@ -186,9 +186,10 @@ def _prctl() -> Callable[..., int] | None:
 _PRCTL = _prctl()
 
 
-def die_with_parent() -> None:
-    """In a child: SIGKILL when the parent dies; exit at once if it already has."""
-    parent = os.getppid()
+def die_with_parent(parent: int | None = None) -> None:
+    """In a child: SIGKILL when the parent dies; exit at once if it already has (`parent`:
+    the pid the parent had before the fork, when known)."""
+    parent = os.getppid() if parent is None else parent
     if _PRCTL is not None:
         _PRCTL(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != parent:
@@ -201,8 +202,10 @@ def spawn(argv: list[str], *, role: str, resource: str, registry: Path | None = 
     """Start `argv` as an owned child (module docstring); `popen` goes to Popen."""
     tag = uuid.uuid4().hex
     child_env = {**(os.environ if env is None else env), TAG_ENV: tag}
+    me = os.getpid()
     proc = _spawner.run(lambda: subprocess.Popen(
-        argv, env=child_env, start_new_session=True, preexec_fn=die_with_parent, **popen))
+        argv, env=child_env, start_new_session=True,
+        preexec_fn=lambda: die_with_parent(me), **popen))
     record = ChildRecord(pid=proc.pid, start=start_time(proc.pid) or 0, tag=tag, role=role,
                          resource=resource, owner=Identity.of(os.getpid()))
     if registry is not None:
