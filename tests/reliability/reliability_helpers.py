@@ -52,7 +52,7 @@ def stack_core(stack: Stack) -> set[int]:
     """`eaglenest up` and its direct children: the API, the worker, the broker."""
     assert stack.proc is not None
     up = psutil.Process(stack.proc.pid)
-    return {up.pid, *(c.pid for c in up.children())}
+    return {up.pid, *(c.pid for c in up.children())}  # zombies included: not running
 
 
 def strays(stack: Stack, allowed: set[int] = frozenset()) -> dict[int, str]:  # type: ignore[assignment]
@@ -69,20 +69,28 @@ def assert_no_strays(stack: Stack, timeout: float = 20, allowed: set[int] = froz
         time.sleep(0.2)
 
 
+def _child(stack: Stack, command: str) -> int | None:
+    """The live child of `up` running `eaglenest <command>`, if any (Celery retitles the
+    worker `[celeryd: ...]`)."""
+    assert stack.proc is not None
+    for child in psutil.Process(stack.proc.pid).children():
+        try:
+            cmdline = child.cmdline()
+            if command in cmdline or (command == "worker" and "celeryd" in " ".join(cmdline)):
+                return int(child.pid)
+        except psutil.Error:  # exited meanwhile, or a zombie `up` has not reaped yet
+            continue
+    return None
+
+
 def worker_pid(stack: Stack) -> int:
-    assert stack.proc is not None
-    for child in psutil.Process(stack.proc.pid).children():
-        if "worker" in child.cmdline():
-            return int(child.pid)
-    raise AssertionError("no worker process")
+    pid = _child(stack, "worker")
+    assert pid is not None, "no worker process"
+    return pid
 
 
-def api_pid(stack: Stack) -> int:
-    assert stack.proc is not None
-    for child in psutil.Process(stack.proc.pid).children():
-        if "api" in child.cmdline():
-            return int(child.pid)
-    raise AssertionError("no API process")
+def api_pid(stack: Stack) -> int | None:
+    return _child(stack, "api")
 
 
 def upload(stack: Stack, src: Path, dst: str) -> None:
