@@ -12,7 +12,8 @@ While the worker runs, its watchdog thread
 - every lease: resumes jobs whose worker died, re-sends STARTING jobs and transitional
   endpoints whose message is lost (unowned for a lease, queue empty) or whose worker died
   (owner silent for a lease), and ends endpoint transitions older than
-  EAGLENEST_ENDPOINT_TRANSITION_SECONDS (db/endpoints_repo.time_out).
+  EAGLENEST_ENDPOINT_TRANSITION_SECONDS (db/endpoints_repo.time_out), and reaps the
+  children of dead owners on this host (workers/children.py).
 Duplicates are harmless: a job or endpoint transition is claimed by one worker only.
 """
 
@@ -27,6 +28,7 @@ from sqlalchemy import select
 from db import endpoints_repo
 from db import optimization_jobs_repo as jobs
 from db.tables import EndpointRow
+from workers import children
 from workers import queue as q
 from workers.context import WorkerContext
 
@@ -124,6 +126,7 @@ def start_watchdog(ctx: WorkerContext) -> threading.Thread:
                     next_sweep = time.monotonic() + ctx.lease_seconds
                     reclaim_once(ctx)
                     sweep_endpoints(ctx)
+                    children.reap(ctx.children_dir)  # e.g. a killed prefork pool process's
             except Exception as exc:  # database blip: try again next period
                 log.warning("watchdog check failed: %s", exc)
 
