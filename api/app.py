@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from starlette.concurrency import run_in_threadpool
 
 from eaglenest.api import protocol
 from eaglenest.api.registry import Context
@@ -45,6 +46,10 @@ def create_app(settings: Settings, broker_url: str | None = None) -> FastAPI:
 
     @app.get("/ping")
     async def ping() -> dict[str, str]:
-        return {"status": "ok"}
+        """Always 200 while the API serves (a container health check); the body says
+        whether the broker answers: Create calls still succeed without it, and what they
+        accept is dispatched once it is back."""
+        up = await run_in_threadpool(app.state.broker.up)
+        return {"status": "ok" if up else "degraded", "broker": "up" if up else "down"}
 
     return app

@@ -1,16 +1,36 @@
 """Prometheus `/metrics` for the API: requests and errors by operation and code (this
-process), plus job and endpoint counts by status (from the database, at scrape time)."""
+process), job and endpoint counts by status (from the database, at scrape time), and
+whether the database and the broker answer (`eaglenest_database_up`,
+`eaglenest_broker_up`)."""
 
 from __future__ import annotations
 
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 
 from sqlalchemy import func, select
 
 from eaglenest.db.session import Database
 from eaglenest.db.tables import EndpointRow, OptimizationJobRow
+
+
+class BrokerProbe:
+    """Whether the broker answers, asked at most once per `ttl` seconds (every /ping and
+    scrape would otherwise open a connection of its own)."""
+
+    def __init__(self, check: Callable[[], bool], ttl: float = 1.0) -> None:
+        self.check, self.ttl = check, ttl
+        self._lock = threading.Lock()
+        self._at, self._up = -float("inf"), False
+
+    def up(self) -> bool:
+        with self._lock:
+            if time.monotonic() - self._at < self.ttl:
+                return self._up
+            self._up, self._at = self.check(), time.monotonic()
+            return self._up
 
 
 class ApiMetrics:
@@ -52,7 +72,7 @@ class ApiMetrics:
         lines.append("# TYPE eaglenest_runtime_forward_seconds_total counter")
         lines.append(f"eaglenest_runtime_forward_seconds_total {self.forward_seconds:.6f}")
 
-    def render(self, db: Database) -> str:
+    def render(self, db: Database, broker: BrokerProbe | None = None) -> str:
         lines = ["# TYPE eaglenest_requests_total counter"]
         with self._lock:
             self._render_runtime(lines)
@@ -75,5 +95,8 @@ class ApiMetrics:
             lines.append("eaglenest_database_up 1")
         except Exception:  # the scrape still answers during a database outage
             lines.append("eaglenest_database_up 0")
+        if broker is not None:
+            lines.append("# TYPE eaglenest_broker_up gauge")
+            lines.append(f"eaglenest_broker_up {int(broker.up())}")
         lines.append(f"eaglenest_uptime_seconds {time.time() - self.started:.1f}")
         return "\n".join(lines) + "\n"

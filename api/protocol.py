@@ -17,7 +17,7 @@ from sqlalchemy.exc import OperationalError
 
 from eaglenest.api import operations as _ops  # noqa: F401  (registers the handlers)
 from eaglenest.api import shapes, tagging
-from eaglenest.api.observability import ApiMetrics
+from eaglenest.api.observability import ApiMetrics, BrokerProbe
 from eaglenest.api.registry import REGISTRY, Context
 from eaglenest.api.sigv4 import IncomingRequest, verify
 from eaglenest.foundation.errors import (
@@ -107,6 +107,7 @@ def install(app: FastAPI, ctx: Context) -> None:
     router = APIRouter()
     metrics = ApiMetrics()
     app.state.metrics = metrics
+    app.state.broker = BrokerProbe(ctx.queue.broker_up)
     secrets = ctx.settings.credentials()  # read once: the key pair is fixed at start
 
     @router.post("/")
@@ -126,7 +127,7 @@ def install(app: FastAPI, ctx: Context) -> None:
 
     @router.get("/metrics")
     async def prometheus() -> Response:
-        text = await run_in_threadpool(metrics.render, ctx.db)
+        text = await run_in_threadpool(metrics.render, ctx.db, app.state.broker)
         return Response(text, media_type="text/plain; version=0.0.4")
 
     app.include_router(router)

@@ -7,6 +7,13 @@
     Updating --rollback_update--> InService (old config kept, FailureReason set)
     InService --request_weights--> Updating --finish_weights / rollback_weights--> InService
     InService --begin_recovery--> SystemUpdating --finish_recovery--> InService / Failed
+    Creating/SystemUpdating/Deleting --time_out--> Failed;  Updating --time_out--> InService
+
+Transitional statuses (Creating, Updating, Deleting, SystemUpdating) are worked on by one
+worker at a time: `claim` makes it the row's owner, `heartbeat` keeps it so; an owner silent
+for a lease is presumed dead and the task is sent again (workers/reconcile.py). Every status
+change clears the owner. No endpoint stays transitional longer than the worker's
+EAGLENEST_ENDPOINT_TRANSITION_SECONDS: `time_out` ends it with a FailureReason.
 
 The web layer calls the request_* functions; serving workers call the others.
 """
@@ -15,6 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from eaglenest.db import endpoint_configs_repo, tags_repo
@@ -27,6 +35,7 @@ from eaglenest.foundation.errors import ResourceLimitExceeded, ValidationExcepti
 CREATING, IN_SERVICE, UPDATING = "Creating", "InService", "Updating"
 DELETING, FAILED = "Deleting", "Failed"
 SYSTEM_UPDATING = "SystemUpdating"
+TRANSITIONAL = (CREATING, UPDATING, DELETING, SYSTEM_UPDATING)
 
 
 def not_found(account: Account, name: str) -> ValidationException:
@@ -59,6 +68,7 @@ def _set(row: EndpointRow, status: str, reason: str | None = None) -> None:
     row.status = status
     row.failure_reason = reason
     row.last_modified_time = now()
+    row.owner, row.heartbeat_time = None, None
 
 
 def _require_in_service(row: EndpointRow) -> None:
@@ -198,17 +208,79 @@ def mark_in_service(session: Session, name: str, deployment: dict[str, Any]) -> 
 
 def mark_failed(session: Session, name: str, reason: str) -> None:
     row = find(session, EndpointRow, name, lock=True)
-    if row is not None and row.status in (CREATING, IN_SERVICE, SYSTEM_UPDATING):
+    if row is not None and row.status in (CREATING, IN_SERVICE, SYSTEM_UPDATING, DELETING):
         _set(row, FAILED, reason)
 
 
-def begin_recovery(session: Session, name: str) -> bool:
+def begin_recovery(session: Session, name: str, owner: str) -> bool:
     """A worker found an InService endpoint's processes dead and will restart them."""
     row = find(session, EndpointRow, name, lock=True)
     if row is None or row.status != IN_SERVICE:
         return False
     _set(row, SYSTEM_UPDATING)
+    row.owner, row.heartbeat_time = owner, now()
     return True
+
+
+def claim(session: Session, name: str, status: str, owner: str, lease_seconds: float) -> bool:
+    """Worker side: own the endpoint's `status` transition. False when it is in another
+    status, gone, or owned by a worker that heartbeated within `lease_seconds`."""
+    t = now()
+    free = (EndpointRow.owner.is_(None) | (EndpointRow.owner == owner)
+            | EndpointRow.heartbeat_time.is_(None)
+            | (EndpointRow.heartbeat_time < t - lease_seconds))
+    # compare-and-set (SQLite ignores FOR UPDATE): of two deliveries, one UPDATE matches
+    won = session.execute(
+        update(EndpointRow)
+        .where(EndpointRow.name_key == name.lower(), EndpointRow.status == status, free)
+        .values(owner=owner, heartbeat_time=t)
+        .execution_options(synchronize_session=False))
+    return bool(won.rowcount == 1)  # type: ignore[attr-defined]
+
+
+def heartbeat(session: Session, name: str, owner: str) -> str | None:
+    """Refresh the owner's lease; the status, or None when gone or no longer ours."""
+    row = find(session, EndpointRow, name, lock=True)
+    if row is None or row.owner != owner:
+        return None
+    row.heartbeat_time = now()
+    return row.status
+
+
+def release(session: Session, name: str, owner: str) -> None:
+    """The owner's task ended without changing the status: the next task may claim it."""
+    row = find(session, EndpointRow, name, lock=True)
+    if row is not None and row.owner == owner:
+        row.owner, row.heartbeat_time = None, None
+
+
+def unattended(session: Session, lease_seconds: float) -> list[tuple[str, str]]:
+    """(name, status) of transitional endpoints nobody works on: no owner for a lease since
+    the status was set (its task message may be lost), or an owner silent for a lease."""
+    cutoff = now() - lease_seconds
+    stmt = select(EndpointRow.name, EndpointRow.status).where(
+        EndpointRow.status.in_(TRANSITIONAL),
+        (EndpointRow.owner.is_(None) & (EndpointRow.last_modified_time < cutoff))
+        | (EndpointRow.owner.is_not(None) & (EndpointRow.heartbeat_time < cutoff)))
+    return [(n, st) for n, st in session.execute(stmt)]
+
+
+def time_out(session: Session, bound_seconds: float) -> list[str]:
+    """End every transition older than `bound_seconds`: an update rolls back to the config
+    that serves, anything else becomes Failed; the reason says which bound. Their names."""
+    stmt = select(EndpointRow).where(EndpointRow.status.in_(TRANSITIONAL),
+                                     EndpointRow.last_modified_time < now() - bound_seconds)
+    names = []
+    for row in session.scalars(stmt.with_for_update()):
+        why = (f"The endpoint stayed {row.status} longer than {bound_seconds:.0f} s "
+               "(EAGLENEST_ENDPOINT_TRANSITION_SECONDS)")
+        if row.status == UPDATING:
+            _rollback(row, f"Update to {row.pending_config_name} failed and was rolled "
+                           f"back: {why}.")
+        else:
+            _set(row, FAILED, f"{why}; it was marked Failed.")
+        names.append(row.name)
+    return names
 
 
 def finish_recovery(session: Session, name: str, deployment: dict[str, Any]) -> bool:
@@ -235,9 +307,13 @@ def finish_update(session: Session, name: str, deployment: dict[str, Any]) -> bo
 def rollback_update(session: Session, name: str, reason: str) -> None:
     row = find(session, EndpointRow, name, lock=True)
     if row is not None and row.status == UPDATING:
-        row.pending_config_name = None
-        row.spec = retention.settle(row.spec, applied=False)
-        _set(row, IN_SERVICE, reason)
+        _rollback(row, reason)
+
+
+def _rollback(row: EndpointRow, reason: str) -> None:
+    row.pending_config_name = None
+    row.spec = retention.settle(row.spec, applied=False)
+    _set(row, IN_SERVICE, reason)
 
 
 def finish_delete(session: Session, name: str) -> None:

@@ -6,7 +6,9 @@
     STARTING (no worker owns it) --request_stop--> STOPPED at once
 
 A job is "owned" by a worker while that worker heartbeats it; an owner silent for longer
-than `lease_seconds` is presumed dead (see `reclaim_lost`).
+than `lease_seconds` is presumed dead (see `reclaim_lost`). Only the owner ends a running
+job (`complete`, `fail`, `acknowledge_stop` take the owner and change nothing otherwise):
+a worker that lost its lease while paused cannot finish a job another worker now runs.
 """
 
 from __future__ import annotations
@@ -50,6 +52,12 @@ def _check_spec(session: Session, account: Account, spec: dict[str, Any]) -> lis
     sm_model = source.get("SageMakerModel")
     if sm_model and find(session, ModelRow, sm_model["ModelName"]) is None:
         raise models_repo.not_found(account, sm_model["ModelName"])
+    output = (spec["OutputConfig"].get("SageMakerModel") or {}).get("ModelName")
+    if output and find(session, ModelRow, output) is not None:
+        raise ValidationException(
+            f"OutputConfig.SageMakerModel.ModelName: cannot create already existing model "
+            f'"{account.arn("model", output)}"; name a model that does not exist yet.'
+        )
     types: list[str] = []
     for i, config in enumerate(spec["OptimizationConfigs"], start=1):
         (member,) = config.keys()  # the shape guarantees exactly one member
@@ -149,23 +157,39 @@ def heartbeat(session: Session, name: str, owner: str) -> str | None:
     return row.status
 
 
-def complete(session: Session, name: str, output: dict[str, Any]) -> None:
+def _owned(session: Session, name: str, owner: str,
+           statuses: tuple[str, ...]) -> OptimizationJobRow | None:
     row = find(session, OptimizationJobRow, name, lock=True)
-    if row is not None and row.status == INPROGRESS:
-        row.output = output
-        _set(row, COMPLETED)
+    if row is None or row.owner != owner or row.status not in statuses:
+        return None
+    return row
 
 
-def fail(session: Session, name: str, reason: str) -> None:
-    row = find(session, OptimizationJobRow, name, lock=True)
-    if row is not None and row.status in (STARTING, INPROGRESS):
-        _set(row, FAILED, reason)
+def complete(session: Session, name: str, owner: str, output: dict[str, Any]) -> bool:
+    """INPROGRESS -> COMPLETED by its owner; False (nothing changed) for anyone else."""
+    row = _owned(session, name, owner, (INPROGRESS,))
+    if row is None:
+        return False
+    row.output = output
+    _set(row, COMPLETED)
+    return True
 
 
-def acknowledge_stop(session: Session, name: str) -> None:
-    row = find(session, OptimizationJobRow, name, lock=True)
-    if row is not None and row.status == STOPPING:
-        _set(row, STOPPED)
+def fail(session: Session, name: str, owner: str, reason: str) -> bool:
+    """INPROGRESS -> FAILED by its owner; False (nothing changed) for anyone else."""
+    row = _owned(session, name, owner, (INPROGRESS,))
+    if row is None:
+        return False
+    _set(row, FAILED, reason)
+    return True
+
+
+def acknowledge_stop(session: Session, name: str, owner: str) -> bool:
+    row = _owned(session, name, owner, (STOPPING,))
+    if row is None:
+        return False
+    _set(row, STOPPED)
+    return True
 
 
 def release(session: Session, name: str, owner: str) -> bool:

@@ -51,6 +51,10 @@ class EndpointRow(_Named, Base):
     last_modified_time: Mapped[float] = mapped_column(Float, nullable=False)
     #: what the serving backend reported (variants, addresses); empty until deployed
     deployment: Mapped[dict[str, Any]] = mapped_column(JSON, nullable=False, default=dict)
+    #: the worker running the endpoint's current transition ("host:pid") and its last
+    #: heartbeat, or None (no transition, or its task not yet picked up)
+    owner: Mapped[str | None] = mapped_column(String(256), nullable=True)
+    heartbeat_time: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class OptimizationJobRow(_Named, Base):

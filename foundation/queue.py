@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+import redis
 from celery import Celery
 
 log = logging.getLogger("eaglenest.queue")
@@ -25,6 +26,7 @@ class TaskQueue:
     """
 
     def __init__(self, broker_url: str, timeout: float = 2.0) -> None:
+        self.url, self.timeout = broker_url, timeout
         self.app = Celery("eaglenest-publisher", broker=broker_url, set_as_current=False)
         self.app.conf.update(
             broker_connection_timeout=timeout,
@@ -54,6 +56,18 @@ class TaskQueue:
                 return int(client.llen(queue))
         except Exception:
             return None
+
+    def broker_up(self) -> bool:
+        """Whether the broker (Redis) answers a PING within the publish timeout."""
+        try:
+            client = redis.Redis.from_url(self.url, socket_timeout=self.timeout,
+                                          socket_connect_timeout=self.timeout)
+            try:
+                return bool(client.ping())
+            finally:
+                client.close()
+        except Exception:  # down, refusing, or not Redis
+            return False
 
     def close(self) -> None:
         self.app.close()

@@ -39,6 +39,11 @@ class Settings(BaseSettings):
     #: a job whose worker has not heartbeaten for this long is presumed dead and resumed
     #: elsewhere; workers heartbeat every third of it and re-check every lease
     job_lease_seconds: float = Field(default=60.0, ge=3.0)
+    #: no endpoint stays Creating, Updating, Deleting or SystemUpdating longer than this: the
+    #: worker watchdog marks it Failed (an update rolls back) with a FailureReason saying
+    #: so. Keep it above the largest ContainerStartupHealthCheckTimeoutInSeconds plus the
+    #: time to fetch a model.
+    endpoint_transition_seconds: float = Field(default=7200.0, gt=0)
     #: Data Capture files are rolled at this age (or at 4 MiB)
     capture_flush_seconds: float = Field(default=60.0, gt=0)
     #: sagemaker-runtime keeps an endpoint's routes (its instances' addresses) this long

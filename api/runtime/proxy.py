@@ -354,7 +354,8 @@ async def _body(receive: Receive) -> bytes:
 def install(app: FastAPI, ctx: Context) -> None:
     px = Proxy(ctx, Routes(ctx, ctx.settings.route_cache_seconds),
                BackendClient(connect_timeout=5.0, read_timeout=600.0),
-               CaptureWriter(make_store(ctx.settings), ctx.settings.capture_flush_seconds))
+               CaptureWriter(make_store(ctx.settings), ctx.settings.data_dir / "capture-spool",
+                             ctx.settings.capture_flush_seconds))
     app.state.runtime_client = px.client
     app.state.routes = px.routes
     app.state.capture = px.capture

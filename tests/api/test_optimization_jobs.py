@@ -152,3 +152,22 @@ def test_list_filters(sm, unique):
     with pytest.raises(ClientError) as exc:
         sm.list_optimization_jobs(StatusEquals="RUNNING")
     assert err(exc)[0] == "ValidationException"
+
+
+def test_output_model_name_must_be_free(sm, unique):
+    """The output SageMakerModel is registered when the job completes: a name already taken
+    is refused up front, not after the training (and nothing is created)."""
+    taken = f"{unique}-out"
+    sm.create_model(ModelName=taken, ExecutionRoleArn=ROLE, PrimaryContainer={"Image": "x"})
+    args = job_args(OutputConfig={"S3OutputLocation": "s3://bucket/output/",
+                                  "SageMakerModel": {"ModelName": taken}})
+    with pytest.raises(ClientError) as exc:
+        sm.create_optimization_job(OptimizationJobName=unique, **args)
+    assert err(exc) == ("ValidationException",
+                        "OutputConfig.SageMakerModel.ModelName: cannot create already existing "
+                        f'model "arn:aws:sagemaker:us-east-1:123456789012:model/{taken.lower()}"'
+                        "; name a model that does not exist yet.")
+    with pytest.raises(sm.exceptions.ResourceNotFound):
+        sm.describe_optimization_job(OptimizationJobName=unique)
+    sm.delete_model(ModelName=taken)
+    sm.create_optimization_job(OptimizationJobName=unique, **args)  # free again: accepted

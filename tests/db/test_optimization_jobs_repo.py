@@ -47,9 +47,35 @@ def test_claim_complete(db):
         assert jobs.claim(s, "job", "w2") is None  # already owned
         assert jobs.heartbeat(s, "job", "w2") is None
         assert jobs.heartbeat(s, "job", "w1") == jobs.INPROGRESS
+    with db.session() as s:  # only the owner ends the job
+        assert not jobs.complete(s, "job", "w2", {"OptimizationOutput": {}})
+        assert not jobs.fail(s, "job", "w2", "not mine")
+    assert status(db) == jobs.INPROGRESS
     with db.session() as s:
-        jobs.complete(s, "job", {"OptimizationOutput": {}})
+        assert jobs.complete(s, "job", "w1", {"OptimizationOutput": {}})
     assert status(db) == jobs.COMPLETED
+    with db.session() as s:  # completing twice changes nothing
+        assert not jobs.complete(s, "job", "w1", {"OptimizationOutput": {"again": 1}})
+        assert not jobs.fail(s, "job", "w1", "too late")
+        row = jobs.get(s, "job")
+        assert (row.status, row.output, row.failure_reason) == (
+            jobs.COMPLETED, {"OptimizationOutput": {}}, None)
+
+
+def test_a_worker_whose_lease_was_taken_over_cannot_end_the_job(db):
+    make(db)
+    with db.session() as s:
+        jobs.claim(s, "job", "paused")
+    with db.session() as s:
+        assert jobs.reclaim_lost(s, lease_seconds=0) == ["job"]
+    with db.session() as s:
+        assert jobs.claim(s, "job", "new") is not None
+    with db.session() as s:  # the paused worker wakes up and finishes its copy
+        assert not jobs.complete(s, "job", "paused", {"stale": True})
+        assert not jobs.fail(s, "job", "paused", "stale failure")
+    with db.session() as s:
+        row = jobs.get(s, "job")
+        assert (row.status, row.owner, row.output) == (jobs.INPROGRESS, "new", {})
 
 
 def test_two_claims_racing_on_a_stale_read_only_one_wins(db):
@@ -77,7 +103,8 @@ def test_stop_owned_job_waits_for_worker(db):
     with db.session() as s, pytest.raises(ValidationException):
         jobs.request_delete(s, "job", lease_seconds=60)
     with db.session() as s:
-        jobs.acknowledge_stop(s, "job")
+        assert not jobs.acknowledge_stop(s, "job", "w2")
+        assert jobs.acknowledge_stop(s, "job", "w1")
     assert status(db) == jobs.STOPPED
 
 
@@ -102,7 +129,9 @@ def test_errors(db):
     with db.session() as s, pytest.raises(ResourceNotFound):
         jobs.get(s, "missing")
     with db.session() as s:
-        jobs.fail(s, "job", "bad data at line 3")
+        jobs.claim(s, "job", "w1")
+    with db.session() as s:
+        assert jobs.fail(s, "job", "w1", "bad data at line 3")
     with db.session() as s, pytest.raises(ValidationException):
         jobs.request_stop(s, "job", lease_seconds=60)
     with db.session() as s:

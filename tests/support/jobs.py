@@ -23,8 +23,10 @@ def upload(stack: Stack, src: Path, dst: str) -> None:
     assert r.returncode == 0, r.stderr
 
 
-def job(model_uri: str, **env: str) -> dict:
-    return {
+def job(model_uri: str, output_model: str | None = None, **env: str) -> dict:
+    """CreateOptimizationJob arguments; `output_model` names the SageMaker model to register
+    (a name may be registered once: CreateOptimizationJob refuses a taken one)."""
+    args = {
         "RoleArn": ROLE, "ModelSource": {"S3": {"S3Uri": model_uri}},
         "DeploymentInstanceType": "ml.g5.2xlarge",
         "OptimizationEnvironment": {
@@ -35,10 +37,12 @@ def job(model_uri: str, **env: str) -> dict:
             **env,
         },
         "OptimizationConfigs": [{"ModelSpeculativeDecodingConfig": {"Technique": "EAGLE"}}],
-        "OutputConfig": {"S3OutputLocation": "s3://output/jobs/",
-                         "SageMakerModel": {"ModelName": "optimized"}},
+        "OutputConfig": {"S3OutputLocation": "s3://output/jobs/"},
         "StoppingCondition": {"MaxRuntimeInSeconds": 1800},
     }
+    if output_model:
+        args["OutputConfig"]["SageMakerModel"] = {"ModelName": output_model}
+    return args
 
 
 def wait_status(sm, name: str, want: set[str], timeout: float = 300) -> dict:

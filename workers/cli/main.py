@@ -93,6 +93,13 @@ def preload_training_modules() -> bool:
 def cmd_worker(args: argparse.Namespace) -> int:
     from eaglenest.workers.infra.celery_app import create_celery
 
+    if args.pool == "prefork" and "serve" in args.queues.split(","):
+        # serving processes die with the process that starts them, and a prefork child
+        # exits after each task (worker_max_tasks_per_child=1)
+        print("eaglenest worker: --pool prefork cannot consume the serve queue (a serving "
+              "process dies with the pool process that started it, which exits after each "
+              "task); run serve workers with --pool threads", file=sys.stderr)
+        return 2
     settings = _settings(args)
     _prepare(settings)
     if "train" in args.queues.split(","):

@@ -16,6 +16,7 @@ from celery.signals import (
 )
 
 from eaglenest.db.session import Database
+from eaglenest.foundation import children
 from eaglenest.foundation.queue import OPTIMIZE_TASK, SERVE_QUEUE, TRAIN_QUEUE, TaskQueue
 from eaglenest.foundation.settings import Settings
 from eaglenest.workers.infra.context import WorkerContext
@@ -23,7 +24,6 @@ from eaglenest.workers.infra.logs import configure_logging, enter_context, leave
 from eaglenest.workers.infra.reconcile import reconcile, start_watchdog
 from eaglenest.workers.jobs import optimize
 from eaglenest.workers.serving import endpoints
-from eaglenest.workers.serving.deploy import stop_servers
 
 #: longer than any task may run: Redis redelivers an unacked task only after this
 VISIBILITY_TIMEOUT = 48 * 3600
@@ -83,6 +83,7 @@ def create_celery(settings: Settings, broker_url: str) -> tuple[Celery, WorkerCo
     endpoints.register(app, ctx)
 
     def on_ready(**_: Any) -> None:
+        children.reap(ctx.children_dir)  # what a dead worker on this host left running
         reconcile(ctx)
         start_watchdog(ctx)
 
@@ -90,10 +91,10 @@ def create_celery(settings: Settings, broker_url: str) -> tuple[Celery, WorkerCo
         ctx.shutting_down.set()  # running jobs checkpoint, hand back, and are re-enqueued
 
     def on_shutdown(**_: Any) -> None:
-        # Serving processes live in their own sessions (they survive a worker crash and
-        # are adopted); a deliberate shutdown stops them, and the next start restarts
-        # InService endpoints (reconcile -> recover).
-        stop_servers({str(pid): {"pid": pid} for pid in ctx.serving_pids})
+        # Every child (serving instances included) dies with this process; a deliberate
+        # shutdown stops them first, and the next start restarts InService endpoints
+        # (reconcile -> recover).
+        children.stop_owned(ctx.children_dir)
 
     def on_child_start(**_: Any) -> None:
         ctx.db.engine.dispose(close=False)  # never share pooled connections across fork

@@ -6,6 +6,7 @@ import os
 import socket
 import threading
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from eaglenest.db.session import Database
 from eaglenest.foundation.queue import TaskQueue
@@ -19,7 +20,10 @@ class WorkerContext:
     queue: TaskQueue
     owner: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
     lease_seconds: float = 60.0
-    #: process groups of serving processes this worker started (stopped on shutdown)
-    serving_pids: set[int] = field(default_factory=set)
     #: set when the worker begins a warm shutdown: running jobs checkpoint and hand back
     shutting_down: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def children_dir(self) -> Path:
+        """Records of the child processes workers on this host started (foundation/children.py)."""
+        return self.settings.data_dir / "children"

@@ -3,25 +3,37 @@
 At worker start: jobs whose owner died are put back to STARTING (or STOPPED if a stop was
 pending) and, with every other pending job and every endpoint in a transitional state,
 re-enqueued, so nothing is stranded by a crash, a lost message or a broker that was down
-when the API accepted the call. While the worker runs, a background thread repeats the
-dead-owner check every lease period, so a job whose worker died is resumed even if no
-worker restarts.
+when the API accepted the call.
+
+While the worker runs, its watchdog thread
+- every `BROKER_POLL_SECONDS`: pings the broker; when it answers again after not
+  answering, re-sends every pending job and every transitional endpoint nobody owns (what
+  the API accepted meanwhile is dispatched within seconds of the broker's return);
+- every lease: resumes jobs whose worker died, re-sends STARTING jobs and transitional
+  endpoints whose message is lost (unowned for a lease, queue empty) or whose worker died
+  (owner silent for a lease), and ends endpoint transitions older than
+  EAGLENEST_ENDPOINT_TRANSITION_SECONDS (db/endpoints_repo.time_out), and reaps the
+  children of dead owners on this host (foundation/children.py).
+Duplicates are harmless: a job or endpoint transition is claimed by one worker only.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 
 from sqlalchemy import select
 
 from eaglenest.db import endpoints_repo
 from eaglenest.db import optimization_jobs_repo as jobs
 from eaglenest.db.tables import EndpointRow
+from eaglenest.foundation import children
 from eaglenest.foundation import queue as q
 from eaglenest.workers.infra.context import WorkerContext
 
 log = logging.getLogger("eaglenest.reconcile")
+BROKER_POLL_SECONDS = 1.0
 
 _ENDPOINT_TASKS = {
     endpoints_repo.CREATING: q.ENDPOINT_CREATE_TASK,
@@ -69,13 +81,54 @@ def reclaim_once(ctx: WorkerContext) -> list[str]:
     return names
 
 
+def sweep_endpoints(ctx: WorkerContext) -> list[str]:
+    """Re-send the tasks of unattended transitional endpoints, time out overdue ones; the
+    names re-sent."""
+    with ctx.db.session() as s:
+        overdue = endpoints_repo.time_out(s, ctx.settings.endpoint_transition_seconds)
+        unattended = endpoints_repo.unattended(s, ctx.lease_seconds)
+    for name in overdue:
+        log.warning("endpoint %s stayed in transition past %.0f s; ended", name,
+                    ctx.settings.endpoint_transition_seconds)
+    if unattended and ctx.queue.waiting(q.SERVE_QUEUE) == 0:
+        for name, status in unattended:
+            log.warning("endpoint %s (%s) has no live worker; its task is sent again", name,
+                        status)
+            ctx.queue.send(_ENDPOINT_TASKS[status], name, q.SERVE_QUEUE)
+        return [name for name, _ in unattended]
+    return []
+
+
+def resend_pending(ctx: WorkerContext) -> None:
+    """Every STARTING job and every unowned transitional endpoint, sent again."""
+    with ctx.db.session() as s:
+        job_names = jobs.pending(s)
+        endpoints = list(s.execute(select(EndpointRow.name, EndpointRow.status).where(
+            EndpointRow.status.in_(endpoints_repo.TRANSITIONAL), EndpointRow.owner.is_(None))))
+    for name in job_names:
+        ctx.queue.send(q.OPTIMIZE_TASK, name, q.TRAIN_QUEUE)
+    for name, status in endpoints:
+        ctx.queue.send(_ENDPOINT_TASKS[status], name, q.SERVE_QUEUE)
+    log.warning("the broker answers again: re-sent %d jobs and %d endpoints", len(job_names),
+                len(endpoints))
+
+
 def start_watchdog(ctx: WorkerContext) -> threading.Thread:
     def loop() -> None:
-        while not ctx.shutting_down.wait(ctx.lease_seconds):
+        broker_up, next_sweep = True, time.monotonic() + ctx.lease_seconds
+        while not ctx.shutting_down.wait(BROKER_POLL_SECONDS):
             try:
-                reclaim_once(ctx)
+                up = ctx.queue.broker_up()
+                if up and not broker_up:
+                    resend_pending(ctx)
+                broker_up = up
+                if time.monotonic() >= next_sweep:
+                    next_sweep = time.monotonic() + ctx.lease_seconds
+                    reclaim_once(ctx)
+                    sweep_endpoints(ctx)
+                    children.reap(ctx.children_dir)  # e.g. a killed prefork pool process's
             except Exception as exc:  # database blip: try again next period
-                log.warning("reclaim check failed: %s", exc)
+                log.warning("watchdog check failed: %s", exc)
 
     t = threading.Thread(target=loop, name="eaglenest-watchdog", daemon=True)
     t.start()

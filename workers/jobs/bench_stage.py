@@ -27,6 +27,9 @@ class BenchPlan:
     num_speculative_tokens: int
     mode: str = "chain"
     startup_timeout: float = 900.0
+    #: children registry (foundation/children.py) and the job the servers belong to
+    registry: Path | None = None
+    resource: str = ""
 
 
 def _serve_and_measure(plan: BenchPlan, head: Path | None, log_path: Path,
@@ -34,7 +37,7 @@ def _serve_and_measure(plan: BenchPlan, head: Path | None, log_path: Path,
     spec = ServerSpec(model_dir=plan.model_dir, served_name="bench", port=free_port(),
                       backend=plan.backend, head_dir=head, mode=plan.mode,
                       num_speculative_tokens=plan.num_speculative_tokens)
-    server = ServerProcess(spec, log_path)
+    server = ServerProcess(spec, log_path, plan.registry, plan.resource, "benchmark-server")
     server.start(plan.startup_timeout)
     try:
         results = []

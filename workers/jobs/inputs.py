@@ -10,7 +10,9 @@
 
 from __future__ import annotations
 
+import gzip
 import tarfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -73,8 +75,12 @@ def fetch_tree(store: ArtifactStore, uri: str, dest: Path) -> Path:
         raise InputError(str(exc)) from exc
     tars = [f for f in files if f.name.endswith((".tar.gz", ".tgz"))]
     if len(files) == 1 and tars:
-        with tarfile.open(tars[0]) as tar:
-            tar.extractall(dest, filter="data")
+        try:
+            with tarfile.open(tars[0]) as tar:
+                tar.extractall(dest, filter="data")
+        except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile) as exc:
+            raise InputError(f"{uri}: {tars[0].name} is not a readable .tar.gz archive "
+                             f"({type(exc).__name__}: {exc})") from exc
         tars[0].unlink()
     return dest
 

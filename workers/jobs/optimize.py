@@ -4,6 +4,11 @@ leaves the job in exactly one terminal state with a reason a user can act on.
 A job that was stopped or deleted before a worker claims it is left alone; a worker that
 dies mid-job leaves a lease that expires, and the next worker's reconciliation puts the
 job back to STARTING and resumes it from its last training checkpoint.
+
+Completion is one transaction: the job becomes COMPLETED and its output SageMaker model is
+registered together, and only by the worker that owns the job (a worker whose lease was
+taken over discards its result). A model name taken after CreateOptimizationJob checked it
+never fails a finished job: the job completes, the model is not registered (logged).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from eaglenest.db import optimization_jobs_repo as jobs
 from eaglenest.db.common import find
 from eaglenest.db.tables import ModelRow
 from eaglenest.foundation.accounts import Account
+from eaglenest.foundation.errors import ValidationException
 from eaglenest.foundation.queue import OPTIMIZE_TASK, TRAIN_QUEUE
 from eaglenest.foundation.storage import StorageError, make_store
 from eaglenest.workers.infra.context import WorkerContext
@@ -58,7 +64,7 @@ def run_job(ctx: WorkerContext, job_name: str) -> str:
     max_runtime = spec["StoppingCondition"].get("MaxRuntimeInSeconds")
     try:
         with JobControl(ctx, job_name, max_runtime, started) as control:
-            output = _execute(ctx, job_name, spec, model, control)
+            output, output_model = _execute(ctx, job_name, spec, model, control)
     except JobStopped as stop:
         return _stopped(ctx, job_name, stop.reason, max_runtime)
     except _user_errors() as exc:
@@ -66,15 +72,32 @@ def run_job(ctx: WorkerContext, job_name: str) -> str:
     except Exception as exc:  # a bug or an environment fault: still never left stuck
         log.exception("job %s failed", job_name)
         return _fail(ctx, job_name, f"Internal error: {type(exc).__name__}: {exc}")
-    with ctx.db.session() as s:
-        jobs.complete(s, job_name, output)
+    if not _complete(ctx, job_name, output, output_model):
+        log.warning("job %s is no longer this worker's (lease lost); result discarded",
+                    job_name)
+        return "lease-lost"
     log.info("job %s COMPLETED", job_name)
     shutil.rmtree(ctx.settings.data_dir / "jobs" / job_name, ignore_errors=True)
     return jobs.COMPLETED
 
 
+def _complete(ctx: WorkerContext, name: str, output: dict[str, Any],
+              output_model: dict[str, Any] | None) -> bool:
+    """COMPLETED and the output model registered, in one transaction; False if not ours."""
+    with ctx.db.session() as s:
+        if not jobs.complete(s, name, ctx.owner, output):
+            return False
+        if output_model is not None:
+            account = Account(ctx.settings.region, ctx.settings.account_id)
+            try:
+                models_repo.create(s, account, output_model)
+            except ValidationException as exc:  # taken since CreateOptimizationJob
+                log.warning("job %s: output model not registered: %s", name, exc)
+    return True
+
+
 def _execute(ctx: WorkerContext, name: str, spec: dict[str, Any], model: dict[str, Any] | None,
-             control: JobControl) -> dict[str, Any]:
+             control: JobControl) -> tuple[dict[str, Any], dict[str, Any] | None]:
     try:
         from eaglenest.workers.jobs.pipeline import Pipeline
     except ImportError as exc:
@@ -84,20 +107,22 @@ def _execute(ctx: WorkerContext, name: str, spec: dict[str, Any], model: dict[st
         options = dataclasses.replace(options, train_processes=ctx.settings.train_processes)
     sources = resolve_sources(spec, model)
     work = ctx.settings.data_dir / "jobs" / name
-    pipeline = Pipeline(name, spec, options, sources, make_store(ctx.settings), work, control)
+    pipeline = Pipeline(name, spec, options, sources, make_store(ctx.settings), work, control,
+                        ctx.children_dir)
     result = pipeline.run()
     output_model = (spec["OutputConfig"].get("SageMakerModel") or {}).get("ModelName")
-    if output_model:
-        _register_model(ctx, output_model, spec, model, result.head_uri)
-    return {"OptimizationOutput": {"RecommendedInferenceImage": "vllm"},
-            "ArtifactUri": result.output_uri, "HeadUri": result.head_uri, "Head": result.head,
-            "Train": result.train, "Benchmark": result.benchmark}
+    output = {"OptimizationOutput": {"RecommendedInferenceImage": "vllm"},
+              "ArtifactUri": result.output_uri, "HeadUri": result.head_uri, "Head": result.head,
+              "Train": result.train, "Benchmark": result.benchmark}
+    return output, (_output_model(output_model, spec, model, result.head_uri)
+                    if output_model else None)
 
 
-def _register_model(ctx: WorkerContext, name: str, spec: dict[str, Any],
-                    source: dict[str, Any] | None, head_uri: str) -> None:
-    """The source model's container plus the head as AdditionalModelDataSources
-    channel `eagle_model` (what SageMaker's optimized model looks like)."""
+def _output_model(name: str, spec: dict[str, Any], source: dict[str, Any] | None,
+                  head_uri: str) -> dict[str, Any]:
+    """The CreateModel request of the output model: the source model's container plus the
+    head as AdditionalModelDataSources channel `eagle_model` (what SageMaker's optimized
+    model looks like)."""
     if source:
         container = dict(source.get("PrimaryContainer") or source["Containers"][0])
         role = source.get("ExecutionRoleArn", spec["RoleArn"])
@@ -111,16 +136,14 @@ def _register_model(ctx: WorkerContext, name: str, spec: dict[str, Any],
     extras.append({"ChannelName": EAGLE_CHANNEL, "S3DataSource": {
         "S3Uri": head_uri, "S3DataType": "S3Prefix", "CompressionType": "None"}})
     container["AdditionalModelDataSources"] = extras
-    account = Account(ctx.settings.region, ctx.settings.account_id)
-    with ctx.db.session() as s:
-        models_repo.create(s, account, {"ModelName": name, "ExecutionRoleArn": role,
-                                        "PrimaryContainer": container})
+    return {"ModelName": name, "ExecutionRoleArn": role, "PrimaryContainer": container}
 
 
 def _fail(ctx: WorkerContext, name: str, reason: str) -> str:
     log.warning("job %s FAILED: %s", name, reason)
     with ctx.db.session() as s:
-        jobs.fail(s, name, reason[:1024])
+        if not jobs.fail(s, name, ctx.owner, reason[:1024]):
+            return "lease-lost"
     return jobs.FAILED
 
 
@@ -137,7 +160,8 @@ def _stopped(ctx: WorkerContext, name: str, reason: str, max_runtime: int | None
         return "released"
     if reason == "stopped":
         with ctx.db.session() as s:
-            jobs.acknowledge_stop(s, name)
+            if not jobs.acknowledge_stop(s, name, ctx.owner):
+                return "lease-lost"
         shutil.rmtree(ctx.settings.data_dir / "jobs" / name, ignore_errors=True)
         return jobs.STOPPED
     return "deleted"

@@ -59,6 +59,8 @@ class Pipeline:
     store: ArtifactStore
     work: Path
     control: JobControl
+    #: where the job's child processes are recorded (foundation/children.py)
+    registry: Path | None = None
 
     def stage(self, label: str) -> None:
         self.control.check()
@@ -179,7 +181,8 @@ class Pipeline:
             target.model.to("cpu")
         run = write_run(self.work / "ddp", config, Path(target.folder), self._device(),
                         self._data_label(), samples)
-        summary = launch(run, procs, self.control.should_stop, config.on_checkpoint)
+        summary = launch(run, procs, self.control.should_stop, config.on_checkpoint,
+                         self.registry, f"job:{self.name}")
         summary["processes"] = procs
         return summary
 
@@ -209,7 +212,8 @@ class Pipeline:
             plan = BenchPlan(model_dir, head_dir, prompts, self.options.backend or
                              default_backend(), self.options.concurrency,
                              self.options.bench_max_tokens, self.options.num_speculative_tokens,
-                             mode="parallel" if head == "peagle" else "chain")
+                             mode="parallel" if head == "peagle" else "chain",
+                             registry=self.registry, resource=f"job:{self.name}")
             bench = run_benchmark(plan, out, self.control.should_stop)
         self.stage("upload outputs")
         (out / "provenance.json").write_text(json.dumps(

@@ -7,8 +7,10 @@ the run to ``<work>/ddp/`` (``run.json``: the TrainConfig fields, target folder,
 
     torchrun --standalone --nproc-per-node N -m eaglenest.workers.jobs.train_launch RUN
 
-in its own process group. Each rank loads the target on its device (``cuda:LOCAL_RANK``, or
-the CPU with gloo) and runs ``train()`` (models/distributed.py does the rest). The job keeps
+as an owned child (foundation/children.py: its own process group, killed when the worker
+dies; each rank also dies with torchrun). Each rank loads the target on its device
+(``cuda:LOCAL_RANK``, or the CPU with gloo) and runs ``train()`` (models/distributed.py
+does the rest). The job keeps
 control from the parent, by files, because the ranks cannot reach the job's database
 session or store:
 
@@ -18,7 +20,10 @@ session or store:
 - checkpoints: rank 0 writes them as usual under ``<work>/train/checkpoints``; the parent
   sees the ``latest`` pointer move and mirrors that folder to the store (CheckpointSync);
 - result: rank 0 writes ``result.json`` (steps, loss, accuracy, history); a rank that fails
-  makes torchrun exit non-zero and the job fails with the tail of the ranks' log.
+  makes torchrun exit non-zero and the job fails with the tail of the ranks' log;
+- one run at a time: torchrun's record is ``launcher.json``; a launch (a resumed job) first
+  stops whatever that record's torchrun and ranks still run and waits until they are gone,
+  and refuses to start when they run on another host.
 """
 
 from __future__ import annotations
@@ -26,7 +31,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -34,8 +38,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from eaglenest.foundation import children
+
 POLL_SECONDS = 0.5
 LOG_TAIL = 2000
+LAUNCHER = "launcher.json"
 
 
 class LaunchError(RuntimeError):
@@ -59,16 +66,20 @@ def write_run(run_dir: Path, config: Any, target_dir: Path, device: str, source:
 
 
 def launch(run_file: Path, nproc: int, should_stop: Callable[[], bool],
-           on_checkpoint: Callable[[Path], None] | None) -> dict[str, Any]:
-    """Run the ranks to the end; the result rank 0 wrote. Raises LaunchError on failure."""
+           on_checkpoint: Callable[[Path], None] | None, registry: Path | None = None,
+           resource: str = "") -> dict[str, Any]:
+    """Run the ranks to the end; the result rank 0 wrote. Raises LaunchError on failure.
+    `registry`/`resource`: where torchrun is recorded for reaping, and for what."""
     run_dir = run_file.parent
     ckpts = Path(json.loads(run_file.read_text())["config"]["out_dir"]) / "checkpoints"
     from eaglenest.models.distributed import torchrun_argv
 
+    stop_predecessor(run_dir)
     cmd = [*torchrun_argv(nproc), "-m", "eaglenest.workers.jobs.train_launch", str(run_file)]
     with open(run_dir / "ranks.log", "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc, record = children.spawn(cmd, role="torchrun", resource=resource,
+                                      registry=registry, stdout=log, stderr=subprocess.STDOUT)
+        (run_dir / LAUNCHER).write_text(json.dumps(record.to_dict()))
         seen = _pointer(ckpts)
         try:
             while proc.poll() is None:
@@ -77,15 +88,41 @@ def launch(run_file: Path, nproc: int, should_stop: Callable[[], bool],
                     (run_dir / "stop").touch()
                 seen = _mirror(ckpts, seen, on_checkpoint)
         except BaseException:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            children.stop(record, timeout=0, proc=proc)
             raise
+        finally:
+            children.stop(record, timeout=5, proc=proc)  # ranks torchrun left, if any
+            children.forget(registry, record)
+            (run_dir / LAUNCHER).unlink(missing_ok=True)
     _mirror(ckpts, seen, on_checkpoint)
     result = run_dir / "result.json"
     if proc.returncode != 0 or not result.is_file():
         raise LaunchError(f"{nproc} training processes exited with status "
                           f"{proc.returncode}: {_cause(run_dir / 'ranks.log')}")
     return dict(json.loads(result.read_text()))
+
+
+def stop_predecessor(run_dir: Path) -> None:
+    """Stop the torchrun (and ranks) an earlier launch in `run_dir` left, and wait for them;
+    LaunchError when they run on another host (they cannot be stopped from here)."""
+    path = run_dir / LAUNCHER
+    try:
+        record = children.ChildRecord.from_dict(json.loads(path.read_text()))
+    except FileNotFoundError:
+        return
+    except (OSError, ValueError, TypeError):
+        path.unlink(missing_ok=True)
+        return
+    if record.host != children.HOST:
+        raise LaunchError(f"the job's previous training processes (torchrun pid {record.pid}) "
+                          f"ran on host {record.host}; they may still run, so this host "
+                          "does not start a second set beside them")
+    if record.boot == children.BOOT and record.running():
+        children.stop(record, timeout=10)
+        if record.running():
+            raise LaunchError(f"the job's previous training processes "
+                              f"{record.running()} could not be stopped")
+    path.unlink(missing_ok=True)
 
 
 def _cause(log: Path) -> str:
@@ -119,6 +156,7 @@ def rank_main(run_file: Path) -> int:
     from eaglenest.models.target import load_target
     from eaglenest.models.train import TrainConfig, TrainData, train
 
+    children.die_with_parent()  # torchrun killed (its worker died): the ranks go too
     run_dir = run_file.parent
     run = json.loads(run_file.read_text())
     stop_file = run_dir / "stop"

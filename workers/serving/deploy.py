@@ -11,10 +11,8 @@ from the container's `eagle_model` channel.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import signal
+import logging
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -25,8 +23,9 @@ from sqlalchemy.orm import Session
 
 from eaglenest.db.common import find
 from eaglenest.db.tables import EndpointConfigRow, ModelRow
+from eaglenest.foundation import children
 from eaglenest.foundation.deployment import instances_of
-from eaglenest.foundation.processes import free_port, pid_alive
+from eaglenest.foundation.processes import free_port
 from eaglenest.foundation.storage import ArtifactStore
 from eaglenest.workers.jobs.inputs import InputError, _container_uri, fetch_tree
 from eaglenest.workers.serving.process import (
@@ -38,6 +37,7 @@ from eaglenest.workers.serving.process import (
 )
 
 DEFAULT_HEALTH_TIMEOUT = 900
+log = logging.getLogger("eaglenest.endpoints")
 
 
 class DeployError(Exception):
@@ -112,19 +112,24 @@ def _spec(plan: VariantPlan, model_dir: Path, head_dir: Path | None, served: str
     if adaptive == "1" and backend != EMBEDDED:
         raise DeployError("EAGLENEST_ADAPTIVE=1 needs EAGLENEST_SERVING_BACKEND=embedded "
                           "(vLLM drafts a fixed num_speculative_tokens)")
+    max_len = plan.env.get("EAGLENEST_MAX_MODEL_LEN", "2048")
+    if not max_len.isdigit() or int(max_len) < 1:
+        raise DeployError(f"EAGLENEST_MAX_MODEL_LEN={max_len!r} must be a positive integer")
     return ServerSpec(model_dir=model_dir, served_name=served, port=free_port(),
                       backend=backend, head_dir=head_dir, adaptive=adaptive == "1",
                       num_speculative_tokens=_speculative_tokens(plan, head_dir), mode=mode,
                       dtype=plan.env.get("EAGLENEST_DTYPE", "float32"),
-                      max_model_len=int(plan.env.get("EAGLENEST_MAX_MODEL_LEN", "2048")),
+                      max_model_len=int(max_len),
                       extra_env=dict(plan.env))  # as SageMaker sets a container's Environment
 
 
-def start_variant(store: ArtifactStore, workdir: Path, endpoint: str,
-                  plan: VariantPlan, advertise_host: str = "127.0.0.1") -> dict[str, Any]:
+def start_variant(store: ArtifactStore, workdir: Path, endpoint: str, plan: VariantPlan,
+                  advertise_host: str = "127.0.0.1",
+                  registry: Path | None = None) -> dict[str, Any]:
     """Fetch the model (and head), start `plan.instance_count` servers side by side, wait
     for each /health. Returns the variant's record stored in the endpoint's deployment:
-    `instances` lists every process (url, pid); `url`/`pid` repeat the first one."""
+    `instances` lists every process (url, pid, and `child`: its ChildRecord, what stopping
+    it checks); `url`/`pid` repeat the first one."""
     gen = uuid.uuid4().hex[:8]
     base = workdir / f"{plan.variant}-{gen}"
     try:
@@ -134,15 +139,16 @@ def start_variant(store: ArtifactStore, workdir: Path, endpoint: str,
         raise DeployError(f"Variant {plan.variant}: {exc}") from exc
     _check_model(model_dir, plan.variant)
     specs, started = _start_instances(plan, base, model_dir, head_dir, endpoint,
-                                      advertise_host, list(range(plan.instance_count)))
+                                      advertise_host, list(range(plan.instance_count)),
+                                      registry)
     return {**started[0], "served_name": endpoint, "backend": specs[0].backend,
             "weight": plan.weight, "dir": str(base), "speculative": head_dir is not None,
             "k": specs[0].num_speculative_tokens, "instances": started}
 
 
 def _start_instances(plan: VariantPlan, base: Path, model_dir: Path, head_dir: Path | None,
-                     endpoint: str, advertise_host: str,
-                     indexes: list[int]) -> tuple[list[ServerSpec], list[dict[str, Any]]]:
+                     endpoint: str, advertise_host: str, indexes: list[int],
+                     registry: Path | None) -> tuple[list[ServerSpec], list[dict[str, Any]]]:
     """Launch one server per index (log `server-<i>.log`), then wait for all of them under
     one deadline; if any fails, stop every one of them and raise."""
     specs: list[ServerSpec] = []
@@ -153,8 +159,9 @@ def _start_instances(plan: VariantPlan, base: Path, model_dir: Path, head_dir: P
         if advertise_host != "127.0.0.1":
             spec.bind_host = "0.0.0.0"
         specs.append(spec)
-    servers = [ServerProcess(spec, base / f"server-{i}.log") for i, spec in zip(indexes, specs,
-                                                                                strict=True)]
+    servers = [ServerProcess(spec, base / f"server-{i}.log", registry, f"endpoint:{endpoint}",
+                             "serving-instance")
+               for i, spec in zip(indexes, specs, strict=True)]
     deadline = time.monotonic() + plan.health_timeout
     try:
         for server in servers:
@@ -166,11 +173,13 @@ def _start_instances(plan: VariantPlan, base: Path, model_dir: Path, head_dir: P
             server.stop()
         raise
     return specs, [{"url": f"http://{advertise_host}:{srv.spec.port}",
-                    "pid": srv.proc.pid if srv.proc else 0} for srv in servers]
+                    "pid": srv.proc.pid if srv.proc else 0,
+                    "child": srv.record.to_dict() if srv.record else None} for srv in servers]
 
 
 def restart_instances(plan: VariantPlan, record: dict[str, Any], dead: list[int],
-                      advertise_host: str = "127.0.0.1") -> dict[str, Any]:
+                      advertise_host: str = "127.0.0.1",
+                      registry: Path | None = None) -> dict[str, Any]:
     """Replace the instances at `dead` of a running variant (same model files, new ports),
     keeping the others. Returns the updated record; the new instances are the ones at
     `dead` in its `instances`."""
@@ -179,9 +188,9 @@ def restart_instances(plan: VariantPlan, record: dict[str, Any], dead: list[int]
     if not (base / "model").is_dir() or (head_dir is not None and not head_dir.is_dir()):
         raise DeployError(f"Variant {plan.variant}: its model files are gone from {base}.")
     old = instances_of(record)
-    stop_servers({str(i): old[i] for i in dead})  # one that hangs must not linger
+    stop_servers({str(i): old[i] for i in dead}, registry)  # one that hangs must not linger
     _, started = _start_instances(plan, base, base / "model", head_dir, record["served_name"],
-                                  advertise_host, dead)
+                                  advertise_host, dead, registry)
     new = list(old)
     for i, inst in zip(dead, started, strict=True):
         new[i] = inst
@@ -189,7 +198,8 @@ def restart_instances(plan: VariantPlan, record: dict[str, Any], dead: list[int]
 
 
 def add_instances(plan: VariantPlan, record: dict[str, Any], count: int,
-                  advertise_host: str = "127.0.0.1") -> tuple[dict[str, Any], list[Any]]:
+                  advertise_host: str = "127.0.0.1", registry: Path | None = None
+                  ) -> tuple[dict[str, Any], list[Any]]:
     """Grow a running variant to `count` instances over its fetched model files. Returns
     the updated record and the new instances alone."""
     base = Path(record["dir"])
@@ -198,7 +208,7 @@ def add_instances(plan: VariantPlan, record: dict[str, Any], count: int,
         raise DeployError(f"Variant {plan.variant}: its model files are gone from {base}.")
     old = instances_of(record)
     _, started = _start_instances(plan, base, base / "model", head_dir, record["served_name"],
-                                  advertise_host, list(range(len(old), count)))
+                                  advertise_host, list(range(len(old), count)), registry)
     return {**record, "instances": old + started}, started
 
 
@@ -213,14 +223,20 @@ def _check_model(model_dir: Path, variant: str) -> None:
         raise DeployError(f"Variant {variant}: {exc}") from exc
 
 
-def stop_servers(servers: dict[str, Any]) -> None:
-    """SIGTERM every process (each instance's process group) of these variant records."""
+def stop_servers(servers: dict[str, Any], registry: Path | None = None) -> None:
+    """Stop every instance of these variant records with its process tree, and forget its
+    record. An instance is signalled only when its `child` record matches the live process
+    (foundation/children.py): never one on another host, after a reboot or a reused pid."""
+    recs = []
     for record in servers.values():
         for info in instances_of(record):
-            pid = int(info.get("pid", 0))
-            if pid and pid_alive(pid):
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(pid, signal.SIGTERM)
+            if info.get("child"):
+                recs.append(children.ChildRecord.from_dict(info["child"]))
+            else:
+                log.warning("instance %s has no process record; not signalling pid %s",
+                            info.get("url"), info.get("pid"))
+    for child in children.stop_all(recs):
+        children.forget(registry, child)
 
 
 def deployment(plans: list[VariantPlan], servers: dict[str, Any]) -> dict[str, Any]:

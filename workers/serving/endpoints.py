@@ -8,6 +8,12 @@ healthy, then stop the old ones; on failure stop the new ones and keep serving t
 InService endpoint; restart only the ones that no longer answer (the others keep serving,
 status SystemUpdating meanwhile), all of them when none answers (after a restart), or mark
 it Failed.
+
+Every task holds its transition with an EndpointLease (one worker at a time; a dead one's
+task is sent again). Any exception ends the transition: Failed with the reason (create,
+delete, recover) or a rollback to the config that serves (update); never left transitional.
+Serving processes are owned children of the worker (foundation/children.py): they die with it,
+and its next start restarts InService endpoints.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ from eaglenest.workers.serving.deploy import (
     start_variant,
     stop_servers,
 )
+from eaglenest.workers.serving.endpoint_lease import EndpointLease
 from eaglenest.workers.serving.process import ServingError
 
 log = logging.getLogger("eaglenest.endpoints")
@@ -96,51 +103,61 @@ def _launch(ctx: WorkerContext, name: str, config_name: str,
     try:
         for plan in plans:
             servers[plan.variant] = start_variant(store, workdir, name, plan,
-                                                  ctx.settings.advertise_host)
-            ctx.serving_pids.update(i["pid"] for i in instances_of(servers[plan.variant]))
+                                                  ctx.settings.advertise_host, ctx.children_dir)
     except BaseException:
-        stop_servers(servers)
+        stop_servers(servers, ctx.children_dir)
         raise
     return deployment(plans, servers)
 
 
+def _reason(name: str, exc: Exception) -> str:
+    """A failed task's FailureReason: the message of a deploy/serving error as it stands,
+    anything else as an internal error (logged with its traceback)."""
+    if isinstance(exc, (DeployError, ServingError)):
+        return str(exc)
+    log.exception("endpoint %s: task failed", name)
+    return f"Internal error: {type(exc).__name__}: {exc}"
+
+
 def create(ctx: WorkerContext, name: str) -> str:
-    state = _row(ctx, name)
-    if state is None or state[0] != eps.CREATING:
-        return f"skipped ({state[0] if state else 'deleted'})"
-    try:
-        dep = _launch(ctx, name, state[1])
-    except (DeployError, ServingError) as exc:
+    with EndpointLease(ctx, name, eps.CREATING) as lease:
+        state = _row(ctx, name) if lease.held else None
+        if state is None:
+            return "skipped (not Creating, or another worker has it)"
+        try:
+            dep = _launch(ctx, name, state[1])
+        except Exception as exc:
+            with ctx.db.session() as s:
+                eps.mark_failed(s, name, _reason(name, exc)[:1024])
+            return eps.FAILED
         with ctx.db.session() as s:
-            eps.mark_failed(s, name, str(exc)[:1024])
-        return eps.FAILED
-    with ctx.db.session() as s:
-        ok = eps.mark_in_service(s, name, dep)
-    if not ok:  # deleted while starting: nothing may keep running
-        stop_servers(dep["Servers"])
-        return "deleted-while-creating"
-    return eps.IN_SERVICE
+            ok = eps.mark_in_service(s, name, dep)
+        if not ok:  # deleted (or timed out) while starting: nothing may keep running
+            stop_servers(dep["Servers"], ctx.children_dir)
+            return "deleted-while-creating"
+        return eps.IN_SERVICE
 
 
 def update(ctx: WorkerContext, name: str) -> str:
     """UpdateEndpoint (a pending config) or UpdateEndpointWeightsAndCapacities (none)."""
-    state = _row(ctx, name)
-    if state is None or state[0] != eps.UPDATING:
-        return f"skipped ({state[0] if state else 'deleted'})"
-    if not state[2]:
-        return _scale(ctx, name, state[1], state[3].get("Servers", {}))
-    old = state[3].get("Servers", {})
-    try:
-        dep = _launch(ctx, name, state[2], _overrides(ctx, name, new_config=True))
-    except (DeployError, ServingError) as exc:
+    with EndpointLease(ctx, name, eps.UPDATING) as lease:
+        state = _row(ctx, name) if lease.held else None
+        if state is None:
+            return "skipped (not Updating, or another worker has it)"
+        if not state[2]:
+            return _scale(ctx, name, state[1], state[3].get("Servers", {}))
+        old = state[3].get("Servers", {})
+        try:
+            dep = _launch(ctx, name, state[2], _overrides(ctx, name, new_config=True))
+        except Exception as exc:
+            with ctx.db.session() as s:
+                eps.rollback_update(s, name, f"Update to {state[2]} failed and was rolled "
+                                             f"back: {_reason(name, exc)}"[:1024])
+            return "rolled-back"
         with ctx.db.session() as s:
-            eps.rollback_update(s, name, f"Update to {state[2]} failed and was rolled back: "
-                                         f"{exc}"[:1024])
-        return "rolled-back"
-    with ctx.db.session() as s:
-        ok = eps.finish_update(s, name, dep)
-    stop_servers(old if ok else dep["Servers"])
-    return eps.IN_SERVICE if ok else "superseded"
+            ok = eps.finish_update(s, name, dep)
+        stop_servers(old if ok else dep["Servers"], ctx.children_dir)
+        return eps.IN_SERVICE if ok else "superseded"
 
 
 def _resize(ctx: WorkerContext, plans: dict[str, VariantPlan], servers: dict[str, Any],
@@ -153,9 +170,8 @@ def _resize(ctx: WorkerContext, plans: dict[str, VariantPlan], servers: dict[str
         record, have = servers[variant], instances_of(servers[variant])
         if plan.instance_count > len(have):
             record, fresh = add_instances(plan, record, plan.instance_count,
-                                          ctx.settings.advertise_host)
+                                          ctx.settings.advertise_host, ctx.children_dir)
             started.extend(fresh)
-            ctx.serving_pids.update(i["pid"] for i in fresh)
         elif plan.instance_count < len(have):
             surplus[variant] = {"instances": have[plan.instance_count:]}
             record = {**record, "instances": have[:plan.instance_count]}
@@ -172,26 +188,33 @@ def _scale(ctx: WorkerContext, name: str, config_name: str, servers: dict[str, A
         if set(plans) != set(servers):
             raise DeployError(f"The variants of {config_name} no longer match the running ones.")
         new_servers, surplus = _resize(ctx, plans, servers, started)
-    except (DeployError, ServingError) as exc:
-        stop_servers({"new": {"instances": started}})
+    except Exception as exc:
+        stop_servers({"new": {"instances": started}}, ctx.children_dir)
         with ctx.db.session() as s:
-            eps.rollback_weights(s, name, f"Weights and capacities update failed: {exc}"[:1024])
+            eps.rollback_weights(s, name, "Weights and capacities update failed: "
+                                          f"{_reason(name, exc)}"[:1024])
         return "rolled-back"
     with ctx.db.session() as s:
         ok = eps.finish_weights(s, name, deployment(list(plans.values()), new_servers))
-    stop_servers(surplus if ok else {"new": {"instances": started}})
+    stop_servers(surplus if ok else {"new": {"instances": started}}, ctx.children_dir)
     return eps.IN_SERVICE if ok else "superseded"
 
 
 def delete(ctx: WorkerContext, name: str) -> str:
-    state = _row(ctx, name)
-    if state is None or state[0] != eps.DELETING:
-        return f"skipped ({state[0] if state else 'deleted'})"
-    stop_servers(state[3].get("Servers", {}))
-    shutil.rmtree(ctx.settings.data_dir / "endpoints" / name, ignore_errors=True)
-    with ctx.db.session() as s:
-        eps.finish_delete(s, name)
-    return "deleted"
+    with EndpointLease(ctx, name, eps.DELETING) as lease:
+        state = _row(ctx, name) if lease.held else None
+        if state is None:
+            return "skipped (not Deleting, or another worker has it)"
+        try:
+            stop_servers(state[3].get("Servers", {}), ctx.children_dir)
+            shutil.rmtree(ctx.settings.data_dir / "endpoints" / name, ignore_errors=True)
+        except Exception as exc:
+            with ctx.db.session() as s:
+                eps.mark_failed(s, name, f"Deleting failed: {_reason(name, exc)}"[:1024])
+            return eps.FAILED
+        with ctx.db.session() as s:
+            eps.finish_delete(s, name)
+        return "deleted"
 
 
 def _answers(instance: dict[str, Any]) -> bool:
@@ -220,12 +243,12 @@ def _replace_dead(ctx: WorkerContext, config_name: str, servers: dict[str, Any],
     try:
         for variant, idx in dead.items():
             new_servers[variant] = restart_instances(plans[variant], servers[variant], idx,
-                                                     ctx.settings.advertise_host)
+                                                     ctx.settings.advertise_host,
+                                                     ctx.children_dir)
             fresh = [instances_of(new_servers[variant])[i] for i in idx]
             started[variant] = {"instances": fresh}
-            ctx.serving_pids.update(i["pid"] for i in fresh)
     except BaseException:
-        stop_servers(started)
+        stop_servers(started, ctx.children_dir)
         raise
     return deployment(list(plans.values()), new_servers), started
 
@@ -258,26 +281,35 @@ def _recover(ctx: WorkerContext, name: str) -> str:
         if servers and not dead:
             return "healthy"
         with ctx.db.session() as s:
-            if not eps.begin_recovery(s, name):
+            if not eps.begin_recovery(s, name, ctx.owner):
                 return "skipped"
+    with EndpointLease(ctx, name, eps.SYSTEM_UPDATING) as lease:
+        if not lease.held:
+            return "skipped (another worker recovers it)"
+        return _restart(ctx, name, state[1], servers, dead)
+
+
+def _restart(ctx: WorkerContext, name: str, config_name: str, servers: dict[str, Any],
+             dead: dict[str, list[int]]) -> str:
     total = sum(len(instances_of(rec)) for rec in servers.values())
     overrides = _overrides(ctx, name)  # the weights and counts the endpoint was given
     try:
         if servers and sum(map(len, dead.values())) < total:  # some still serve: keep them
-            dep, started = _replace_dead(ctx, state[1], servers, dead, overrides)
+            dep, started = _replace_dead(ctx, config_name, servers, dead, overrides)
         else:
-            stop_servers(servers)
-            dep = _launch(ctx, name, state[1], overrides)
+            stop_servers(servers, ctx.children_dir)
+            dep = _launch(ctx, name, config_name, overrides)
             started = dep["Servers"]
-    except (DeployError, ServingError) as exc:
-        stop_servers(servers)  # a Failed endpoint serves nothing, not even its live instances
+    except Exception as exc:
+        # a Failed endpoint serves nothing, not even its live instances
+        stop_servers(servers, ctx.children_dir)
         with ctx.db.session() as s:
             eps.mark_failed(s, name, f"Serving processes died and could not be restarted: "
-                                     f"{exc}"[:1024])
+                                     f"{_reason(name, exc)}"[:1024])
         return eps.FAILED
     with ctx.db.session() as s:
         if not eps.finish_recovery(s, name, dep):
-            stop_servers(started)
+            stop_servers(started, ctx.children_dir)
     return "restarted"
 
 

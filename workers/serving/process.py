@@ -1,8 +1,10 @@
 """One serving process (vLLM's OpenAI server or the embedded engine's) and its lifecycle.
 
 Both speak the same HTTP API, so callers only choose a backend here and never branch
-afterwards. A process is started, waited on until `/health` answers (or it exits, or the
-start-up timeout passes), and stopped with SIGTERM then SIGKILL.
+afterwards. A process is started as an owned child (foundation/children.py: it dies with the
+process that started it and is identified beyond its pid), waited on until `/health` answers
+(or it exits, or the start-up timeout passes), and stopped with its whole process tree,
+SIGTERM then SIGKILL.
 """
 
 from __future__ import annotations
@@ -10,7 +12,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -19,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+from eaglenest.foundation import children
 
 VLLM, EMBEDDED = "vllm", "embedded"
 
@@ -111,9 +114,15 @@ def _cuda() -> bool:
 
 
 class ServerProcess:
-    def __init__(self, spec: ServerSpec, log_path: Path) -> None:
+    """One model server. `registry` (a children registry directory) records it for reaping
+    after its owner dies; `resource` says what it serves (``endpoint:<name>``, ``job:<name>``)."""
+
+    def __init__(self, spec: ServerSpec, log_path: Path, registry: Path | None = None,
+                 resource: str = "", role: str = "model-server") -> None:
         self.spec, self.log_path = spec, log_path
+        self.registry, self.resource, self.role = registry, resource, role
         self.proc: subprocess.Popen[bytes] | None = None
+        self.record: children.ChildRecord | None = None
         self.launched_at = 0.0
 
     @property
@@ -129,9 +138,10 @@ class ServerProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:  # the child keeps its own copy of the fd
             root = Path(__file__).parents[3]  # holds the eaglenest package (-m finds it)
-            self.proc = subprocess.Popen(self.spec.command(), env=self.spec.env(), stdout=log,
-                                         stderr=subprocess.STDOUT, cwd=root,
-                                         start_new_session=True)
+            self.proc, self.record = children.spawn(
+                self.spec.command(), role=self.role, resource=self.resource,
+                registry=self.registry, env=self.spec.env(), stdout=log,
+                stderr=subprocess.STDOUT, cwd=root)
         self.launched_at = time.monotonic()
 
     def wait_healthy(self, deadline: float) -> None:
@@ -161,11 +171,8 @@ class ServerProcess:
         return self.proc is not None and self.proc.poll() is None
 
     def stop(self, timeout: float = 20) -> None:
-        if self.proc is None or self.proc.poll() is not None:
+        """Stop the server and every process it started; forget its record."""
+        if self.record is None:
             return
-        os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
+        children.stop(self.record, timeout, self.proc)
+        children.forget(self.registry, self.record)

@@ -26,7 +26,6 @@ def stack(tmp_path, tiny_llama_dir):
 def reliable_job() -> dict:
     args = job("s3://models/tiny-llama/", EAGLENEST_MAX_STEPS="300",
                EAGLENEST_CHECKPOINT_EVERY="10", EAGLENEST_BENCHMARK="0")
-    del args["OutputConfig"]["SageMakerModel"]
     return args
 
 

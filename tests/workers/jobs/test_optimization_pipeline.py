@@ -30,7 +30,7 @@ def stack(tmp_path_factory, tiny_llama_dir):
 def test_job_trains_benchmarks_and_publishes(stack):
     sm = stack.client()
     sm.create_optimization_job(OptimizationJobName="tiny-eagle3",
-                               **job("s3://models/tiny-llama/"))
+                               **job("s3://models/tiny-llama/", "optimized"))
     d = wait_status(sm, "tiny-eagle3", {"COMPLETED", "FAILED"})
     assert d["OptimizationJobStatus"] == "COMPLETED", d.get("FailureReason")
     assert d["OptimizationStartTime"] <= d["OptimizationEndTime"]
@@ -73,7 +73,7 @@ def test_bring_your_own_eagle_trains_further(stack):
     sm = stack.client()
     if not sm.list_models(NameContains="optimized")["Models"]:
         sm.create_optimization_job(OptimizationJobName="tiny-eagle3",
-                                   **job("s3://models/tiny-llama/"))
+                                   **job("s3://models/tiny-llama/", "optimized"))
         wait_status(sm, "tiny-eagle3", {"COMPLETED"})
     args = job("s3://models/tiny-llama/")
     args["ModelSource"] = {"SageMakerModel": {"ModelName": "optimized"}}
@@ -116,7 +116,6 @@ def test_job_trains_in_two_data_parallel_processes(stack):
     sm = stack.client()
     args = job("s3://models/tiny-llama/", EAGLENEST_TRAIN_PROCESSES="2",
                EAGLENEST_BENCHMARK="0", EAGLENEST_CHECKPOINT_EVERY="2")
-    del args["OutputConfig"]["SageMakerModel"]
     sm.create_optimization_job(OptimizationJobName="tiny-ddp", **args)
     d = wait_status(sm, "tiny-ddp", {"COMPLETED", "FAILED"})
     assert d["OptimizationJobStatus"] == "COMPLETED", d.get("FailureReason")
@@ -131,7 +130,6 @@ def test_stop_reaches_data_parallel_processes(stack):
     sm = stack.client()
     args = job("s3://models/tiny-llama/", EAGLENEST_TRAIN_PROCESSES="2",
                EAGLENEST_MAX_STEPS="100000")
-    del args["OutputConfig"]["SageMakerModel"]
     sm.create_optimization_job(OptimizationJobName="ddp-stop", **args)
     wait_status(sm, "ddp-stop", {"INPROGRESS"})
     ranks_log = stack.data_dir / "jobs" / "ddp-stop" / "ddp" / "ranks.log"

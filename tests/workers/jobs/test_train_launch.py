@@ -5,6 +5,7 @@ exact resume, and a rank failure reported with the ranks' log."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -70,3 +71,30 @@ def test_a_failing_rank_raises_with_the_log_tail(tmp_path, samples):
         launch(run, 2, lambda: False, None)
     assert "2 training processes exited with status 1" in str(exc.value)
     assert "no-such-model" in str(exc.value)
+
+
+def test_a_launch_first_stops_what_the_previous_launch_left(tmp_path):
+    """A resumed job never runs beside its predecessor's ranks: launcher.json names the
+    previous torchrun; its whole tree is stopped (and waited for) before a new one starts,
+    and a predecessor on another host makes the launch refuse."""
+    import dataclasses
+
+    from eaglenest.foundation import children
+    from eaglenest.workers.jobs.train_launch import LAUNCHER, stop_predecessor
+
+    proc, record = children.spawn(["bash", "-c", "sleep 300 & setsid sleep 300 & wait"],
+                                  role="torchrun", resource="job:resumed")
+    try:
+        deadline = time.monotonic() + 10
+        while len(record.running()) < 3:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        (tmp_path / LAUNCHER).write_text(json.dumps(record.to_dict()))
+        stop_predecessor(tmp_path)
+        assert record.running() == [] and not (tmp_path / LAUNCHER).exists()
+        elsewhere = dataclasses.replace(record, host="another-host")
+        (tmp_path / LAUNCHER).write_text(json.dumps(elsewhere.to_dict()))
+        with pytest.raises(LaunchError, match="ran on host another-host"):
+            stop_predecessor(tmp_path)
+    finally:
+        children.stop(record, timeout=1, proc=proc)

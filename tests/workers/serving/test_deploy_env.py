@@ -33,6 +33,7 @@ def test_adaptive_reaches_the_embedded_server() -> None:
     ({"EAGLENEST_ADAPTIVE": "yes"}, "EAGLENEST_ADAPTIVE='yes' must be 0 or 1"),
     ({"EAGLENEST_DECODE_MODE": "beam"}, "EAGLENEST_DECODE_MODE='beam' must be chain, tree or"),
     ({"EAGLENEST_NUM_SPECULATIVE_TOKENS": "0"}, "EAGLENEST_NUM_SPECULATIVE_TOKENS='0' must be"),
+    ({"EAGLENEST_MAX_MODEL_LEN": "abc"}, "EAGLENEST_MAX_MODEL_LEN='abc' must be a positive"),
 ])
 def test_bad_values_name_the_variable_and_the_constraint(env: dict[str, str],
                                                          message: str) -> None:

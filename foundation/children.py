@@ -1,0 +1,306 @@
+"""Child processes EagleNest starts (serving instances, benchmark model servers, torchrun and
+its ranks): started so that they die with their owner, recorded so that they are never
+confused with another process, stopped with their whole tree.
+
+Contract:
+- `spawn()` starts a child in a process group of its own (pgid = its pid) with the parent
+  death signal set to SIGKILL (Linux `PR_SET_PDEATHSIG`): the child dies when the process
+  that started it dies, SIGKILL included. The kernel ties that signal to the thread that
+  forked, so every fork runs on one long-lived thread of the owner process. The child's
+  environment carries ``EAGLENEST_CHILD_TAG=<tag>``; its descendants inherit it (torchrun's
+  ranks, a model server's helpers) and are found by it even after they leave the group.
+- A `ChildRecord` names a child by host, boot id (``/proc/sys/kernel/random/boot_id``), pid,
+  the pid's start time (field 22 of ``/proc/<pid>/stat``) and its tag. `stop()` signals
+  nothing when host or boot id are not this machine's; it signals the process group only
+  while the leader's start time still matches, and any other live process carrying the
+  tag. A record from another host, an earlier boot or a reused PID is never signalled.
+- With a registry directory a record is also the file ``<registry>/<tag>.json`` naming its
+  owner (the process that spawned it, by the same identity) until `forget()`. `reap()` stops
+  the children of owners that are no longer alive: a SIGKILLed worker's leftovers are
+  stopped by the next worker that starts on this host.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import logging
+import os
+import queue
+import signal
+import socket
+import subprocess
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+log = logging.getLogger("eaglenest.children")
+
+TAG_ENV = "EAGLENEST_CHILD_TAG"
+PR_SET_PDEATHSIG = 1
+T = TypeVar("T")
+
+
+def boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+HOST, BOOT = socket.gethostname(), boot_id()
+
+
+def start_time(pid: int) -> int | None:
+    """The pid's start time in clock ticks after boot; None when it is gone (or a zombie)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return None if fields[0] in ("Z", "X") else int(fields[19])
+
+
+def _environ_has(pid: int, marker: bytes) -> bool:
+    try:
+        return marker in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return False
+
+
+def tagged(tag: str) -> list[int]:
+    """Live processes whose environment carries this tag (zombies excluded)."""
+    marker = f"{TAG_ENV}={tag}".encode()
+    me = os.getpid()
+    return [pid for pid in _pids() if pid != me and _environ_has(pid, marker)
+            and start_time(pid) is not None]
+
+
+def _pids() -> Iterator[int]:
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            yield int(entry.name)
+
+
+@dataclass(frozen=True)
+class Identity:
+    """A process as it is known beyond its pid."""
+
+    pid: int
+    start: int
+    host: str = HOST
+    boot: str = BOOT
+
+    @classmethod
+    def of(cls, pid: int) -> Identity | None:
+        started = start_time(pid)
+        return None if started is None else cls(pid, started)
+
+    def local(self) -> bool:
+        return self.host == HOST and self.boot == BOOT
+
+    def alive(self) -> bool:
+        """The very same process still runs (on this host, since this boot)."""
+        return self.local() and start_time(self.pid) == self.start
+
+
+@dataclass(frozen=True)
+class ChildRecord:
+    pid: int
+    start: int
+    tag: str
+    role: str
+    resource: str
+    host: str = HOST
+    boot: str = BOOT
+    owner: Identity | None = None
+
+    @property
+    def identity(self) -> Identity:
+        return Identity(self.pid, self.start, self.host, self.boot)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> ChildRecord:
+        owner = raw.get("owner")
+        return cls(**{**raw, "owner": Identity(**owner) if owner else None})
+
+    def running(self) -> list[int]:
+        """Its live processes: the leader if still the same process, plus tagged ones."""
+        if not self.identity.local():
+            return []
+        found = set(tagged(self.tag))
+        if self.identity.alive():
+            found.add(self.pid)
+        return sorted(found)
+
+
+class _Spawner:
+    """The one thread of this process that forks children (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]]] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._pid = 0
+        self._lock = threading.Lock()
+
+    def run(self, fn: Callable[[], T]) -> T:
+        with self._lock:
+            if self._thread is None or self._pid != os.getpid():  # none yet, or forked
+                self._jobs, self._pid = queue.SimpleQueue(), os.getpid()
+                self._thread = threading.Thread(target=self._loop, args=(self._jobs,),
+                                                name="eaglenest-spawner", daemon=True)
+                self._thread.start()
+            jobs = self._jobs
+        future: Future[T] = Future()
+        jobs.put((fn, future))
+        return future.result()
+
+    @staticmethod
+    def _loop(jobs: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]]]) -> None:
+        while True:
+            fn, future = jobs.get()
+            try:
+                future.set_result(fn())
+            except BaseException as exc:  # handed to the caller
+                future.set_exception(exc)
+
+
+_spawner = _Spawner()
+
+
+def _prctl() -> Callable[..., int] | None:
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl  # type: ignore[no-any-return]
+    except (OSError, AttributeError):  # not Linux: process groups and reap() remain
+        return None
+
+
+_PRCTL = _prctl()
+
+
+def die_with_parent(parent: int | None = None) -> None:
+    """In a child: SIGKILL when the parent dies; exit at once if it already has (`parent`:
+    the pid the parent had before the fork, when known)."""
+    parent = os.getppid() if parent is None else parent
+    if _PRCTL is not None:
+        _PRCTL(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def spawn(argv: list[str], *, role: str, resource: str, registry: Path | None = None,
+          env: dict[str, str] | None = None, **popen: Any
+          ) -> tuple[subprocess.Popen[bytes], ChildRecord]:
+    """Start `argv` as an owned child (module docstring); `popen` goes to Popen."""
+    tag = uuid.uuid4().hex
+    child_env = {**(os.environ if env is None else env), TAG_ENV: tag}
+    me = os.getpid()
+    proc = _spawner.run(lambda: subprocess.Popen(
+        argv, env=child_env, start_new_session=True,
+        preexec_fn=lambda: die_with_parent(me), **popen))
+    record = ChildRecord(pid=proc.pid, start=start_time(proc.pid) or 0, tag=tag, role=role,
+                         resource=resource, owner=Identity.of(os.getpid()))
+    if registry is not None:
+        remember(registry, record)
+    return proc, record
+
+
+def remember(registry: Path, record: ChildRecord) -> None:
+    registry.mkdir(parents=True, exist_ok=True)
+    part = registry / f"{record.tag}.json.part"
+    part.write_text(json.dumps(record.to_dict()))
+    part.replace(registry / f"{record.tag}.json")
+
+
+def forget(registry: Path | None, record: ChildRecord) -> None:
+    if registry is not None:
+        (registry / f"{record.tag}.json").unlink(missing_ok=True)
+
+
+def records(registry: Path) -> list[ChildRecord]:
+    out = []
+    for path in sorted(registry.glob("*.json")) if registry.is_dir() else []:
+        try:
+            out.append(ChildRecord.from_dict(json.loads(path.read_text())))
+        except (OSError, ValueError, TypeError) as exc:
+            log.warning("unreadable child record %s: %s", path, exc)
+    return out
+
+
+def _signal(pids: list[int], leader: int | None, sig: signal.Signals) -> None:
+    if leader is not None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(leader, sig)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+
+
+def stop(record: ChildRecord, timeout: float = 20,
+         proc: subprocess.Popen[bytes] | None = None) -> bool:
+    """SIGTERM the child's tree, SIGKILL what is left after `timeout`; wait until it is gone.
+    False (and nothing signalled) when the record is not of this host and boot."""
+    return bool(stop_all([record], timeout, [proc] if proc is not None else []))
+
+
+def stop_all(recs: list[ChildRecord], timeout: float = 20,
+             procs: list[subprocess.Popen[bytes]] | None = None) -> list[ChildRecord]:
+    """`stop()` for several children at once (signalled together, waited for together);
+    the ones of this host and boot, the only ones signalled."""
+    local = [r for r in recs if r.identity.local()]
+    for r in recs:
+        if r not in local:
+            log.warning("not stopping %s pid %d of %s: it runs on host %s (boot %s), not here",
+                        r.role, r.pid, r.resource, r.host, r.boot)
+    for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 10.0)):
+        running = {r: r.running() for r in local}
+        if not any(running.values()):
+            break
+        for r, pids in running.items():
+            if pids:
+                _signal(pids, r.pid if r.identity.alive() else None, sig)
+        deadline = time.monotonic() + wait
+        while any(r.running() for r in local) and time.monotonic() < deadline:
+            for p in procs or []:
+                p.poll()  # reap our own child: a zombie is gone
+            time.sleep(0.1)
+    for p in procs or []:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            p.wait(timeout=1)
+    return local
+
+
+def reap(registry: Path) -> list[ChildRecord]:
+    """Stop the recorded children whose owner is gone (and drop records of an earlier boot);
+    the stopped ones. Records of live owners and of other hosts are left alone."""
+    reaped = []
+    for record in records(registry):
+        if record.host != HOST:
+            continue  # a data dir shared with another host: its worker judges its own
+        if record.boot == BOOT and record.owner is not None and record.owner.alive():
+            continue
+        if record.boot == BOOT and record.running():
+            log.warning("stopping %s pid %d of %s left behind by dead worker pid %s",
+                        record.role, record.pid, record.resource,
+                        record.owner.pid if record.owner else "?")
+            stop(record, timeout=10)
+            reaped.append(record)
+        forget(registry, record)
+    return reaped
+
+
+def stop_owned(registry: Path) -> None:
+    """Stop every recorded child this process spawned (a worker's graceful shutdown)."""
+    me = Identity.of(os.getpid())
+    for record in records(registry):
+        if record.owner == me:
+            stop(record)
+            forget(registry, record)

@@ -1,0 +1,168 @@
+"""What the fault tests share: the processes of one stack (found by scanning /proc for its
+data directory in their environment, so a process that escaped its parent's tree is found
+too), waiting, uploading the tiny model, job and endpoint arguments."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from benchmarks.stack import Stack
+
+ROOT = Path(__file__).resolve().parents[2]
+ROLE = "arn:aws:iam::123456789012:role/EagleNestRole"
+TERMINAL = {"COMPLETED", "FAILED", "STOPPED"}
+
+
+def wait_for(pred: Callable[[], Any], timeout: float, what: str, stack: Stack | None = None
+             ) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = pred()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"{what}: {stack.log()[-3000:] if stack else ''}"
+        time.sleep(0.2)
+
+
+def stack_processes(stack: Stack) -> dict[int, str]:
+    """pid -> command line of every live process started for this stack (its data dir is in
+    the environment every one of them inherits), zombies excluded."""
+    markers = {f"EAGLENEST_DATA_DIR={d}".encode()
+               for d in (stack.data_dir, stack.data_dir.resolve())}
+    found = {}
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            env = Path(f"/proc/{proc.pid}/environ").read_bytes().split(b"\0")
+            if markers & set(env) and proc.status() != psutil.STATUS_ZOMBIE:
+                found[proc.pid] = " ".join(proc.cmdline())
+        except (OSError, psutil.Error):
+            continue
+    return found
+
+
+def stack_core(stack: Stack) -> set[int]:
+    """`eaglenest up` and its direct children: the API, the worker, the broker."""
+    assert stack.proc is not None
+    up = psutil.Process(stack.proc.pid)
+    return {up.pid, *(c.pid for c in up.children())}  # zombies included: not running
+
+
+def strays(stack: Stack, allowed: set[int] = frozenset()) -> dict[int, str]:  # type: ignore[assignment]
+    """Processes of this stack beyond `up`, its API, worker and broker (and `allowed`)."""
+    core = stack_core(stack) | set(allowed)
+    return {pid: cmd for pid, cmd in stack_processes(stack).items() if pid not in core}
+
+
+def assert_no_strays(stack: Stack, timeout: float = 20, allowed: set[int] = frozenset()
+                     ) -> None:  # type: ignore[assignment]
+    deadline = time.monotonic() + timeout
+    while strays(stack, allowed):
+        assert time.monotonic() < deadline, f"left running: {strays(stack, allowed)}"
+        time.sleep(0.2)
+
+
+def _child(stack: Stack, command: str) -> int | None:
+    """The live child of `up` running `eaglenest <command>`, if any (Celery retitles the
+    worker `[celeryd: ...]`)."""
+    assert stack.proc is not None
+    for child in psutil.Process(stack.proc.pid).children():
+        try:
+            cmdline = child.cmdline()
+            if command in cmdline or (command == "worker" and "celeryd" in " ".join(cmdline)):
+                return int(child.pid)
+        except psutil.Error:  # exited meanwhile, or a zombie `up` has not reaped yet
+            continue
+    return None
+
+
+def worker_pid(stack: Stack) -> int:
+    pid = _child(stack, "worker")
+    assert pid is not None, "no worker process"
+    return pid
+
+
+def api_pid(stack: Stack) -> int | None:
+    return _child(stack, "api")
+
+
+def upload(stack: Stack, src: Path, dst: str) -> None:
+    env = {**os.environ, "EAGLENEST_DATA_DIR": str(stack.data_dir)}
+    r = subprocess.run([sys.executable, "-m", "eaglenest.workers.cli", "s3", "cp", str(src), dst],
+                       env=env, capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+
+
+def job_args(model_uri: str, **env: str) -> dict[str, Any]:
+    return {
+        "RoleArn": ROLE, "ModelSource": {"S3": {"S3Uri": model_uri}},
+        "DeploymentInstanceType": "ml.g5.2xlarge",
+        "OptimizationEnvironment": {
+            "EAGLENEST_MAX_LENGTH": "128", "EAGLENEST_DATASET": "gsm8k_training.jsonl",
+            "EAGLENEST_HOLDOUT": "2", "EAGLENEST_BENCH_CONCURRENCY": "1",
+            "EAGLENEST_BENCH_MAX_TOKENS": "8", "EAGLENEST_SERVING_BACKEND": "embedded",
+            "EAGLENEST_NUM_SPECULATIVE_TOKENS": "3", **env},
+        "OptimizationConfigs": [{"ModelSpeculativeDecodingConfig": {"Technique": "EAGLE"}}],
+        "OutputConfig": {"S3OutputLocation": "s3://output/jobs/"},
+        "StoppingCondition": {"MaxRuntimeInSeconds": 1800},
+    }
+
+
+def job_status(sm: Any, name: str) -> dict[str, Any]:
+    return dict(sm.describe_optimization_job(OptimizationJobName=name))
+
+
+def wait_job(sm: Any, name: str, want: set[str], timeout: float, stack: Stack) -> dict[str, Any]:
+    return dict(wait_for(lambda: (d := job_status(sm, name))["OptimizationJobStatus"] in want
+                         and d, timeout, f"job {name} never reached {want}", stack))
+
+
+def steps_logged(stack: Stack, name: str) -> list[int]:
+    path = stack.data_dir / "s3" / "output" / "jobs" / name / "training_log.jsonl"
+    return [json.loads(line)["step"] for line in path.read_text().splitlines()]
+
+
+def serving_env(**extra: str) -> dict[str, str]:
+    return {"EAGLENEST_SERVING_BACKEND": "embedded", "EAGLENEST_MAX_MODEL_LEN": "256",
+            "OMP_NUM_THREADS": "1", **extra}
+
+
+def make_endpoint(sm: Any, name: str, model_uri: str, env: dict[str, str],
+                  capture: bool = False, url_only: bool = False) -> None:
+    """Model, config and endpoint `name` serving `model_uri` (a prefix, or a single object
+    as ModelDataUrl with `url_only`)."""
+    container: dict[str, Any] = {"Image": "eaglenest", "Environment": env}
+    if url_only:
+        container["ModelDataUrl"] = model_uri
+    else:
+        container["ModelDataSource"] = {"S3DataSource": {
+            "S3Uri": model_uri, "S3DataType": "S3Prefix", "CompressionType": "None"}}
+    sm.create_model(ModelName=name, ExecutionRoleArn=ROLE, PrimaryContainer=container)
+    kw: dict[str, Any] = {}
+    if capture:
+        kw["DataCaptureConfig"] = {
+            "EnableCapture": True, "InitialSamplingPercentage": 100,
+            "DestinationS3Uri": "s3://capture/traffic",
+            "CaptureOptions": [{"CaptureMode": "Input"}, {"CaptureMode": "Output"}]}
+    sm.create_endpoint_config(EndpointConfigName=name, ProductionVariants=[{
+        "VariantName": "AllTraffic", "ModelName": name, "InstanceType": "ml.g5.2xlarge",
+        "InitialInstanceCount": 1, "ContainerStartupHealthCheckTimeoutInSeconds": 300}], **kw)
+    sm.create_endpoint(EndpointName=name, EndpointConfigName=name)
+
+
+def endpoint_status(sm: Any, name: str) -> dict[str, Any]:
+    return dict(sm.describe_endpoint(EndpointName=name))
+
+
+def wait_endpoint(sm: Any, name: str, want: set[str], timeout: float, stack: Stack
+                  ) -> dict[str, Any]:
+    return dict(wait_for(lambda: (d := endpoint_status(sm, name))["EndpointStatus"] in want
+                         and d, timeout, f"endpoint {name} never reached {want}", stack))
