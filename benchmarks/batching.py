@@ -27,6 +27,7 @@ import torch
 from benchmarks.decode import held_out_prompts
 from eaglenest.models.decode.batch import BatchEngine
 from eaglenest.models.decode.engine import SpeculativeEngine
+from eaglenest.models.heads.registry import EAGLE, EAGLE3
 
 
 def random_head(target: Any, kind: str) -> torch.nn.Module:
@@ -67,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--target", required=True)
     ap.add_argument("--head", default=None)
-    ap.add_argument("--random-head", default=None, choices=["eagle", "eagle3"])
+    ap.add_argument("--random-head", default=None, choices=[EAGLE.kind, EAGLE3.kind])
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8])
     ap.add_argument("--k", type=int, default=4)

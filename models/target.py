@@ -22,6 +22,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from eaglenest.models.heads.registry import EAGLE, EAGLE3
+
 REQUIRED_FILES = (
     "config.json",
     "tokenizer.json",
@@ -37,18 +39,20 @@ class ArchitectureSupport:
     """What EagleNest trains for one target architecture."""
 
     architecture: str
-    head: str  # "eagle3" (also P-EAGLE) or "eagle" (EAGLE-1 head, EAGLE-2 decoding)
+    #: the default head kind (models/heads/registry.py); heads of the same vLLM method
+    #: (EAGLE-3: also P-EAGLE) suit it too, and a kind without aux states suits every target
+    head: str
 
 
 SUPPORTED_ARCHITECTURES: dict[str, ArchitectureSupport] = {
     a.architecture: a
     for a in (
-        ArchitectureSupport("LlamaForCausalLM", "eagle3"),
-        ArchitectureSupport("Qwen2ForCausalLM", "eagle3"),
-        ArchitectureSupport("Qwen3ForCausalLM", "eagle3"),
-        ArchitectureSupport("Qwen3MoeForCausalLM", "eagle3"),
-        ArchitectureSupport("GptOssForCausalLM", "eagle3"),
-        ArchitectureSupport("Qwen3NextForCausalLM", "eagle"),
+        ArchitectureSupport("LlamaForCausalLM", EAGLE3.kind),
+        ArchitectureSupport("Qwen2ForCausalLM", EAGLE3.kind),
+        ArchitectureSupport("Qwen3ForCausalLM", EAGLE3.kind),
+        ArchitectureSupport("Qwen3MoeForCausalLM", EAGLE3.kind),
+        ArchitectureSupport("GptOssForCausalLM", EAGLE3.kind),
+        ArchitectureSupport("Qwen3NextForCausalLM", EAGLE.kind),
     )
 }
 

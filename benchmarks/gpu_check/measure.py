@@ -12,10 +12,11 @@ import torch
 
 from benchmarks.gpu_check import CEILING_FORMULA
 from benchmarks.gpu_check.build import EOS, PAD, Bench, median_ms, oracle_factory, random_ids, sync
+from eaglenest.models.heads.registry import EAGLE3, HEADS, PEAGLE
 
 K = 5  # chain / parallel drafts per round
 TREE = dict(depth=5, topk=4, total_tokens=16)
-MODES = (("plain", None), ("chain", "eagle3"), ("tree", "eagle3"), ("parallel", "peagle"))
+MODES = (("plain", None), ("chain", EAGLE3.kind), ("tree", EAGLE3.kind), ("parallel", PEAGLE.kind))
 TOKEN_COUNTS = (1, 2, 4, 6, 8, 16, 32, 64)  # 6 = K + 1 for the ceiling at K = 5
 CEILING_KS = (3, 5)
 TAUS = (2, 3, 4)
@@ -125,7 +126,7 @@ def _draft_ms(bench: Bench, kind: str) -> dict[str, float]:
     with torch.no_grad():
         feats = head.combine(aux)
     drafter.extend(random_ids(spec.context, _vocab(bench), 3), feats)
-    draft = drafter.draft_parallel if kind == "peagle" else drafter.draft_chain
+    draft = drafter.draft_parallel if HEADS[kind].parallel else drafter.draft_chain
     greedy = SamplingParams()
     out = {}
     for k in CEILING_KS:
@@ -156,7 +157,7 @@ def _ceiling(curve: dict[int, float], drafts: dict[str, dict[str, float]]) -> li
 
 def verify_cost(bench: Bench) -> dict[str, Any]:
     curve = _target_curve(bench)
-    drafts = {"chain": _draft_ms(bench, "eagle3"), "parallel": _draft_ms(bench, "peagle")}
+    drafts = {"chain": _draft_ms(bench, EAGLE3.kind), "parallel": _draft_ms(bench, PEAGLE.kind)}
     return {"dtype": str(bench.perf_dtype).removeprefix("torch."), "context": bench.spec.context,
             "token_counts": list(TOKEN_COUNTS), "repeats": bench.spec.repeats,
             "curve": [{"n": n, "ms": ms} for n, ms in curve.items()],
@@ -189,7 +190,7 @@ def throughput(bench: Bench) -> dict[str, Any]:
         {"name": "hf generate", "tokens_per_s": hf_rate, "tau": None, "tokens": None}]
     plain: list[int] = []
     for name, mode, kind in (("ours plain", "plain", None), (f"ours chain K={K}", "chain",
-                             "eagle3"), (f"ours parallel K={K}", "parallel", "peagle"),
+                             EAGLE3.kind), (f"ours parallel K={K}", "parallel", PEAGLE.kind),
                              (f"ours chain K={K} oracle", "chain", "oracle")):
         if kind == "oracle":
             engine = _engine(bench, mode, None, bench.perf_dtype,
@@ -225,7 +226,7 @@ def training(bench: Bench) -> dict[str, Any]:
     target = bench.target(bench.perf_dtype)  # as models.cli loads it
     autocast = torch.autocast("cuda", torch.bfloat16) if cuda else contextlib.nullcontext()
     rows = []
-    for kind in ("eagle3", "peagle"):
+    for kind in (EAGLE3.kind, PEAGLE.kind):
         ticks: list[float] = []
 
         def tick(ticks: list[float] = ticks) -> bool:

@@ -27,7 +27,6 @@ import torch
 from eaglenest.models.decode.drafter import HeadDrafter
 from eaglenest.models.decode.sampling import SamplingParams
 from eaglenest.models.heads.layers import KV
-from eaglenest.models.heads.peagle import PEagleHead
 
 Draft = tuple[list[int], torch.Tensor | None]  # (target ids, q [k, vocab] or None)
 
@@ -103,7 +102,7 @@ def draft_parallel(
     if k <= 0:
         return [([], None) for _ in drafters]
     head = drafters[0].head
-    assert isinstance(head, PEagleHead)
+    assert drafters[0].parallel  # a parallel head (HeadSpec.parallel) has mask slots
     logit_rows: list[list[torch.Tensor]] = [[d.last_logits] for d in drafters]  # type: ignore[misc]
     if k > 1:
         device, b = drafters[0].device, len(drafters)

@@ -14,9 +14,8 @@ from torch import nn
 
 from eaglenest.models.decode.runner import StepOutput
 from eaglenest.models.decode.sampling import SamplingParams, sample
-from eaglenest.models.heads.eagle3 import Eagle3Head
 from eaglenest.models.heads.layers import KV, causal_mask
-from eaglenest.models.heads.peagle import PEagleHead
+from eaglenest.models.heads.registry import head_spec
 
 
 class HeadDrafter:
@@ -24,8 +23,9 @@ class HeadDrafter:
 
     def __init__(self, head: nn.Module) -> None:
         self.head = head.eval()
-        self.uses_aux = isinstance(head, Eagle3Head)
-        self.parallel = isinstance(head, PEagleHead)
+        spec = head_spec(head)
+        self.uses_aux = spec.uses_aux
+        self.parallel = spec.parallel
         device = next(head.parameters()).device
         n_logits = head.lm_head.out_features
         # [draft_vocab] target id of each head logit (identity for EAGLE-1/2 heads)
@@ -132,7 +132,7 @@ class HeadDrafter:
         draft m + 1 -- the layout of ``PEagleHead.draft_parallel`` (tested equal in
         tests/models/heads/test_peagle.py), here with the committed slots in the KV cache.
         """
-        assert isinstance(self.head, PEagleHead) and self.last_logits is not None
+        assert self.parallel and self.last_logits is not None
         self.crop()
         if k <= 0:
             return [], None

@@ -18,13 +18,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from enum import StrEnum
 
 import torch
 from torch import nn
 
 from eaglenest.models.decode.adaptive import AdaptiveDepth
 from eaglenest.models.decode.drafter import HeadDrafter
+from eaglenest.models.decode.modes import DecodeMode
 from eaglenest.models.decode.onednn import onednn_available, onednn_copy
 from eaglenest.models.decode.runner import StepOutput, TargetRunner
 from eaglenest.models.decode.sampling import (
@@ -36,14 +36,9 @@ from eaglenest.models.decode.sampling import (
 )
 from eaglenest.models.decode.stats import SpecStats
 from eaglenest.models.decode.tree import accepted_path, build_tree, walk_greedy, walk_sampling
-from eaglenest.models.heads.peagle import PEagleHead
+from eaglenest.models.heads.registry import find_head_spec
 
-
-class DecodeMode(StrEnum):
-    PLAIN = "plain"
-    CHAIN = "chain"
-    TREE = "tree"
-    PARALLEL = "parallel"
+__all__ = ["DecodeMode", "SpeculativeEngine"]
 
 
 @dataclass
@@ -98,7 +93,8 @@ class SpeculativeEngine:
         self.drafter_factory = drafter_factory
         speculative = head is not None or drafter_factory is not None
         self.mode = DecodeMode(mode) if speculative else DecodeMode.PLAIN
-        parallel_ok = drafter_factory is not None or isinstance(head, PEagleHead)
+        spec = find_head_spec(head) if head is not None else None
+        parallel_ok = drafter_factory is not None or (spec is not None and spec.parallel)
         if self.mode is DecodeMode.PARALLEL and not parallel_ok:
             raise ValueError("parallel drafting needs a P-EAGLE head")
         self.k, self.depth, self.topk, self.total_tokens = k, depth, topk, total_tokens

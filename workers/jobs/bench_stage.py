@@ -49,19 +49,23 @@ def _serve_and_measure(plan: BenchPlan, head: Path | None, log_path: Path,
         server.stop()
 
 
+#: benchmark.json's row of the server with the head (a published report key, any head kind)
+SPECULATIVE_ROW = "eagle"
+
+
 def run_benchmark(plan: BenchPlan, out: Path, should_stop: Any) -> dict[str, Any]:
     rows = {
         "baseline": _serve_and_measure(plan, None, out / "logs" / "baseline-server.log",
                                        should_stop),
-        "eagle": _serve_and_measure(plan, plan.head_dir, out / "logs" / "eagle-server.log",
-                                    should_stop),
+        SPECULATIVE_ROW: _serve_and_measure(plan, plan.head_dir,
+                                            out / "logs" / "eagle-server.log", should_stop),
     }
     report = to_json(rows, backend=plan.backend, prompts=len(plan.prompts),
                      max_tokens=plan.max_tokens,
                      num_speculative_tokens=plan.num_speculative_tokens)
     report["speedup"] = {
         str(b.concurrency): e.output_throughput / b.output_throughput
-        for b, e in zip(rows["baseline"], rows["eagle"], strict=False)
+        for b, e in zip(rows["baseline"], rows[SPECULATIVE_ROW], strict=False)
         if b.output_throughput > 0
     }
     (out / "benchmark.json").write_text(json.dumps(report, indent=1))

@@ -9,7 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-HEADS = ("eagle", "eagle3", "peagle")
+from eaglenest.models.heads.registry import HEADS as HEAD_SPECS
+from eaglenest.models.heads.registry import KINDS as HEADS
+
 BACKENDS = ("vllm", "embedded")
 
 
@@ -19,7 +21,7 @@ class OptionError(ValueError):
 
 @dataclass(frozen=True)
 class JobOptions:
-    head: str | None = None  # EAGLENEST_HEAD: eagle | eagle3 | peagle (default by architecture)
+    head: str | None = None  # EAGLENEST_HEAD: a registry kind (default by architecture)
     max_steps: int = 200  # EAGLENEST_MAX_STEPS
     batch_size: int = 2  # EAGLENEST_BATCH_SIZE
     lr: float = 3e-4  # EAGLENEST_LEARNING_RATE
@@ -107,6 +109,7 @@ def parse_options(env: dict[str, str] | None) -> JobOptions:
 
 def _check_together(kw: dict[str, Any]) -> None:
     """Constraints between variables (each one alone is already valid)."""
-    if kw.get("num_layers", 1) != 1 and kw.get("head") == "eagle":
+    head = kw.get("head")
+    if kw.get("num_layers", 1) != 1 and head and not HEAD_SPECS[head].multi_layer:
         raise OptionError(f"EAGLENEST_NUM_LAYERS={kw['num_layers']} needs an EAGLE-3 or P-EAGLE "
-                          "head; EAGLE-2 heads (EAGLENEST_HEAD=eagle) have one layer")
+                          f"head; EAGLE-2 heads (EAGLENEST_HEAD={head}) have one layer")

@@ -20,6 +20,8 @@ from typing import Any
 
 import httpx
 
+from eaglenest.models.heads.registry import vllm_speculative_method
+
 VLLM, EMBEDDED = "vllm", "embedded"
 
 
@@ -37,16 +39,7 @@ def default_backend() -> str:
 
 def head_method(head_dir: Path) -> dict[str, Any]:
     """vLLM's speculative-config method for a saved head (from its config.json)."""
-    cfg = json.loads((head_dir / "config.json").read_text())
-    spec = cfg.get("speculators_config") or {}
-    archs = " ".join(cfg.get("architectures", [])) + " " + str(cfg.get("speculators_model_type"))
-    parallel = bool(cfg.get("parallel_drafting") or spec.get("parallel_drafting")
-                    or "peagle" in archs.lower())
-    method = "eagle3" if ("eagle3" in archs.lower() or parallel) else "eagle"
-    out: dict[str, Any] = {"method": method}
-    if parallel:
-        out["parallel_drafting"] = True
-    return out
+    return vllm_speculative_method(json.loads((head_dir / "config.json").read_text()))
 
 
 @dataclass

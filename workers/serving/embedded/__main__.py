@@ -36,7 +36,7 @@ def build_server(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     from eaglenest.models.decode.batch import BatchEngine
     from eaglenest.models.decode.engine import DecodeMode, SpeculativeEngine
     from eaglenest.models.decode.onednn import onednn_available, repack_linears
-    from eaglenest.models.heads.peagle import PEagleHead
+    from eaglenest.models.heads.registry import head_spec
     from eaglenest.models.target import load_target
     from eaglenest.workers.serving.embedded.server import EmbeddedServer
 
@@ -47,7 +47,7 @@ def build_server(args: argparse.Namespace):  # type: ignore[no-untyped-def]
         head = load_head(args.head, target.embed_weight(), target.lm_head_weight())
         head = head.to(device=device, dtype=getattr(torch, args.dtype))
         mode = DecodeMode(args.mode)
-        if mode is DecodeMode.PARALLEL and not isinstance(head, PEagleHead):
+        if mode is DecodeMode.PARALLEL and not head_spec(head).parallel:
             logging.warning("parallel drafting needs a P-EAGLE head; using chain drafting")
             mode = DecodeMode.CHAIN
     for module in (target.model, head):  # this process only serves: repack in place
