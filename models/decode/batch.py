@@ -1,6 +1,6 @@
 """Continuous batching: ``BatchEngine`` decodes many requests with ONE target forward a step.
 
-    engine = BatchEngine(target, head, "chain", k=4, max_num_seqs=8)
+    engine = BatchEngine(target, head, DecodeMode.CHAIN, k=4, max_num_seqs=8)
     a = engine.submit(prompt_a, max_new_tokens=64)
     b = engine.submit(prompt_b, max_new_tokens=16, temperature=0.7, seed=1)
     while engine.has_work:
@@ -216,11 +216,12 @@ class BatchEngine(SpeculativeEngine):
         rows draft with one head (models/decode/batch_draft.py), else row by row."""
         reqs = [s.req for s in self.active]
         drafters = [r.drafter for r in reqs]
-        batched = self.batched_drafting and self.mode in (DecodeMode.CHAIN, DecodeMode.PARALLEL)
+        mode = self.mode.spec
+        batched = self.batched_drafting and mode.drafts and not mode.tree
         if not batched or not batch_draft.batchable(drafters):
             return [self._plan(r, k) for r in reqs]
         t0 = time.perf_counter()
-        draft = batch_draft.draft_parallel if self.mode is DecodeMode.PARALLEL else (
+        draft = batch_draft.draft_parallel if mode.parallel else (
             batch_draft.draft_chain)
         rows = draft(drafters, k, [r.params for r in reqs], [r.gen for r in reqs])  # type: ignore[arg-type]
         draft_s = time.perf_counter() - t0  # the batch's drafting time, as verify_s below
@@ -252,11 +253,11 @@ class BatchEngine(SpeculativeEngine):
         if drafter is None:
             return _Plan([req.pending], [0], torch.ones(1, 1, dtype=torch.bool))
         t0 = time.perf_counter()
-        if self.mode is DecodeMode.TREE:
+        if self.mode.spec.tree:
             tree = build_tree(drafter, req.pending, k, self.topk, self._tree_size(k))
             return _Plan(tree.tokens, tree.depths, tree.mask, k, tree=tree,
                          draft_s=time.perf_counter() - t0)
-        if self.mode is DecodeMode.PARALLEL:
+        if self.mode.spec.parallel:
             drafts, q = drafter.draft_parallel(k, req.params, req.gen)
         else:
             drafts, q = drafter.draft_chain(k, req.params, req.gen)

@@ -95,22 +95,22 @@ class SpeculativeEngine:
         self.mode = DecodeMode(mode) if speculative else DecodeMode.PLAIN
         spec = find_head_spec(head) if head is not None else None
         parallel_ok = drafter_factory is not None or (spec is not None and spec.parallel)
-        if self.mode is DecodeMode.PARALLEL and not parallel_ok:
+        if self.mode.spec.parallel and not parallel_ok:
             raise ValueError("parallel drafting needs a P-EAGLE head")
         self.k, self.depth, self.topk, self.total_tokens = k, depth, topk, total_tokens
         self.note = ""
         layer_types = getattr(self.model.config, "layer_types", None) or []
-        if self.mode is DecodeMode.TREE and "linear_attention" in layer_types:
+        if self.mode.spec.tree and "linear_attention" in layer_types:
             # recurrent layers read tokens in sequence: a tree cannot share one forward
             self.mode, self.k = DecodeMode.CHAIN, depth
             self.note = "tree mode needs attention-only targets; using chain drafting"
-        start = depth if self.mode is DecodeMode.TREE else k
+        start = depth if self.mode.spec.tree else k
         self.controller: AdaptiveDepth | None = None
-        if adaptive and self.mode is not DecodeMode.PLAIN:
+        if adaptive and self.mode.spec.drafts:
             self.controller = AdaptiveDepth(  # chain / parallel may also choose plain rounds
-                k_min=1 if self.mode is DecodeMode.TREE else 0,
+                k_min=self.mode.spec.adaptive_k_min,
                 k_max=max(k_max, start),
-                parallel=self.mode is DecodeMode.PARALLEL,
+                parallel=self.mode.spec.parallel,
             )
         self.current_k = start
         self.stats = SpecStats()
@@ -170,7 +170,7 @@ class SpeculativeEngine:
         drafter = None
         if self.controller is not None:
             self.controller.new_context()
-        if self.mode is not DecodeMode.PLAIN:
+        if self.mode.spec.drafts:
             factory = self.drafter_factory
             drafter = factory() if factory is not None else HeadDrafter(self.head)  # type: ignore[arg-type]
         aux = drafter.aux_layer_ids if drafter is not None else []
@@ -223,7 +223,7 @@ class SpeculativeEngine:
             req.runner.commit([req.pending], 1)
             return self._emit(req, [self._pick(req, out.logits[0])])
         start = time.perf_counter()
-        if self.mode is DecodeMode.TREE:
+        if self.mode.spec.tree:
             emitted = self._round_tree(req, req.drafter)
         else:
             emitted = self._round_chain(req, req.drafter)
@@ -235,7 +235,7 @@ class SpeculativeEngine:
     def _round_chain(self, req: _Request, drafter: HeadDrafter) -> list[int]:
         k = self.current_k
         t0 = time.perf_counter()
-        if self.mode is DecodeMode.PARALLEL:
+        if self.mode.spec.parallel:
             drafts, q = drafter.draft_parallel(k, req.params, req.gen)
         else:
             drafts, q = drafter.draft_chain(k, req.params, req.gen)
@@ -299,7 +299,7 @@ class SpeculativeEngine:
 
     def _size_of(self, k: int) -> int:
         """Tokens verified in a round of depth / K ``k``."""
-        return self._tree_size(k) if self.mode is DecodeMode.TREE else k + 1
+        return self._tree_size(k) if self.mode.spec.tree else k + 1
 
     def _tree_size(self, depth: int) -> int:
         """Tree nodes (root included) for a depth: total_tokens scaled with the depth."""

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from eaglenest.foundation.processes import free_port
+from eaglenest.models.decode.modes import DecodeMode
 from eaglenest.workers.jobs.loadgen import BenchConfig, LevelResult, run, to_json, to_markdown
 from eaglenest.workers.serving.process import ServerProcess, ServerSpec
 
@@ -25,7 +26,7 @@ class BenchPlan:
     concurrency: tuple[int, ...]
     max_tokens: int
     num_speculative_tokens: int
-    mode: str = "chain"
+    mode: str = DecodeMode.CHAIN
     startup_timeout: float = 900.0
 
 

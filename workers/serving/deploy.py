@@ -28,6 +28,7 @@ from eaglenest.db.tables import EndpointConfigRow, ModelRow
 from eaglenest.foundation.deployment import instances_of
 from eaglenest.foundation.processes import free_port, pid_alive
 from eaglenest.foundation.storage import ArtifactStore
+from eaglenest.models.decode.modes import SPECULATIVE_MODES, DecodeMode
 from eaglenest.workers.jobs.inputs import InputError, _container_uri, fetch_tree
 from eaglenest.workers.serving.process import (
     EMBEDDED,
@@ -103,9 +104,10 @@ def _spec(plan: VariantPlan, model_dir: Path, head_dir: Path | None, served: str
     if backend == VLLM and default_backend() != VLLM:
         raise DeployError("EAGLENEST_SERVING_BACKEND=vllm but vLLM is not installed on the "
                           "worker (pip install 'EagleNest[vllm]')")
-    mode = plan.env.get("EAGLENEST_DECODE_MODE", "chain")
-    if mode not in ("chain", "tree", "parallel"):
-        raise DeployError(f"EAGLENEST_DECODE_MODE={mode!r} must be chain, tree or parallel")
+    mode = plan.env.get("EAGLENEST_DECODE_MODE", DecodeMode.CHAIN.value)
+    if mode not in SPECULATIVE_MODES:
+        *first, last = SPECULATIVE_MODES
+        raise DeployError(f"EAGLENEST_DECODE_MODE={mode!r} must be {', '.join(first)} or {last}")
     adaptive = plan.env.get("EAGLENEST_ADAPTIVE", "0")
     if adaptive not in ("0", "1"):
         raise DeployError(f"EAGLENEST_ADAPTIVE={adaptive!r} must be 0 or 1")

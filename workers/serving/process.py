@@ -20,6 +20,7 @@ from typing import Any
 
 import httpx
 
+from eaglenest.models.decode.modes import DecodeMode
 from eaglenest.models.heads.registry import vllm_speculative_method
 
 VLLM, EMBEDDED = "vllm", "embedded"
@@ -50,7 +51,7 @@ class ServerSpec:
     backend: str = EMBEDDED
     head_dir: Path | None = None
     num_speculative_tokens: int = 5
-    mode: str = "chain"  # embedded only: chain | tree | parallel
+    mode: str = DecodeMode.CHAIN  # embedded only: one of SPECULATIVE_MODES
     adaptive: bool = False  # embedded only: K / depth chosen online (models/decode/adaptive.py)
     dtype: str = "float32"
     bind_host: str = "127.0.0.1"

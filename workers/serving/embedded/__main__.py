@@ -10,12 +10,14 @@ import argparse
 import logging
 import sys
 
+from eaglenest.models.decode.modes import SPECULATIVE_MODES, DecodeMode
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m eaglenest.workers.serving.embedded")
     p.add_argument("--model", required=True)
     p.add_argument("--head", default=None)
-    p.add_argument("--mode", default="chain", choices=["chain", "tree", "parallel"])
+    p.add_argument("--mode", default=DecodeMode.CHAIN.value, choices=SPECULATIVE_MODES)
     p.add_argument("--num-speculative-tokens", type=int, default=5)
     p.add_argument("--adaptive", action="store_true")
     p.add_argument("--host", default="127.0.0.1")
