@@ -13,10 +13,17 @@ from eaglenest.db import endpoints_repo
 from eaglenest.db.common import find, list_rows
 from eaglenest.db.tables import EndpointConfigRow, EndpointRow
 from eaglenest.foundation import queue as q
+from eaglenest.foundation.shapes.endpoints import (
+    CreateEndpointInput,
+    DeleteEndpointInput,
+    DescribeEndpointInput,
+    ListEndpointsInput,
+    UpdateEndpointInput,
+)
 
 
 @operation("CreateEndpoint")
-def create_endpoint(ctx: Context, req: Any) -> dict[str, Any]:
+def create_endpoint(ctx: Context, req: CreateEndpointInput) -> dict[str, Any]:
     with ctx.db.session() as s:
         row = endpoints_repo.create(s, ctx.account, spec_of(req))
         arn, name = row.arn, row.name
@@ -39,7 +46,7 @@ def _capture_summary(config: EndpointConfigRow | None) -> dict[str, Any] | None:
 
 
 @operation("DescribeEndpoint")
-def describe_endpoint(ctx: Context, req: Any) -> dict[str, Any]:
+def describe_endpoint(ctx: Context, req: DescribeEndpointInput) -> dict[str, Any]:
     with ctx.db.session() as s:
         row = endpoints_repo.get(s, ctx.account, req.EndpointName)
         out: dict[str, Any] = {
@@ -57,7 +64,7 @@ def describe_endpoint(ctx: Context, req: Any) -> dict[str, Any]:
 
 
 @operation("ListEndpoints")
-def list_endpoints(ctx: Context, req: Any) -> dict[str, Any]:
+def list_endpoints(ctx: Context, req: ListEndpointsInput) -> dict[str, Any]:
     with ctx.db.session() as s:
         rows, token = list_rows(s, EndpointRow, list_query(req, status=req.StatusEquals))
         items = [
@@ -69,7 +76,7 @@ def list_endpoints(ctx: Context, req: Any) -> dict[str, Any]:
 
 
 @operation("UpdateEndpoint")
-def update_endpoint(ctx: Context, req: Any) -> dict[str, Any]:
+def update_endpoint(ctx: Context, req: UpdateEndpointInput) -> dict[str, Any]:
     with ctx.db.session() as s:
         row = endpoints_repo.request_update(
             s, ctx.account, req.EndpointName, req.EndpointConfigName, spec_of(req)
@@ -80,7 +87,7 @@ def update_endpoint(ctx: Context, req: Any) -> dict[str, Any]:
 
 
 @operation("DeleteEndpoint")
-def delete_endpoint(ctx: Context, req: Any) -> None:
+def delete_endpoint(ctx: Context, req: DeleteEndpointInput) -> None:
     with ctx.db.session() as s:
         needs_worker = endpoints_repo.request_delete(s, ctx.account, req.EndpointName)
     if needs_worker:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from eaglenest.foundation.shapes.optimization_jobs import CreateOptimizationJobRequest
 from eaglenest.foundation.storage import ArtifactStore, StorageError, publish_dir
 from eaglenest.models.heads.registry import HEADS
 from eaglenest.workers.infra.checkpoint_sync import CheckpointSync
@@ -54,7 +55,7 @@ def _prompt_text(example: Any, tokenizer: Any) -> str:
 @dataclass
 class Pipeline:
     name: str
-    spec: dict[str, Any]
+    spec: CreateOptimizationJobRequest
     options: JobOptions
     sources: JobSources
     store: ArtifactStore
@@ -187,7 +188,7 @@ class Pipeline:
 
     @property
     def output_base(self) -> str:
-        return self.spec["OutputConfig"]["S3OutputLocation"].rstrip("/") + f"/{self.name}/"
+        return self.spec.OutputConfig.S3OutputLocation.rstrip("/") + f"/{self.name}/"
 
     def checkpoints(self) -> CheckpointSync:
         """Checkpoints mirrored under the output location, for resume on another host."""

@@ -19,7 +19,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy.orm import Session
 
@@ -27,9 +27,12 @@ from eaglenest.db.common import find
 from eaglenest.db.tables import EndpointConfigRow, ModelRow
 from eaglenest.foundation.deployment import instances_of
 from eaglenest.foundation.processes import free_port, pid_alive
+from eaglenest.foundation.shapes import AwsShape, StoredShapeError, rebuild
+from eaglenest.foundation.shapes.endpoint_configs import CreateEndpointConfigInput
+from eaglenest.foundation.shapes.models import CreateModelInput
 from eaglenest.foundation.storage import ArtifactStore
 from eaglenest.models.decode.modes import SPECULATIVE_MODES, DecodeMode
-from eaglenest.workers.jobs.inputs import InputError, _container_uri, fetch_tree
+from eaglenest.workers.jobs.inputs import InputError, container_uris, fetch_tree, model_container
 from eaglenest.workers.serving.process import (
     EMBEDDED,
     VLLM,
@@ -39,6 +42,7 @@ from eaglenest.workers.serving.process import (
 )
 
 DEFAULT_HEALTH_TIMEOUT = 900
+Shape = TypeVar("Shape", bound=AwsShape)
 
 
 class DeployError(Exception):
@@ -62,26 +66,32 @@ def plan_variants(session: Session, config_name: str) -> list[VariantPlan]:
     if config is None:
         raise DeployError(f"Endpoint configuration {config_name} no longer exists.")
     plans = []
-    for v in config.spec["ProductionVariants"]:
-        model = find(session, ModelRow, v["ModelName"])
-        if model is None:
-            raise DeployError(f"Model {v['ModelName']} of variant {v['VariantName']} "
-                              "no longer exists.")
-        container = model.spec.get("PrimaryContainer") or (model.spec.get("Containers")
-                                                           or [{}])[0]
-        model_uri, head_uri = _container_uri(container)
+    for v in _rebuild(CreateEndpointConfigInput, config.spec).ProductionVariants:
+        name = str(v.ModelName)  # endpoint_configs_repo refuses a variant without one
+        row = find(session, ModelRow, name)
+        if row is None:
+            raise DeployError(f"Model {name} of variant {v.VariantName} no longer exists.")
+        container = model_container(_rebuild(CreateModelInput, row.spec))
+        model_uri, head_uri = container_uris(container)
         if not model_uri:
-            raise DeployError(f"Model {v['ModelName']} has no ModelDataSource or ModelDataUrl.")
+            raise DeployError(f"Model {name} has no ModelDataSource or ModelDataUrl.")
+        timeout = v.ContainerStartupHealthCheckTimeoutInSeconds
         plans.append(VariantPlan(
-            variant=v["VariantName"], model_name=v["ModelName"],
-            weight=float(v.get("InitialVariantWeight", 1.0)),
-            instance_count=int(v.get("InitialInstanceCount", 1)),
-            health_timeout=int(v.get("ContainerStartupHealthCheckTimeoutInSeconds",
-                                     DEFAULT_HEALTH_TIMEOUT)),
+            variant=v.VariantName, model_name=name,
+            weight=float(1.0 if v.InitialVariantWeight is None else v.InitialVariantWeight),
+            instance_count=int(1 if v.InitialInstanceCount is None else v.InitialInstanceCount),
+            health_timeout=int(DEFAULT_HEALTH_TIMEOUT if timeout is None else timeout),
             model_uri=model_uri, head_uri=head_uri,
-            env=dict(container.get("Environment") or {}),
+            env=dict(container.Environment or {}),
         ))
     return plans
+
+
+def _rebuild(shape: type[Shape], stored: dict[str, Any]) -> Shape:
+    try:
+        return rebuild(shape, stored)
+    except StoredShapeError as exc:
+        raise DeployError(str(exc)) from None
 
 
 def _speculative_tokens(plan: VariantPlan, head_dir: Path | None) -> int:
