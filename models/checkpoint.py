@@ -29,6 +29,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from eaglenest.models.heads.base import draft_head
 from eaglenest.models.heads.layers import HeadConfig
 from eaglenest.models.heads.registry import (
     CHECKPOINT_FORMATS,
@@ -90,7 +91,7 @@ def build_config(
     head: nn.Module, fmt: str, verifier: str, verifier_arch: str, speculative_tokens: int
 ) -> dict[str, Any]:
     """config.json for ``head`` in ``fmt`` ("native" or "speculators")."""
-    spec, cfg = head_spec(head), head.cfg
+    spec, cfg = head_spec(head), draft_head(head).cfg
     if fmt not in FORMATS:
         raise ValueError(f"unknown checkpoint format {fmt!r}; one of {FORMATS}")
     if fmt not in spec.formats:
@@ -158,7 +159,7 @@ def save_head(
     """Write config.json + model.safetensors (+ provenance.json) for vLLM; returns out_dir."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    cfg: HeadConfig = head.cfg
+    cfg = draft_head(head).cfg
     config = build_config(head, fmt, verifier, cfg.target_architecture, speculative_tokens)
     skip = SHARED if head_spec(head).draft_vocab else (*SHARED, TARGET_LM_HEAD)
     tensors = {

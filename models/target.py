@@ -166,14 +166,16 @@ class Target:
         architecture: str,
         aux_layer_ids: list[int] | None = None,
     ) -> None:
-        self.model = model.eval()
+        #: a transformers causal LM; its submodules (model.layers, the embeddings) differ by
+        #: architecture, so it is used duck-typed
+        self.model: Any = model.eval()
         for p in self.model.parameters():
             p.requires_grad_(False)
         self.tokenizer = tokenizer
         self.folder = folder
         self.architecture = architecture
         self.support = SUPPORTED_ARCHITECTURES[architecture]
-        self.config = model.config
+        self.config: Any = model.config  # the transformers config of the architecture
         self.aux_layer_ids = aux_layer_ids or default_aux_layer_ids(self.num_layers)
         ids = self.aux_layer_ids
         if any(not 0 <= k < self.num_layers for k in ids) or ids != sorted(set(ids)):
@@ -254,5 +256,5 @@ def load_target(
     model = AutoModelForCausalLM.from_pretrained(
         folder, dtype=dtype, trust_remote_code=False, use_safetensors=True
     )
-    model.to(device)
+    model.to(device)  # type: ignore[arg-type]  # transformers types to() as taking a model
     return Target(model, tokenizer, folder, arch, aux_layer_ids)

@@ -25,7 +25,7 @@ from eaglenest.models import distributed
 from eaglenest.models.capture_cache import CaptureCache
 from eaglenest.models.checkpoint import head_kind, load_head, save_head
 from eaglenest.models.data.template import Sample
-from eaglenest.models.heads.base import HeadBatch
+from eaglenest.models.heads.base import HeadBatch, draft_head
 from eaglenest.models.heads.registry import DEFAULT_KIND, HEADS
 from eaglenest.models.optim import make_optimizer
 from eaglenest.models.target import Target
@@ -251,7 +251,8 @@ def _load_head(folder: str | Path, target: Target, kind: str) -> nn.Module:
     head = load_head(folder, target.embed_weight(), target.lm_head_weight())
     if head_kind(head) != kind:
         raise ValueError(f"{folder} holds a {head_kind(head)} head, not {kind}")
-    if head.cfg.hidden_size != target.hidden_size or head.cfg.vocab_size != target.vocab_size:
+    cfg = draft_head(head).cfg
+    if cfg.hidden_size != target.hidden_size or cfg.vocab_size != target.vocab_size:
         raise ValueError(f"{folder}: head does not match the target's hidden size / vocabulary")
     return head
 

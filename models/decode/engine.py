@@ -18,6 +18,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -38,6 +39,9 @@ from eaglenest.models.decode.stats import SpecStats
 from eaglenest.models.decode.tree import accepted_path, build_tree, walk_greedy, walk_sampling
 from eaglenest.models.heads.registry import find_head_spec
 
+if TYPE_CHECKING:
+    from eaglenest.models.target import Target
+
 __all__ = ["DecodeMode", "SpeculativeEngine"]
 
 
@@ -55,7 +59,7 @@ class _Request:
     stats: SpecStats = field(default_factory=SpecStats)
 
 
-def _causal_lm(target: nn.Module) -> nn.Module:
+def _causal_lm(target: nn.Module | Target) -> nn.Module:
     """A models.target.Target or a transformers causal LM -> the causal LM."""
     from eaglenest.models.target import Target
 
@@ -72,7 +76,7 @@ class SpeculativeEngine:
 
     def __init__(
         self,
-        target: nn.Module,
+        target: nn.Module | Target,
         head: nn.Module | None = None,
         mode: DecodeMode | str = DecodeMode.CHAIN,
         k: int = 4,
@@ -144,16 +148,16 @@ class SpeculativeEngine:
             self.stats.merge(req.stats)
 
     def generate_ids(
-        self, prompt_ids: Sequence[int], max_new_tokens: int, **kw: object
+        self, prompt_ids: Sequence[int], max_new_tokens: int, **kw: Any
     ) -> list[int]:
         """All generated ids of one request (convenience over ``generate``)."""
         out: list[int] = []
-        for chunk in self.generate(prompt_ids, max_new_tokens, **kw):  # type: ignore[arg-type]
+        for chunk in self.generate(prompt_ids, max_new_tokens, **kw):
             out.extend(chunk)
         return out
 
     def generate_batch(
-        self, prompts: Sequence[Sequence[int]], max_new_tokens: int, **kw: object
+        self, prompts: Sequence[Sequence[int]], max_new_tokens: int, **kw: Any
     ) -> list[list[int]]:
         """Several requests, decoded one after another (no batched forwards yet)."""
         return [self.generate_ids(p, max_new_tokens, **kw) for p in prompts]
@@ -172,7 +176,11 @@ class SpeculativeEngine:
             self.controller.new_context()
         if self.mode.spec.drafts:
             factory = self.drafter_factory
-            drafter = factory() if factory is not None else HeadDrafter(self.head)  # type: ignore[arg-type]
+            if factory is not None:
+                drafter = factory()
+            else:
+                assert self.head is not None  # a drafting mode has a head or a factory
+                drafter = HeadDrafter(self.head)
         aux = drafter.aux_layer_ids if drafter is not None else []
         device = next(self.model.parameters()).device
         gen = None

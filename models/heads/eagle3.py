@@ -105,6 +105,9 @@ class DecoderLayer(nn.Module):
 class Eagle3Head(nn.Module):
     """EAGLE-3 head. ``d2t``/``t2d`` come from ``models.heads.vocab.build_draft_vocab``."""
 
+    d2t: torch.Tensor  # buffers (registered in __init__)
+    t2d: torch.Tensor
+
     def __init__(self, cfg: HeadConfig, d2t: torch.Tensor, t2d: torch.Tensor) -> None:
         super().__init__()
         if cfg.draft_vocab_size is None or len(cfg.aux_layer_ids) == 0:
@@ -162,7 +165,7 @@ class Eagle3Head(nn.Module):
 
     def target_id_order(self) -> torch.Tensor:
         """[draft_vocab] target ids in draft-id order (draft id d <-> target id d + d2t[d])."""
-        return self.to_target_ids(torch.arange(self.cfg.draft_vocab_size, device=self.d2t.device))
+        return self.to_target_ids(torch.arange(self.d2t.shape[0], device=self.d2t.device))
 
     def init_from_target(self, embed_weight: torch.Tensor, lm_head_weight: torch.Tensor) -> None:
         """Copy the frozen embeddings; start lm_head from the target's rows for the draft vocab."""

@@ -74,12 +74,13 @@ class PEagleHead(Eagle3Head):
         super().__init__(cfg, d2t, t2d)
         if cfg.mask_token_id is None or not 0 <= cfg.mask_token_id < cfg.vocab_size:
             raise ValueError("P-EAGLE heads need a mask_token_id inside the target vocabulary")
+        self.mask_token_id: int = cfg.mask_token_id
         width = len(cfg.aux_layer_ids) * cfg.hidden_size
         self.mask_hidden = nn.Parameter(torch.randn(1, 1, width) * 0.02)
 
     def mask_slots(self, batch: int, seq: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(tokens [batch, seq], hidden [batch, seq, hidden]) for ``seq`` mask slots."""
-        tokens = torch.full((batch, seq), self.cfg.mask_token_id, device=self.d2t.device)
+        tokens = torch.full((batch, seq), self.mask_token_id, device=self.d2t.device)
         hidden = self.combine(self.mask_hidden).expand(batch, seq, -1)
         return tokens, hidden
 
