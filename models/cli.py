@@ -17,7 +17,10 @@ import subprocess
 import sys
 from typing import Any
 
-HEADS = ("eagle", "eagle3", "peagle")
+from eaglenest.models.heads import registry
+
+HEADS = registry.KINDS
+
 #: (dest, flag, takes no value) of every ``train`` option, to re-launch under torchrun
 _TRAIN_FLAGS: list[tuple[str, str, bool]] = []
 
@@ -42,7 +45,7 @@ def _register_train(subparsers: Any) -> None:
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
     p.add_argument("--init-head", help="start from an existing head (fine-tuning)")
-    p.add_argument("--format", choices=("native", "speculators"), default="native")
+    p.add_argument("--format", choices=registry.CHECKPOINT_FORMATS, default="native")
     p.add_argument("--batch-size", type=int, default=2)
     p.add_argument("--max-length", type=int, default=512, help="tokens per sample")
     p.add_argument("--max-samples", type=int, help="use only the first N samples")
@@ -117,9 +120,8 @@ def _train(args: argparse.Namespace, device: Any) -> int:
         dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
         target = load_target(args.target, device=device, dtype=dtype)
         head = args.head or target.support.head
-        if head != target.support.head and not (
-            head == "peagle" and target.support.head == "eagle3"
-        ):
+        listed = registry.HEADS[target.support.head]
+        if registry.HEADS[head].vllm_method != listed.vllm_method:  # another family
             print(
                 f"warning: {target.architecture} is listed for {target.support.head} heads",
                 file=sys.stderr,

@@ -4,7 +4,7 @@
 # Writes requirements/lock.txt (everything the tests use: extras train, dev, vllm) and
 # requirements/service.txt (what `eaglenest up` needs: extra train), both fully pinned, the
 # second a subset of the first with the same versions. After an upgrade, re-run the shape
-# generator (python -m eaglenest.api.shapes._codegen) and the whole test command.
+# generator (python -m eaglenest.foundation.shapes._codegen) and the whole test command.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scratch=$(mktemp -d)

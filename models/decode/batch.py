@@ -1,6 +1,6 @@
 """Continuous batching: ``BatchEngine`` decodes many requests with ONE target forward a step.
 
-    engine = BatchEngine(target, head, "chain", k=4, max_num_seqs=8)
+    engine = BatchEngine(target, head, DecodeMode.CHAIN, k=4, max_num_seqs=8)
     a = engine.submit(prompt_a, max_new_tokens=64)
     b = engine.submit(prompt_b, max_new_tokens=16, temperature=0.7, seed=1)
     while engine.has_work:
@@ -31,6 +31,7 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -85,10 +86,10 @@ class BatchEngine(SpeculativeEngine):
         max_num_seqs: int = 8,
         compact_slack: int = 32,
         batched_drafting: bool = True,
-        **kw: object,
+        **kw: Any,
     ) -> None:
         """``batched_drafting=False`` drafts row by row (the benchmark's side-by-side row)."""
-        super().__init__(target, head, mode, **kw)  # type: ignore[arg-type]
+        super().__init__(target, head, mode, **kw)
         self.batched_drafting = batched_drafting
         if "linear_attention" in (getattr(self.model.config, "layer_types", None) or []):
             raise ValueError("batched decoding needs an attention-only target")
@@ -162,10 +163,10 @@ class BatchEngine(SpeculativeEngine):
         return events
 
     def generate_batch(
-        self, prompts: Sequence[Sequence[int]], max_new_tokens: int, **kw: object
+        self, prompts: Sequence[Sequence[int]], max_new_tokens: int, **kw: Any
     ) -> list[list[int]]:
         """Several requests decoded together (same parameters); outputs in prompt order."""
-        ids = [self.submit(p, max_new_tokens, **kw) for p in prompts]  # type: ignore[arg-type]
+        ids = [self.submit(p, max_new_tokens, **kw) for p in prompts]
         outs: dict[int, list[int]] = {rid: [] for rid in ids}
         while self.has_work:
             for rid, new, _ in self.step():
@@ -216,19 +217,22 @@ class BatchEngine(SpeculativeEngine):
         rows draft with one head (models/decode/batch_draft.py), else row by row."""
         reqs = [s.req for s in self.active]
         drafters = [r.drafter for r in reqs]
-        batched = self.batched_drafting and self.mode in (DecodeMode.CHAIN, DecodeMode.PARALLEL)
+        mode = self.mode.spec
+        batched = self.batched_drafting and mode.drafts and not mode.tree
         if not batched or not batch_draft.batchable(drafters):
             return [self._plan(r, k) for r in reqs]
         t0 = time.perf_counter()
-        draft = batch_draft.draft_parallel if self.mode is DecodeMode.PARALLEL else (
+        draft = batch_draft.draft_parallel if mode.parallel else (
             batch_draft.draft_chain)
-        rows = draft(drafters, k, [r.params for r in reqs], [r.gen for r in reqs])  # type: ignore[arg-type]
+        rows = draft([d for d in drafters if d is not None], k, [r.params for r in reqs],
+                     [r.gen for r in reqs])
         draft_s = time.perf_counter() - t0  # the batch's drafting time, as verify_s below
         causal = torch.ones(k + 1, k + 1, dtype=torch.bool).tril()
         return [_Plan([r.pending, *drafts], list(range(k + 1)), causal, k, drafts, q,
                       draft_s=draft_s) for r, (drafts, q) in zip(reqs, rows, strict=True)]
 
-    def _finish_round(self, req, drafter, new, out, rows):  # type: ignore[no-untyped-def]
+    def _finish_round(self, req: _Request, drafter: HeadDrafter, new: list[int],
+                      out: StepOutput, rows: list[int]) -> list[int]:
         """As the batch-1 engine, but inside a batched step the head slots are committed
         for all rows together after verification (``_extend_deferred``)."""
         if self._deferred is None or not self.batched_drafting or type(drafter) is not HeadDrafter:
@@ -241,7 +245,7 @@ class BatchEngine(SpeculativeEngine):
     @staticmethod
     def _extend_deferred(items: list[tuple[HeadDrafter, list[int], torch.Tensor]]) -> None:
         drafters = [d for d, _, _ in items]
-        if batch_draft.batchable(drafters):  # type: ignore[arg-type]
+        if batch_draft.batchable(drafters):
             batch_draft.extend(drafters, [t for _, t, _ in items], [f for _, _, f in items])
             return
         for drafter, tokens, feats in items:
@@ -252,11 +256,11 @@ class BatchEngine(SpeculativeEngine):
         if drafter is None:
             return _Plan([req.pending], [0], torch.ones(1, 1, dtype=torch.bool))
         t0 = time.perf_counter()
-        if self.mode is DecodeMode.TREE:
+        if self.mode.spec.tree:
             tree = build_tree(drafter, req.pending, k, self.topk, self._tree_size(k))
             return _Plan(tree.tokens, tree.depths, tree.mask, k, tree=tree,
                          draft_s=time.perf_counter() - t0)
-        if self.mode is DecodeMode.PARALLEL:
+        if self.mode.spec.parallel:
             drafts, q = drafter.draft_parallel(k, req.params, req.gen)
         else:
             drafts, q = drafter.draft_chain(k, req.params, req.gen)

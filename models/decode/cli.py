@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 from eaglenest.models.decode.engine import DecodeMode, SpeculativeEngine
+from eaglenest.models.decode.modes import SPECULATIVE_MODES
 
 
 def register(subparsers: Any) -> None:
@@ -18,7 +19,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--target", required=True, help="target model folder")
     p.add_argument("--head", default=None, help="draft head folder (omit: plain decoding)")
     p.add_argument("--prompt", required=True)
-    p.add_argument("--mode", choices=["chain", "tree", "parallel"], default="chain")
+    p.add_argument("--mode", choices=SPECULATIVE_MODES, default=DecodeMode.CHAIN.value)
     p.add_argument("--k", type=int, default=4, help="drafts per step (tree: depth)")
     p.add_argument("--topk", type=int, default=4, help="tree branching")
     p.add_argument("--total-tokens", type=int, default=16, help="tree size after rerank")

@@ -10,6 +10,8 @@ import argparse
 import json
 from pathlib import Path
 
+from eaglenest.models.decode.modes import SPECULATIVE_MODES, DecodeMode
+
 
 def _prompts(args: argparse.Namespace) -> list[str]:
     if args.prompts:
@@ -53,6 +55,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--concurrency", default="1,2,4,8")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--num-speculative-tokens", type=int, default=5)
-    p.add_argument("--mode", default="chain", choices=["chain", "tree", "parallel"])
+    p.add_argument("--mode", default=DecodeMode.CHAIN.value, choices=SPECULATIVE_MODES)
     p.add_argument("--backend", default=None, choices=["vllm", "embedded"])
     p.set_defaults(func=cmd_bench)

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from eaglenest.foundation.processes import free_port
+from eaglenest.models.decode.modes import DecodeMode
 from eaglenest.workers.jobs.loadgen import BenchConfig, LevelResult, run, to_json, to_markdown
 from eaglenest.workers.serving.process import ServerProcess, ServerSpec
 
@@ -25,7 +26,7 @@ class BenchPlan:
     concurrency: tuple[int, ...]
     max_tokens: int
     num_speculative_tokens: int
-    mode: str = "chain"
+    mode: str = DecodeMode.CHAIN
     startup_timeout: float = 900.0
     #: children registry (foundation/children.py) and the job the servers belong to
     registry: Path | None = None
@@ -52,19 +53,23 @@ def _serve_and_measure(plan: BenchPlan, head: Path | None, log_path: Path,
         server.stop()
 
 
+#: benchmark.json's row of the server with the head (a published report key, any head kind)
+SPECULATIVE_ROW = "eagle"
+
+
 def run_benchmark(plan: BenchPlan, out: Path, should_stop: Any) -> dict[str, Any]:
     rows = {
         "baseline": _serve_and_measure(plan, None, out / "logs" / "baseline-server.log",
                                        should_stop),
-        "eagle": _serve_and_measure(plan, plan.head_dir, out / "logs" / "eagle-server.log",
-                                    should_stop),
+        SPECULATIVE_ROW: _serve_and_measure(plan, plan.head_dir,
+                                            out / "logs" / "eagle-server.log", should_stop),
     }
     report = to_json(rows, backend=plan.backend, prompts=len(plan.prompts),
                      max_tokens=plan.max_tokens,
                      num_speculative_tokens=plan.num_speculative_tokens)
     report["speedup"] = {
         str(b.concurrency): e.output_throughput / b.output_throughput
-        for b, e in zip(rows["baseline"], rows["eagle"], strict=False)
+        for b, e in zip(rows["baseline"], rows[SPECULATIVE_ROW], strict=False)
         if b.output_throughput > 0
     }
     (out / "benchmark.json").write_text(json.dumps(report, indent=1))

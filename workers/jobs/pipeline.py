@@ -14,7 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from eaglenest.foundation.shapes.optimization_jobs import CreateOptimizationJobRequest
 from eaglenest.foundation.storage import ArtifactStore, StorageError, publish_dir
+from eaglenest.models.heads.registry import HEADS
 from eaglenest.workers.infra.checkpoint_sync import CheckpointSync
 from eaglenest.workers.jobs.bench_stage import BenchPlan, run_benchmark
 from eaglenest.workers.jobs.control import JobControl
@@ -53,7 +55,7 @@ def _prompt_text(example: Any, tokenizer: Any) -> str:
 @dataclass
 class Pipeline:
     name: str
-    spec: dict[str, Any]
+    spec: CreateOptimizationJobRequest
     options: JobOptions
     sources: JobSources
     store: ArtifactStore
@@ -97,10 +99,11 @@ class Pipeline:
         check_model_files(model_dir)
         _, support = read_architecture(model_dir)
         head_kind = self.options.head or support.head
-        if head_kind != "eagle" and support.head == "eagle":
+        spec, listed = HEADS[head_kind], HEADS[support.head]
+        if spec.uses_aux and not listed.uses_aux:
             raise InputError(f"{support.architecture} supports only EAGLE-2 heads "
-                             f"(EAGLENEST_HEAD=eagle), not {head_kind}")
-        if head_kind == "eagle" and self.options.num_layers != 1:
+                             f"(EAGLENEST_HEAD={listed.kind}), not {head_kind}")
+        if not spec.multi_layer and self.options.num_layers != 1:
             raise InputError(f"EAGLENEST_NUM_LAYERS={self.options.num_layers}: EAGLE-2 heads "
                              f"(the {support.architecture} default) have one layer")
         self.stage("load data")
@@ -150,7 +153,7 @@ class Pipeline:
             num_layers=self.options.num_layers, checkpoint_every=self.options.checkpoint_every,
             resume=latest_checkpoint(out_dir) is not None,
             init_head=str(init_head) if init_head else None,
-            checkpoint_format="speculators" if head == "peagle" else "native",
+            checkpoint_format=HEADS[head].job_format,
             speculative_tokens=self.options.num_speculative_tokens, progress=False,
             should_stop=self.control.should_stop, on_checkpoint=sync.upload,
         )
@@ -188,7 +191,7 @@ class Pipeline:
 
     @property
     def output_base(self) -> str:
-        return self.spec["OutputConfig"]["S3OutputLocation"].rstrip("/") + f"/{self.name}/"
+        return self.spec.OutputConfig.S3OutputLocation.rstrip("/") + f"/{self.name}/"
 
     def checkpoints(self) -> CheckpointSync:
         """Checkpoints mirrored under the output location, for resume on another host."""
@@ -212,7 +215,7 @@ class Pipeline:
             plan = BenchPlan(model_dir, head_dir, prompts, self.options.backend or
                              default_backend(), self.options.concurrency,
                              self.options.bench_max_tokens, self.options.num_speculative_tokens,
-                             mode="parallel" if head == "peagle" else "chain",
+                             mode=HEADS[head].default_mode,
                              registry=self.registry, resource=f"job:{self.name}")
             bench = run_benchmark(plan, out, self.control.should_stop)
         self.stage("upload outputs")

@@ -17,7 +17,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy.orm import Session
 
@@ -26,8 +26,12 @@ from eaglenest.db.tables import EndpointConfigRow, ModelRow
 from eaglenest.foundation import children
 from eaglenest.foundation.deployment import instances_of
 from eaglenest.foundation.processes import free_port
+from eaglenest.foundation.shapes import AwsShape, StoredShapeError, rebuild
+from eaglenest.foundation.shapes.endpoint_configs import CreateEndpointConfigInput
+from eaglenest.foundation.shapes.models import CreateModelInput
 from eaglenest.foundation.storage import ArtifactStore
-from eaglenest.workers.jobs.inputs import InputError, _container_uri, fetch_tree
+from eaglenest.models.decode.modes import SPECULATIVE_MODES, DecodeMode
+from eaglenest.workers.jobs.inputs import InputError, container_uris, fetch_tree, model_container
 from eaglenest.workers.serving.process import (
     EMBEDDED,
     VLLM,
@@ -38,6 +42,7 @@ from eaglenest.workers.serving.process import (
 
 DEFAULT_HEALTH_TIMEOUT = 900
 log = logging.getLogger("eaglenest.endpoints")
+Shape = TypeVar("Shape", bound=AwsShape)
 
 
 class DeployError(Exception):
@@ -61,26 +66,32 @@ def plan_variants(session: Session, config_name: str) -> list[VariantPlan]:
     if config is None:
         raise DeployError(f"Endpoint configuration {config_name} no longer exists.")
     plans = []
-    for v in config.spec["ProductionVariants"]:
-        model = find(session, ModelRow, v["ModelName"])
-        if model is None:
-            raise DeployError(f"Model {v['ModelName']} of variant {v['VariantName']} "
-                              "no longer exists.")
-        container = model.spec.get("PrimaryContainer") or (model.spec.get("Containers")
-                                                           or [{}])[0]
-        model_uri, head_uri = _container_uri(container)
+    for v in _rebuild(CreateEndpointConfigInput, config.spec).ProductionVariants:
+        name = str(v.ModelName)  # endpoint_configs_repo refuses a variant without one
+        row = find(session, ModelRow, name)
+        if row is None:
+            raise DeployError(f"Model {name} of variant {v.VariantName} no longer exists.")
+        container = model_container(_rebuild(CreateModelInput, row.spec))
+        model_uri, head_uri = container_uris(container)
         if not model_uri:
-            raise DeployError(f"Model {v['ModelName']} has no ModelDataSource or ModelDataUrl.")
+            raise DeployError(f"Model {name} has no ModelDataSource or ModelDataUrl.")
+        timeout = v.ContainerStartupHealthCheckTimeoutInSeconds
         plans.append(VariantPlan(
-            variant=v["VariantName"], model_name=v["ModelName"],
-            weight=float(v.get("InitialVariantWeight", 1.0)),
-            instance_count=int(v.get("InitialInstanceCount", 1)),
-            health_timeout=int(v.get("ContainerStartupHealthCheckTimeoutInSeconds",
-                                     DEFAULT_HEALTH_TIMEOUT)),
+            variant=v.VariantName, model_name=name,
+            weight=float(1.0 if v.InitialVariantWeight is None else v.InitialVariantWeight),
+            instance_count=int(1 if v.InitialInstanceCount is None else v.InitialInstanceCount),
+            health_timeout=int(DEFAULT_HEALTH_TIMEOUT if timeout is None else timeout),
             model_uri=model_uri, head_uri=head_uri,
-            env=dict(container.get("Environment") or {}),
+            env=dict(container.Environment or {}),
         ))
     return plans
+
+
+def _rebuild(shape: type[Shape], stored: dict[str, Any]) -> Shape:
+    try:
+        return rebuild(shape, stored)
+    except StoredShapeError as exc:
+        raise DeployError(str(exc)) from None
 
 
 def _speculative_tokens(plan: VariantPlan, head_dir: Path | None) -> int:
@@ -103,9 +114,10 @@ def _spec(plan: VariantPlan, model_dir: Path, head_dir: Path | None, served: str
     if backend == VLLM and default_backend() != VLLM:
         raise DeployError("EAGLENEST_SERVING_BACKEND=vllm but vLLM is not installed on the "
                           "worker (pip install 'EagleNest[vllm]')")
-    mode = plan.env.get("EAGLENEST_DECODE_MODE", "chain")
-    if mode not in ("chain", "tree", "parallel"):
-        raise DeployError(f"EAGLENEST_DECODE_MODE={mode!r} must be chain, tree or parallel")
+    mode = plan.env.get("EAGLENEST_DECODE_MODE", DecodeMode.CHAIN.value)
+    if mode not in SPECULATIVE_MODES:
+        *first, last = SPECULATIVE_MODES
+        raise DeployError(f"EAGLENEST_DECODE_MODE={mode!r} must be {', '.join(first)} or {last}")
     adaptive = plan.env.get("EAGLENEST_ADAPTIVE", "0")
     if adaptive not in ("0", "1"):
         raise DeployError(f"EAGLENEST_ADAPTIVE={adaptive!r} must be 0 or 1")

@@ -22,6 +22,8 @@ from typing import Any
 import httpx
 
 from eaglenest.foundation import children
+from eaglenest.models.decode.modes import DecodeMode
+from eaglenest.models.heads.registry import vllm_speculative_method
 
 VLLM, EMBEDDED = "vllm", "embedded"
 
@@ -40,16 +42,7 @@ def default_backend() -> str:
 
 def head_method(head_dir: Path) -> dict[str, Any]:
     """vLLM's speculative-config method for a saved head (from its config.json)."""
-    cfg = json.loads((head_dir / "config.json").read_text())
-    spec = cfg.get("speculators_config") or {}
-    archs = " ".join(cfg.get("architectures", [])) + " " + str(cfg.get("speculators_model_type"))
-    parallel = bool(cfg.get("parallel_drafting") or spec.get("parallel_drafting")
-                    or "peagle" in archs.lower())
-    method = "eagle3" if ("eagle3" in archs.lower() or parallel) else "eagle"
-    out: dict[str, Any] = {"method": method}
-    if parallel:
-        out["parallel_drafting"] = True
-    return out
+    return vllm_speculative_method(json.loads((head_dir / "config.json").read_text()))
 
 
 @dataclass
@@ -60,7 +53,7 @@ class ServerSpec:
     backend: str = EMBEDDED
     head_dir: Path | None = None
     num_speculative_tokens: int = 5
-    mode: str = "chain"  # embedded only: chain | tree | parallel
+    mode: str = DecodeMode.CHAIN  # embedded only: one of SPECULATIVE_MODES
     adaptive: bool = False  # embedded only: K / depth chosen online (models/decode/adaptive.py)
     dtype: str = "float32"
     bind_host: str = "127.0.0.1"

@@ -10,12 +10,14 @@ import argparse
 import logging
 import sys
 
+from eaglenest.models.decode.modes import SPECULATIVE_MODES, DecodeMode
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m eaglenest.workers.serving.embedded")
     p.add_argument("--model", required=True)
     p.add_argument("--head", default=None)
-    p.add_argument("--mode", default="chain", choices=["chain", "tree", "parallel"])
+    p.add_argument("--mode", default=DecodeMode.CHAIN.value, choices=SPECULATIVE_MODES)
     p.add_argument("--num-speculative-tokens", type=int, default=5)
     p.add_argument("--adaptive", action="store_true")
     p.add_argument("--host", default="127.0.0.1")
@@ -36,7 +38,7 @@ def build_server(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     from eaglenest.models.decode.batch import BatchEngine
     from eaglenest.models.decode.engine import DecodeMode, SpeculativeEngine
     from eaglenest.models.decode.onednn import onednn_available, repack_linears
-    from eaglenest.models.heads.peagle import PEagleHead
+    from eaglenest.models.heads.registry import head_spec
     from eaglenest.models.target import load_target
     from eaglenest.workers.serving.embedded.server import EmbeddedServer
 
@@ -47,7 +49,7 @@ def build_server(args: argparse.Namespace):  # type: ignore[no-untyped-def]
         head = load_head(args.head, target.embed_weight(), target.lm_head_weight())
         head = head.to(device=device, dtype=getattr(torch, args.dtype))
         mode = DecodeMode(args.mode)
-        if mode is DecodeMode.PARALLEL and not isinstance(head, PEagleHead):
+        if mode is DecodeMode.PARALLEL and not head_spec(head).parallel:
             logging.warning("parallel drafting needs a P-EAGLE head; using chain drafting")
             mode = DecodeMode.CHAIN
     for module in (target.model, head):  # this process only serves: repack in place
