@@ -5,17 +5,16 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from pathlib import Path
 
 from eaglenest.foundation.settings import Settings
+from eaglenest.workers.cli.datadir import add_data_dir_option, settings_for
 from eaglenest.workers.infra.credentials import ensure_credentials, usage
 from eaglenest.workers.infra.logs import configure_logging
 
 
 def _settings(args: argparse.Namespace) -> Settings:
-    settings = Settings()
-    if getattr(args, "data_dir", None):
-        settings = settings.model_copy(update={"data_dir": Path(args.data_dir)})
+    """The commands that create an EagleNest: its data dir is made if missing."""
+    settings = settings_for(args)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     return settings
 
@@ -135,11 +134,10 @@ def build_parser() -> argparse.ArgumentParser:
         sp = sub.add_parser(name, help=text)
         sp.add_argument("--host", default="127.0.0.1")
         sp.add_argument("--port", type=int, default=8080)
-        sp.add_argument("--data-dir", default=None,
-                        help="default: $EAGLENEST_DATA_DIR or .eaglenest")
+        add_data_dir_option(sp)
         sp.set_defaults(func=func)
     w = sub.add_parser("worker", help="a Celery worker alone")
-    w.add_argument("--data-dir", default=None)
+    add_data_dir_option(w)
     w.add_argument("--queues", default="train,serve")
     w.add_argument("--concurrency", type=int, default=4)
     w.add_argument("--loglevel", default="INFO")
@@ -147,7 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="prefork: one process per task (GPU training hosts)")
     w.set_defaults(func=cmd_worker)
     m = sub.add_parser("migrate", help="apply database migrations (alembic upgrade head)")
-    m.add_argument("--data-dir", default=None)
+    add_data_dir_option(m)
     m.set_defaults(func=cmd_migrate)
     from eaglenest.workers.cli import bench, s3, status
 

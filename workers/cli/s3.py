@@ -10,12 +10,15 @@ from pathlib import Path
 
 from eaglenest.foundation.settings import Settings
 from eaglenest.foundation.storage import StorageError, download_prefix, make_store, parse_uri
+from eaglenest.workers.cli.datadir import add_data_dir_option, require_eaglenest, settings_for
 
 
 def _settings(args: argparse.Namespace) -> Settings:
-    settings = Settings()
-    if args.data_dir:
-        settings = settings.model_copy(update={"data_dir": Path(args.data_dir)})
+    """The local store must belong to an initialised EagleNest (else files would land where
+    no server reads them); an S3 store (EAGLENEST_S3_ENDPOINT_URL) needs nothing here."""
+    settings = settings_for(args)
+    if not settings.s3_endpoint_url:
+        require_eaglenest(settings, f"s3 {args.s3_command}")
     return settings
 
 
@@ -69,9 +72,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     cp = s3sub.add_parser("cp", help="cp SRC DST (a file or a folder, recursively)")
     cp.add_argument("src")
     cp.add_argument("dst")
-    cp.add_argument("--data-dir", default=None)
+    add_data_dir_option(cp)
     cp.set_defaults(func=cmd_cp)
     ls = s3sub.add_parser("ls", help="list the keys under an s3:// prefix")
     ls.add_argument("uri")
-    ls.add_argument("--data-dir", default=None)
+    add_data_dir_option(ls)
     ls.set_defaults(func=cmd_ls)

@@ -13,6 +13,7 @@ from eaglenest.db.session import Database
 from eaglenest.db.tables import EndpointRow, OptimizationJobRow
 from eaglenest.foundation.queue import SERVE_QUEUE, TRAIN_QUEUE
 from eaglenest.foundation.settings import Settings
+from eaglenest.workers.cli.datadir import add_data_dir_option, require_eaglenest, settings_for
 
 
 def _broker_url(settings: Settings) -> str | None:
@@ -28,9 +29,11 @@ def _when(t: float | None) -> str:
     return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M:%S") if t else "-"
 
 
-def _database(settings: Settings) -> list[str]:
+def _database(settings: Settings) -> tuple[list[str], bool]:
+    """The summary lines, and whether the database could be read."""
     db = Database(settings.resolved_database_url())
     out: list[str] = []
+    ok = True
     try:
         with db.session() as s:
             tables: list[tuple[Any, str]] = [(OptimizationJobRow, "jobs"),
@@ -49,9 +52,10 @@ def _database(settings: Settings) -> list[str]:
                                f"{extra}{reason}")
     except Exception as exc:
         out.append(f"database: unreachable ({exc.__class__.__name__}: {exc})"[:200])
+        ok = False
     finally:
         db.dispose()
-    return out
+    return out, ok
 
 
 def _broker(settings: Settings) -> list[str]:
@@ -73,16 +77,15 @@ def _broker(settings: Settings) -> list[str]:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    settings = Settings()
-    if args.data_dir:
-        settings = settings.model_copy(update={"data_dir": Path(args.data_dir)})
-    print("\n".join(_database(settings) + _broker(settings)))
-    return 0
+    """1 when the database cannot be read (nothing is created to read it)."""
+    settings = settings_for(args)
+    require_eaglenest(settings, "status")
+    lines, ok = _database(settings)
+    print("\n".join([f"data dir: {settings.data_dir}", *lines, *_broker(settings)]))
+    return 0 if ok else 1
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("status", help="jobs, endpoints, workers and queues at a glance")
-    p.add_argument("--data-dir", default=None)
+    add_data_dir_option(p)
     p.set_defaults(func=cmd_status)
