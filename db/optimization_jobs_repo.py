@@ -149,6 +149,16 @@ def heartbeat(session: Session, name: str, owner: str) -> str | None:
     return row.status
 
 
+def record_progress(session: Session, name: str, owner: str, progress: dict[str, Any]) -> bool:
+    """Worker side: the running job's stage and training progress (`eaglenest status`).
+    Changes neither status nor LastModifiedTime; False if the job is not ours or not running."""
+    row = find(session, OptimizationJobRow, name)
+    if row is None or row.owner != owner or row.status not in (INPROGRESS, STOPPING):
+        return False
+    row.progress = progress
+    return True
+
+
 def complete(session: Session, name: str, output: dict[str, Any]) -> None:
     row = find(session, OptimizationJobRow, name, lock=True)
     if row is not None and row.status == INPROGRESS:

@@ -1,19 +1,24 @@
-"""`eaglenest status`: jobs, endpoints, workers and queues at a glance."""
+"""`eaglenest status`: jobs, endpoints, workers and queues at a glance; under each running
+job its stage and, while it trains, its progress (step/total, loss, accuracy, tokens/s,
+ETA), as its worker last recorded them."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import time
 from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import func, select
 
+from eaglenest.db.optimization_jobs_repo import ACTIVE
 from eaglenest.db.session import Database
 from eaglenest.db.tables import EndpointRow, OptimizationJobRow
 from eaglenest.foundation.queue import SERVE_QUEUE, TRAIN_QUEUE
 from eaglenest.foundation.settings import Settings
 from eaglenest.workers.cli.datadir import add_data_dir_option, require_eaglenest, settings_for
+from eaglenest.workers.jobs.progress import describe, format_duration
 
 
 def _broker_url(settings: Settings) -> str | None:
@@ -27,6 +32,32 @@ def _broker_url(settings: Settings) -> str | None:
 
 def _when(t: float | None) -> str:
     return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M:%S") if t else "-"
+
+
+def _row_line(r: Any) -> str:
+    extra = f"  owner {r.owner}" if getattr(r, "owner", None) else ""
+    reason = f"  ({r.failure_reason[:80]})" if r.failure_reason else ""
+    return f"  {r.name:<40} {r.status:<14} {_when(r.last_modified_time)}{extra}{reason}"
+
+
+def progress_line(progress: dict[str, Any] | None, now: float) -> str | None:
+    """`    <stage>: <step, loss, ...>  (updated 8s ago)`, or None without a record."""
+    if not progress or not progress.get("stage"):
+        return None
+    figures = describe(progress)
+    ago = format_duration(now - float(progress.get("updated", now)))
+    return f"    {progress['stage']}{': ' + figures if figures else ''}  (updated {ago} ago)"
+
+
+def _rows(s: Any, table: Any) -> list[Any]:
+    """The ten last modified rows, and for jobs every running one besides."""
+    recent = list(s.scalars(select(table).order_by(table.last_modified_time.desc()).limit(10)))
+    if table is OptimizationJobRow:
+        names = {r.name for r in recent}
+        running = s.scalars(select(table).where(table.status.in_(ACTIVE))
+                            .order_by(table.last_modified_time.desc()))
+        recent += [r for r in running if r.name not in names]
+    return recent
 
 
 def _database(settings: Settings) -> tuple[list[str], bool]:
@@ -43,13 +74,11 @@ def _database(settings: Settings) -> tuple[list[str], bool]:
                                         .group_by(table.status)).all())
                 summary = ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "none"
                 out.append(f"{label}: {summary}")
-                recent = s.scalars(select(table).order_by(table.last_modified_time.desc())
-                                   .limit(10))
-                for r in recent:
-                    extra = f"  owner {r.owner}" if getattr(r, "owner", None) else ""
-                    reason = f"  ({r.failure_reason[:80]})" if r.failure_reason else ""
-                    out.append(f"  {r.name:<40} {r.status:<14} {_when(r.last_modified_time)}"
-                               f"{extra}{reason}")
+                for r in _rows(s, table):
+                    out.append(_row_line(r))
+                    running = table is OptimizationJobRow and r.status in ACTIVE
+                    line = progress_line(r.progress, time.time()) if running else None
+                    out += [line] if line else []
     except Exception as exc:
         out.append(f"database: unreachable ({exc.__class__.__name__}: {exc})"[:200])
         ok = False

@@ -28,6 +28,9 @@ class JobOptions:
     draft_vocab_size: int = 8192  # EAGLENEST_DRAFT_VOCAB_SIZE (EAGLE-3 / P-EAGLE)
     num_layers: int = 1  # EAGLENEST_NUM_LAYERS: draft decoder layers (EAGLE-3 / P-EAGLE)
     checkpoint_every: int = 50  # EAGLENEST_CHECKPOINT_EVERY
+    #: EAGLENEST_PROGRESS_EVERY: steps between progress lines (log, status, training_log.jsonl
+    #: published to the output prefix)
+    progress_every: int = 10
     dataset: str | None = None  # EAGLENEST_DATASET: built-in name(s), comma-separated
     regenerate: bool = False  # EAGLENEST_REGENERATE: 1 = target rewrites assistant turns
     holdout: int = 8  # EAGLENEST_HOLDOUT: samples kept out of training for the benchmark
@@ -50,6 +53,7 @@ _INTS = {
     "EAGLENEST_DRAFT_VOCAB_SIZE": ("draft_vocab_size", 16, 1_000_000),
     "EAGLENEST_NUM_LAYERS": ("num_layers", 1, 16),
     "EAGLENEST_CHECKPOINT_EVERY": ("checkpoint_every", 0, 10_000_000),
+    "EAGLENEST_PROGRESS_EVERY": ("progress_every", 1, 10_000_000),
     "EAGLENEST_HOLDOUT": ("holdout", 1, 10_000),
     "EAGLENEST_BENCH_MAX_TOKENS": ("bench_max_tokens", 1, 100_000),
     "EAGLENEST_NUM_SPECULATIVE_TOKENS": ("num_speculative_tokens", 1, 64),
