@@ -1,6 +1,9 @@
 """`eaglenest status`: jobs, endpoints, workers and queues at a glance; under each running
 job its stage and, while it trains, its progress (step/total, loss, accuracy, tokens/s,
-ETA), as its worker last recorded them."""
+ETA), as its worker last recorded them.
+
+The database and broker clients are imported when the command runs, not when the `eaglenest`
+parser is built (`eaglenest <command> --help` stays quick)."""
 
 from __future__ import annotations
 
@@ -10,12 +13,6 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import func, select
-
-from eaglenest.db.optimization_jobs_repo import ACTIVE
-from eaglenest.db.session import Database
-from eaglenest.db.tables import EndpointRow, OptimizationJobRow
-from eaglenest.foundation.queue import SERVE_QUEUE, TRAIN_QUEUE
 from eaglenest.foundation.settings import Settings
 from eaglenest.workers.cli.datadir import add_data_dir_option, require_eaglenest, settings_for
 from eaglenest.workers.jobs.progress import describe, format_duration
@@ -51,6 +48,11 @@ def progress_line(progress: dict[str, Any] | None, now: float) -> str | None:
 
 def _rows(s: Any, table: Any) -> list[Any]:
     """The ten last modified rows, and for jobs every running one besides."""
+    from sqlalchemy import select
+
+    from eaglenest.db.optimization_jobs_repo import ACTIVE
+    from eaglenest.db.tables import OptimizationJobRow
+
     recent = list(s.scalars(select(table).order_by(table.last_modified_time.desc()).limit(10)))
     if table is OptimizationJobRow:
         names = {r.name for r in recent}
@@ -62,6 +64,12 @@ def _rows(s: Any, table: Any) -> list[Any]:
 
 def _database(settings: Settings) -> tuple[list[str], bool]:
     """The summary lines, and whether the database could be read."""
+    from sqlalchemy import func, select
+
+    from eaglenest.db.optimization_jobs_repo import ACTIVE
+    from eaglenest.db.session import Database
+    from eaglenest.db.tables import EndpointRow, OptimizationJobRow
+
     db = Database(settings.resolved_database_url())
     out: list[str] = []
     ok = True
@@ -94,6 +102,8 @@ def _broker(settings: Settings) -> list[str]:
     import redis
     from celery import Celery
 
+    from eaglenest.foundation.queue import SERVE_QUEUE, TRAIN_QUEUE
+
     try:
         r = redis.Redis.from_url(url, socket_timeout=2)
         queues = ", ".join(f"{q} {r.llen(q)} waiting" for q in (TRAIN_QUEUE, SERVE_QUEUE))
@@ -115,6 +125,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser("status", help="jobs, endpoints, workers and queues at a glance")
+    p = sub.add_parser("status", help="jobs, endpoints, workers and queues at a glance",
+                       description="jobs (running ones with their stage and progress), "
+                                   "endpoints, workers and queues at a glance")
     add_data_dir_option(p)
     p.set_defaults(func=cmd_status)
