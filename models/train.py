@@ -4,6 +4,8 @@ AdamW with linear warmup then cosine decay, gradient clipping, fp32 on CPU and b
 autocast on CUDA, checkpoints every N steps that resume exactly (head weights, optimizer,
 scheduler, data position and RNG), optional start from an existing head, tqdm progress
 with the loss and the per-step greedy draft accuracy. Same seed, same data -> same head.
+Every step appends a row to the history (step, loss, lr, accuracy, tokens over all ranks,
+`ts`: ISO-8601 UTC) and hands it to ``TrainConfig.on_step`` on the main process.
 Under torchrun the same call trains data-parallel (DDP) on every process: see
 ``models/distributed.py``.
 """
@@ -14,6 +16,7 @@ import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +72,9 @@ class TrainConfig:
     should_stop: Callable[[], bool] | None = field(default=None, repr=False, compare=False)
     #: called with each checkpoint folder once written (the job mirrors it to the store)
     on_checkpoint: Callable[[Path], None] | None = field(default=None, repr=False, compare=False)
+    #: called on the main process with each step's history row once the step is done
+    on_step: Callable[[dict[str, Any]], None] | None = field(default=None, repr=False,
+                                                             compare=False)
     resume: bool = False
     init_head: str | None = None
     checkpoint_format: str = "native"  # or "speculators" (EAGLE-3 / P-EAGLE)
@@ -211,7 +217,7 @@ def latest_checkpoint(out_dir: str | Path) -> Path | None:
     return pointer.parent / pointer.read_text().strip() if pointer.is_file() else None
 
 
-_HOOKS = ("should_stop", "on_checkpoint")
+_HOOKS = ("should_stop", "on_checkpoint", "on_step")
 
 
 def config_record(config: TrainConfig) -> dict[str, Any]:
@@ -288,6 +294,17 @@ def train(config: TrainConfig, data: TrainData, device: str | torch.device = "cp
     return _run(head, opt, sched, stream, step, history, data, config, device, out, place)
 
 
+def _step_row(step: int, result: Any, step_tokens: int, lr: float, place: distributed.Dist,
+              device: torch.device) -> dict[str, Any]:
+    """One history row: loss and accuracy are means over ranks, tokens their sum (one
+    all-reduce; unchanged in one process), `ts` the step's end in ISO-8601 UTC."""
+    loss, *accuracy, mean_tokens = distributed.mean(
+        [float(result.loss.detach()), *result.step_accuracy, float(step_tokens)], place, device)
+    ts = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return {"step": step, "loss": loss, "lr": lr, "accuracy": accuracy,
+            "tokens": round(mean_tokens * place.world_size), "ts": ts}
+
+
 def _run(
     head: nn.Module,
     opt: Any,
@@ -330,20 +347,15 @@ def _run(
         opt.step()
         sched.step()
         step += 1
-        loss, *accuracy = distributed.mean(  # mean over ranks; unchanged in one process
-            [float(result.loss.detach()), *result.step_accuracy], place, device
-        )
-        tokens += int(batch.attention_mask.sum())
-        history.append(
-            {
-                "step": step,
-                "loss": loss,
-                "lr": sched.get_last_lr()[0],
-                "accuracy": accuracy,
-            }
-        )
+        step_tokens = int(batch.attention_mask.sum())
+        tokens += step_tokens
+        row = _step_row(step, result, step_tokens, sched.get_last_lr()[0], place, device)
+        history.append(row)
+        if config.on_step is not None and place.is_main:
+            config.on_step(dict(row))
         bar.update(1)
-        bar.set_postfix(loss=f"{loss:.3f}", acc="/".join(f"{a:.2f}" for a in accuracy))
+        bar.set_postfix(loss=f"{row['loss']:.3f}",
+                        acc="/".join(f"{a:.2f}" for a in row["accuracy"]))
         if out and config.checkpoint_every and step % config.checkpoint_every == 0:
             _save_state(out, step, head, opt, sched, stream, history, data, config, place)
     bar.close()

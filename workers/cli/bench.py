@@ -47,14 +47,21 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser("bench", help="benchmark baseline vs EAGLE on a target and a head")
-    p.add_argument("--target", required=True)
-    p.add_argument("--head", required=True)
-    p.add_argument("--out", default="bench-out")
-    p.add_argument("--prompts", default=None, help="text file, one prompt per line (or JSONL)")
-    p.add_argument("--concurrency", default="1,2,4,8")
-    p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--num-speculative-tokens", type=int, default=5)
-    p.add_argument("--mode", default=DecodeMode.CHAIN.value, choices=SPECULATIVE_MODES)
-    p.add_argument("--backend", default=None, choices=["vllm", "embedded"])
+    p = sub.add_parser("bench", help="benchmark baseline vs EAGLE on a target and a head",
+                       description=__doc__.split("\n\n")[0])
+    p.add_argument("--target", required=True, help="target model folder")
+    p.add_argument("--head", required=True, help="draft head folder")
+    p.add_argument("--out", default="bench-out",
+                   help="folder for benchmark.json / .md / .png")
+    p.add_argument("--prompts", default=None, help="text file, one prompt per line (or JSONL "
+                   "with a prompt field) (default: the last example of each built-in dataset)")
+    p.add_argument("--concurrency", default="1,2,4,8",
+                   help="concurrent requests, comma-separated levels")
+    p.add_argument("--max-tokens", type=int, default=64, help="tokens generated per request")
+    p.add_argument("--num-speculative-tokens", type=int, default=5,
+                   help="K: drafted tokens per step")
+    p.add_argument("--mode", default=DecodeMode.CHAIN.value, choices=SPECULATIVE_MODES,
+                   help="drafting (embedded backend): chain, EAGLE-2 tree or P-EAGLE parallel")
+    p.add_argument("--backend", default=None, choices=["vllm", "embedded"],
+                   help="model server (default: vllm if installed, else embedded)")
     p.set_defaults(func=cmd_bench)

@@ -108,6 +108,10 @@ class JobOptions(BaseModel):
     num_layers: Annotated[int, _between(1, 16), Field(alias="EAGLENEST_NUM_LAYERS")] = 1
     checkpoint_every: Annotated[int, _between(0, 10_000_000),
                                 Field(alias="EAGLENEST_CHECKPOINT_EVERY")] = 50
+    #: steps between progress lines (log, status, training_log.jsonl published to the output
+    #: prefix)
+    progress_every: Annotated[int, _between(1, 10_000_000),
+                              Field(alias="EAGLENEST_PROGRESS_EVERY")] = 10
     #: built-in dataset name(s), comma-separated
     dataset: Annotated[str | None, Field(alias="EAGLENEST_DATASET")] = None
     #: 1 = the target rewrites the assistant turns before training

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from eaglenest.workers.jobs.bench_stage import BenchPlan, run_benchmark
 from eaglenest.workers.jobs.control import JobControl
 from eaglenest.workers.jobs.inputs import InputError, JobSources, fetch_data, fetch_tree
 from eaglenest.workers.jobs.options import JobOptions
+from eaglenest.workers.jobs.progress import LOG_NAME, TrainingProgress
 from eaglenest.workers.serving.process import default_backend
 
 log = logging.getLogger("eaglenest.optimize")
@@ -67,6 +69,7 @@ class Pipeline:
     def stage(self, label: str) -> None:
         self.control.check()
         log.info("job %s: %s", self.name, label)
+        self.control.report({"stage": label, "updated": time.time()})
 
     def load_examples(self, data_files: list[Path]) -> list[Any]:
         from eaglenest.models.data import builtin_path, load_examples
@@ -139,7 +142,8 @@ class Pipeline:
             examples = regenerate(examples, target, seed=self.options.seed,
                                   progress=self._regenerated)
         samples = encode_examples(examples, target.tokenizer, self.options.max_length)
-        self.stage(f"train {head} head on {len(samples)} samples")
+        label = f"train {head} head on {len(samples)} samples"
+        self.stage(label)
         out_dir = self.work / "train"
         sync = self.checkpoints()
         try:
@@ -157,9 +161,13 @@ class Pipeline:
             speculative_tokens=self.options.num_speculative_tokens, progress=False,
             should_stop=self.control.should_stop, on_checkpoint=sync.upload,
         )
+        progress = TrainingProgress(
+            self.name, label, config.max_steps, self.options.progress_every, self.store,
+            self.output_base + LOG_NAME, self.work / "out" / LOG_NAME, self.control.report)
+        config.on_step = progress.row
         procs = self.options.train_processes or 1
         if procs > 1:
-            summary = self._train_processes(config, target, samples, procs)
+            summary = self._train_processes(config, target, samples, procs, progress)
         else:
             result = train(config, TrainData(target, samples, source=self._data_label()),
                            self._device())
@@ -168,14 +176,15 @@ class Pipeline:
                        "tokens_per_second": result.tokens_per_second,
                        "seconds": result.seconds, "history": result.history}
         self.control.check()  # a stop during the last steps ends the job here
+        progress.finish()
         (self.work / "out").mkdir(parents=True, exist_ok=True)
-        with open(self.work / "out" / "training_log.jsonl", "w") as fh:
+        with open(self.work / "out" / LOG_NAME, "w") as fh:
             for row in summary.pop("history"):
                 fh.write(json.dumps(row) + "\n")
         return summary
 
-    def _train_processes(self, config: Any, target: Any, samples: list[Any],
-                         procs: int) -> dict[str, Any]:
+    def _train_processes(self, config: Any, target: Any, samples: list[Any], procs: int,
+                         progress: TrainingProgress) -> dict[str, Any]:
         """Train in ``procs`` data-parallel processes (workers/jobs/train_launch.py)."""
         from eaglenest.workers.jobs.train_launch import launch, write_run
 
@@ -185,7 +194,7 @@ class Pipeline:
         run = write_run(self.work / "ddp", config, Path(target.folder), self._device(),
                         self._data_label(), samples)
         summary = launch(run, procs, self.control.should_stop, config.on_checkpoint,
-                         self.registry, f"job:{self.name}")
+                         self.registry, f"job:{self.name}", on_row=progress.row)
         summary["processes"] = procs
         return summary
 
