@@ -241,9 +241,9 @@ done
 "${COMPOSE[@]}" up -d --no-build --scale worker-train=2
 
 stage "wait for healthchecks"
-# Every container: running and healthy, or a one-shot (migrate, create-buckets) exited 0.
-# An unhealthy container, a one-shot that failed or a container that restarted fails the
-# run at once, with its last log lines.
+# Every container: running and healthy (a worker: and its Celery node ready), or a one-shot
+# (migrate, create-buckets) exited 0. An unhealthy container, a one-shot that failed or a
+# container that restarted fails the run at once, with its last log lines.
 deadline=$((SECONDS + 600))
 while :; do
   pending=() failed=()
@@ -255,6 +255,10 @@ while :; do
     elif [ "$restarts" != 0 ] || [ "$health" = unhealthy ]; then
       failed+=("$name")
     elif [ "$health" != healthy ]; then
+      pending+=("$name")
+    elif [[ $name == *_worker-* ]] && ! docker logs "$name" 2>&1 | grep -q ' ready\."'; then
+      # host networking: every worker's Celery node is eaglenest-1@<this host>, so a worker's
+      # healthcheck also passes while another answers; its own ready line decides
       pending+=("$name")
     fi
   done
