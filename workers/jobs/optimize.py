@@ -27,6 +27,7 @@ from eaglenest.workers.jobs.control import JobControl, JobStopped
 from eaglenest.workers.jobs.inputs import EAGLE_CHANNEL, InputError, resolve_sources
 from eaglenest.workers.jobs.options import OptionError, parse_options
 from eaglenest.workers.serving.process import ServingError
+from eaglenest.workers.serving.schedule import ENV_NAME as SCHEDULE_ENV
 
 log = logging.getLogger("eaglenest.optimize")
 
@@ -88,16 +89,18 @@ def _execute(ctx: WorkerContext, name: str, spec: dict[str, Any], model: dict[st
     result = pipeline.run()
     output_model = (spec["OutputConfig"].get("SageMakerModel") or {}).get("ModelName")
     if output_model:
-        _register_model(ctx, output_model, spec, model, result.head_uri)
+        _register_model(ctx, output_model, spec, model, result.head_uri, result.schedule)
     return {"OptimizationOutput": {"RecommendedInferenceImage": "vllm"},
             "ArtifactUri": result.output_uri, "HeadUri": result.head_uri, "Head": result.head,
             "Train": result.train, "Benchmark": result.benchmark}
 
 
 def _register_model(ctx: WorkerContext, name: str, spec: dict[str, Any],
-                    source: dict[str, Any] | None, head_uri: str) -> None:
+                    source: dict[str, Any] | None, head_uri: str,
+                    schedule: str | None) -> None:
     """The source model's container plus the head as AdditionalModelDataSources
-    channel `eagle_model` (what SageMaker's optimized model looks like)."""
+    channel `eagle_model` (what SageMaker's optimized model looks like) and, when the job
+    benchmarked, the speculation schedule in its Environment."""
     if source:
         container = dict(source.get("PrimaryContainer") or source["Containers"][0])
         role = source.get("ExecutionRoleArn", spec["RoleArn"])
@@ -111,6 +114,9 @@ def _register_model(ctx: WorkerContext, name: str, spec: dict[str, Any],
     extras.append({"ChannelName": EAGLE_CHANNEL, "S3DataSource": {
         "S3Uri": head_uri, "S3DataType": "S3Prefix", "CompressionType": "None"}})
     container["AdditionalModelDataSources"] = extras
+    if schedule is not None:
+        container["Environment"] = {**(container.get("Environment") or {}),
+                                    SCHEDULE_ENV: schedule}
     account = Account(ctx.settings.region, ctx.settings.account_id)
     with ctx.db.session() as s:
         models_repo.create(s, account, {"ModelName": name, "ExecutionRoleArn": role,

@@ -32,7 +32,10 @@ class JobOptions:
     regenerate: bool = False  # EAGLENEST_REGENERATE: 1 = target rewrites assistant turns
     holdout: int = 8  # EAGLENEST_HOLDOUT: samples kept out of training for the benchmark
     benchmark: bool = True  # EAGLENEST_BENCHMARK: 0 skips the benchmark stage
-    concurrency: tuple[int, ...] = (1, 2, 4, 8)  # EAGLENEST_BENCH_CONCURRENCY
+    concurrency: tuple[int, ...] = (1, 2, 4, 8, 16)  # EAGLENEST_BENCH_CONCURRENCY
+    #: EAGLENEST_BENCH_KS: the K values the benchmark measures (and the schedule picks from);
+    #: None: 1, 3, 5 up to num_speculative_tokens, plus num_speculative_tokens
+    bench_ks: tuple[int, ...] | None = None
     bench_max_tokens: int = 64  # EAGLENEST_BENCH_MAX_TOKENS
     num_speculative_tokens: int = 5  # EAGLENEST_NUM_SPECULATIVE_TOKENS (K)
     backend: str | None = None  # EAGLENEST_SERVING_BACKEND: vllm | embedded
@@ -40,6 +43,12 @@ class JobOptions:
     #: EAGLENEST_TRAIN_PROCESSES: data-parallel training processes (torchrun DDP, one per
     #: GPU); None: the worker's EAGLENEST_TRAIN_PROCESSES setting (default 1, in-process)
     train_processes: int | None = None
+
+    def measured_ks(self) -> tuple[int, ...]:
+        if self.bench_ks:
+            return self.bench_ks
+        k = self.num_speculative_tokens
+        return tuple(sorted({x for x in (1, 3, 5) if x <= k} | {k}))
 
 
 _INTS = {
@@ -59,6 +68,10 @@ _CHOICES = {
     "EAGLENEST_HEAD": ("head", HEADS),
     "EAGLENEST_SERVING_BACKEND": ("backend", BACKENDS),
     "EAGLENEST_DEVICE": ("device", ("cpu", "cuda")),
+}
+_LISTS = {  # comma-separated integers: (field, maximum, what they are)
+    "EAGLENEST_BENCH_CONCURRENCY": ("concurrency", 1024, "concurrency levels, e.g. 1,2,4,8"),
+    "EAGLENEST_BENCH_KS": ("bench_ks", 64, "K values, e.g. 1,3,5"),
 }
 _FLAGS = {"EAGLENEST_REGENERATE": "regenerate", "EAGLENEST_BENCHMARK": "benchmark"}
 
@@ -96,11 +109,12 @@ def parse_options(env: dict[str, str] | None) -> JobOptions:
                 raise OptionError(f"{name}={raw!r} is not a number") from None
         elif name == "EAGLENEST_DATASET":
             kw["dataset"] = raw
-        elif name == "EAGLENEST_BENCH_CONCURRENCY":
-            levels = [_int(name, p.strip(), 1, 1024) for p in raw.split(",") if p.strip()]
-            if not levels:
-                raise OptionError(f"{name} must list concurrency levels, e.g. 1,2,4,8")
-            kw["concurrency"] = tuple(levels)
+        elif name in _LISTS:
+            field, hi, what = _LISTS[name]
+            values = [_int(name, p.strip(), 1, hi) for p in raw.split(",") if p.strip()]
+            if not values:
+                raise OptionError(f"{name} must list {what}")
+            kw[field] = tuple(sorted(set(values))) if field == "bench_ks" else tuple(values)
     _check_together(kw)
     return JobOptions(**kw)
 

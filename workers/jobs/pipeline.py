@@ -21,6 +21,7 @@ from eaglenest.workers.jobs.control import JobControl
 from eaglenest.workers.jobs.inputs import InputError, JobSources, fetch_data, fetch_tree
 from eaglenest.workers.jobs.options import JobOptions
 from eaglenest.workers.serving.process import default_backend
+from eaglenest.workers.serving.schedule import schedule_from
 
 log = logging.getLogger("eaglenest.optimize")
 HEAD_FILES = ("config.json", "model.safetensors", "provenance.json")
@@ -33,6 +34,8 @@ class PipelineResult:
     head_uri: str
     train: dict[str, Any]
     benchmark: dict[str, Any] | None = None
+    #: the derived speculation schedule as its Environment value (None: no benchmark)
+    schedule: str | None = None
     stages: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -209,7 +212,8 @@ class Pipeline:
             plan = BenchPlan(model_dir, head_dir, prompts, self.options.backend or
                              default_backend(), self.options.concurrency,
                              self.options.bench_max_tokens, self.options.num_speculative_tokens,
-                             mode="parallel" if head == "peagle" else "chain")
+                             mode="parallel" if head == "peagle" else "chain",
+                             ks=self.options.measured_ks(), schedule_dir=head_dir)
             bench = run_benchmark(plan, out, self.control.should_stop)
         self.stage("upload outputs")
         (out / "provenance.json").write_text(json.dumps(
@@ -218,5 +222,8 @@ class Pipeline:
         base = self.output_base
         publish_dir(self.store, out, base)
         self.checkpoints().clear()
+        schedule = None
+        if bench is not None:
+            schedule = schedule_from(bench["schedule"], "benchmark").to_env()
         return PipelineResult(head=head, output_uri=base, head_uri=base + "eagle_model/",
-                              train=train, benchmark=bench)
+                              train=train, benchmark=bench, schedule=schedule)
