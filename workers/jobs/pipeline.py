@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from eaglenest.foundation.storage import ArtifactStore, StorageError, publish_dir
+from eaglenest.foundation.threads import SHARING_ENV, Registry, apply_torch, plan_threads
 from eaglenest.workers.infra.checkpoint_sync import CheckpointSync
 from eaglenest.workers.jobs.bench_stage import BenchPlan, run_benchmark
 from eaglenest.workers.jobs.control import JobControl
@@ -156,15 +157,21 @@ class Pipeline:
             should_stop=self.control.should_stop, on_checkpoint=sync.upload,
         )
         procs = self.options.train_processes or 1
+        registry = Registry()
+        threads = plan_threads(registry.running() + procs)  # each rank: one share
+        log.info("job %s: %s per training process", self.name, threads.describe())
         if procs > 1:
-            summary = self._train_processes(config, target, samples, procs)
+            summary = self._train_processes(config, target, samples, procs, threads.sharing)
         else:
-            result = train(config, TrainData(target, samples, source=self._data_label()),
-                           self._device())
+            apply_torch(threads)
+            with registry.entry("training", threads, key=self.name):
+                result = train(config, TrainData(target, samples, source=self._data_label()),
+                               self._device())
             summary = {"steps": result.steps, "loss": result.loss,
                        "step_accuracy": result.step_accuracy,
                        "tokens_per_second": result.tokens_per_second,
                        "seconds": result.seconds, "history": result.history}
+        summary["threads"] = threads.to_dict()
         self.control.check()  # a stop during the last steps ends the job here
         (self.work / "out").mkdir(parents=True, exist_ok=True)
         with open(self.work / "out" / "training_log.jsonl", "w") as fh:
@@ -173,7 +180,7 @@ class Pipeline:
         return summary
 
     def _train_processes(self, config: Any, target: Any, samples: list[Any],
-                         procs: int) -> dict[str, Any]:
+                         procs: int, sharing: int) -> dict[str, Any]:
         """Train in ``procs`` data-parallel processes (workers/jobs/train_launch.py)."""
         from eaglenest.workers.jobs.train_launch import launch, write_run
 
@@ -182,7 +189,8 @@ class Pipeline:
             target.model.to("cpu")
         run = write_run(self.work / "ddp", config, Path(target.folder), self._device(),
                         self._data_label(), samples)
-        summary = launch(run, procs, self.control.should_stop, config.on_checkpoint)
+        summary = launch(run, procs, self.control.should_stop, config.on_checkpoint,
+                         env={SHARING_ENV: str(sharing)})
         summary["processes"] = procs
         return summary
 

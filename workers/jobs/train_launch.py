@@ -34,6 +34,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from eaglenest.foundation.threads import Registry, apply_torch, plan_threads, sharing_from_env
+
 POLL_SECONDS = 0.5
 LOG_TAIL = 2000
 
@@ -59,8 +61,10 @@ def write_run(run_dir: Path, config: Any, target_dir: Path, device: str, source:
 
 
 def launch(run_file: Path, nproc: int, should_stop: Callable[[], bool],
-           on_checkpoint: Callable[[Path], None] | None) -> dict[str, Any]:
-    """Run the ranks to the end; the result rank 0 wrote. Raises LaunchError on failure."""
+           on_checkpoint: Callable[[Path], None] | None,
+           env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Run the ranks to the end; the result rank 0 wrote. Raises LaunchError on failure.
+    ``env``: added to the ranks' environment (their thread share)."""
     run_dir = run_file.parent
     ckpts = Path(json.loads(run_file.read_text())["config"]["out_dir"]) / "checkpoints"
     from eaglenest.models.distributed import torchrun_argv
@@ -68,7 +72,7 @@ def launch(run_file: Path, nproc: int, should_stop: Callable[[], bool],
     cmd = [*torchrun_argv(nproc), "-m", "eaglenest.workers.jobs.train_launch", str(run_file)]
     with open(run_dir / "ranks.log", "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+                                env={**os.environ, **(env or {})}, start_new_session=True)
         seen = _pointer(ckpts)
         try:
             while proc.poll() is None:
@@ -125,9 +129,12 @@ def rank_main(run_file: Path) -> int:
     config = TrainConfig(**run["config"], should_stop=stop_file.exists)
     samples = [Sample(**s) for s in json.loads((run_dir / "samples.json").read_text())]
     device = distributed.local_device(run["device"])
+    threads = plan_threads(sharing_from_env())
+    apply_torch(threads)
     try:
-        target = load_target(run["target"], device=device)
-        result = train(config, TrainData(target, samples, source=run["source"]), device)
+        with Registry().entry("training", threads):
+            target = load_target(run["target"], device=device)
+            result = train(config, TrainData(target, samples, source=run["source"]), device)
     finally:
         distributed.shutdown()
     if int(os.environ.get("RANK", "0")) == 0:

@@ -31,6 +31,7 @@ from eaglenest.db.tables import EndpointConfigRow, ModelRow
 from eaglenest.foundation.deployment import instances_of
 from eaglenest.foundation.processes import free_port, pid_alive
 from eaglenest.foundation.storage import ArtifactStore
+from eaglenest.foundation.threads import SHARING_ENV, Registry
 from eaglenest.workers.jobs.inputs import InputError, _container_uri, fetch_tree
 from eaglenest.workers.serving.process import (
     EMBEDDED,
@@ -180,8 +181,10 @@ def _start_instances(plan: VariantPlan, base: Path, model_dir: Path, head_dir: P
     """Launch one server per index (log `server-<i>.log`), then wait for all of them under
     one deadline; if any fails, stop every one of them and raise."""
     specs: list[ServerSpec] = []
+    sharing = Registry().running() + len(indexes)  # these start together: one share each
     for _ in indexes:
         spec = _spec(plan, model_dir, head_dir, served=endpoint)
+        spec.extra_env.setdefault(SHARING_ENV, str(sharing))
         while spec.port in {s.port for s in specs}:  # free_port() may hand out one twice
             spec.port = free_port()
         if advertise_host != "127.0.0.1":

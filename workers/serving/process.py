@@ -21,6 +21,7 @@ from typing import Any
 
 import httpx
 
+from eaglenest.foundation.threads import SHARING_ENV, Registry, ThreadPlan, plan_threads
 from eaglenest.workers.serving.schedule import Schedule
 
 VLLM, EMBEDDED = "vllm", "embedded"
@@ -158,11 +159,31 @@ def _cuda() -> bool:
         return False
 
 
+def thread_env(spec: ServerSpec, registry: Registry) -> tuple[dict[str, str], ThreadPlan]:
+    """The server's share of the CPUs (foundation/threads.py): EAGLENEST_COMPUTE_SHARING =
+    the compute processes running plus this one (or the value the caller set, when it
+    starts several at once); vLLM, which binds its own OpenMP threads, gets a disjoint
+    VLLM_CPU_OMP_THREADS_BIND slice when the CPUs are shared. Explicit settings win."""
+    running = registry.running()
+    merged = {**os.environ, **spec.extra_env}
+    sharing = int(spec.extra_env.get(SHARING_ENV) or running + 1)
+    plan = plan_threads(sharing, merged)
+    env = {SHARING_ENV: str(sharing)}
+    if (spec.backend == VLLM and plan.source == "auto" and sharing > 1
+            and "VLLM_CPU_OMP_THREADS_BIND" not in merged):
+        cores = sorted(os.sched_getaffinity(0))[: plan.cpus]
+        slot = running % max(1, len(cores) // plan.threads)
+        env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(
+            str(c) for c in cores[slot * plan.threads:(slot + 1) * plan.threads])
+    return env, plan
+
+
 class ServerProcess:
     def __init__(self, spec: ServerSpec, log_path: Path) -> None:
         self.spec, self.log_path = spec, log_path
         self.proc: subprocess.Popen[bytes] | None = None
         self.launched_at = 0.0
+        self.threads: ThreadPlan | None = None  # the share it was started with
 
     @property
     def base_url(self) -> str:
@@ -175,11 +196,14 @@ class ServerProcess:
     def launch(self) -> None:
         """Start the process without waiting for it (several can then start side by side)."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        registry = Registry()
+        extra, self.threads = thread_env(self.spec, registry)
         with open(self.log_path, "ab") as log:  # the child keeps its own copy of the fd
             root = Path(__file__).parents[3]  # holds the eaglenest package (-m finds it)
-            self.proc = subprocess.Popen(self.spec.command(), env=self.spec.env(), stdout=log,
-                                         stderr=subprocess.STDOUT, cwd=root,
+            self.proc = subprocess.Popen(self.spec.command(), env={**self.spec.env(), **extra},
+                                         stdout=log, stderr=subprocess.STDOUT, cwd=root,
                                          start_new_session=True)
+        registry.add(self.proc.pid, f"serving:{self.spec.backend}", self.threads)
         self.launched_at = time.monotonic()
 
     def wait_healthy(self, deadline: float) -> None:

@@ -11,8 +11,13 @@ import httpx
 import pytest
 
 from eaglenest.foundation.processes import free_port
+from eaglenest.foundation.threads import plan_threads
 from eaglenest.workers.jobs.loadgen import BenchConfig, run
-from eaglenest.workers.serving.embedded.metrics import parse_rounds_by_k, parse_spec_counters
+from eaglenest.workers.serving.embedded.metrics import (
+    parse_rounds_by_k,
+    parse_spec_counters,
+    parse_torch_threads,
+)
 from eaglenest.workers.serving.process import EMBEDDED, ServerProcess, ServerSpec
 from eaglenest.workers.serving.schedule import Schedule
 
@@ -199,11 +204,16 @@ def test_scheduled_server_switches_k_with_the_running_requests(servers, tmp_path
     counted per K on /metrics; greedy text equals the plain server's either way."""
     spec = ServerSpec(model_dir=tiny_llama_dir, served_name="tiny", port=free_port(),
                       backend=EMBEDDED, head_dir=tiny_eagle3_dir, num_speculative_tokens=3,
-                      max_model_len=256, schedule=Schedule(((1, 3), (64, 0))))
+                      max_model_len=256, schedule=Schedule(((1, 3), (64, 0))),
+                      extra_env={"EAGLENEST_COMPUTE_SHARING": "2"})
     proc = ServerProcess(spec, tmp_path / "scheduled.log")
     proc.start(health_timeout=120)
     try:
         url = proc.base_url
+        # started as one of two compute processes: half the usable CPUs, on /metrics
+        want_threads = plan_threads(2).threads
+        assert proc.threads is not None and proc.threads.threads == want_threads
+        assert parse_torch_threads(httpx.get(f"{url}/metrics").text) == want_threads
         jobs = list(zip(PROMPTS * 2, LENGTHS, strict=True))
         want = [complete(servers["base"], p, max_tokens=n)["choices"][0]["text"] for p, n in jobs]
         alone = [complete(url, p, max_tokens=n)["choices"][0]["text"] for p, n in jobs]

@@ -10,6 +10,8 @@ import argparse
 import logging
 import sys
 
+from eaglenest.foundation.threads import apply_torch, plan_threads, sharing_from_env
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m eaglenest.workers.serving.embedded")
@@ -46,6 +48,8 @@ def build_server(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 
     schedule = parse_schedule(args.speculation_schedule, "--speculation-schedule") if (
         args.speculation_schedule) else None
+    threads = plan_threads(sharing_from_env())
+    apply_torch(threads)  # before the first torch op: the inter-op pool is fixed after it
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     target = load_target(args.model, device=device, dtype=getattr(torch, args.dtype))
     head, mode = None, DecodeMode.PLAIN
@@ -74,7 +78,9 @@ def build_server(args: argparse.Namespace):  # type: ignore[no-untyped-def]
             head = head if schedule.k_for(1) else None
         engine = SpeculativeEngine(target.model, head, mode, **kw)  # type: ignore[arg-type]
     name = args.served_model_name or args.model
-    return EmbeddedServer(engine, target.tokenizer, name, max_model_len=args.max_model_len)
+    server = EmbeddedServer(engine, target.tokenizer, name, max_model_len=args.max_model_len)
+    server.metrics.torch_threads = threads.threads
+    return server
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,6 +20,7 @@ class ServerMetrics:
     #: engine steps run at each draft depth K (0 = plain steps), and the K of the last one
     rounds_by_k: dict[int, int] = field(default_factory=dict)
     speculation_k: int | None = None
+    torch_threads: int | None = None  # the thread plan it was started with (foundation/threads)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def add_spec(self, drafts: int, draft_tokens: int, accepted: int, per_pos: list[int]) -> None:
@@ -37,7 +38,10 @@ class ServerMetrics:
             self.rounds_by_k, self.speculation_k = dict(rounds_by_k), last_k
 
     def _render_schedule(self, lines: list[str], label: str) -> None:
-        """EagleNest's own series: steps per draft depth K, and the K of the last step."""
+        """EagleNest's own series: torch threads; steps per draft depth K, the last K."""
+        if self.torch_threads is not None:
+            lines.append("# TYPE eaglenest:torch_threads gauge")
+            lines.append(f"eaglenest:torch_threads{{{label}}} {float(self.torch_threads)}")
         if not self.rounds_by_k:
             return
         lines.append("# TYPE eaglenest:speculation_rounds_total counter")
@@ -73,6 +77,14 @@ class ServerMetrics:
                 )
             self._render_schedule(lines, label)
         return "\n".join(lines) + "\n"
+
+
+def parse_torch_threads(text: str) -> int | None:
+    """The embedded server's torch threads from its /metrics page (None: not shown)."""
+    for line in text.splitlines():
+        if line.startswith("eaglenest:torch_threads{"):
+            return int(float(line.rpartition(" ")[2]))
+    return None
 
 
 def parse_rounds_by_k(text: str) -> dict[int, float]:
