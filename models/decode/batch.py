@@ -86,11 +86,21 @@ class BatchEngine(SpeculativeEngine):
         max_num_seqs: int = 8,
         compact_slack: int = 32,
         batched_drafting: bool = True,
+        schedule: Sequence[tuple[int, int]] | None = None,
         **kw: Any,
     ) -> None:
-        """``batched_drafting=False`` drafts row by row (the benchmark's side-by-side row)."""
+        """``batched_drafting=False`` drafts row by row (the benchmark's side-by-side row).
+        ``schedule``: ``[(max_running, K), ...]`` ascending; each step drafts K of the first
+        entry with ``max_running >=`` the rows in the batch (the last entry's K beyond it),
+        K = 0 being a plain step. With ``adaptive`` the controller chooses at most that K,
+        and starts from it whenever the scheduled K changes."""
         super().__init__(target, head, mode, **kw)
         self.batched_drafting = batched_drafting
+        self.schedule = [(int(m), int(k)) for m, k in schedule] if schedule else None
+        self._cap: int | None = None  # the scheduled K of the last step
+        self.rounds_by_k: dict[int, int] = {}  # steps run at each K (0 = plain steps)
+        self.last_k: int | None = None
+        self._admitting = False  # inside _admit: a prompt's head slots may be deferred
         if "linear_attention" in (getattr(self.model.config, "layer_types", None) or []):
             raise ValueError("batched decoding needs an attention-only target")
         self.max_num_seqs = max(1, max_num_seqs)
@@ -142,7 +152,10 @@ class BatchEngine(SpeculativeEngine):
         if not self.active:
             return events
         assert self.kv is not None
-        plans = self._plans(self.current_k)
+        k = self._step_k(len(self.active))
+        self.rounds_by_k[k] = self.rounds_by_k.get(k, 0) + 1
+        self.last_k = k
+        plans = self._plans(k)
         t0 = time.perf_counter()
         logits, last, aux = self.kv.forward(
             [p.tokens for p in plans], [p.depths for p in plans], [p.local for p in plans]
@@ -173,8 +186,57 @@ class BatchEngine(SpeculativeEngine):
                 outs[rid].extend(new)
         return [outs[rid] for rid in ids]
 
+    # ---- the schedule ----------------------------------------------------------------------
+    def scheduled_k(self, running: int) -> int | None:
+        """The schedule's K for ``running`` rows (None without a schedule or a head)."""
+        if self.schedule is None or self.mode is DecodeMode.PLAIN:
+            return None
+        for max_running, k in self.schedule:
+            if running <= max_running:
+                return k
+        return self.schedule[-1][1]
+
+    def _step_k(self, running: int) -> int:
+        cap = self.scheduled_k(running)
+        if cap is None:
+            return self.current_k if self.mode is not DecodeMode.PLAIN else 0
+        if self.controller is None:
+            return cap
+        if cap != self._cap:  # a new load level: start from its measured best K
+            self.current_k = max(cap, self.controller.k_min)
+        self._cap = cap
+        return min(self.current_k, cap)
+
+    def _commit_head(self, drafter: HeadDrafter, tokens: list[int], feats: torch.Tensor) -> None:
+        if (self._admitting and type(drafter) is HeadDrafter
+                and self.scheduled_k(len(self.active) + 1) == 0):
+            drafter.defer(tokens, feats)  # the schedule says plain at this load: later
+        else:
+            drafter.extend(tokens, feats)
+
+    def _catch_up(self, reqs: list[_Request]) -> None:
+        """Run the slots that plain steps deferred through the head (batched where the rows
+        allow), so that every row drafts from its whole context."""
+        behind = [r.drafter for r in reqs if type(r.drafter) is HeadDrafter and r.drafter.backlog]
+        if not behind:
+            return
+        work = [(d, d.take_backlog()) for d in behind]
+        if batch_draft.batchable(behind):  # type: ignore[arg-type]
+            batch_draft.extend(behind, [w[0] for _, w in work],  # type: ignore[arg-type,index]
+                               [w[1] for _, w in work])  # type: ignore[index]
+            return
+        for d, (tokens, feats) in work:  # type: ignore[misc]
+            d.extend(tokens, feats)  # type: ignore[union-attr]
+
     # ---- joining and leaving -------------------------------------------------------------
     def _admit(self) -> list[Event]:
+        self._admitting = True
+        try:
+            return self._admit_waiting()
+        finally:
+            self._admitting = False
+
+    def _admit_waiting(self) -> list[Event]:
         events: list[Event] = []
         while self.waiting and len(self.active) < self.max_num_seqs:
             slot, prompt = self.waiting.popleft()
@@ -216,6 +278,11 @@ class BatchEngine(SpeculativeEngine):
         """Every active row's plan: chain / parallel drafts in batched head forwards when all
         rows draft with one head (models/decode/batch_draft.py), else row by row."""
         reqs = [s.req for s in self.active]
+        if k == 0 and self.mode is not DecodeMode.PLAIN:  # a plain step: no drafts
+            one = torch.ones(1, 1, dtype=torch.bool)
+            return [_Plan([r.pending], [0], one, 0, [], None) if r.drafter is not None
+                    else self._plan(r, 0) for r in reqs]
+        self._catch_up(reqs)
         drafters = [r.drafter for r in reqs]
         mode = self.mode.spec
         batched = self.batched_drafting and mode.drafts and not mode.tree
@@ -235,6 +302,11 @@ class BatchEngine(SpeculativeEngine):
                       out: StepOutput, rows: list[int]) -> list[int]:
         """As the batch-1 engine, but inside a batched step the head slots are committed
         for all rows together after verification (``_extend_deferred``)."""
+        if type(drafter) is HeadDrafter and self.last_k == 0 and self._deferred is not None:
+            emitted = self._emit(req, new)  # a plain step: the head catches up when it drafts
+            if not req.done:
+                drafter.defer(new, drafter.features(out, rows))
+            return emitted
         if self._deferred is None or not self.batched_drafting or type(drafter) is not HeadDrafter:
             return super()._finish_round(req, drafter, new, out, rows)
         emitted = self._emit(req, new)

@@ -43,6 +43,8 @@ class HeadDrafter:
         self.slots = 0
         self.last_logits: torch.Tensor | None = None  # [draft_vocab] of the last slot
         self.last_out: torch.Tensor | None = None  # [1, 1, hidden] head output, last slot
+        #: slots not yet run through the head (plain rounds defer them): (tokens, feats)
+        self.backlog: list[tuple[list[int], torch.Tensor]] = []
 
     @property
     def aux_layer_ids(self) -> list[int]:
@@ -73,6 +75,20 @@ class HeadDrafter:
         """(logits [draft_vocab], head output [1, 1, hidden]) of the last committed slot."""
         assert self.last_logits is not None and self.last_out is not None, "extend() first"
         return self.last_logits, self.last_out
+
+    def defer(self, tokens: list[int], feats: torch.Tensor) -> None:
+        """As ``extend``, but run later (``take_backlog``): a plain round drafts nothing, so
+        its slots need not enter the head until the next drafting round."""
+        self.backlog.append((list(tokens), feats))
+
+    def take_backlog(self) -> tuple[list[int], torch.Tensor] | None:
+        """The deferred slots as one (tokens, feats) to extend with, and forget them."""
+        if not self.backlog:
+            return None
+        tokens = [t for chunk, _ in self.backlog for t in chunk]
+        feats = torch.cat([f for _, f in self.backlog])
+        self.backlog = []
+        return tokens, feats
 
     def crop(self) -> None:
         """Drop every draft slot, keeping the committed ones."""

@@ -1,7 +1,8 @@
 """`eaglenest bench --target DIR --head DIR`: the optimization job's benchmark stage alone.
 
-Baseline (target alone) and EAGLE (target + head) served by the same backend, the same
-load at each concurrency; writes benchmark.json / .md / .png into --out and prints the table.
+Baseline (target alone) and EAGLE (target + head, at each K of --ks) served by the same
+backend, the same load at each concurrency; writes benchmark.json / .md / .png into --out,
+speculation_schedule.json into --out, and prints the table.
 """
 
 from __future__ import annotations
@@ -38,11 +39,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
     levels = tuple(int(c) for c in args.concurrency.split(","))
     plan = BenchPlan(Path(args.target), Path(args.head), _prompts(args),
                      args.backend or default_backend(), levels, args.max_tokens,
-                     args.num_speculative_tokens, mode=args.mode)
+                     args.num_speculative_tokens, mode=args.mode,
+                     ks=tuple(int(k) for k in args.ks.split(",")) if args.ks else ())
     report = run_benchmark(plan, out, should_stop=lambda: False)
     print((out / "benchmark.md").read_text())
     print("speedup (EAGLE / baseline output throughput):",
           ", ".join(f"c={c}: {s:.2f}x" for c, s in report["speedup"].items()))
+    print("speculation schedule:", json.dumps(report["schedule"]["thresholds"]))
     return 0
 
 
@@ -60,6 +63,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--max-tokens", type=int, default=64, help="tokens generated per request")
     p.add_argument("--num-speculative-tokens", type=int, default=5,
                    help="K: drafted tokens per step")
+    p.add_argument("--ks", default="", help="K values to measure, e.g. 1,3,5 (default: "
+                   "--num-speculative-tokens); the schedule picks among them")
     p.add_argument("--mode", default=DecodeMode.CHAIN.value, choices=SPECULATIVE_MODES,
                    help="drafting (embedded backend): chain, EAGLE-2 tree or P-EAGLE parallel")
     p.add_argument("--backend", default=None, choices=["vllm", "embedded"],

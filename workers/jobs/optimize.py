@@ -47,6 +47,7 @@ from eaglenest.workers.jobs.inputs import (
 )
 from eaglenest.workers.jobs.options import OptionError, parse_options
 from eaglenest.workers.serving.process import ServingError
+from eaglenest.workers.serving.schedule import ENV_NAME as SCHEDULE_ENV
 
 log = logging.getLogger("eaglenest.optimize")
 
@@ -147,15 +148,16 @@ def _execute(ctx: WorkerContext, name: str, job: CreateOptimizationJobRequest,
     if not (target and target.ModelName):
         return output, None
     return output, to_wire(_output_model(target.ModelName, job, model, sources.model_uri,
-                                         result.head_uri))
+                                         result.head_uri, result.schedule))
 
 
 def _output_model(name: str, job: CreateOptimizationJobRequest, source: CreateModelInput | None,
-                  model_uri: str, head_uri: str) -> CreateModelInput:
+                  model_uri: str, head_uri: str, schedule: str | None) -> CreateModelInput:
     """The CreateModel request of the output model: the source model's container (or, for
     ModelSource.S3, a vllm container of ``model_uri``) plus the head as
     AdditionalModelDataSources channel `eagle_model` (what SageMaker's optimized model looks
-    like). Registered by _complete, in the transaction that completes the job."""
+    like) and, when the job benchmarked, the speculation schedule in its Environment.
+    Registered by _complete, in the transaction that completes the job."""
     if source:
         container = model_container(source)
         role = source.ExecutionRoleArn or job.RoleArn
@@ -167,7 +169,10 @@ def _output_model(name: str, job: CreateOptimizationJobRequest, source: CreateMo
               if e.ChannelName != EAGLE_CHANNEL]
     extras.append(AdditionalModelDataSource(ChannelName=EAGLE_CHANNEL,
                                             S3DataSource=_s3_prefix(head_uri)))
-    container = container.model_copy(update={"AdditionalModelDataSources": extras})
+    update: dict[str, Any] = {"AdditionalModelDataSources": extras}
+    if schedule is not None:
+        update["Environment"] = {**(container.Environment or {}), SCHEDULE_ENV: schedule}
+    container = container.model_copy(update=update)
     return CreateModelInput(ModelName=name, ExecutionRoleArn=role, PrimaryContainer=container)
 
 

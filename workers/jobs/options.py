@@ -90,6 +90,13 @@ def _levels(name: str, raw: str) -> tuple[int, ...]:
     return tuple(levels)
 
 
+def _ks(name: str, raw: str) -> tuple[int, ...]:
+    ks = {_int(name, p.strip(), 1, 64) for p in raw.split(",") if p.strip()}
+    if not ks:
+        raise OptionError(f"{name} must list K values, e.g. 1,3,5")
+    return tuple(sorted(ks))
+
+
 class JobOptions(BaseModel):
     model_config = ConfigDict(frozen=True, populate_by_name=True, extra="ignore")
 
@@ -121,7 +128,11 @@ class JobOptions(BaseModel):
     #: 0 skips the benchmark stage
     benchmark: Annotated[bool, _parser(_flag), Field(alias="EAGLENEST_BENCHMARK")] = True
     concurrency: Annotated[tuple[int, ...], _parser(_levels),
-                           Field(alias="EAGLENEST_BENCH_CONCURRENCY")] = (1, 2, 4, 8)
+                           Field(alias="EAGLENEST_BENCH_CONCURRENCY")] = (1, 2, 4, 8, 16)
+    #: the K values the benchmark measures (and the schedule picks from); None: 1, 3, 5 up to
+    #: num_speculative_tokens, plus num_speculative_tokens
+    bench_ks: Annotated[tuple[int, ...] | None, _parser(_ks),
+                        Field(alias="EAGLENEST_BENCH_KS")] = None
     bench_max_tokens: Annotated[int, _between(1, 100_000),
                                 Field(alias="EAGLENEST_BENCH_MAX_TOKENS")] = 64
     #: K
@@ -135,6 +146,12 @@ class JobOptions(BaseModel):
     #: EAGLENEST_TRAIN_PROCESSES setting (default 1, in-process)
     train_processes: Annotated[int | None, _between(1, 64),
                                Field(alias="EAGLENEST_TRAIN_PROCESSES")] = None
+
+    def measured_ks(self) -> tuple[int, ...]:
+        if self.bench_ks:
+            return self.bench_ks
+        k = self.num_speculative_tokens
+        return tuple(sorted({x for x in (1, 3, 5) if x <= k} | {k}))
 
     @model_validator(mode="after")
     def _together(self) -> JobOptions:

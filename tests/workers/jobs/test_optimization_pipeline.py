@@ -32,7 +32,7 @@ def test_job_trains_benchmarks_and_publishes(stack):
     sm = stack.client()
     sm.create_optimization_job(OptimizationJobName="tiny-eagle3",
                                **job("s3://models/tiny-llama/", "optimized",
-                                     EAGLENEST_PROGRESS_EVERY="2"))
+                                     EAGLENEST_PROGRESS_EVERY="2", EAGLENEST_BENCH_KS="1,3"))
     d = wait_status(sm, "tiny-eagle3", {"COMPLETED", "FAILED"})
     assert d["OptimizationJobStatus"] == "COMPLETED", d.get("FailureReason")
     assert d["OptimizationStartTime"] <= d["OptimizationEndTime"]
@@ -48,16 +48,31 @@ def test_job_trains_benchmarks_and_publishes(stack):
     out = stack.data_dir / "s3" / "output" / "jobs" / "tiny-eagle3"
     manifest = json.loads((out / "_MANIFEST.json").read_text())["files"]
     for f in ("eagle_model/config.json", "eagle_model/model.safetensors",
-              "eagle_model/provenance.json", "benchmark.json", "benchmark.md", "benchmark.png",
+              "eagle_model/provenance.json", "eagle_model/speculation_schedule.json",
+              "benchmark.json", "benchmark.md", "benchmark.png",
               "training_log.jsonl", "provenance.json"):
         assert f in manifest and (out / f).is_file(), f
     bench = json.loads((out / "benchmark.json").read_text())
     assert bench["backend"] == "embedded"
-    for name in ("baseline", "eagle"):
+    assert list(bench["results"]) == ["baseline", "eagle K=1", "eagle K=3"]
+    for name in bench["results"]:
         assert [r["concurrency"] for r in bench["results"][name]] == [1, 2]
         assert all(r["output_tokens"] > 0 for r in bench["results"][name])
-    assert bench["results"]["eagle"][0]["acceptance_length"] >= 1.0
-    assert "| eagle | 1 |" in (out / "benchmark.md").read_text()
+    assert bench["results"]["eagle K=3"][0]["acceptance_length"] >= 1.0
+    # the schedule: the K with the best measured tok/s per level, 0 unless it beats the
+    # baseline by 2%; the same thresholds in the channel file, the report and the model
+    schedule = json.loads((out / "eagle_model" / "speculation_schedule.json").read_text())
+    measured = schedule["measured"]
+    rates = measured["output_throughput"]
+    for c, k in measured["chosen"].items():
+        best = max((1, 3), key=lambda kk: rates[f"eagle K={kk}"][c])
+        wins = rates[f"eagle K={best}"][c] > 1.02 * rates["baseline"][c]
+        assert k == (best if wins else 0), (c, k, rates)
+    assert schedule["thresholds"] == bench["schedule"]["thresholds"]
+    assert schedule["thresholds"][-1][0] == 2 and measured["ks"] == [1, 3]
+    md = (out / "benchmark.md").read_text()
+    assert "| eagle K=1 | 1 |" in md and "| eagle K=3 | 2 |" in md
+    assert "Speculation schedule: **" in md
     assert (out / "benchmark.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     log_lines = [json.loads(x) for x in (out / "training_log.jsonl").read_text().splitlines()]
     assert [x["step"] for x in log_lines] == [1, 2, 3, 4]
@@ -65,6 +80,8 @@ def test_job_trains_benchmarks_and_publishes(stack):
     head_cfg = json.loads((out / "eagle_model" / "config.json").read_text())
     assert head_cfg["eagle_aux_hidden_state_layer_ids"] == [2, 4, 5]
     model = sm.describe_model(ModelName="optimized")
+    env = model["PrimaryContainer"]["Environment"]
+    assert json.loads(env["EAGLENEST_SPECULATION_SCHEDULE"]) == schedule["thresholds"]
     extra = model["PrimaryContainer"]["AdditionalModelDataSources"]
     assert extra == [{"ChannelName": "eagle_model", "S3DataSource": {
         "S3Uri": "s3://output/jobs/tiny-eagle3/eagle_model/", "S3DataType": "S3Prefix",
@@ -276,6 +293,9 @@ def test_bench_cli(tiny_llama_dir, tiny_eagle3_dir, tmp_path):
          str(prompts), "--concurrency", "1", "--max-tokens", "8", "--backend", "embedded",
          "--num-speculative-tokens", "3"], capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "| baseline | 1 |" in r.stdout and "| eagle | 1 |" in r.stdout
+    assert "| baseline | 1 |" in r.stdout and "| eagle K=3 | 1 |" in r.stdout
     report = json.loads((tmp_path / "out" / "benchmark.json").read_text())
     assert report["backend"] == "embedded" and "1" in report["speedup"]
+    schedule = json.loads((tmp_path / "out" / "speculation_schedule.json").read_text())
+    assert schedule["thresholds"] == report["schedule"]["thresholds"]
+    assert f"speculation schedule: {json.dumps(schedule['thresholds'])}" in r.stdout
