@@ -12,8 +12,10 @@
 # Debian base tarball (debootstrap), the wheelhouses (pip download from the committed locks)
 # and dockerd's data root (images and build cache: a rebuild redoes only what changed, and
 # no run spends minutes deleting gigabytes). Containers, volumes and dockerd live for one run
-# only: a trap takes them down on any exit (and a run first removes any container a killed
-# run left behind). One run at a time per cache (flock). The test venv is $EAGLENEST_VENV
+# only: a trap takes them down on any exit. One run at a time per cache (flock), and each
+# cache has one run dir (/var/tmp/eaglenest-compose-<hash of the cache path>: socket, exec
+# root, logs), so a run first clears what a killed run left there: its dockerd (and with it
+# its containers), its mounts, its files. The test venv is $EAGLENEST_VENV
 # (default .venv; made from requirements/lock.txt if needed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -53,7 +55,26 @@ stage() {
 }
 
 # ---- cleanup: on every exit ---------------------------------------------------------------
-RUN_DIR="" DOCKERD_PID="" COPIED_WHEELS=0 debootstrap_pid=""
+RUN_DIR=/var/tmp/eaglenest-compose-$(printf %s "$CACHE" | sha256sum | cut -c1-8)
+RUN_DIR_MADE=0 DOCKERD_PID="" COPIED_WHEELS=0 debootstrap_pid=""
+unmount_run_dir() {  # mounts left under the run dir (a dockerd or debootstrap that died)
+  grep -o " $RUN_DIR/[^ ]*" /proc/mounts | sort -r | xargs -r -n1 umount -l 2>/dev/null || true
+}
+clear_stale_run_dir() {
+  # what a run of this cache left when it was killed before its trap ran (the flock says no
+  # run of this cache is alive): its dockerd, if that pid still is a dockerd of this run dir
+  local pid
+  pid=$(cat "$RUN_DIR/dockerd.pid" 2>/dev/null || true)
+  if [ -n "$pid" ] && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null \
+       | grep -q "^dockerd .*--pidfile $RUN_DIR/dockerd.pid"; then
+    echo "stopping dockerd $pid left by a killed run"
+    kill -TERM "$pid" 2>/dev/null || true
+    for _ in $(seq 60); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
+    kill -KILL "$pid" 2>/dev/null || true
+  fi
+  unmount_run_dir
+  rm -rf "$RUN_DIR"
+}
 remove_all_containers() {  # every container and volume of this dockerd (ours alone)
   docker ps -aq | xargs -r docker rm -f >/dev/null
   docker volume ls -q | xargs -r docker volume rm -f >/dev/null
@@ -97,9 +118,8 @@ cleanup() {
     kill -TERM -- "-$debootstrap_pid" 2>/dev/null
     wait "$debootstrap_pid" 2>/dev/null
   fi
-  if [ -n "$RUN_DIR" ]; then
-    # mounts left under the run dir (a dockerd or debootstrap that died half-way)
-    grep -o " $RUN_DIR[^ ]*" /proc/mounts | sort -r | xargs -r -n1 umount -l 2>/dev/null
+  if [ "$RUN_DIR_MADE" = 1 ]; then
+    unmount_run_dir
     rm -rf "$RUN_DIR"
   fi
   if [ "$COPIED_WHEELS" = 1 ]; then
@@ -143,7 +163,9 @@ stage "test venv"
 ensure_venv requirements/lock.txt
 
 # ---- cached inputs: the Debian base and the wheelhouses -------------------------------------
-RUN_DIR=$(mktemp -d /var/tmp/eaglenest-compose.XXXXXX)
+clear_stale_run_dir
+mkdir -m 0700 "$RUN_DIR"  # fails if anything recreated it meanwhile
+RUN_DIR_MADE=1
 stage "base rootfs and wheelhouses (cached)"
 # debootstrap (Debian mirror) in the background while pip downloads (PyPI): both cold on a
 # fresh machine, both network-bound
@@ -156,7 +178,7 @@ else
   mirror=${mirror:-http://deb.debian.org/debian}
   echo "debootstrap --variant=minbase bookworm from $mirror"
   setsid debootstrap --variant=minbase bookworm "$RUN_DIR/rootfs" "$mirror" \
-    >"$RUN_DIR/debootstrap.log" 2>&1 &
+    >"$RUN_DIR/debootstrap.log" 2>&1 9>&- &
   debootstrap_pid=$!  # its own process group: the trap stops all of it
 fi
 
@@ -202,7 +224,7 @@ dockerd --config-file "$RUN_DIR/daemon.json" --data-root "$CACHE/dockerd-data" \
   --exec-root "$RUN_DIR/exec" --pidfile "$RUN_DIR/dockerd.pid" -H "unix://$RUN_DIR/docker.sock" \
   --containerd-namespace eaglenest-ci --containerd-plugins-namespace eaglenest-ci-plugins \
   --bridge=none --iptables=false --ip-forward=false --ip-masq=false \
-  >"$RUN_DIR/dockerd.log" 2>&1 &
+  >"$RUN_DIR/dockerd.log" 2>&1 9>&- &  # no flock fd: an orphaned dockerd must not hold it
 DOCKERD_PID=$!
 export DOCKER_HOST="unix://$RUN_DIR/docker.sock"
 for _ in $(seq 120); do
@@ -229,7 +251,7 @@ stage "build images"
 # migrate builds eaglenest/eaglenest for api and the workers too (same image and build)
 "${COMPOSE[@]}" build --parallel --progress plain postgres redis minio migrate \
   >"$RUN_DIR/build.log" 2>&1 || { tail -60 "$RUN_DIR/build.log"; exit 1; }
-docker images --format '  {{.Repository}}:{{.Tag}}  {{.Size}}' | sort
+docker images --filter dangling=false --format '  {{.Repository}}:{{.Tag}}  {{.Size}}' | sort
 
 stage "up -d (2 train workers)"
 for port in "${PORTS[@]}"; do
