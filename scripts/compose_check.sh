@@ -12,8 +12,10 @@
 # Debian base tarball (debootstrap), the wheelhouses (pip download from the committed locks)
 # and dockerd's data root (images and build cache: a rebuild redoes only what changed, and
 # no run spends minutes deleting gigabytes). Containers, volumes and dockerd live for one run
-# only: a trap takes them down on any exit (and a run first removes any container a killed
-# run left behind). One run at a time per cache (flock). The test venv is $EAGLENEST_VENV
+# only: a trap takes them down on any exit. One run at a time per cache (flock), and each
+# cache has one run dir (/var/tmp/eaglenest-compose-<hash of the cache path>: socket, exec
+# root, logs), so a run first clears what a killed run left there: its dockerd (and with it
+# its containers), its mounts, its files. The test venv is $EAGLENEST_VENV
 # (default .venv; made from requirements/lock.txt if needed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,6 +31,7 @@ COMPOSE_FILES=(-f docker-compose.yml -f docker/compose.ci.yml)
 COMPOSE=(docker-compose -p "$PROJECT" "${COMPOSE_FILES[@]}")
 PORTS=(5432 6379 9000 8080)  # postgres, redis, S3, API: host networking, one port each
 mkdir -p "$CACHE"
+CACHE=$(cd "$CACHE" && pwd -P)  # as /proc/mounts spells it
 exec 9>"$CACHE/lock"
 flock -n 9 || { echo "compose_check: another run holds $CACHE/lock" >&2; exit 2; }
 # The stack's secrets: random for each run (docker-compose.yml refuses to start without them).
@@ -53,7 +56,55 @@ stage() {
 }
 
 # ---- cleanup: on every exit ---------------------------------------------------------------
-RUN_DIR="" DOCKERD_PID="" COPIED_WHEELS=0 debootstrap_pid=""
+RUN_ID=$(printf %s "$CACHE" | sha256sum | cut -c1-8)
+RUN_DIR=/var/tmp/eaglenest-compose-$RUN_ID
+# every container of our dockerd runs under this cgroup (cgroupfs driver), so what a killed
+# run left running can be found and killed even when its dockerd and shims are gone
+CGROUP=eaglenest-compose-$RUN_ID
+RUN_DIR_MADE=0 DOCKERD_PID="" COPIED_WHEELS=0 debootstrap_pid=""
+unmount_run_dir() {  # mounts left under the run dir (a dockerd or debootstrap that died)
+  grep -o " $RUN_DIR/[^ ]*" /proc/mounts | sort -r | xargs -r -n1 umount -l 2>/dev/null || true
+}
+kill_cgroup_leftovers() {  # processes left in our containers' cgroups (v1 and v2)
+  local dirs procs
+  dirs=$(find /sys/fs/cgroup/"$CGROUP" /sys/fs/cgroup/*/"$CGROUP" -maxdepth 0 -type d \
+           2>/dev/null || true)
+  [ -n "$dirs" ] || return 0
+  # shellcheck disable=SC2086
+  procs=$(find $dirs -name cgroup.procs -exec cat {} + 2>/dev/null | sort -un | tr '\n' ' ')
+  if [ -n "${procs// /}" ]; then
+    echo "killing processes left in $CGROUP: $procs"
+    # shellcheck disable=SC2086
+    kill -KILL $procs 2>/dev/null || true
+    sleep 1
+  fi
+  # shellcheck disable=SC2086
+  find $dirs -depth -type d -exec rmdir {} + 2>/dev/null || true
+}
+clear_stale_run_dir() {
+  # what a run of this cache left when it was killed before its trap ran (the flock says no
+  # run of this cache is alive): its dockerd, if that pid still is a dockerd of this run dir
+  local pid
+  pid=$(cat "$RUN_DIR/dockerd.pid" 2>/dev/null || true)
+  if [ -n "$pid" ] && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null \
+       | grep -q "^dockerd .*--pidfile $RUN_DIR/dockerd.pid"; then
+    echo "stopping dockerd $pid left by a killed run, and its containers"
+    DOCKER_HOST="unix://$RUN_DIR/docker.sock" timeout 120 sh -c \
+      'docker ps -aq | xargs -r docker rm -f >/dev/null' || true
+    kill -TERM "$pid" 2>/dev/null || true
+    for _ in $(seq 60); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
+    kill -KILL "$pid" 2>/dev/null || true
+  fi
+  kill_cgroup_leftovers
+  unmount_run_dir
+  rm -rf "$RUN_DIR"
+  # dockerd bind-mounts its data root onto itself and undoes that when it stops; a killed
+  # one leaves the bind behind
+  if awk -v d="$CACHE/dockerd-data" '$4 == d && $5 == d {f=1} END {exit !f}' \
+       /proc/self/mountinfo; then
+    umount -l "$CACHE/dockerd-data" || true
+  fi
+}
 remove_all_containers() {  # every container and volume of this dockerd (ours alone)
   docker ps -aq | xargs -r docker rm -f >/dev/null
   docker volume ls -q | xargs -r docker volume rm -f >/dev/null
@@ -91,15 +142,15 @@ cleanup() {
       kill -KILL "$DOCKERD_PID" 2>/dev/null
     fi
     wait "$DOCKERD_PID" 2>/dev/null
+    kill_cgroup_leftovers
     end_stage
   fi
   if [ -n "$debootstrap_pid" ]; then  # interrupted while debootstrap ran
     kill -TERM -- "-$debootstrap_pid" 2>/dev/null
     wait "$debootstrap_pid" 2>/dev/null
   fi
-  if [ -n "$RUN_DIR" ]; then
-    # mounts left under the run dir (a dockerd or debootstrap that died half-way)
-    grep -o " $RUN_DIR[^ ]*" /proc/mounts | sort -r | xargs -r -n1 umount -l 2>/dev/null
+  if [ "$RUN_DIR_MADE" = 1 ]; then
+    unmount_run_dir
     rm -rf "$RUN_DIR"
   fi
   if [ "$COPIED_WHEELS" = 1 ]; then
@@ -118,7 +169,10 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 # ---- the engine -----------------------------------------------------------------------------
-stage "engine (apt-get if missing)"
+stage "engine; a killed run's leftovers"
+clear_stale_run_dir
+mkdir -m 0700 "$RUN_DIR"  # fails if anything recreated it meanwhile
+RUN_DIR_MADE=1
 BASE_TAR=$CACHE/debian-bookworm-minbase.tar
 need=()
 command -v dockerd >/dev/null || need+=(docker.io)
@@ -143,7 +197,6 @@ stage "test venv"
 ensure_venv requirements/lock.txt
 
 # ---- cached inputs: the Debian base and the wheelhouses -------------------------------------
-RUN_DIR=$(mktemp -d /var/tmp/eaglenest-compose.XXXXXX)
 stage "base rootfs and wheelhouses (cached)"
 # debootstrap (Debian mirror) in the background while pip downloads (PyPI): both cold on a
 # fresh machine, both network-bound
@@ -156,7 +209,7 @@ else
   mirror=${mirror:-http://deb.debian.org/debian}
   echo "debootstrap --variant=minbase bookworm from $mirror"
   setsid debootstrap --variant=minbase bookworm "$RUN_DIR/rootfs" "$mirror" \
-    >"$RUN_DIR/debootstrap.log" 2>&1 &
+    >"$RUN_DIR/debootstrap.log" 2>&1 9>&- &
   debootstrap_pid=$!  # its own process group: the trap stops all of it
 fi
 
@@ -202,7 +255,8 @@ dockerd --config-file "$RUN_DIR/daemon.json" --data-root "$CACHE/dockerd-data" \
   --exec-root "$RUN_DIR/exec" --pidfile "$RUN_DIR/dockerd.pid" -H "unix://$RUN_DIR/docker.sock" \
   --containerd-namespace eaglenest-ci --containerd-plugins-namespace eaglenest-ci-plugins \
   --bridge=none --iptables=false --ip-forward=false --ip-masq=false \
-  >"$RUN_DIR/dockerd.log" 2>&1 &
+  --exec-opt native.cgroupdriver=cgroupfs --cgroup-parent "$CGROUP" \
+  >"$RUN_DIR/dockerd.log" 2>&1 9>&- &  # no flock fd: an orphaned dockerd must not hold it
 DOCKERD_PID=$!
 export DOCKER_HOST="unix://$RUN_DIR/docker.sock"
 for _ in $(seq 120); do
@@ -229,7 +283,7 @@ stage "build images"
 # migrate builds eaglenest/eaglenest for api and the workers too (same image and build)
 "${COMPOSE[@]}" build --parallel --progress plain postgres redis minio migrate \
   >"$RUN_DIR/build.log" 2>&1 || { tail -60 "$RUN_DIR/build.log"; exit 1; }
-docker images --format '  {{.Repository}}:{{.Tag}}  {{.Size}}' | sort
+docker images --filter dangling=false --format '  {{.Repository}}:{{.Tag}}  {{.Size}}' | sort
 
 stage "up -d (2 train workers)"
 for port in "${PORTS[@]}"; do

@@ -10,7 +10,7 @@ uploads), as a user would; what the containers did is read from their own logs
 The stack runs with two train workers (`--scale worker-train=2`). In order:
   1. migrate ran once, exited 0, and finished before the API and every worker started;
      every worker's Celery node came up;
-  2. a tiny random Llama target (tests/models/tiny.py) is uploaded and registered
+  2. a tiny random Llama target (eaglenest.models.tiny) is uploaded and registered
      (CreateModel), and a tiny optimization job (two training steps, benchmark on the
      embedded engine) runs on a train worker container to COMPLETED;
   3. its output model is deployed (embedded backend) on the serve worker container to
@@ -208,8 +208,7 @@ def check_migrate_once(stack: Compose) -> None:
 
 
 def upload_tiny_model(s3: Any) -> None:
-    sys.path.insert(0, str(ROOT / "tests" / "models"))
-    from tiny import build_tiny_target  # tests/models/tiny.py
+    from eaglenest.models.tiny import build_tiny_target
 
     with tempfile.TemporaryDirectory() as tmp:
         folder = build_tiny_target(Path(tmp) / "llama", "LlamaForCausalLM")
