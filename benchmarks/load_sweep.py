@@ -182,6 +182,7 @@ def tiny_models(out: Path) -> tuple[Path, Path]:
 
     from eaglenest.models.checkpoint import save_head
     from eaglenest.models.data import encode_examples, load_examples
+    from eaglenest.models.heads.registry import DEFAULT_KIND
     from eaglenest.models.target import load_target
     from eaglenest.models.tiny import build_tiny_target
     from eaglenest.models.train import HEAD_KINDS, TrainConfig
@@ -190,9 +191,10 @@ def tiny_models(out: Path) -> tuple[Path, Path]:
     target = load_target(target_dir)
     samples = encode_examples(load_examples("gsm8k_training.jsonl")[:8], target.tokenizer, 128)
     torch.manual_seed(0)
-    head = HEAD_KINDS["eagle3"].build(target, samples, TrainConfig(head="eagle3",
-                                                                   draft_vocab_size=64))
-    return target_dir, save_head(head.eval(), out / "tiny-eagle3", verifier=str(target_dir))
+    config = TrainConfig(head=DEFAULT_KIND, draft_vocab_size=64)
+    head = HEAD_KINDS[DEFAULT_KIND].build(target, samples, config)
+    return target_dir, save_head(head.eval(), out / f"tiny-{DEFAULT_KIND}",
+                                 verifier=str(target_dir))
 
 
 def prompts_for(target_dir: Path, n: int) -> list[str]:

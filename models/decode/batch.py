@@ -189,7 +189,7 @@ class BatchEngine(SpeculativeEngine):
     # ---- the schedule ----------------------------------------------------------------------
     def scheduled_k(self, running: int) -> int | None:
         """The schedule's K for ``running`` rows (None without a schedule or a head)."""
-        if self.schedule is None or self.mode is DecodeMode.PLAIN:
+        if self.schedule is None or not self.mode.spec.drafts:
             return None
         for max_running, k in self.schedule:
             if running <= max_running:
@@ -199,7 +199,7 @@ class BatchEngine(SpeculativeEngine):
     def _step_k(self, running: int) -> int:
         cap = self.scheduled_k(running)
         if cap is None:
-            return self.current_k if self.mode is not DecodeMode.PLAIN else 0
+            return self.current_k if self.mode.spec.drafts else 0
         if self.controller is None:
             return cap
         if cap != self._cap:  # a new load level: start from its measured best K
@@ -278,7 +278,7 @@ class BatchEngine(SpeculativeEngine):
         """Every active row's plan: chain / parallel drafts in batched head forwards when all
         rows draft with one head (models/decode/batch_draft.py), else row by row."""
         reqs = [s.req for s in self.active]
-        if k == 0 and self.mode is not DecodeMode.PLAIN:  # a plain step: no drafts
+        if k == 0 and self.mode.spec.drafts:  # a plain step: no drafts
             one = torch.ones(1, 1, dtype=torch.bool)
             return [_Plan([r.pending], [0], one, 0, [], None) if r.drafter is not None
                     else self._plan(r, 0) for r in reqs]

@@ -30,6 +30,11 @@ HERE = Path(__file__).parent
 REPO = HERE.parents[1]
 
 
+
+def _steps(result: dict) -> list[dict]:
+    """The training history without its wall-clock stamps (each rank stamps its own)."""
+    return [{k: v for k, v in row.items() if k != "ts"} for row in result["history"]]
+
 def _env() -> dict[str, str]:
     path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
     return {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
@@ -56,7 +61,7 @@ def test_ranks_end_bit_identical(ranks: Any) -> None:
         assert a.keys() == b.keys()
         for k in a:
             assert torch.equal(a[k], b[k]), (run, k)
-        assert r0[run]["history"] == r1[run]["history"]  # all-reduced loss / accuracy
+        assert _steps(r0[run]) == _steps(r1[run])  # all-reduced loss / accuracy
     assert r0["straight"]["steps"] == STEPS
 
 
@@ -138,7 +143,7 @@ def test_resume_under_ddp_is_exact(ranks: Any) -> None:
     a, b = r0["straight"]["state"], r0["resumed"]["state"]
     for k in a:
         assert torch.equal(a[k], b[k]), k
-    assert r0["straight"]["history"] == r0["resumed"]["history"]
+    assert _steps(r0["straight"]) == _steps(r0["resumed"])
 
 
 def test_shard_worked_example() -> None:
