@@ -23,9 +23,9 @@ from typing import Any
 import httpx
 
 from eaglenest.foundation import children
+from eaglenest.foundation.threads import SHARING_ENV, Registry, ThreadPlan, plan_threads
 from eaglenest.models.decode.modes import DecodeMode
 from eaglenest.models.heads.registry import vllm_speculative_method
-from eaglenest.foundation.threads import SHARING_ENV, Registry, ThreadPlan, plan_threads
 from eaglenest.workers.serving.schedule import Schedule
 
 VLLM, EMBEDDED = "vllm", "embedded"
