@@ -5,6 +5,7 @@
     any ------request_delete----> Deleting (or gone at once if nothing is deployed)
     Deleting --finish_delete----> (row removed)
     Updating --rollback_update--> InService (old config kept, FailureReason set)
+    Updating --shift_traffic--> Updating (a blue/green step: a share of traffic on the new fleet)
     InService --request_weights--> Updating --finish_weights / rollback_weights--> InService
     InService --begin_recovery--> SystemUpdating --finish_recovery--> InService / Failed
     Creating/SystemUpdating/Deleting --time_out--> Failed;  Updating --time_out--> InService
@@ -25,7 +26,7 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from eaglenest.db import endpoint_configs_repo, tags_repo
+from eaglenest.db import endpoint_configs_repo, tags_repo, traffic_policy
 from eaglenest.db import endpoint_retention as retention
 from eaglenest.db.common import find, insert_unique, now
 from eaglenest.db.tables import EndpointConfigRow, EndpointRow
@@ -87,11 +88,13 @@ def request_update(
     the new fleet serving."""
     row = get(session, account, name, lock=True)
     config = endpoint_configs_repo.get(session, account, config_name)
-    _require_in_service(row)
     deploy_config = retention.deployment_config(row.spec, spec)
     old = find(session, EndpointConfigRow, row.config_name)
     pending = retention.retained(row.spec, row.deployment, old.spec if old else None,
                                  config.spec, spec)
+    traffic_policy.check(spec.get(retention.DEPLOYMENT_CONFIG),
+                         _fleet_size(config.spec, pending[retention.PENDING_OVERRIDES]))
+    _require_in_service(row)
     new_spec = {k: v for k, v in row.spec.items() if k != retention.DEPLOYMENT_CONFIG}
     if deploy_config is not None:
         new_spec[retention.DEPLOYMENT_CONFIG] = deploy_config
@@ -99,6 +102,53 @@ def request_update(
     row.spec = {**new_spec, "PendingUpdate": spec, **pending}
     _set(row, UPDATING)
     return row
+
+
+def _fleet_size(config_spec: dict[str, Any], overrides: dict[str, dict[str, Any]]) -> int:
+    """The instances a config's fleet runs, retained counts included."""
+    return sum(int(overrides.get(v["VariantName"], {}).get(
+        "DesiredInstanceCount", v.get("InitialInstanceCount") or 1))
+        for v in config_spec["ProductionVariants"])
+
+
+#: deployment key while a blue/green update shifts traffic: the new fleet's record
+#: ("Servers", "ProductionVariants"), its "Fraction" of the traffic and the step's "Status"
+SHIFT = "Shift"
+
+
+def shift_traffic(session: Session, name: str, new: dict[str, Any], fraction: float,
+                  message: str) -> bool:
+    """A blue/green step: `fraction` of the traffic goes to the new fleet (`new`, its
+    deployment record) and the rest to the old one; the endpoint stays Updating. False if
+    it no longer is (deleted, rolled back, timed out): the caller stops the new fleet."""
+    row = find(session, EndpointRow, name, lock=True)
+    if row is None or row.status != UPDATING or not row.pending_config_name:
+        return False
+    status = {"Status": "Baking", "StatusMessage": message, "StartTime": now()}
+    row.deployment = {**row.deployment, SHIFT: {
+        "Servers": new["Servers"], "ProductionVariants": new["ProductionVariants"],
+        "Fraction": fraction, "Status": status}}
+    return True
+
+
+def pending_summary(row: EndpointRow) -> dict[str, Any] | None:
+    """DescribeEndpoint's PendingDeploymentSummary: the config being deployed and, once its
+    fleet takes traffic, its variants with the step they are in (VariantStatus)."""
+    if not row.pending_config_name:
+        return None
+    out: dict[str, Any] = {"EndpointConfigName": row.pending_config_name,
+                           "StartTime": row.last_modified_time}
+    shift = row.deployment.get(SHIFT)
+    if shift:
+        out["ProductionVariants"] = [{**v, "VariantStatus": [shift["Status"]]}
+                                     for v in shift["ProductionVariants"]]
+    return out
+
+
+def updating_to(session: Session, name: str, config_name: str) -> bool:
+    """Whether the endpoint is still Updating to `config_name` (a worker's update goes on)."""
+    row = find(session, EndpointRow, name)
+    return row is not None and row.status == UPDATING and row.pending_config_name == config_name
 
 
 #: spec keys: variant -> {"DesiredWeight", "DesiredInstanceCount"} in force (set by
@@ -312,6 +362,7 @@ def rollback_update(session: Session, name: str, reason: str) -> None:
 
 def _rollback(row: EndpointRow, reason: str) -> None:
     row.pending_config_name = None
+    row.deployment = {k: v for k, v in row.deployment.items() if k != SHIFT}
     row.spec = retention.settle(row.spec, applied=False)
     _set(row, IN_SERVICE, reason)
 

@@ -65,8 +65,7 @@ def describe_endpoint(ctx: Context, req: DescribeEndpointInput) -> dict[str, Any
                 row.spec, _spec_of(find(s, EndpointConfigRow, row.config_name)))),
             "LastDeploymentConfig": row.spec.get("DeploymentConfig"),
         }
-        if row.pending_config_name:
-            out["PendingDeploymentSummary"] = {"EndpointConfigName": row.pending_config_name}
+        out["PendingDeploymentSummary"] = endpoints_repo.pending_summary(row)
         return {k: v for k, v in out.items() if v is not None}
 
 

@@ -1,9 +1,11 @@
 """sagemaker-runtime's routing: an endpoint's variants and instances, cached from the database.
 
 A request goes to a variant by weight (or TargetVariant), then round-robin to one of that
-variant's instances. An endpoint's rows are kept at most `ttl` seconds and, while it is in
-use, re-read in the background before they expire (a thread hop and two queries per
-invocation otherwise); a caller that found an instance gone asks for a fresh read.
+variant's instances. While a blue/green update shifts traffic (db/traffic_policy.py), a
+request first goes to the new fleet with the step's probability, else to the old one. An
+endpoint's rows are kept at most `ttl` seconds and, while it is in use, re-read in the
+background before they expire (a thread hop and two queries per invocation otherwise); a
+caller that found an instance gone asks for a fresh read.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from eaglenest.api.registry import Context
 from eaglenest.api.runtime.bodies import RuntimeValidationError
 from eaglenest.db.common import find
 from eaglenest.db.endpoint_retention import capture_config
+from eaglenest.db.endpoints_repo import SHIFT
 from eaglenest.db.tables import EndpointConfigRow, EndpointRow
 from eaglenest.foundation.deployment import instances_of
 
@@ -45,9 +48,12 @@ class _Snapshot:
     """What an invocation needs from an endpoint's rows, read in one session."""
 
     def __init__(self, servers: dict[str, Any], status: str,
-                 capture: dict[str, Any] | None, expires: float) -> None:
+                 capture: dict[str, Any] | None, expires: float,
+                 shift: dict[str, Any] | None = None) -> None:
         self.servers, self.status, self.capture = servers, status, capture
         self.expires = expires
+        #: the new fleet's servers and its share of traffic during a blue/green update
+        self.shift = shift
 
 
 _turns: dict[tuple[str, str], itertools.count[int]] = {}
@@ -73,8 +79,9 @@ def _load(ctx: Context, name: str, ttl: float) -> _Snapshot:
                 f"Endpoint {name} is not in service (status {row.status}).")
         config = find(s, EndpointConfigRow, row.config_name)
         capture = capture_config(row.spec, config.spec if config else None)
+        shift = row.deployment.get(SHIFT)
         return _Snapshot(dict(row.deployment["Servers"]), row.status, capture,
-                         time.monotonic() + ttl)
+                         time.monotonic() + ttl, dict(shift) if shift else None)
 
 
 class Routes:
@@ -156,13 +163,25 @@ class Routes:
                 await self._refresher
 
 
+def _fleets(snap: _Snapshot) -> list[dict[str, Any]]:
+    """The fleets to route to, the one this request goes to first."""
+    if not snap.shift:
+        return [snap.servers]
+    new = dict(snap.shift["Servers"])
+    if random.random() < float(snap.shift["Fraction"]):
+        return [new, snap.servers]
+    return [snap.servers, new]
+
+
 def _choose(name: str, snap: _Snapshot, target_variant: str | None, cached: bool) -> Route:
-    servers = snap.servers
+    fleets = _fleets(snap)
+    servers = fleets[0]
     if target_variant:
-        if target_variant not in servers:
+        having = [f for f in fleets if target_variant in f]
+        if not having:
             raise RuntimeValidationError(
                 f"Target variant {target_variant} does not exist on endpoint {name}.")
-        chosen = target_variant
+        servers, chosen = having[0], target_variant
     else:
         names = list(servers)
         weights = [float(servers[n].get("weight", 1.0)) for n in names]

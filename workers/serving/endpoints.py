@@ -2,8 +2,9 @@
 
 create: start InitialInstanceCount serving processes per production variant; InService when
 every /health answers, else Failed with the reason (bad model files, process exited, health
-timeout). update: start the new config's processes beside the old ones, switch traffic when
-healthy, then stop the old ones; on failure stop the new ones and keep serving the old
+timeout). update: start the new config's processes beside the old ones, shift traffic to them
+when healthy (at once, or in the blue/green steps of its DeploymentConfig), then stop the
+old ones; on failure stop the new ones and keep serving the old
 (rollback). delete: stop the processes, remove the row. recover: check every instance of an
 InService endpoint; restart only the ones that no longer answer (the others keep serving,
 status SystemUpdating meanwhile), all of them when none answers (after a restart), or mark
@@ -39,6 +40,7 @@ from eaglenest.foundation.queue import (
 )
 from eaglenest.foundation.storage import make_store
 from eaglenest.workers.infra.context import WorkerContext
+from eaglenest.workers.serving import shift
 from eaglenest.workers.serving.deploy import (
     DeployError,
     VariantPlan,
@@ -146,18 +148,33 @@ def update(ctx: WorkerContext, name: str) -> str:
             return "skipped (not Updating, or another worker has it)"
         if not state[2]:
             return _scale(ctx, name, state[1], state[3].get("Servers", {}))
-        old = state[3].get("Servers", {})
-        try:
-            dep = _launch(ctx, name, state[2], _overrides(ctx, name, new_config=True))
-        except Exception as exc:
-            with ctx.db.session() as s:
-                eps.rollback_update(s, name, f"Update to {state[2]} failed and was rolled "
-                                             f"back: {_reason(name, exc)}"[:1024])
-            return "rolled-back"
+        return _replace_fleet(ctx, name, state[2], state[3].get("Servers", {}))
+
+
+def _replace_fleet(ctx: WorkerContext, name: str, config_name: str,
+                   old: dict[str, Any]) -> str:
+    """UpdateEndpoint: the new fleet beside the old one, traffic shifted to it as the
+    deployment configuration says (workers/serving/shift.py), then the old one stopped; any
+    failure stops the new fleet and keeps the old one serving."""
+    dep: dict[str, Any] | None = None
+    try:
+        dep = _launch(ctx, name, config_name, _overrides(ctx, name, new_config=True))
+        plan = shift.plan_of(ctx, name, dep)
+        if plan.gradual and not shift.run(ctx, name, config_name, dep, plan, _dead):
+            stop_servers(dep["Servers"], ctx.children_dir)
+            return "superseded"
+    except Exception as exc:
+        why = str(exc) if isinstance(exc, shift.ShiftFailed) else _reason(name, exc)
         with ctx.db.session() as s:
-            ok = eps.finish_update(s, name, dep)
-        stop_servers(old if ok else dep["Servers"], ctx.children_dir)
-        return eps.IN_SERVICE if ok else "superseded"
+            eps.rollback_update(s, name, f"Update to {config_name} failed and was rolled "
+                                         f"back: {why}"[:1024])
+        if dep is not None:
+            stop_servers(dep["Servers"], ctx.children_dir)
+        return "rolled-back"
+    with ctx.db.session() as s:
+        ok = eps.finish_update(s, name, dep)
+    stop_servers(old if ok else dep["Servers"], ctx.children_dir)
+    return eps.IN_SERVICE if ok else "superseded"
 
 
 def _resize(ctx: WorkerContext, plans: dict[str, VariantPlan], servers: dict[str, Any],
