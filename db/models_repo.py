@@ -9,6 +9,7 @@ from sqlalchemy.orm import Session
 from eaglenest.db import tags_repo
 from eaglenest.db.common import find, insert_unique, now
 from eaglenest.db.tables import ModelRow
+from eaglenest.foundation import environment
 from eaglenest.foundation.accounts import Account
 from eaglenest.foundation.errors import ValidationException
 
@@ -31,8 +32,21 @@ def _check_containers(spec: dict[str, Any]) -> None:
             "for one container or Containers for an inference pipeline.")
 
 
+def _check_environment(spec: dict[str, Any]) -> None:
+    """Only allowed variables reach a model server (foundation/environment.py)."""
+    containers = [("PrimaryContainer", spec.get("PrimaryContainer"))]
+    containers += [(f"Containers.{i}", c)
+                   for i, c in enumerate(spec.get("Containers") or [], start=1)]
+    for where, container in containers:
+        try:
+            environment.check((container or {}).get("Environment"), f"{where}.Environment")
+        except environment.EnvironmentRejected as exc:
+            raise ValidationException(str(exc)) from None
+
+
 def create(session: Session, account: Account, spec: dict[str, Any]) -> ModelRow:
     _check_containers(spec)
+    _check_environment(spec)
     name = spec["ModelName"]
     tags = tags_repo.check_new_tags(spec.pop("Tags", None) or [])
     row = ModelRow(

@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session
 from eaglenest.db import models_repo, tags_repo
 from eaglenest.db.common import find, insert_unique, now
 from eaglenest.db.tables import ModelRow, OptimizationJobRow
+from eaglenest.foundation import environment
 from eaglenest.foundation.accounts import Account
 from eaglenest.foundation.errors import ResourceInUse, ResourceNotFound, ValidationException
 
@@ -41,6 +42,21 @@ SUPPORTED = ("ModelSpeculativeDecodingConfig",)
 
 def not_found(name: str) -> ResourceNotFound:
     return ResourceNotFound(f"Optimization job {name} does not exist.")
+
+
+def _check_environment(spec: dict[str, Any]) -> None:
+    """Only allowed variables are accepted (foundation/environment.py)."""
+    envs = [("OptimizationEnvironment", spec.get("OptimizationEnvironment"))]
+    for i, config in enumerate(spec.get("OptimizationConfigs") or [], start=1):
+        for member, body in config.items():
+            if isinstance(body, dict) and "OverrideEnvironment" in body:
+                envs.append((f"OptimizationConfigs.{i}.{member}.OverrideEnvironment",
+                             body["OverrideEnvironment"]))
+    try:
+        for where, env in envs:
+            environment.check(env, where)
+    except environment.EnvironmentRejected as exc:
+        raise ValidationException(str(exc)) from None
 
 
 def _check_spec(session: Session, account: Account, spec: dict[str, Any]) -> list[str]:
@@ -67,6 +83,7 @@ def _check_spec(session: Session, account: Account, spec: dict[str, Any]) -> lis
                 f"only ModelSpeculativeDecodingConfig (Technique EAGLE) is."
             )
         types.append(OPTIMIZATION_TYPES[member])
+    _check_environment(spec)
     return sorted(set(types))
 
 

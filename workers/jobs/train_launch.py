@@ -39,10 +39,13 @@ from pathlib import Path
 from typing import Any
 
 from eaglenest.foundation import children
+from eaglenest.foundation.environment import child_environment
 
 POLL_SECONDS = 0.5
 LOG_TAIL = 2000
 LAUNCHER = "launcher.json"
+#: the folder holding the eaglenest package: the ranks' `-m` finds it from there
+_ROOT = Path(__file__).parents[3]
 
 
 class LaunchError(RuntimeError):
@@ -77,8 +80,10 @@ def launch(run_file: Path, nproc: int, should_stop: Callable[[], bool],
     stop_predecessor(run_dir)
     cmd = [*torchrun_argv(nproc), "-m", "eaglenest.workers.jobs.train_launch", str(run_file)]
     with open(run_dir / "ranks.log", "wb") as log:
+        # a confined environment (foundation/environment.py): nothing of the worker's
         proc, record = children.spawn(cmd, role="torchrun", resource=resource,
-                                      registry=registry, stdout=log, stderr=subprocess.STDOUT)
+                                      registry=registry, stdout=log, stderr=subprocess.STDOUT,
+                                      env=child_environment(), cwd=_ROOT)
         (run_dir / LAUNCHER).write_text(json.dumps(record.to_dict()))
         seen = _pointer(ckpts)
         try:

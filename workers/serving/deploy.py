@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 
 from eaglenest.db.common import find
 from eaglenest.db.tables import EndpointConfigRow, ModelRow
-from eaglenest.foundation import children
+from eaglenest.foundation import children, environment
 from eaglenest.foundation.deployment import instances_of
 from eaglenest.foundation.processes import free_port
 from eaglenest.foundation.storage import ArtifactStore
@@ -112,13 +112,19 @@ def _spec(plan: VariantPlan, model_dir: Path, head_dir: Path | None, served: str
     if adaptive == "1" and backend != EMBEDDED:
         raise DeployError("EAGLENEST_ADAPTIVE=1 needs EAGLENEST_SERVING_BACKEND=embedded "
                           "(vLLM drafts a fixed num_speculative_tokens)")
-    max_len = plan.env.get("EAGLENEST_MAX_MODEL_LEN", "2048")
+    try:
+        environment.check(plan.env, f"model {plan.model_name}'s Environment")
+    except environment.EnvironmentRejected as exc:
+        raise DeployError(f"Variant {plan.variant}: {exc}") from exc
+    max_len = plan.env.get("EAGLENEST_MAX_MODEL_LEN") or plan.env.get("OPTION_MAX_MODEL_LEN",
+                                                                      "2048")
     if not max_len.isdigit() or int(max_len) < 1:
         raise DeployError(f"EAGLENEST_MAX_MODEL_LEN={max_len!r} must be a positive integer")
     return ServerSpec(model_dir=model_dir, served_name=served, port=free_port(),
                       backend=backend, head_dir=head_dir, adaptive=adaptive == "1",
                       num_speculative_tokens=_speculative_tokens(plan, head_dir), mode=mode,
-                      dtype=plan.env.get("EAGLENEST_DTYPE", "float32"),
+                      dtype=plan.env.get("EAGLENEST_DTYPE")
+                      or plan.env.get("OPTION_DTYPE", "float32"),
                       max_model_len=int(max_len),
                       extra_env=dict(plan.env))  # as SageMaker sets a container's Environment
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ from typing import Any
 import httpx
 
 from eaglenest.foundation import children
+from eaglenest.foundation.environment import child_environment
 
 VLLM, EMBEDDED = "vllm", "embedded"
 
@@ -96,11 +96,12 @@ class ServerSpec:
         return cmd
 
     def env(self) -> dict[str, str]:
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-               "PYTHONUNBUFFERED": "1"}
+        """A confined environment (foundation/environment.py): host basics plus the
+        container's allowed Environment entries (as SageMaker sets a container's);
+        EnvironmentRejected for any other entry."""
+        env = child_environment(self.extra_env)
         if self.backend == VLLM and not _cuda():
             env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-        env.update(self.extra_env)
         return env
 
 
