@@ -27,6 +27,11 @@ class Settings(BaseSettings):
     s3_endpoint_url: str | None = None
     #: seconds of clock skew accepted in SigV4 X-Amz-Date (AWS allows 15 minutes)
     signature_max_skew: int = 900
+    #: the largest control-plane request body accepted (bytes; more: 413 before it is read).
+    #: The largest valid SageMaker request is about 3.2 MB (docs/security.md).
+    max_request_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
+    #: seconds sagemaker-runtime waits for a model server's next bytes (SageMaker: 60 s)
+    invocation_timeout_seconds: float = Field(default=60.0, gt=0)
     #: seconds a broker publish may take before the API gives up (the row stays; the
     #: worker's start-up reconciliation re-enqueues it)
     broker_publish_timeout: float = 2.0

@@ -29,13 +29,14 @@ import logging
 import random
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from fastapi import FastAPI
 from starlette.datastructures import URL
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from eaglenest.api.bounded import declared_length, read_capped
 from eaglenest.api.observability import ApiMetrics
 from eaglenest.api.registry import Context
 from eaglenest.api.runtime import eventstream
@@ -55,10 +56,10 @@ from eaglenest.api.runtime.bodies import (
     translate,
 )
 from eaglenest.api.runtime.capture import CaptureWriter
-from eaglenest.api.runtime.checks import check_request
+from eaglenest.api.runtime.checks import MAX_BODY, body_too_large, check_request
 from eaglenest.api.runtime.relay import FrameRelay
 from eaglenest.api.runtime.routes import Route, Routes
-from eaglenest.api.sigv4 import IncomingRequest, verify
+from eaglenest.api.sigv4 import IncomingRequest, check_header, check_signature
 from eaglenest.foundation import queue as q
 from eaglenest.foundation.errors import ServiceError
 from eaglenest.foundation.storage import make_store
@@ -325,11 +326,9 @@ class RuntimeASGI:
             await _reply(send, 405, body, b"application/json", [(b"allow", b"POST")])
             return
         clock, code = Clock(), "OK"
-        raw = await _body(receive)
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         try:
-            verify(IncomingRequest("POST", str(URL(scope=scope)), headers, raw), self.secrets,
-                   self.settings.region, self.settings.signature_max_skew)
+            raw = await self._authenticated_body(scope, receive, headers)
             check_request(parts[2], headers, raw)
             if parts[3] == "invocations":
                 await _invoke(self.px, send, headers, parts[2], raw, clock)
@@ -342,18 +341,37 @@ class RuntimeASGI:
             self.metrics.observe_invocation(code, clock.own, clock.frames, clock.forward)
 
 
-async def _body(receive: Receive) -> bytes:
-    chunks = []
+    async def _authenticated_body(self, scope: Scope, receive: Receive,
+                                  headers: Mapping[str, str]) -> bytes:
+        """The body of a validly signed request. The Authorization header is checked first
+        and at most MAX_BODY bytes are read: an unsigned or oversized request is refused
+        without reading its body."""
+        claim = check_header(headers, self.secrets, self.settings.region,
+                             self.settings.signature_max_skew)
+        declared = declared_length(headers)
+        if declared is not None and declared > MAX_BODY:
+            raise body_too_large()
+        raw = await read_capped(_chunks(receive), MAX_BODY)
+        if raw is None:
+            raise body_too_large()
+        check_signature(IncomingRequest("POST", str(URL(scope=scope)), headers, raw), claim)
+        return raw
+
+
+async def _chunks(receive: Receive) -> AsyncIterator[bytes]:
     while True:
         message = await receive()
-        chunks.append(message.get("body", b""))
+        if message["type"] == "http.disconnect":
+            return
+        yield message.get("body", b"")
         if not message.get("more_body", False):
-            return b"".join(chunks)
+            return
 
 
 def install(app: FastAPI, ctx: Context) -> None:
     px = Proxy(ctx, Routes(ctx, ctx.settings.route_cache_seconds),
-               BackendClient(connect_timeout=5.0, read_timeout=600.0),
+               BackendClient(connect_timeout=5.0,
+                             read_timeout=ctx.settings.invocation_timeout_seconds),
                CaptureWriter(make_store(ctx.settings), ctx.settings.data_dir / "capture-spool",
                              ctx.settings.capture_flush_seconds))
     app.state.runtime_client = px.client
