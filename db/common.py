@@ -13,6 +13,8 @@ from sqlalchemy.orm import Session
 
 from eaglenest.db.pagination import PageRequest, fingerprint, paginate
 from eaglenest.db.tables import Base
+from eaglenest.foundation.errors import ValidationException
+from eaglenest.foundation.storage import StorageError, check_characters
 
 RowT = TypeVar("RowT", bound=Base)
 
@@ -29,6 +31,22 @@ def insert_unique(session: Session, row: Base, duplicate: Exception) -> None:
             session.flush()
     except IntegrityError as exc:
         raise duplicate from exc
+
+
+def check_s3_uris(spec: Any, at: str = "") -> None:
+    """A ValidationException naming the member of the first `s3://` URI in a request that
+    holds a control character (the artifact store refuses those keys)."""
+    if isinstance(spec, dict):
+        for k, v in spec.items():
+            check_s3_uris(v, f"{at}.{k}" if at else k)
+    elif isinstance(spec, list):
+        for i, v in enumerate(spec, start=1):
+            check_s3_uris(v, f"{at}.{i}")
+    elif isinstance(spec, str) and spec.startswith("s3://"):
+        try:
+            check_characters(spec)
+        except StorageError as exc:
+            raise ValidationException(f"{at}: {exc}") from None
 
 
 def find(session: Session, table: type[RowT], name: str, *, lock: bool = False) -> RowT | None:

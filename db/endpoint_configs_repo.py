@@ -7,7 +7,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from eaglenest.db import models_repo, tags_repo
-from eaglenest.db.common import find, insert_unique, now
+from eaglenest.db.common import check_s3_uris, find, insert_unique, now
 from eaglenest.db.tables import EndpointConfigRow, ModelRow
 from eaglenest.foundation.accounts import Account
 from eaglenest.foundation.errors import (
@@ -96,6 +96,7 @@ def create(session: Session, account: Account, spec: dict[str, Any],
     _check_variants(session, account, spec)
     name = spec["EndpointConfigName"]
     tags = tags_repo.check_new_tags(spec.pop("Tags", None) or [])
+    check_s3_uris(spec)  # the store would refuse them later: refuse them now
     row = EndpointConfigRow(
         name=name, name_key=name.lower(), arn=account.arn("endpoint-config", name),
         creation_time=now(), spec=spec, tags=tags,

@@ -7,7 +7,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from eaglenest.db import tags_repo
-from eaglenest.db.common import find, insert_unique, now
+from eaglenest.db.common import check_s3_uris, find, insert_unique, now
 from eaglenest.db.tables import ModelRow
 from eaglenest.foundation import environment
 from eaglenest.foundation.accounts import Account
@@ -49,6 +49,7 @@ def create(session: Session, account: Account, spec: dict[str, Any]) -> ModelRow
     _check_environment(spec)
     name = spec["ModelName"]
     tags = tags_repo.check_new_tags(spec.pop("Tags", None) or [])
+    check_s3_uris(spec)  # the store would refuse them later: refuse them now
     row = ModelRow(
         name=name, name_key=name.lower(), arn=account.arn("model", name),
         creation_time=now(), spec=spec, tags=tags,

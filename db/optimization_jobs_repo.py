@@ -19,7 +19,7 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from eaglenest.db import models_repo, tags_repo
-from eaglenest.db.common import find, insert_unique, now
+from eaglenest.db.common import check_s3_uris, find, insert_unique, now
 from eaglenest.db.tables import ModelRow, OptimizationJobRow
 from eaglenest.foundation import environment
 from eaglenest.foundation.accounts import Account
@@ -91,6 +91,7 @@ def create(session: Session, account: Account, spec: dict[str, Any]) -> Optimiza
     types = _check_spec(session, account, spec)
     name = spec["OptimizationJobName"]
     tags = tags_repo.check_new_tags(spec.pop("Tags", None) or [])
+    check_s3_uris(spec)  # the store would refuse them later: refuse them now
     t = now()
     row = OptimizationJobRow(
         name=name, name_key=name.lower(), arn=account.arn("optimization-job", name),

@@ -65,7 +65,8 @@ def test_secrets_are_required_not_defaulted():
     text = (ROOT / "docker-compose.yml").read_text()
     refs = {m.group(1): m.group(2) for m in INTERPOLATION.finditer(text)}
     for secret in ("POSTGRES_PASSWORD", "EAGLENEST_ACCESS_KEY_ID",
-                   "EAGLENEST_SECRET_ACCESS_KEY", "MINIO_ROOT_USER", "MINIO_ROOT_PASSWORD"):
+                   "EAGLENEST_SECRET_ACCESS_KEY", "MINIO_ROOT_USER", "MINIO_ROOT_PASSWORD",
+                   "REDIS_PASSWORD"):
         assert refs.get(secret) == ":?", f"{secret} must use ${{{secret}:?...}}"
 
 
@@ -104,3 +105,14 @@ def test_build_contexts_point_at_existing_dockerfiles():
         build = svc.get("build")
         if build:
             assert (ROOT / build["context"] / build["dockerfile"]).is_file()
+
+
+def test_redis_needs_a_password_and_has_no_config_command():
+    command = SERVICES["redis"]["command"]
+    assert command[command.index("--requirepass") + 1].startswith("${REDIS_PASSWORD:?")
+    renamed = {command[i + 1]: command[i + 2] for i, a in enumerate(command)
+               if a == "--rename-command"}
+    assert {k: renamed.get(k) for k in ("CONFIG", "DEBUG", "MODULE")} == \
+        {"CONFIG": "", "DEBUG": "", "MODULE": ""}
+    url = SERVICES["api"]["environment"]["EAGLENEST_BROKER_URL"]
+    assert url.startswith("redis://:${REDIS_PASSWORD:?") and url.endswith("@redis:6379/0")

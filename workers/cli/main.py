@@ -8,7 +8,12 @@ import sys
 from pathlib import Path
 
 from eaglenest.foundation.settings import Settings
-from eaglenest.workers.infra.credentials import ensure_credentials, usage
+from eaglenest.workers.infra.credentials import (
+    ensure_credentials,
+    loose_credentials,
+    private_data_dir,
+    usage,
+)
 from eaglenest.workers.infra.logs import configure_logging
 
 
@@ -16,8 +21,14 @@ def _settings(args: argparse.Namespace) -> Settings:
     settings = Settings()
     if getattr(args, "data_dir", None):
         settings = settings.model_copy(update={"data_dir": Path(args.data_dir)})
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    private_data_dir(settings.data_dir)  # 0700, files 0600 (docs/security.md)
     return settings
+
+
+def _warn_loose_credentials(settings: Settings) -> None:
+    warning = loose_credentials(settings)
+    if warning:
+        print(f"eaglenest: {warning}", file=sys.stderr, flush=True)
 
 
 def _prepare(settings: Settings) -> None:
@@ -124,6 +135,7 @@ def cmd_up(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     ensure_credentials(settings)
+    _warn_loose_credentials(settings)
     _prepare(settings)
     return run_stack(settings, args.host, args.port)
 
