@@ -179,10 +179,11 @@ async def _send(ctx: Context, client: BackendClient, route: Route, name: str,
     that refused it never saw the request, so the next one may have it."""
     for url in route.urls[:-1]:
         try:
-            return await client.post(url + tr.path, tr.body)
+            return await client.post(url + tr.path, tr.body, route.secrets.get(url))
         except BackendConnectError:
             _ask_recovery(ctx, name, route)
-    return await client.post(route.urls[-1] + tr.path, tr.body)
+    last = route.urls[-1]
+    return await client.post(last + tr.path, tr.body, route.secrets.get(last))
 
 
 class Proxy:
@@ -204,7 +205,9 @@ class Proxy:
         try:
             if route.cached:
                 try:
-                    return route, tr, await self.client.post(route.urls[0] + tr.path, tr.body)
+                    first = route.urls[0]
+                    return route, tr, await self.client.post(first + tr.path, tr.body,
+                                                             route.secrets.get(first))
                 except BackendConnectError:
                     _ask_recovery(self.ctx, name, route)  # as _send does for a refusal
                     route = await self.routes.resolve(name, target_variant, fresh=True)

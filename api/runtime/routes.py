@@ -35,10 +35,13 @@ SERVING = ("InService", "Updating", "SystemUpdating")
 
 class Route:
     def __init__(self, variant: str, urls: list[str], served: str,
-                 capture: dict[str, Any] | None, status: str, cached: bool = False):
+                 capture: dict[str, Any] | None, status: str, cached: bool = False,
+                 secrets: dict[str, str] | None = None):
         #: the variant's instances, the one whose turn it is first
         self.variant, self.urls, self.served, self.capture = variant, urls, served, capture
         self.status, self.cached = status, cached
+        #: url -> the instance's secret (foundation/instance_auth.py)
+        self.secrets = secrets or {}
 
 
 class _Snapshot:
@@ -168,6 +171,8 @@ def _choose(name: str, snap: _Snapshot, target_variant: str | None, cached: bool
         weights = [float(servers[n].get("weight", 1.0)) for n in names]
         chosen = random.choices(names, weights=weights if sum(weights) > 0 else None)[0]
     srv = servers[chosen]
-    urls = _rotation(name, chosen, [str(i["url"]) for i in instances_of(srv)])
+    instances = instances_of(srv)
+    urls = _rotation(name, chosen, [str(i["url"]) for i in instances])
+    secrets = {str(i["url"]): str(i["secret"]) for i in instances if i.get("secret")}
     return Route(chosen, urls, srv.get("served_name", name), snap.capture, snap.status,
-                 cached)
+                 cached, secrets)

@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 
 from eaglenest.db.common import find
 from eaglenest.db.tables import EndpointConfigRow, ModelRow
-from eaglenest.foundation import children, environment
+from eaglenest.foundation import children, environment, instance_auth
 from eaglenest.foundation.deployment import instances_of
 from eaglenest.foundation.processes import free_port
 from eaglenest.foundation.storage import ArtifactStore
@@ -125,7 +125,7 @@ def _spec(plan: VariantPlan, model_dir: Path, head_dir: Path | None, served: str
                       num_speculative_tokens=_speculative_tokens(plan, head_dir), mode=mode,
                       dtype=plan.env.get("EAGLENEST_DTYPE")
                       or plan.env.get("OPTION_DTYPE", "float32"),
-                      max_model_len=int(max_len),
+                      max_model_len=int(max_len), secret=instance_auth.new_secret(),
                       extra_env=dict(plan.env))  # as SageMaker sets a container's Environment
 
 
@@ -179,7 +179,7 @@ def _start_instances(plan: VariantPlan, base: Path, model_dir: Path, head_dir: P
             server.stop()
         raise
     return specs, [{"url": f"http://{advertise_host}:{srv.spec.port}",
-                    "pid": srv.proc.pid if srv.proc else 0,
+                    "pid": srv.proc.pid if srv.proc else 0, "secret": srv.spec.secret,
                     "child": srv.record.to_dict() if srv.record else None} for srv in servers]
 
 
