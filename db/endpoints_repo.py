@@ -25,7 +25,7 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from eaglenest.db import endpoint_configs_repo, tags_repo
+from eaglenest.db import endpoint_configs_repo, quotas, tags_repo
 from eaglenest.db import endpoint_retention as retention
 from eaglenest.db.common import find, insert_unique, now
 from eaglenest.db.tables import EndpointConfigRow, EndpointRow
@@ -42,8 +42,12 @@ def not_found(account: Account, name: str) -> ValidationException:
     return ValidationException(f'Could not find endpoint "{account.arn("endpoint", name)}".')
 
 
-def create(session: Session, account: Account, spec: dict[str, Any]) -> EndpointRow:
+def create(session: Session, account: Account, spec: dict[str, Any],
+           limits: quotas.Limits | None = None) -> EndpointRow:
     config = endpoint_configs_repo.get(session, account, spec["EndpointConfigName"])
+    if limits is not None:
+        quotas.check_new_endpoint(session, account, config.spec, limits.endpoints,
+                                  limits.instances)
     name = spec["EndpointName"]
     tags = tags_repo.check_new_tags(spec.pop("Tags", None) or [])
     t = now()
@@ -80,7 +84,8 @@ def _require_in_service(row: EndpointRow) -> None:
 
 
 def request_update(
-    session: Session, account: Account, name: str, config_name: str, spec: dict[str, Any]
+    session: Session, account: Account, name: str, config_name: str, spec: dict[str, Any],
+    limits: quotas.Limits | None = None,
 ) -> EndpointRow:
     """UpdateEndpoint: the new config, what is retained of the running endpoint
     (db.endpoint_retention) and the deployment configuration, pending until a worker has
@@ -92,6 +97,9 @@ def request_update(
     old = find(session, EndpointConfigRow, row.config_name)
     pending = retention.retained(row.spec, row.deployment, old.spec if old else None,
                                  config.spec, spec)
+    if limits is not None:
+        quotas.check_instances(session, account, row, quotas.config_instances(
+            config.spec, pending.get(retention.PENDING_OVERRIDES)), limits.instances)
     new_spec = {k: v for k, v in row.spec.items() if k != retention.DEPLOYMENT_CONFIG}
     if deploy_config is not None:
         new_spec[retention.DEPLOYMENT_CONFIG] = deploy_config
@@ -145,13 +153,19 @@ def _check_desired(row: EndpointRow, desired: list[dict[str, Any]], max_instance
 
 
 def request_weights(session: Session, account: Account, name: str,
-                    desired: list[dict[str, Any]], max_instances: int) -> EndpointRow:
+                    desired: list[dict[str, Any]], max_instances: int,
+                    limits: quotas.Limits | None = None) -> EndpointRow:
     """UpdateEndpointWeightsAndCapacities: record the desired weights and counts (shown as
     Desired* at once; Current* follow when a worker has applied them) and go Updating."""
     row = get(session, account, name, lock=True)
     _check_desired(row, desired, max_instances)
     pending = {d["VariantName"]: {k: d[k] for k in ("DesiredWeight", "DesiredInstanceCount")
                                   if k in d} for d in desired}
+    if limits is not None:
+        after = effective_overrides({**row.spec, PENDING_WEIGHTS: pending})
+        config = find(session, EndpointConfigRow, row.config_name)
+        quotas.check_instances(session, account, row, quotas.config_instances(
+            config.spec if config else {}, after), limits.instances)
     summaries = [{**v, **pending.get(v["VariantName"], {})}
                  for v in row.deployment["ProductionVariants"]]
     row.deployment = {**row.deployment, "ProductionVariants": summaries}

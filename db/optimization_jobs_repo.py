@@ -18,7 +18,7 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from eaglenest.db import models_repo, tags_repo
+from eaglenest.db import models_repo, quotas, tags_repo
 from eaglenest.db.common import check_s3_uris, find, insert_unique, now
 from eaglenest.db.tables import ModelRow, OptimizationJobRow
 from eaglenest.foundation import environment
@@ -87,8 +87,11 @@ def _check_spec(session: Session, account: Account, spec: dict[str, Any]) -> lis
     return sorted(set(types))
 
 
-def create(session: Session, account: Account, spec: dict[str, Any]) -> OptimizationJobRow:
+def create(session: Session, account: Account, spec: dict[str, Any],
+           limits: quotas.Limits | None = None) -> OptimizationJobRow:
     types = _check_spec(session, account, spec)
+    if limits is not None:
+        quotas.check_new_job(session, account, limits.jobs)
     name = spec["OptimizationJobName"]
     tags = tags_repo.check_new_tags(spec.pop("Tags", None) or [])
     check_s3_uris(spec)  # the store would refuse them later: refuse them now

@@ -58,6 +58,11 @@ class Settings(BaseSettings):
     #: the most serving processes (InitialInstanceCount) one production variant may ask for;
     #: CreateEndpointConfig refuses more (each is a full model server on this host)
     max_instances_per_variant: int = Field(default=4, ge=1)
+    #: per-account quotas (ResourceLimitExceeded beyond them): endpoints, model server
+    #: processes across all of an account's endpoints, optimization jobs not yet ended
+    max_endpoints: int = Field(default=10, ge=0)
+    max_instances: int = Field(default=16, ge=0)
+    max_concurrent_optimization_jobs: int = Field(default=4, ge=0)
     #: log lines of every process (`eaglenest up/api/worker`): plain text, or one JSON
     #: object per line (ts, level, logger, message, job/endpoint, exc) for log shippers
     log_format: Literal["text", "json"] = "text"

@@ -13,6 +13,7 @@ from eaglenest.api.registry import Context, operation
 from eaglenest.db import endpoint_retention as retention
 from eaglenest.db import endpoints_repo
 from eaglenest.db.common import find, list_rows
+from eaglenest.db.quotas import Limits
 from eaglenest.db.tables import EndpointConfigRow, EndpointRow
 from eaglenest.foundation import queue as q
 
@@ -20,7 +21,7 @@ from eaglenest.foundation import queue as q
 @operation("CreateEndpoint")
 def create_endpoint(ctx: Context, req: Any) -> dict[str, Any]:
     with ctx.db.session() as s:
-        row = endpoints_repo.create(s, ctx.account, spec_of(req))
+        row = endpoints_repo.create(s, ctx.account, spec_of(req), Limits.of(ctx.settings))
         arn, name = row.arn, row.name
     ctx.queue.send(q.ENDPOINT_CREATE_TASK, name, q.SERVE_QUEUE)
     return {"EndpointArn": arn}
@@ -78,8 +79,8 @@ def list_endpoints(ctx: Context, req: Any) -> dict[str, Any]:
 def update_endpoint(ctx: Context, req: Any) -> dict[str, Any]:
     with ctx.db.session() as s:
         row = endpoints_repo.request_update(
-            s, ctx.account, req.EndpointName, req.EndpointConfigName, spec_of(req)
-        )
+            s, ctx.account, req.EndpointName, req.EndpointConfigName, spec_of(req),
+            Limits.of(ctx.settings))
         arn, name = row.arn, row.name
     ctx.queue.send(q.ENDPOINT_UPDATE_TASK, name, q.SERVE_QUEUE)
     return {"EndpointArn": arn}
@@ -90,7 +91,7 @@ def update_endpoint_weights_and_capacities(ctx: Context, req: Any) -> dict[str, 
     with ctx.db.session() as s:
         row = endpoints_repo.request_weights(
             s, ctx.account, req.EndpointName, spec_of(req)["DesiredWeightsAndCapacities"],
-            ctx.settings.max_instances_per_variant)
+            ctx.settings.max_instances_per_variant, Limits.of(ctx.settings))
         arn, name = row.arn, row.name
     ctx.queue.send(q.ENDPOINT_UPDATE_TASK, name, q.SERVE_QUEUE)  # applies weights too
     return {"EndpointArn": arn}

@@ -11,6 +11,7 @@ from eaglenest.api.operations.common import list_query, page, spec_of
 from eaglenest.api.registry import Context, operation
 from eaglenest.db import optimization_jobs_repo as jobs
 from eaglenest.db.common import list_rows
+from eaglenest.db.quotas import Limits
 from eaglenest.db.tables import OptimizationJobRow
 from eaglenest.foundation import queue as q
 
@@ -18,7 +19,7 @@ from eaglenest.foundation import queue as q
 @operation("CreateOptimizationJob")
 def create_optimization_job(ctx: Context, req: Any) -> dict[str, Any]:
     with ctx.db.session() as s:
-        row = jobs.create(s, ctx.account, spec_of(req))
+        row = jobs.create(s, ctx.account, spec_of(req), Limits.of(ctx.settings))
         arn, name = row.arn, row.name
     ctx.queue.send(q.OPTIMIZE_TASK, name, q.TRAIN_QUEUE)
     return {"OptimizationJobArn": arn}
