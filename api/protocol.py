@@ -16,11 +16,12 @@ from fastapi.responses import Response
 from sqlalchemy.exc import OperationalError
 
 from eaglenest.api import operations as _ops  # noqa: F401  (registers the handlers)
-from eaglenest.api import shapes, tagging
+from eaglenest.api import tagging
 from eaglenest.api.bounded import check_depth, declared_length, read_capped, too_large
 from eaglenest.api.observability import ApiMetrics, BrokerProbe
 from eaglenest.api.registry import REGISTRY, Context
 from eaglenest.api.sigv4 import REQUIRED_JSON, IncomingRequest, check_header, check_signature
+from eaglenest.foundation import shapes
 from eaglenest.foundation.errors import (
     InternalFailure,
     SerializationException,

@@ -27,6 +27,8 @@ import torch
 from benchmarks.decode import held_out_prompts
 from eaglenest.models.decode.batch import BatchEngine
 from eaglenest.models.decode.engine import SpeculativeEngine
+from eaglenest.models.decode.modes import DecodeMode
+from eaglenest.models.heads.registry import EAGLE, EAGLE3
 
 
 def random_head(target: Any, kind: str) -> torch.nn.Module:
@@ -67,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--target", required=True)
     ap.add_argument("--head", default=None)
-    ap.add_argument("--random-head", default=None, choices=["eagle", "eagle3"])
+    ap.add_argument("--random-head", default=None, choices=[EAGLE.kind, EAGLE3.kind])
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8])
     ap.add_argument("--k", type=int, default=4)
@@ -89,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     sets = held_out_prompts(target, 2)  # already templated: the held-out first user turns
     prompts = [list(tok(p, add_special_tokens=False)["input_ids"])
                for p in sets["chat"] + sets["code"]]
-    rows = [("plain", None, "plain")] + ([(f"chain k={args.k}", head, "chain")] if head else [])
+    rows = [("plain", None, DecodeMode.PLAIN)] + (
+        [(f"chain k={args.k}", head, DecodeMode.CHAIN)] if head else [])
     print(f"threads={torch.get_num_threads()} max_new_tokens={args.max_new_tokens} fp32")
     print(f"{'row':12} {'conc':>4} {'serial tok/s':>13} {'batched tok/s':>14} {'x':>6} "
           f"{'per-row drafting tok/s':>23} {'differ':>6}")

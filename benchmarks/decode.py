@@ -42,6 +42,7 @@ import torch
 from benchmarks.train_heads import first_user_prompt, split_builtin
 from eaglenest.foundation.processes import free_port
 from eaglenest.models.decode.engine import SpeculativeEngine
+from eaglenest.models.decode.modes import DecodeMode
 from eaglenest.models.decode.stats import SpecStats
 from eaglenest.models.target import Target
 from eaglenest.workers.jobs.loadgen import BenchConfig, run
@@ -128,19 +129,21 @@ def engine_rows(target: Target, head: Any, peagle: Any, args: argparse.Namespace
     model = target.model
     rows = {"ours plain": SpeculativeEngine(model, None)}
     for k in args.ks:
-        rows[f"ours chain K={k}"] = SpeculativeEngine(model, head, "chain", k=k)
+        rows[f"ours chain K={k}"] = SpeculativeEngine(model, head, DecodeMode.CHAIN, k=k)
     rows[f"ours tree d={args.depth} top{args.topk} n={args.total_tokens}"] = SpeculativeEngine(
-        model, head, "tree", **tree)
+        model, head, DecodeMode.TREE, **tree)
     for d, n in args.more_trees:  # larger trees: more acceptance for a larger verification
         rows[f"ours tree d={d} top{args.topk} n={n}"] = SpeculativeEngine(
-            model, head, "tree", depth=d, topk=args.topk, total_tokens=n)
-    rows["ours chain adaptive"] = SpeculativeEngine(model, head, "chain", k=max(args.ks),
+            model, head, DecodeMode.TREE, depth=d, topk=args.topk, total_tokens=n)
+    rows["ours chain adaptive"] = SpeculativeEngine(model, head, DecodeMode.CHAIN, k=max(args.ks),
                                                     adaptive=True)
-    rows["ours tree adaptive"] = SpeculativeEngine(model, head, "tree", adaptive=True, **tree)
+    rows["ours tree adaptive"] = SpeculativeEngine(model, head, DecodeMode.TREE, adaptive=True,
+                                                   **tree)
     if peagle is not None:
         for k in args.ks:
-            rows[f"ours parallel K={k}"] = SpeculativeEngine(model, peagle, "parallel", k=k)
-        rows["ours parallel adaptive"] = SpeculativeEngine(model, peagle, "parallel",
+            rows[f"ours parallel K={k}"] = SpeculativeEngine(model, peagle, DecodeMode.PARALLEL,
+                                                             k=k)
+        rows["ours parallel adaptive"] = SpeculativeEngine(model, peagle, DecodeMode.PARALLEL,
                                                            k=max(args.ks), adaptive=True)
     return rows
 

@@ -37,6 +37,7 @@ from benchmarks.train_heads import prepared_target, split_builtin, train_config
 from eaglenest.models.capture_cache import CaptureCache
 from eaglenest.models.data import Sample, encode_examples
 from eaglenest.models.heads.base import HeadBatch
+from eaglenest.models.heads.registry import EAGLE3, HEADS, PEAGLE
 from eaglenest.models.target import Capture, Target, load_target
 from eaglenest.models.train import TrainData, collate, train
 
@@ -99,8 +100,8 @@ def main() -> int:
     probe = samples[:: max(1, len(samples) // 16)][:16]
     data = TrainData(target, samples, "builtin")
     data.cache = CaptureCache(target, samples, 8 << 30)
-    runs = [("peagle", int(n)) for n in args.layers.split(",")]
-    runs += [("eagle3", 1)] if args.eagle3 else []
+    runs = [(PEAGLE.kind, int(n)) for n in args.layers.split(",")]
+    runs += [(EAGLE3.kind, 1)] if args.eagle3 else []
     rows: list[dict[str, Any]] = []
     print(f"{len(samples)} training samples, {len(held)} held out; {args.steps} steps each",
           flush=True)
@@ -114,7 +115,7 @@ def main() -> int:
         row = {"head": kind, "layers": layers, "steps": result.steps, "cpu_s": round(cpu),
                "train": accuracy(head, target, probe, args.depth),
                "held_out": accuracy(head, target, held, args.depth)}
-        if kind == "peagle":
+        if HEADS[kind].parallel:
             row["same_draft_as_depth2"] = same_draft(head, target, held, args.depth)
         rows.append(row)
         print(json.dumps(row), flush=True)

@@ -74,6 +74,7 @@ from benchmarks.train_heads import (
 from eaglenest.models.capture_cache import CaptureCache
 from eaglenest.models.checkpoint import save_head
 from eaglenest.models.data import Chat, Example, Sample, encode_examples, load_examples
+from eaglenest.models.heads.registry import EAGLE3
 from eaglenest.models.heads.vocab import build_draft_vocab, token_counts
 from eaglenest.models.target import Target, load_target
 from eaglenest.models.train import TrainData, train
@@ -141,7 +142,7 @@ def venv_run(args: argparse.Namespace, script: str, argv: list[str], log: Path) 
 def spec_train_argv(args: argparse.Namespace, target_dir: Path, data: Path, ratio: float,
                     aux: list[int]) -> list[str]:
     return ["--verifier-name-or-path", str(target_dir), "--data-path", str(data),
-            "--speculator-type", "eagle3", "--num-layers", "1",
+            "--speculator-type", str(EAGLE3.speculators_type), "--num-layers", "1",
             "--target-layer-ids", *map(str, aux), "--draft-vocab-size", str(args.draft_vocab),
             "--total-seq-len", str(args.max_length), "--max-steps", str(args.steps),
             "--train-data-ratio", f"{ratio:.6f}", "--hidden-states-dtype", "float32",
@@ -200,12 +201,12 @@ def run_ours(args: argparse.Namespace, target: Target, samples: list[Sample],
     for i in range(len(samples)):  # the target pass, before the timed training
         data.cache.entry(i, torch.device("cpu"))
     capture_s = time.perf_counter() - t0
-    config = train_config("eagle3", max_steps=args.steps, batch_size=batch,
+    config = train_config(EAGLE3.kind, max_steps=args.steps, batch_size=batch,
                           draft_vocab_size=args.draft_vocab)
     cpu0 = _cpu_seconds()
     result = train(config, data)
     cpu = _cpu_seconds() - cpu0
-    head_dir = save_head(result.head.eval(), args.out / "ours" / "eagle3",
+    head_dir = save_head(result.head.eval(), args.out / "ours" / EAGLE3.kind,
                          verifier=str(target.folder))
     tokens = round(result.tokens_per_second * result.seconds)
     row = Row("ours eagle3", result.steps, tokens / max(result.steps, 1), tokens,
@@ -255,7 +256,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ks", default="3,5")
     p.add_argument("--held-out", type=int, default=2, help="examples held out per dataset")
     p.add_argument("--max-length", type=int, default=512)
-    p.add_argument("--draft-vocab", type=int, default=train_config("eagle3").draft_vocab_size)
+    p.add_argument("--draft-vocab", type=int, default=train_config(EAGLE3.kind).draft_vocab_size)
     p.add_argument("--eval-tokens", type=int, default=96)
     p.add_argument("--threads", type=int, default=max(1, torch.get_num_threads()))
     p.add_argument("--reuse-speculators", type=Path, default=None, metavar="REPORT",

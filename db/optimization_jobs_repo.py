@@ -178,6 +178,16 @@ def heartbeat(session: Session, name: str, owner: str) -> str | None:
     return row.status
 
 
+def record_progress(session: Session, name: str, owner: str, progress: dict[str, Any]) -> bool:
+    """Worker side: the running job's stage and training progress (`eaglenest status`).
+    Changes neither status nor LastModifiedTime; False if the job is not ours or not running."""
+    row = find(session, OptimizationJobRow, name)
+    if row is None or row.owner != owner or row.status not in (INPROGRESS, STOPPING):
+        return False
+    row.progress = progress
+    return True
+
+
 def _owned(session: Session, name: str, owner: str,
            statuses: tuple[str, ...]) -> OptimizationJobRow | None:
     row = find(session, OptimizationJobRow, name, lock=True)

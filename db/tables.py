@@ -74,3 +74,6 @@ class OptimizationJobRow(_Named, Base):
     #: the worker that runs the job ("host:pid") and its last heartbeat, or None
     owner: Mapped[str | None] = mapped_column(String(256), nullable=True)
     heartbeat_time: Mapped[float | None] = mapped_column(Float, nullable=True)
+    #: what the running job is doing (stage; step, total, loss, accuracy, tokens/s, ETA in
+    #: training), written by its worker for `eaglenest status`; no API shape returns it
+    progress: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)

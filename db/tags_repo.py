@@ -30,7 +30,8 @@ TAGGABLE: dict[str, type[Base]] = {
     "endpoint": EndpointRow,
     "optimization-job": OptimizationJobRow,
 }
-#: what SageMaker's tag operations answer for an ARN that names nothing (ValidationException)
+#: how SageMaker's tag operations begin their answer for an ARN that names nothing
+#: (ValidationException); the ARN follows, so the message names what was not found
 NOT_FOUND = "Resource does not exist"
 
 Tag = dict[str, str]
@@ -72,7 +73,7 @@ def resource_of(session: Session, account: Account, arn: str, *, lock: bool = Fa
             and parts[4] == account.account_id):
         row = find(session, table, name, lock=lock)
     if row is None:
-        raise ValidationException(NOT_FOUND)
+        raise ValidationException(f'{NOT_FOUND}: "{arn}".')
     return row
 
 

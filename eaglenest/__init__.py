@@ -23,9 +23,9 @@ The floors; a floor imports only the floors below it (.importlinter, checked by
     3  eaglenest.models      pure torch + transformers (heads, training, decoding);
                              imports nothing of ours but itself
     2  eaglenest.db          tables, one repository per resource, pagination, sessions
-    1  eaglenest.foundation  settings, AWS errors, accounts/ARNs, task names and
-                             publishing, the artifact store, process helpers, the
-                             deployment record
+    1  eaglenest.foundation  settings, AWS errors, SageMaker shapes (generated from
+                             botocore), accounts/ARNs, task names and publishing, the
+                             artifact store, process helpers, the deployment record
 """
 
 __version__ = "0.1.0"

@@ -1,7 +1,9 @@
 """Floor 1: what every other floor may use and nothing of ours it imports.
 
-settings (the one `Settings`), errors (AWS error shapes and codes), accounts (account and
-ARN helpers), queue (task names and publishing), storage (the artifact store: local or S3),
-processes (free ports, process liveness) and deployment (the record a serve worker writes
-and sagemaker-runtime reads). Imports nothing of ours outside this package.
+settings (the one `Settings`), errors (AWS error shapes and codes), shapes (the SageMaker
+request and response classes generated from botocore: the API parses requests with them,
+workers rebuild stored requests with them), accounts (account and ARN helpers), queue
+(task names and publishing), storage (the artifact store: local or S3), processes (free
+ports, process liveness) and deployment (the record a serve worker writes and
+sagemaker-runtime reads). Imports nothing of ours outside this package.
 """

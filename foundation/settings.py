@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import configparser
+import os
 from pathlib import Path
 from typing import Literal
 
@@ -12,12 +13,27 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 CREDENTIALS_PROFILE = "eaglenest"
 
 
+def default_data_dir() -> Path:
+    """The per-user data dir: `$XDG_DATA_HOME/eaglenest`, else `~/.local/share/eaglenest`.
+
+    Never relative to the current directory (a relative XDG_DATA_HOME is ignored, as the XDG
+    base-directory spec says), so every command finds the same EagleNest wherever it runs.
+    """
+    xdg = os.environ.get("XDG_DATA_HOME", "")
+    base = Path(xdg) if xdg and Path(xdg).is_absolute() else Path.home() / ".local" / "share"
+    return base / "eaglenest"
+
+
 class Settings(BaseSettings):
-    """All configuration, from `EAGLENEST_*` environment variables."""
+    """All configuration, from `EAGLENEST_*` environment variables.
+
+    The data dir is `--data-dir` where a command has it (the command overrides the field),
+    else EAGLENEST_DATA_DIR, else default_data_dir().
+    """
 
     model_config = SettingsConfigDict(env_prefix="EAGLENEST_", extra="ignore")
 
-    data_dir: Path = Field(default=Path(".eaglenest"))
+    data_dir: Path = Field(default_factory=default_data_dir)
     database_url: str | None = None
     broker_url: str | None = None
     region: str = "us-east-1"

@@ -29,25 +29,25 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from eaglenest.models.heads.eagle import EagleHead
-from eaglenest.models.heads.eagle3 import Eagle3Head
+from eaglenest.models.heads.base import draft_head
 from eaglenest.models.heads.layers import HeadConfig
-from eaglenest.models.heads.peagle import PEagleHead
+from eaglenest.models.heads.registry import (
+    CHECKPOINT_FORMATS,
+    HEADS,
+    HeadSpec,
+    head_spec,
+    spec_of_config,
+)
 
 WEIGHTS = "model.safetensors"
 PROVENANCE = "provenance.json"
-FORMATS = ("native", "speculators")
+FORMATS = CHECKPOINT_FORMATS
 SHARED = ("embed_tokens.weight",)  # never written: vLLM shares the target's embeddings
+TARGET_LM_HEAD = "lm_head.weight"  # a head without its own vocabulary uses the target's
 
 
 def head_kind(head: nn.Module) -> str:
-    if isinstance(head, PEagleHead):
-        return "peagle"
-    if isinstance(head, Eagle3Head):
-        return "eagle3"
-    if isinstance(head, EagleHead):
-        return "eagle"
-    raise TypeError(f"not a draft head: {type(head).__name__}")
+    return head_spec(head).kind
 
 
 def _layer_config(cfg: HeadConfig) -> dict[str, Any]:
@@ -74,7 +74,7 @@ def _layer_config(cfg: HeadConfig) -> dict[str, Any]:
     }
 
 
-def _eagle3_fields(cfg: HeadConfig, kind: str) -> dict[str, Any]:
+def _eagle3_fields(cfg: HeadConfig, spec: HeadSpec) -> dict[str, Any]:
     return {
         "draft_vocab_size": cfg.draft_vocab_size,
         "target_hidden_size": cfg.hidden_size,
@@ -83,7 +83,7 @@ def _eagle3_fields(cfg: HeadConfig, kind: str) -> dict[str, Any]:
         "norm_output": cfg.norm_output,
         "num_aux_hidden_states": len(cfg.aux_layer_ids),
         "eagle_aux_hidden_state_layer_ids": list(cfg.aux_layer_ids),
-        "mask_token_id": cfg.mask_token_id if kind == "peagle" else None,
+        "mask_token_id": cfg.mask_token_id if spec.parallel else None,
     }
 
 
@@ -91,41 +91,42 @@ def build_config(
     head: nn.Module, fmt: str, verifier: str, verifier_arch: str, speculative_tokens: int
 ) -> dict[str, Any]:
     """config.json for ``head`` in ``fmt`` ("native" or "speculators")."""
-    kind, cfg = head_kind(head), head.cfg
+    spec, cfg = head_spec(head), draft_head(head).cfg
     if fmt not in FORMATS:
         raise ValueError(f"unknown checkpoint format {fmt!r}; one of {FORMATS}")
-    if kind == "eagle":
-        if fmt != "native":
-            raise ValueError("EAGLE-1/2 heads are saved in vLLM's native 'eagle' format only")
-        config = {"architectures": ["LlamaForCausalLM"], **_layer_config(cfg)}
+    if fmt not in spec.formats:
+        raise ValueError(f"{spec.title} heads are saved in vLLM's native "
+                         f"{spec.vllm_method!r} format only")
+    if not spec.uses_aux:  # vLLM's EAGLE-1 layout: a Llama layer over the last hidden state
+        config = {"architectures": [spec.native_architecture], **_layer_config(cfg)}
         config.update(norm_before_residual=False, num_aux_hidden_states=0)
         config.update(eagle_aux_hidden_state_layer_ids=[], draft_vocab_size=None)
         config.update(mask_token_id=None)
     elif fmt == "native":
-        config = {"architectures": ["LlamaForCausalLMEagle3"], **_layer_config(cfg)}
-        config.update(_eagle3_fields(cfg, kind))
+        config = {"architectures": [spec.native_architecture], **_layer_config(cfg)}
+        config.update(_eagle3_fields(cfg, spec))
         config["eagle_config"] = {
             "eagle_aux_hidden_state_layer_ids": list(cfg.aux_layer_ids),
             "use_aux_hidden_state": True,
             "norm_before_fc": cfg.norm_before_fc,
         }
-        if kind == "peagle":
+        if spec.parallel:
             config.update(parallel_drafting=True, pard_token=cfg.mask_token_id)
             config["ptd_token_id"] = cfg.mask_token_id
     else:
-        arch = "PEagleSpeculator" if kind == "peagle" else "Eagle3Speculator"
-        config = {"architectures": [arch], "speculators_model_type": kind}
-        config.update(_eagle3_fields(cfg, kind))
+        config = {"architectures": [spec.speculators_architecture],
+                  "speculators_model_type": spec.speculators_type}
+        config.update(_eagle3_fields(cfg, spec))
         config["transformer_layer_config"] = _layer_config(cfg)
         config["speculators_config"] = {
-            "algorithm": kind,
+            "algorithm": spec.speculators_type,
             "default_proposal_method": "greedy",
             "proposal_methods": [
                 {"proposal_type": "greedy", "speculative_tokens": speculative_tokens}
             ],
             "verifier": {"name_or_path": verifier, "architectures": [verifier_arch]},
         }
-    config["eaglenest"] = {"head": kind, "format": fmt, "target_architecture": verifier_arch}
+    config["eaglenest"] = {"head": spec.kind, "format": fmt, "target_architecture": verifier_arch}
     return config
 
 
@@ -158,12 +159,13 @@ def save_head(
     """Write config.json + model.safetensors (+ provenance.json) for vLLM; returns out_dir."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    cfg: HeadConfig = head.cfg
+    cfg = draft_head(head).cfg
     config = build_config(head, fmt, verifier, cfg.target_architecture, speculative_tokens)
+    skip = SHARED if head_spec(head).draft_vocab else (*SHARED, TARGET_LM_HEAD)
     tensors = {
         k: v.detach().to("cpu").contiguous()
         for k, v in head.state_dict().items()
-        if k not in SHARED and not (head_kind(head) == "eagle" and k == "lm_head.weight")
+        if k not in skip
     }
     save_file(tensors, str(out / WEIGHTS), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
@@ -178,7 +180,7 @@ def read_head_config(folder: str | Path) -> tuple[str, HeadConfig]:
     """(kind, HeadConfig) from a native or speculators config.json."""
     config = json.loads((Path(folder) / "config.json").read_text())
     layer = config.get("transformer_layer_config", config)
-    kind = _detect_kind(config)
+    spec = spec_of_config(config)
     heads = int(layer["num_attention_heads"])
     rope = layer.get("rope_parameters") or {}
     aux = config.get("eagle_aux_hidden_state_layer_ids") or (config.get("eagle_config") or {}).get(
@@ -198,33 +200,20 @@ def read_head_config(folder: str | Path) -> tuple[str, HeadConfig]:
         max_position_embeddings=int(layer.get("max_position_embeddings", 4096)),
         hidden_act=layer.get("hidden_act", "silu"),
         attention_bias=bool(layer.get("attention_bias", False)),
-        draft_vocab_size=config.get("draft_vocab_size") if kind != "eagle" else None,
-        aux_layer_ids=list(aux) if kind != "eagle" else [],
+        draft_vocab_size=config.get("draft_vocab_size") if spec.draft_vocab else None,
+        aux_layer_ids=list(aux) if spec.uses_aux else [],
         norm_before_residual=bool(config.get("norm_before_residual", False)),
         norm_before_fc=bool(config.get("norm_before_fc", eagle.get("norm_before_fc", False))),
         norm_output=bool(config.get("norm_output", False)),
-        mask_token_id=mask_id if kind == "peagle" else None,
+        mask_token_id=mask_id if spec.parallel else None,
         num_layers=int(layer.get("num_hidden_layers") or 1),
         target_architecture=(config.get("eaglenest") or {}).get(
             "target_architecture", "LlamaForCausalLM"
         ),
     )
-    if kind != "eagle" and not cfg.draft_vocab_size:
+    if spec.draft_vocab and not cfg.draft_vocab_size:
         cfg.draft_vocab_size = cfg.vocab_size
-    return kind, cfg
-
-
-def _detect_kind(config: dict[str, Any]) -> str:
-    if "speculators_model_type" in config:
-        kind = config["speculators_model_type"]
-        if kind not in ("eagle3", "peagle"):
-            raise ValueError(f"unsupported speculators_model_type {kind!r}")
-        return kind
-    archs = config.get("architectures") or []
-    if any("Eagle3" in a for a in archs):
-        parallel = config.get("parallel_drafting") or "pard_token" in config
-        return "peagle" if parallel or "ptd_token_id" in config else "eagle3"
-    return "eagle"
+    return spec.kind, cfg
 
 
 def _normalise_keys(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -244,15 +233,16 @@ def load_head(
 ) -> nn.Module:
     """Rebuild a head from a checkpoint; the target supplies the shared weights it lacks."""
     kind, cfg = read_head_config(folder)
+    spec = HEADS[kind]
     state = _normalise_keys(load_file(str(Path(folder) / WEIGHTS)))
-    if kind == "eagle":
-        head: nn.Module = EagleHead(cfg)
-        shared = {"embed_tokens.weight": embed_weight, "lm_head.weight": lm_head_weight}
-    else:
-        d2t = state.get("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
+    if spec.draft_vocab:
+        d2t = state.get("d2t", torch.zeros(cfg.draft_vocab_size or 0, dtype=torch.long))
         t2d = state.get("t2d", torch.ones(cfg.vocab_size, dtype=torch.bool))
-        head = (PEagleHead if kind == "peagle" else Eagle3Head)(cfg, d2t, t2d)
+        head: nn.Module = spec.head_class()(cfg, d2t, t2d)
         shared = {"embed_tokens.weight": embed_weight}
+    else:
+        head = spec.head_class()(cfg)
+        shared = {"embed_tokens.weight": embed_weight, TARGET_LM_HEAD: lm_head_weight}
     for name, tensor in shared.items():
         if name not in state:
             if tensor is None:

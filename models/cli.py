@@ -17,7 +17,10 @@ import subprocess
 import sys
 from typing import Any
 
-HEADS = ("eagle", "eagle3", "peagle")
+from eaglenest.models.heads import registry
+
+HEADS = registry.KINDS
+
 #: (dest, flag, takes no value) of every ``train`` option, to re-launch under torchrun
 _TRAIN_FLAGS: list[tuple[str, str, bool]] = []
 
@@ -38,20 +41,28 @@ def _register_train(subparsers: Any) -> None:
     p.add_argument("--data", required=True, help="JSONL file, folder of JSONL, or built-in name")
     p.add_argument("--head", choices=HEADS, help="default: the target architecture's head")
     p.add_argument("--out", required=True, help="output folder for the head")
-    p.add_argument("--max-steps", type=int, default=200)
-    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--max-steps", type=int, default=200, help="training steps")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="where the target and the head run")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
-    p.add_argument("--init-head", help="start from an existing head (fine-tuning)")
-    p.add_argument("--format", choices=("native", "speculators"), default="native")
-    p.add_argument("--batch-size", type=int, default=2)
+    p.add_argument("--init-head", help="start from an existing head folder (fine-tuning) "
+                   "(default: a new head)")
+    p.add_argument("--format", choices=registry.CHECKPOINT_FORMATS, default="native",
+                   help="checkpoint format of the head (speculators: vLLM's speculators)")
+    p.add_argument("--batch-size", type=int, default=2, help="samples per step")
     p.add_argument("--max-length", type=int, default=512, help="tokens per sample")
-    p.add_argument("--max-samples", type=int, help="use only the first N samples")
-    p.add_argument("--lr", type=float, default=3e-4)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--draft-vocab-size", type=int, default=8192)
-    p.add_argument("--ttt-steps", type=int, default=3)
-    p.add_argument("--parallel-depth", type=int, default=4)
-    p.add_argument("--speculative-tokens", type=int, default=3)
+    p.add_argument("--max-samples", type=int,
+                   help="use only the first N samples (default: all)")
+    p.add_argument("--lr", type=float, default=3e-4, help="peak learning rate")
+    p.add_argument("--seed", type=int, default=0, help="seed of the head and the data order")
+    p.add_argument("--draft-vocab-size", type=int, default=8192,
+                   help="draft vocabulary (EAGLE-3, P-EAGLE): the most frequent target tokens")
+    p.add_argument("--ttt-steps", type=int, default=3,
+                   help="EAGLE-3 training-time-test steps")
+    p.add_argument("--parallel-depth", type=int, default=4,
+                   help="P-EAGLE: tokens drafted per forward")
+    p.add_argument("--speculative-tokens", type=int, default=3,
+                   help="K written into the head's config (vLLM's num_speculative_tokens)")
     p.add_argument("--num-layers", type=int, default=1,
                    help="EAGLE-3/P-EAGLE draft decoder layers (vLLM stacks them; EAGLE-2: 1)")
     p.add_argument("--optimizer", choices=("muon", "adamw"), default="muon",
@@ -63,10 +74,13 @@ def _register_train(subparsers: Any) -> None:
                    help="loss weight of draft step j is step_decay**j")
     p.add_argument("--norms", choices=("all", "none"), default="all",
                    help="EAGLE-3/P-EAGLE: norm_before_fc, norm_output and norm_before_residual")
-    p.add_argument("--checkpoint-every", type=int, default=50)
-    p.add_argument("--max-seconds", type=float, help="wall-clock training budget")
+    p.add_argument("--checkpoint-every", type=int, default=50,
+                   help="steps between resumable checkpoints (0: only the final save)")
+    p.add_argument("--max-seconds", type=float,
+                   help="wall-clock training budget (default: none)")
     p.add_argument("--regenerate", action="store_true", help="answer with the target first")
-    p.add_argument("--regenerate-max-tokens", type=int, default=256)
+    p.add_argument("--regenerate-max-tokens", type=int, default=256,
+                   help="longest regenerated answer, in tokens")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument(
         "--nproc", type=int, default=1,
@@ -117,9 +131,8 @@ def _train(args: argparse.Namespace, device: Any) -> int:
         dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
         target = load_target(args.target, device=device, dtype=dtype)
         head = args.head or target.support.head
-        if head != target.support.head and not (
-            head == "peagle" and target.support.head == "eagle3"
-        ):
+        listed = registry.HEADS[target.support.head]
+        if registry.HEADS[head].vllm_method != listed.vllm_method:  # another family
             print(
                 f"warning: {target.architecture} is listed for {target.support.head} heads",
                 file=sys.stderr,

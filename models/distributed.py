@@ -52,11 +52,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from eaglenest.models.heads.base import HeadBatch, HeadLoss
+from eaglenest.models.heads.registry import HEADS
 from eaglenest.models.target import Capture
-
-#: heads whose parameters may go unused in a step (P-EAGLE's conditional drop-token
-#: sampling can keep no slot at some depth, leaving ``mask_hidden`` without a gradient)
-FIND_UNUSED = frozenset({"peagle"})
 
 LossFn = Callable[[HeadBatch, Capture], HeadLoss]
 
@@ -174,7 +171,7 @@ def loss_fn(
         adapter,
         device_ids=[device.index] if device.type == "cuda" else None,
         forward_sync_buffers=False,  # the buffers (d2t / t2d) never change
-        find_unused_parameters=kind in FIND_UNUSED,
+        find_unused_parameters=HEADS[kind].unused_parameters,
     )
 
     def run(batch: HeadBatch, cap: Capture) -> HeadLoss:

@@ -137,6 +137,7 @@ class Muon(torch.optim.Optimizer):
         self.ns_dtype = ns_dtype  # None: orthogonalize's default (bf16 on CUDA, else fp32)
 
     @torch.no_grad()
+    # torch's stub overloads step() on the closure's presence; this one takes none
     def step(self, closure: Any = None) -> None:  # type: ignore[override]
         for group in self.param_groups:
             lr, m = group["lr"], group["momentum"]

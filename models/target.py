@@ -22,6 +22,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from eaglenest.models.heads.registry import EAGLE, EAGLE3
+
 REQUIRED_FILES = (
     "config.json",
     "tokenizer.json",
@@ -37,18 +39,20 @@ class ArchitectureSupport:
     """What EagleNest trains for one target architecture."""
 
     architecture: str
-    head: str  # "eagle3" (also P-EAGLE) or "eagle" (EAGLE-1 head, EAGLE-2 decoding)
+    #: the default head kind (models/heads/registry.py); heads of the same vLLM method
+    #: (EAGLE-3: also P-EAGLE) suit it too, and a kind without aux states suits every target
+    head: str
 
 
 SUPPORTED_ARCHITECTURES: dict[str, ArchitectureSupport] = {
     a.architecture: a
     for a in (
-        ArchitectureSupport("LlamaForCausalLM", "eagle3"),
-        ArchitectureSupport("Qwen2ForCausalLM", "eagle3"),
-        ArchitectureSupport("Qwen3ForCausalLM", "eagle3"),
-        ArchitectureSupport("Qwen3MoeForCausalLM", "eagle3"),
-        ArchitectureSupport("GptOssForCausalLM", "eagle3"),
-        ArchitectureSupport("Qwen3NextForCausalLM", "eagle"),
+        ArchitectureSupport("LlamaForCausalLM", EAGLE3.kind),
+        ArchitectureSupport("Qwen2ForCausalLM", EAGLE3.kind),
+        ArchitectureSupport("Qwen3ForCausalLM", EAGLE3.kind),
+        ArchitectureSupport("Qwen3MoeForCausalLM", EAGLE3.kind),
+        ArchitectureSupport("GptOssForCausalLM", EAGLE3.kind),
+        ArchitectureSupport("Qwen3NextForCausalLM", EAGLE.kind),
     )
 }
 
@@ -162,14 +166,16 @@ class Target:
         architecture: str,
         aux_layer_ids: list[int] | None = None,
     ) -> None:
-        self.model = model.eval()
+        #: a transformers causal LM; its submodules (model.layers, the embeddings) differ by
+        #: architecture, so it is used duck-typed
+        self.model: Any = model.eval()
         for p in self.model.parameters():
             p.requires_grad_(False)
         self.tokenizer = tokenizer
         self.folder = folder
         self.architecture = architecture
         self.support = SUPPORTED_ARCHITECTURES[architecture]
-        self.config = model.config
+        self.config: Any = model.config  # the transformers config of the architecture
         self.aux_layer_ids = aux_layer_ids or default_aux_layer_ids(self.num_layers)
         ids = self.aux_layer_ids
         if any(not 0 <= k < self.num_layers for k in ids) or ids != sorted(set(ids)):
@@ -250,5 +256,5 @@ def load_target(
     model = AutoModelForCausalLM.from_pretrained(
         folder, dtype=dtype, trust_remote_code=False, use_safetensors=True
     )
-    model.to(device)
+    model.to(device)  # type: ignore[arg-type]  # transformers types to() as taking a model
     return Target(model, tokenizer, folder, arch, aux_layer_ids)

@@ -4,6 +4,8 @@ AdamW with linear warmup then cosine decay, gradient clipping, fp32 on CPU and b
 autocast on CUDA, checkpoints every N steps that resume exactly (head weights, optimizer,
 scheduler, data position and RNG), optional start from an existing head, tqdm progress
 with the loss and the per-step greedy draft accuracy. Same seed, same data -> same head.
+Every step appends a row to the history (step, loss, lr, accuracy, tokens over all ranks,
+`ts`: ISO-8601 UTC) and hands it to ``TrainConfig.on_step`` on the main process.
 Under torchrun the same call trains data-parallel (DDP) on every process: see
 ``models/distributed.py``.
 """
@@ -14,6 +16,7 @@ import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -25,12 +28,8 @@ from eaglenest.models import distributed
 from eaglenest.models.capture_cache import CaptureCache
 from eaglenest.models.checkpoint import head_kind, load_head, save_head
 from eaglenest.models.data.template import Sample
-from eaglenest.models.heads.base import HeadBatch
-from eaglenest.models.heads.eagle import EagleHead
-from eaglenest.models.heads.eagle3 import Eagle3Head
-from eaglenest.models.heads.layers import HeadConfig
-from eaglenest.models.heads.peagle import PEagleHead
-from eaglenest.models.heads.vocab import build_draft_vocab, token_counts
+from eaglenest.models.heads.base import HeadBatch, draft_head
+from eaglenest.models.heads.registry import DEFAULT_KIND, HEADS
 from eaglenest.models.optim import make_optimizer
 from eaglenest.models.target import Target
 
@@ -39,7 +38,7 @@ STATE_FILE = "trainer_state.pt"
 
 @dataclass
 class TrainConfig:
-    head: str = "eagle3"  # "eagle" (EAGLE-1/2), "eagle3" or "peagle"
+    head: str = DEFAULT_KIND  # a kind of models/heads/registry.py (HEADS)
     out_dir: str | None = None
     max_steps: int = 100
     batch_size: int = 2
@@ -73,6 +72,9 @@ class TrainConfig:
     should_stop: Callable[[], bool] | None = field(default=None, repr=False, compare=False)
     #: called with each checkpoint folder once written (the job mirrors it to the store)
     on_checkpoint: Callable[[Path], None] | None = field(default=None, repr=False, compare=False)
+    #: called on the main process with each step's history row once the step is done
+    on_step: Callable[[dict[str, Any]], None] | None = field(default=None, repr=False,
+                                                             compare=False)
     resume: bool = False
     init_head: str | None = None
     checkpoint_format: str = "native"  # or "speculators" (EAGLE-3 / P-EAGLE)
@@ -103,67 +105,9 @@ class TrainResult:
     out_dir: Path | None = None
 
 
-# ---- head construction -------------------------------------------------------------------
-def _base_config(target: Target, **extra: Any) -> HeadConfig:
-    return HeadConfig.from_target_config(target.config, target.architecture, **extra)
-
-
-def _vocab(target: Target, samples: list[Sample], size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    seqs = ([t for t, m in zip(s.input_ids, s.loss_mask, strict=True) if m] for s in samples)
-    return build_draft_vocab(token_counts(seqs, target.vocab_size), min(size, target.vocab_size))
-
-
-def _build_eagle(target: Target, samples: list[Sample], config: TrainConfig) -> nn.Module:
-    head = EagleHead(_base_config(target))
-    head.init_from_target(target.embed_weight(), target.lm_head_weight())
-    return head
-
-
-def _eagle3_config(target: Target, d2t: torch.Tensor, config: TrainConfig, **kw: Any) -> HeadConfig:
-    return _base_config(
-        target,
-        draft_vocab_size=int(d2t.shape[0]),
-        aux_layer_ids=list(target.aux_layer_ids),
-        norm_before_residual=config.norm_before_residual,
-        norm_before_fc=config.norm_before_fc,
-        norm_output=config.norm_output,
-        num_layers=config.num_layers,
-        **kw,
-    )
-
-
-def _build_eagle3(target: Target, samples: list[Sample], config: TrainConfig) -> nn.Module:
-    d2t, t2d = _vocab(target, samples, config.draft_vocab_size)
-    head = Eagle3Head(_eagle3_config(target, d2t, config), d2t, t2d)
-    head.init_from_target(target.embed_weight(), target.lm_head_weight())
-    return head
-
-
-def _build_peagle(target: Target, samples: list[Sample], config: TrainConfig) -> nn.Module:
-    d2t, t2d = _vocab(target, samples, config.draft_vocab_size)
-    tok = target.tokenizer
-    mask_id = config.mask_token_id
-    if mask_id is None:
-        mask_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    head = PEagleHead(_eagle3_config(target, d2t, config, mask_token_id=mask_id), d2t, t2d)
-    head.init_from_target(target.embed_weight(), target.lm_head_weight())
-    return head
-
-
-@dataclass(frozen=True)
-class HeadKind:
-    build: Callable[[Target, list[Sample], TrainConfig], nn.Module]
-    loss_kwargs: Callable[[TrainConfig], dict[str, Any]]
-
-
-HEAD_KINDS: dict[str, HeadKind] = {
-    "eagle": HeadKind(_build_eagle, lambda c: {}),
-    "eagle3": HeadKind(_build_eagle3, lambda c: {"steps": c.ttt_steps, "decay": c.step_decay}),
-    "peagle": HeadKind(
-        _build_peagle,
-        lambda c: {"steps": c.parallel_depth, "decay": c.step_decay, "keep_prob": c.keep_prob},
-    ),
-}
+# ---- head construction: models/heads/registry.py ----------------------------------------
+#: kind -> HeadSpec (``HEAD_KINDS[kind].build(target, samples, config)``, ``.loss_kwargs``)
+HEAD_KINDS = HEADS
 
 
 # ---- data --------------------------------------------------------------------------------
@@ -273,7 +217,7 @@ def latest_checkpoint(out_dir: str | Path) -> Path | None:
     return pointer.parent / pointer.read_text().strip() if pointer.is_file() else None
 
 
-_HOOKS = ("should_stop", "on_checkpoint")
+_HOOKS = ("should_stop", "on_checkpoint", "on_step")
 
 
 def config_record(config: TrainConfig) -> dict[str, Any]:
@@ -313,7 +257,8 @@ def _load_head(folder: str | Path, target: Target, kind: str) -> nn.Module:
     head = load_head(folder, target.embed_weight(), target.lm_head_weight())
     if head_kind(head) != kind:
         raise ValueError(f"{folder} holds a {head_kind(head)} head, not {kind}")
-    if head.cfg.hidden_size != target.hidden_size or head.cfg.vocab_size != target.vocab_size:
+    cfg = draft_head(head).cfg
+    if cfg.hidden_size != target.hidden_size or cfg.vocab_size != target.vocab_size:
         raise ValueError(f"{folder}: head does not match the target's hidden size / vocabulary")
     return head
 
@@ -322,7 +267,7 @@ def _load_head(folder: str | Path, target: Target, kind: str) -> nn.Module:
 def train(config: TrainConfig, data: TrainData, device: str | torch.device = "cpu") -> TrainResult:
     if config.head not in HEAD_KINDS:
         raise ValueError(f"unknown head {config.head!r}; one of {sorted(HEAD_KINDS)}")
-    if config.num_layers < 1 or (config.head == "eagle" and config.num_layers != 1):
+    if config.num_layers < 1 or (not HEADS[config.head].multi_layer and config.num_layers != 1):
         raise ValueError(f"num_layers={config.num_layers}: EAGLE-3 and P-EAGLE heads take 1 or "
                          "more draft layers, EAGLE-1/2 heads exactly 1")
     place, device = distributed.setup(device)
@@ -347,6 +292,17 @@ def train(config: TrainConfig, data: TrainData, device: str | torch.device = "cp
         step, history = int(state["step"]), list(state["history"])
         _load_rng(state, place)
     return _run(head, opt, sched, stream, step, history, data, config, device, out, place)
+
+
+def _step_row(step: int, result: Any, step_tokens: int, lr: float, place: distributed.Dist,
+              device: torch.device) -> dict[str, Any]:
+    """One history row: loss and accuracy are means over ranks, tokens their sum (one
+    all-reduce; unchanged in one process), `ts` the step's end in ISO-8601 UTC."""
+    loss, *accuracy, mean_tokens = distributed.mean(
+        [float(result.loss.detach()), *result.step_accuracy, float(step_tokens)], place, device)
+    ts = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return {"step": step, "loss": loss, "lr": lr, "accuracy": accuracy,
+            "tokens": round(mean_tokens * place.world_size), "ts": ts}
 
 
 def _run(
@@ -391,20 +347,15 @@ def _run(
         opt.step()
         sched.step()
         step += 1
-        loss, *accuracy = distributed.mean(  # mean over ranks; unchanged in one process
-            [float(result.loss.detach()), *result.step_accuracy], place, device
-        )
-        tokens += int(batch.attention_mask.sum())
-        history.append(
-            {
-                "step": step,
-                "loss": loss,
-                "lr": sched.get_last_lr()[0],
-                "accuracy": accuracy,
-            }
-        )
+        step_tokens = int(batch.attention_mask.sum())
+        tokens += step_tokens
+        row = _step_row(step, result, step_tokens, sched.get_last_lr()[0], place, device)
+        history.append(row)
+        if config.on_step is not None and place.is_main:
+            config.on_step(dict(row))
         bar.update(1)
-        bar.set_postfix(loss=f"{loss:.3f}", acc="/".join(f"{a:.2f}" for a in accuracy))
+        bar.set_postfix(loss=f"{row['loss']:.3f}",
+                        acc="/".join(f"{a:.2f}" for a in row["accuracy"]))
         if out and config.checkpoint_every and step % config.checkpoint_every == 0:
             _save_state(out, step, head, opt, sched, stream, history, data, config, place)
     bar.close()

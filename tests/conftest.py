@@ -13,6 +13,22 @@ import pytest
 from benchmarks.stack import ACCESS_KEY, REGION, SECRET_KEY, Stack
 
 
+@pytest.fixture(scope="session", autouse=True)
+def compute_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The suite's own registry of compute processes (foundation/threads.py): thread shares
+    in tests count the suite's model servers, not those of whatever else runs on the host."""
+    import os
+
+    root = tmp_path_factory.mktemp("compute-registry")
+    old = os.environ.get("EAGLENEST_COMPUTE_REGISTRY")
+    os.environ["EAGLENEST_COMPUTE_REGISTRY"] = str(root)
+    yield root
+    if old is None:
+        os.environ.pop("EAGLENEST_COMPUTE_REGISTRY", None)
+    else:
+        os.environ["EAGLENEST_COMPUTE_REGISTRY"] = old
+
+
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     # The API suite runs the API and broker only: tasks queue up in Redis and states stay

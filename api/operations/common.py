@@ -5,17 +5,24 @@ from __future__ import annotations
 from typing import Any
 
 from eaglenest.db.common import ListQuery
+from eaglenest.foundation.shapes import AwsShape, to_wire
+from eaglenest.foundation.shapes.endpoint_configs import ListEndpointConfigsInput
+from eaglenest.foundation.shapes.endpoints import ListEndpointsInput
+from eaglenest.foundation.shapes.models import ListModelsInput
+from eaglenest.foundation.shapes.optimization_jobs import ListOptimizationJobsRequest
+
+ListInput = (ListModelsInput | ListEndpointConfigsInput | ListEndpointsInput
+             | ListOptimizationJobsRequest)
 
 DEFAULT_MAX_RESULTS = 10
 
 
-def spec_of(request: Any) -> dict[str, Any]:
+def spec_of(request: AwsShape) -> dict[str, Any]:
     """The request's members exactly as the caller set them (wire names, no nulls)."""
-    data: dict[str, Any] = request.model_dump(by_alias=True, exclude_none=True, mode="json")
-    return data
+    return to_wire(request)
 
 
-def list_query(request: Any, *, default_order: str = "Descending", default_max: int = 10,
+def list_query(request: ListInput, *, default_order: str = "Descending", default_max: int = 10,
                status: str | None = None) -> ListQuery:
     order = request.SortOrder or default_order
     return ListQuery(

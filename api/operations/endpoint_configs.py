@@ -9,10 +9,16 @@ from eaglenest.api.registry import Context, operation
 from eaglenest.db import endpoint_configs_repo
 from eaglenest.db.common import list_rows
 from eaglenest.db.tables import EndpointConfigRow
+from eaglenest.foundation.shapes.endpoint_configs import (
+    CreateEndpointConfigInput,
+    DeleteEndpointConfigInput,
+    DescribeEndpointConfigInput,
+    ListEndpointConfigsInput,
+)
 
 
 @operation("CreateEndpointConfig")
-def create_endpoint_config(ctx: Context, req: Any) -> dict[str, Any]:
+def create_endpoint_config(ctx: Context, req: CreateEndpointConfigInput) -> dict[str, Any]:
     with ctx.db.session() as s:
         row = endpoint_configs_repo.create(s, ctx.account, spec_of(req),
                                            ctx.settings.max_instances_per_variant)
@@ -20,14 +26,14 @@ def create_endpoint_config(ctx: Context, req: Any) -> dict[str, Any]:
 
 
 @operation("DescribeEndpointConfig")
-def describe_endpoint_config(ctx: Context, req: Any) -> dict[str, Any]:
+def describe_endpoint_config(ctx: Context, req: DescribeEndpointConfigInput) -> dict[str, Any]:
     with ctx.db.session() as s:
         row = endpoint_configs_repo.get(s, ctx.account, req.EndpointConfigName)
         return {**row.spec, "EndpointConfigArn": row.arn, "CreationTime": row.creation_time}
 
 
 @operation("ListEndpointConfigs")
-def list_endpoint_configs(ctx: Context, req: Any) -> dict[str, Any]:
+def list_endpoint_configs(ctx: Context, req: ListEndpointConfigsInput) -> dict[str, Any]:
     with ctx.db.session() as s:
         rows, token = list_rows(s, EndpointConfigRow, list_query(req))
         items = [
@@ -39,6 +45,6 @@ def list_endpoint_configs(ctx: Context, req: Any) -> dict[str, Any]:
 
 
 @operation("DeleteEndpointConfig")
-def delete_endpoint_config(ctx: Context, req: Any) -> None:
+def delete_endpoint_config(ctx: Context, req: DeleteEndpointConfigInput) -> None:
     with ctx.db.session() as s:
         endpoint_configs_repo.delete(s, ctx.account, req.EndpointConfigName)

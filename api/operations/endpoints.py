@@ -16,10 +16,18 @@ from eaglenest.db.common import find, list_rows
 from eaglenest.db.quotas import Limits
 from eaglenest.db.tables import EndpointConfigRow, EndpointRow
 from eaglenest.foundation import queue as q
+from eaglenest.foundation.shapes.endpoints import (
+    CreateEndpointInput,
+    DeleteEndpointInput,
+    DescribeEndpointInput,
+    ListEndpointsInput,
+    UpdateEndpointInput,
+    UpdateEndpointWeightsAndCapacitiesInput,
+)
 
 
 @operation("CreateEndpoint")
-def create_endpoint(ctx: Context, req: Any) -> dict[str, Any]:
+def create_endpoint(ctx: Context, req: CreateEndpointInput) -> dict[str, Any]:
     with ctx.db.session() as s:
         row = endpoints_repo.create(s, ctx.account, spec_of(req), Limits.of(ctx.settings))
         arn, name = row.arn, row.name
@@ -45,7 +53,7 @@ def _capture_summary(capture: dict[str, Any] | None) -> dict[str, Any] | None:
 
 
 @operation("DescribeEndpoint")
-def describe_endpoint(ctx: Context, req: Any) -> dict[str, Any]:
+def describe_endpoint(ctx: Context, req: DescribeEndpointInput) -> dict[str, Any]:
     with ctx.db.session() as s:
         row = endpoints_repo.get(s, ctx.account, req.EndpointName)
         out: dict[str, Any] = {
@@ -64,7 +72,7 @@ def describe_endpoint(ctx: Context, req: Any) -> dict[str, Any]:
 
 
 @operation("ListEndpoints")
-def list_endpoints(ctx: Context, req: Any) -> dict[str, Any]:
+def list_endpoints(ctx: Context, req: ListEndpointsInput) -> dict[str, Any]:
     with ctx.db.session() as s:
         rows, token = list_rows(s, EndpointRow, list_query(req, status=req.StatusEquals))
         items = [
@@ -76,7 +84,7 @@ def list_endpoints(ctx: Context, req: Any) -> dict[str, Any]:
 
 
 @operation("UpdateEndpoint")
-def update_endpoint(ctx: Context, req: Any) -> dict[str, Any]:
+def update_endpoint(ctx: Context, req: UpdateEndpointInput) -> dict[str, Any]:
     with ctx.db.session() as s:
         row = endpoints_repo.request_update(
             s, ctx.account, req.EndpointName, req.EndpointConfigName, spec_of(req),
@@ -87,7 +95,9 @@ def update_endpoint(ctx: Context, req: Any) -> dict[str, Any]:
 
 
 @operation("UpdateEndpointWeightsAndCapacities")
-def update_endpoint_weights_and_capacities(ctx: Context, req: Any) -> dict[str, Any]:
+def update_endpoint_weights_and_capacities(
+    ctx: Context, req: UpdateEndpointWeightsAndCapacitiesInput
+) -> dict[str, Any]:
     with ctx.db.session() as s:
         row = endpoints_repo.request_weights(
             s, ctx.account, req.EndpointName, spec_of(req)["DesiredWeightsAndCapacities"],
@@ -98,7 +108,7 @@ def update_endpoint_weights_and_capacities(ctx: Context, req: Any) -> dict[str, 
 
 
 @operation("DeleteEndpoint")
-def delete_endpoint(ctx: Context, req: Any) -> None:
+def delete_endpoint(ctx: Context, req: DeleteEndpointInput) -> None:
     with ctx.db.session() as s:
         needs_worker = endpoints_repo.request_delete(s, ctx.account, req.EndpointName)
     if needs_worker:

@@ -9,24 +9,30 @@ from eaglenest.api.registry import Context, operation
 from eaglenest.db import models_repo
 from eaglenest.db.common import list_rows
 from eaglenest.db.tables import ModelRow
+from eaglenest.foundation.shapes.models import (
+    CreateModelInput,
+    DeleteModelInput,
+    DescribeModelInput,
+    ListModelsInput,
+)
 
 
 @operation("CreateModel")
-def create_model(ctx: Context, req: Any) -> dict[str, Any]:
+def create_model(ctx: Context, req: CreateModelInput) -> dict[str, Any]:
     with ctx.db.session() as s:
         row = models_repo.create(s, ctx.account, spec_of(req))
         return {"ModelArn": row.arn}
 
 
 @operation("DescribeModel")
-def describe_model(ctx: Context, req: Any) -> dict[str, Any]:
+def describe_model(ctx: Context, req: DescribeModelInput) -> dict[str, Any]:
     with ctx.db.session() as s:
         row = models_repo.get(s, ctx.account, req.ModelName)
         return {**row.spec, "ModelArn": row.arn, "CreationTime": row.creation_time}
 
 
 @operation("ListModels")
-def list_models(ctx: Context, req: Any) -> dict[str, Any]:
+def list_models(ctx: Context, req: ListModelsInput) -> dict[str, Any]:
     with ctx.db.session() as s:
         rows, token = list_rows(s, ModelRow, list_query(req))
         items = [
@@ -37,6 +43,6 @@ def list_models(ctx: Context, req: Any) -> dict[str, Any]:
 
 
 @operation("DeleteModel")
-def delete_model(ctx: Context, req: Any) -> None:
+def delete_model(ctx: Context, req: DeleteModelInput) -> None:
     with ctx.db.session() as s:
         models_repo.delete(s, ctx.account, req.ModelName)

@@ -14,10 +14,17 @@ from eaglenest.db.common import list_rows
 from eaglenest.db.quotas import Limits
 from eaglenest.db.tables import OptimizationJobRow
 from eaglenest.foundation import queue as q
+from eaglenest.foundation.shapes.optimization_jobs import (
+    CreateOptimizationJobRequest,
+    DeleteOptimizationJobRequest,
+    DescribeOptimizationJobRequest,
+    ListOptimizationJobsRequest,
+    StopOptimizationJobRequest,
+)
 
 
 @operation("CreateOptimizationJob")
-def create_optimization_job(ctx: Context, req: Any) -> dict[str, Any]:
+def create_optimization_job(ctx: Context, req: CreateOptimizationJobRequest) -> dict[str, Any]:
     with ctx.db.session() as s:
         row = jobs.create(s, ctx.account, spec_of(req), Limits.of(ctx.settings))
         arn, name = row.arn, row.name
@@ -26,7 +33,7 @@ def create_optimization_job(ctx: Context, req: Any) -> dict[str, Any]:
 
 
 @operation("DescribeOptimizationJob")
-def describe_optimization_job(ctx: Context, req: Any) -> dict[str, Any]:
+def describe_optimization_job(ctx: Context, req: DescribeOptimizationJobRequest) -> dict[str, Any]:
     with ctx.db.session() as s:
         r = jobs.get(s, req.OptimizationJobName)
         out = {
@@ -53,7 +60,7 @@ def _summary(r: OptimizationJobRow) -> dict[str, Any]:
 
 
 @operation("ListOptimizationJobs")
-def list_optimization_jobs(ctx: Context, req: Any) -> dict[str, Any]:
+def list_optimization_jobs(ctx: Context, req: ListOptimizationJobsRequest) -> dict[str, Any]:
     query = list_query(req, default_order="Ascending", default_max=50, status=req.StatusEquals)
     with ctx.db.session() as s:
         rows, token = list_rows(
@@ -63,12 +70,12 @@ def list_optimization_jobs(ctx: Context, req: Any) -> dict[str, Any]:
 
 
 @operation("StopOptimizationJob")
-def stop_optimization_job(ctx: Context, req: Any) -> None:
+def stop_optimization_job(ctx: Context, req: StopOptimizationJobRequest) -> None:
     with ctx.db.session() as s:
         jobs.request_stop(s, req.OptimizationJobName, ctx.lease_seconds)
 
 
 @operation("DeleteOptimizationJob")
-def delete_optimization_job(ctx: Context, req: Any) -> None:
+def delete_optimization_job(ctx: Context, req: DeleteOptimizationJobRequest) -> None:
     with ctx.db.session() as s:
         jobs.request_delete(s, req.OptimizationJobName, ctx.lease_seconds)

@@ -7,13 +7,14 @@ from typing import Any
 from eaglenest.api.operations.common import spec_of
 from eaglenest.api.registry import Context, operation
 from eaglenest.db import tags_repo
+from eaglenest.foundation.shapes.tags import AddTagsInput, DeleteTagsInput, ListTagsInput
 
 #: ListTags's page size when MaxResults is not given (also its lowest allowed value)
 DEFAULT_TAGS_PER_PAGE = 50
 
 
 @operation("AddTags")
-def add_tags(ctx: Context, req: Any) -> dict[str, Any]:
+def add_tags(ctx: Context, req: AddTagsInput) -> dict[str, Any]:
     tags = spec_of(req)["Tags"]
     with ctx.db.session() as s:
         tags_repo.add(s, ctx.account, req.ResourceArn, tags)
@@ -21,7 +22,7 @@ def add_tags(ctx: Context, req: Any) -> dict[str, Any]:
 
 
 @operation("ListTags")
-def list_tags(ctx: Context, req: Any) -> dict[str, Any]:
+def list_tags(ctx: Context, req: ListTagsInput) -> dict[str, Any]:
     with ctx.db.session() as s:
         tags, token = tags_repo.page(s, ctx.account, req.ResourceArn, req.NextToken,
                                      req.MaxResults or DEFAULT_TAGS_PER_PAGE)
@@ -32,6 +33,6 @@ def list_tags(ctx: Context, req: Any) -> dict[str, Any]:
 
 
 @operation("DeleteTags")
-def delete_tags(ctx: Context, req: Any) -> None:
+def delete_tags(ctx: Context, req: DeleteTagsInput) -> None:
     with ctx.db.session() as s:
         tags_repo.delete(s, ctx.account, req.ResourceArn, list(req.TagKeys))

@@ -12,10 +12,13 @@ import torch
 
 from benchmarks.gpu_check import CEILING_FORMULA
 from benchmarks.gpu_check.build import EOS, PAD, Bench, median_ms, oracle_factory, random_ids, sync
+from eaglenest.models.decode.modes import DecodeMode
+from eaglenest.models.heads.registry import EAGLE3, HEADS, PEAGLE
 
 K = 5  # chain / parallel drafts per round
 TREE = dict(depth=5, topk=4, total_tokens=16)
-MODES = (("plain", None), ("chain", "eagle3"), ("tree", "eagle3"), ("parallel", "peagle"))
+MODES = ((DecodeMode.PLAIN, None), (DecodeMode.CHAIN, EAGLE3.kind), (DecodeMode.TREE, EAGLE3.kind),
+         (DecodeMode.PARALLEL, PEAGLE.kind))
 TOKEN_COUNTS = (1, 2, 4, 6, 8, 16, 32, 64)  # 6 = K + 1 for the ceiling at K = 5
 CEILING_KS = (3, 5)
 TAUS = (2, 3, 4)
@@ -125,7 +128,7 @@ def _draft_ms(bench: Bench, kind: str) -> dict[str, float]:
     with torch.no_grad():
         feats = head.combine(aux)
     drafter.extend(random_ids(spec.context, _vocab(bench), 3), feats)
-    draft = drafter.draft_parallel if kind == "peagle" else drafter.draft_chain
+    draft = drafter.draft_parallel if HEADS[kind].parallel else drafter.draft_chain
     greedy = SamplingParams()
     out = {}
     for k in CEILING_KS:
@@ -156,7 +159,8 @@ def _ceiling(curve: dict[int, float], drafts: dict[str, dict[str, float]]) -> li
 
 def verify_cost(bench: Bench) -> dict[str, Any]:
     curve = _target_curve(bench)
-    drafts = {"chain": _draft_ms(bench, "eagle3"), "parallel": _draft_ms(bench, "peagle")}
+    drafts: dict[str, Any] = {DecodeMode.CHAIN: _draft_ms(bench, EAGLE3.kind),
+                              DecodeMode.PARALLEL: _draft_ms(bench, PEAGLE.kind)}
     return {"dtype": str(bench.perf_dtype).removeprefix("torch."), "context": bench.spec.context,
             "token_counts": list(TOKEN_COUNTS), "repeats": bench.spec.repeats,
             "curve": [{"n": n, "ms": ms} for n, ms in curve.items()],
@@ -188,9 +192,10 @@ def throughput(bench: Bench) -> dict[str, Any]:
     rows: list[dict[str, Any]] = [
         {"name": "hf generate", "tokens_per_s": hf_rate, "tau": None, "tokens": None}]
     plain: list[int] = []
-    for name, mode, kind in (("ours plain", "plain", None), (f"ours chain K={K}", "chain",
-                             "eagle3"), (f"ours parallel K={K}", "parallel", "peagle"),
-                             (f"ours chain K={K} oracle", "chain", "oracle")):
+    for name, mode, kind in (("ours plain", DecodeMode.PLAIN, None),
+                             (f"ours chain K={K}", DecodeMode.CHAIN, EAGLE3.kind),
+                             (f"ours parallel K={K}", DecodeMode.PARALLEL, PEAGLE.kind),
+                             (f"ours chain K={K} oracle", DecodeMode.CHAIN, "oracle")):
         if kind == "oracle":
             engine = _engine(bench, mode, None, bench.perf_dtype,
                              drafter_factory=oracle_factory(prompt + plain))
@@ -199,7 +204,7 @@ def throughput(bench: Bench) -> dict[str, Any]:
         rate, out = _rate(lambda n, e=engine: e.generate_ids(prompt, n, stop_token_ids=[EOS]),
                           bench)
         plain = plain or out
-        tau = engine.request_stats.acceptance_length if mode != "plain" else None
+        tau = engine.request_stats.acceptance_length if mode.spec.drafts else None
         rows.append({"name": name, "tokens_per_s": rate, "tau": tau, "tokens": len(out)})
     for row in rows:
         row["speedup_vs_hf"] = row["tokens_per_s"] / hf_rate
@@ -225,7 +230,7 @@ def training(bench: Bench) -> dict[str, Any]:
     target = bench.target(bench.perf_dtype)  # as models.cli loads it
     autocast = torch.autocast("cuda", torch.bfloat16) if cuda else contextlib.nullcontext()
     rows = []
-    for kind in ("eagle3", "peagle"):
+    for kind in (EAGLE3.kind, PEAGLE.kind):
         ticks: list[float] = []
 
         def tick(ticks: list[float] = ticks) -> bool:

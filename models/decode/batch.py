@@ -1,6 +1,6 @@
 """Continuous batching: ``BatchEngine`` decodes many requests with ONE target forward a step.
 
-    engine = BatchEngine(target, head, "chain", k=4, max_num_seqs=8)
+    engine = BatchEngine(target, head, DecodeMode.CHAIN, k=4, max_num_seqs=8)
     a = engine.submit(prompt_a, max_new_tokens=64)
     b = engine.submit(prompt_b, max_new_tokens=16, temperature=0.7, seed=1)
     while engine.has_work:
@@ -31,6 +31,7 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -85,11 +86,21 @@ class BatchEngine(SpeculativeEngine):
         max_num_seqs: int = 8,
         compact_slack: int = 32,
         batched_drafting: bool = True,
-        **kw: object,
+        schedule: Sequence[tuple[int, int]] | None = None,
+        **kw: Any,
     ) -> None:
-        """``batched_drafting=False`` drafts row by row (the benchmark's side-by-side row)."""
-        super().__init__(target, head, mode, **kw)  # type: ignore[arg-type]
+        """``batched_drafting=False`` drafts row by row (the benchmark's side-by-side row).
+        ``schedule``: ``[(max_running, K), ...]`` ascending; each step drafts K of the first
+        entry with ``max_running >=`` the rows in the batch (the last entry's K beyond it),
+        K = 0 being a plain step. With ``adaptive`` the controller chooses at most that K,
+        and starts from it whenever the scheduled K changes."""
+        super().__init__(target, head, mode, **kw)
         self.batched_drafting = batched_drafting
+        self.schedule = [(int(m), int(k)) for m, k in schedule] if schedule else None
+        self._cap: int | None = None  # the scheduled K of the last step
+        self.rounds_by_k: dict[int, int] = {}  # steps run at each K (0 = plain steps)
+        self.last_k: int | None = None
+        self._admitting = False  # inside _admit: a prompt's head slots may be deferred
         if "linear_attention" in (getattr(self.model.config, "layer_types", None) or []):
             raise ValueError("batched decoding needs an attention-only target")
         self.max_num_seqs = max(1, max_num_seqs)
@@ -141,7 +152,10 @@ class BatchEngine(SpeculativeEngine):
         if not self.active:
             return events
         assert self.kv is not None
-        plans = self._plans(self.current_k)
+        k = self._step_k(len(self.active))
+        self.rounds_by_k[k] = self.rounds_by_k.get(k, 0) + 1
+        self.last_k = k
+        plans = self._plans(k)
         t0 = time.perf_counter()
         logits, last, aux = self.kv.forward(
             [p.tokens for p in plans], [p.depths for p in plans], [p.local for p in plans]
@@ -162,18 +176,67 @@ class BatchEngine(SpeculativeEngine):
         return events
 
     def generate_batch(
-        self, prompts: Sequence[Sequence[int]], max_new_tokens: int, **kw: object
+        self, prompts: Sequence[Sequence[int]], max_new_tokens: int, **kw: Any
     ) -> list[list[int]]:
         """Several requests decoded together (same parameters); outputs in prompt order."""
-        ids = [self.submit(p, max_new_tokens, **kw) for p in prompts]  # type: ignore[arg-type]
+        ids = [self.submit(p, max_new_tokens, **kw) for p in prompts]
         outs: dict[int, list[int]] = {rid: [] for rid in ids}
         while self.has_work:
             for rid, new, _ in self.step():
                 outs[rid].extend(new)
         return [outs[rid] for rid in ids]
 
+    # ---- the schedule ----------------------------------------------------------------------
+    def scheduled_k(self, running: int) -> int | None:
+        """The schedule's K for ``running`` rows (None without a schedule or a head)."""
+        if self.schedule is None or self.mode is DecodeMode.PLAIN:
+            return None
+        for max_running, k in self.schedule:
+            if running <= max_running:
+                return k
+        return self.schedule[-1][1]
+
+    def _step_k(self, running: int) -> int:
+        cap = self.scheduled_k(running)
+        if cap is None:
+            return self.current_k if self.mode is not DecodeMode.PLAIN else 0
+        if self.controller is None:
+            return cap
+        if cap != self._cap:  # a new load level: start from its measured best K
+            self.current_k = max(cap, self.controller.k_min)
+        self._cap = cap
+        return min(self.current_k, cap)
+
+    def _commit_head(self, drafter: HeadDrafter, tokens: list[int], feats: torch.Tensor) -> None:
+        if (self._admitting and type(drafter) is HeadDrafter
+                and self.scheduled_k(len(self.active) + 1) == 0):
+            drafter.defer(tokens, feats)  # the schedule says plain at this load: later
+        else:
+            drafter.extend(tokens, feats)
+
+    def _catch_up(self, reqs: list[_Request]) -> None:
+        """Run the slots that plain steps deferred through the head (batched where the rows
+        allow), so that every row drafts from its whole context."""
+        behind = [r.drafter for r in reqs if type(r.drafter) is HeadDrafter and r.drafter.backlog]
+        if not behind:
+            return
+        work = [(d, d.take_backlog()) for d in behind]
+        if batch_draft.batchable(behind):  # type: ignore[arg-type]
+            batch_draft.extend(behind, [w[0] for _, w in work],  # type: ignore[arg-type,index]
+                               [w[1] for _, w in work])  # type: ignore[index]
+            return
+        for d, (tokens, feats) in work:  # type: ignore[misc]
+            d.extend(tokens, feats)  # type: ignore[union-attr]
+
     # ---- joining and leaving -------------------------------------------------------------
     def _admit(self) -> list[Event]:
+        self._admitting = True
+        try:
+            return self._admit_waiting()
+        finally:
+            self._admitting = False
+
+    def _admit_waiting(self) -> list[Event]:
         events: list[Event] = []
         while self.waiting and len(self.active) < self.max_num_seqs:
             slot, prompt = self.waiting.popleft()
@@ -215,22 +278,35 @@ class BatchEngine(SpeculativeEngine):
         """Every active row's plan: chain / parallel drafts in batched head forwards when all
         rows draft with one head (models/decode/batch_draft.py), else row by row."""
         reqs = [s.req for s in self.active]
+        if k == 0 and self.mode is not DecodeMode.PLAIN:  # a plain step: no drafts
+            one = torch.ones(1, 1, dtype=torch.bool)
+            return [_Plan([r.pending], [0], one, 0, [], None) if r.drafter is not None
+                    else self._plan(r, 0) for r in reqs]
+        self._catch_up(reqs)
         drafters = [r.drafter for r in reqs]
-        batched = self.batched_drafting and self.mode in (DecodeMode.CHAIN, DecodeMode.PARALLEL)
+        mode = self.mode.spec
+        batched = self.batched_drafting and mode.drafts and not mode.tree
         if not batched or not batch_draft.batchable(drafters):
             return [self._plan(r, k) for r in reqs]
         t0 = time.perf_counter()
-        draft = batch_draft.draft_parallel if self.mode is DecodeMode.PARALLEL else (
+        draft = batch_draft.draft_parallel if mode.parallel else (
             batch_draft.draft_chain)
-        rows = draft(drafters, k, [r.params for r in reqs], [r.gen for r in reqs])  # type: ignore[arg-type]
+        rows = draft([d for d in drafters if d is not None], k, [r.params for r in reqs],
+                     [r.gen for r in reqs])
         draft_s = time.perf_counter() - t0  # the batch's drafting time, as verify_s below
         causal = torch.ones(k + 1, k + 1, dtype=torch.bool).tril()
         return [_Plan([r.pending, *drafts], list(range(k + 1)), causal, k, drafts, q,
                       draft_s=draft_s) for r, (drafts, q) in zip(reqs, rows, strict=True)]
 
-    def _finish_round(self, req, drafter, new, out, rows):  # type: ignore[no-untyped-def]
+    def _finish_round(self, req: _Request, drafter: HeadDrafter, new: list[int],
+                      out: StepOutput, rows: list[int]) -> list[int]:
         """As the batch-1 engine, but inside a batched step the head slots are committed
         for all rows together after verification (``_extend_deferred``)."""
+        if type(drafter) is HeadDrafter and self.last_k == 0 and self._deferred is not None:
+            emitted = self._emit(req, new)  # a plain step: the head catches up when it drafts
+            if not req.done:
+                drafter.defer(new, drafter.features(out, rows))
+            return emitted
         if self._deferred is None or not self.batched_drafting or type(drafter) is not HeadDrafter:
             return super()._finish_round(req, drafter, new, out, rows)
         emitted = self._emit(req, new)
@@ -241,7 +317,7 @@ class BatchEngine(SpeculativeEngine):
     @staticmethod
     def _extend_deferred(items: list[tuple[HeadDrafter, list[int], torch.Tensor]]) -> None:
         drafters = [d for d, _, _ in items]
-        if batch_draft.batchable(drafters):  # type: ignore[arg-type]
+        if batch_draft.batchable(drafters):
             batch_draft.extend(drafters, [t for _, t, _ in items], [f for _, _, f in items])
             return
         for drafter, tokens, feats in items:
@@ -252,11 +328,11 @@ class BatchEngine(SpeculativeEngine):
         if drafter is None:
             return _Plan([req.pending], [0], torch.ones(1, 1, dtype=torch.bool))
         t0 = time.perf_counter()
-        if self.mode is DecodeMode.TREE:
+        if self.mode.spec.tree:
             tree = build_tree(drafter, req.pending, k, self.topk, self._tree_size(k))
             return _Plan(tree.tokens, tree.depths, tree.mask, k, tree=tree,
                          draft_s=time.perf_counter() - t0)
-        if self.mode is DecodeMode.PARALLEL:
+        if self.mode.spec.parallel:
             drafts, q = drafter.draft_parallel(k, req.params, req.gen)
         else:
             drafts, q = drafter.draft_chain(k, req.params, req.gen)

@@ -22,22 +22,26 @@ tests, tree drafting) stays per row in models/decode/batch.py.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import cast
+
 import torch
 
 from eaglenest.models.decode.drafter import HeadDrafter
 from eaglenest.models.decode.sampling import SamplingParams
+from eaglenest.models.heads.base import ParallelHead
 from eaglenest.models.heads.layers import KV
-from eaglenest.models.heads.peagle import PEagleHead
 
 Draft = tuple[list[int], torch.Tensor | None]  # (target ids, q [k, vocab] or None)
 
 
-def batchable(drafters: list[HeadDrafter | None]) -> bool:
+def batchable(drafters: Sequence[HeadDrafter | None]) -> bool:
     """True when every row drafts with a HeadDrafter over the same head (and there are two+)."""
-    if len(drafters) < 2 or not all(type(d) is HeadDrafter for d in drafters):
+    rows = [d for d in drafters if type(d) is HeadDrafter]
+    if len(drafters) < 2 or len(rows) < len(drafters):
         return False
-    head = drafters[0].head  # type: ignore[union-attr]
-    return all(d.head is head and d.past is not None for d in drafters)  # type: ignore[union-attr]
+    head = rows[0].head
+    return all(d.head is head and d.past is not None for d in rows)
 
 
 def _padded_past(drafters: list[HeadDrafter]) -> tuple[KV, torch.Tensor]:
@@ -75,14 +79,13 @@ def draft_chain(
     """k drafts per row, one batched head step per draft after the first (as draft_chain)."""
     if k <= 0:
         return [([], None) for _ in drafters]
-    picks = [d.pick(d.last_logits, p, g) for d, p, g in  # type: ignore[arg-type]
-             zip(drafters, params, gens, strict=True)]
+    picks = [d.pick(d.last()[0], p, g) for d, p, g in zip(drafters, params, gens, strict=True)]
     rows: list[list[tuple[int, torch.Tensor | None]]] = [[pk] for pk in picks]
     if k > 1:
         head, device = drafters[0].head, drafters[0].device
         past, valid = _padded_past(drafters)
         slots = torch.tensor([d.slots for d in drafters], device=device)
-        hidden = torch.cat([d.last_out for d in drafters])  # type: ignore[misc]  # [B, 1, h]
+        hidden = torch.cat([d.last()[1] for d in drafters])  # [B, 1, h]
         for j in range(k - 1):
             tokens = torch.tensor([[r[-1][0]] for r in rows], device=device)  # [B, 1]
             new = torch.ones(len(drafters), 1, j + 1, dtype=torch.bool, device=device)
@@ -102,9 +105,9 @@ def draft_parallel(
     """P-EAGLE: k drafts per row from ONE batched forward over k - 1 mask slots per row."""
     if k <= 0:
         return [([], None) for _ in drafters]
-    head = drafters[0].head
-    assert isinstance(head, PEagleHead)
-    logit_rows: list[list[torch.Tensor]] = [[d.last_logits] for d in drafters]  # type: ignore[misc]
+    assert drafters[0].parallel  # a parallel head (HeadSpec.parallel) has mask slots
+    head = cast(ParallelHead, drafters[0].head)
+    logit_rows = [[d.last()[0]] for d in drafters]
     if k > 1:
         device, b = drafters[0].device, len(drafters)
         past, valid = _padded_past(drafters)
@@ -126,7 +129,7 @@ def _collect(picks: list[tuple[int, torch.Tensor | None]], params: SamplingParam
     drafts = [t for t, _ in picks]
     if params.greedy:
         return drafts, None
-    return drafts, torch.stack([q for _, q in picks])  # type: ignore[misc]
+    return drafts, torch.stack([q for _, q in picks if q is not None])
 
 
 @torch.no_grad()

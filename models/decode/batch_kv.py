@@ -21,13 +21,15 @@ they are not supported here (the engine serves them one request at a time).
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from eaglenest.models.decode.runner import model_forward
+from eaglenest.models.decode.runner import layer_kv, model_forward
 
 
 def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -65,14 +67,15 @@ class BatchKV:
 
     def _layers(self) -> list[DynamicLayer]:
         assert self.cache is not None
-        return list(self.cache.layers)  # type: ignore[arg-type]
+        return [cast(DynamicLayer, layer) for layer in self.cache.layers]  # add() admits no other
 
     # ---- joining and leaving ---------------------------------------------------------
     def add(self, cache: DynamicCache, length: int) -> None:
         """Append a row from a batch-1 (prefill) cache holding exactly ``length`` keys."""
         for layer in cache.layers:
-            if type(layer) is not DynamicLayer or layer.keys.shape[2] != length:
+            if type(layer) is not DynamicLayer or layer_kv(layer)[0].shape[2] != length:
                 raise ValueError("expected full attention layers holding the prompt's keys")
+        incoming = [cast(DynamicLayer, layer) for layer in cache.layers]  # checked above
         row_valid = torch.ones(1, length, dtype=torch.bool, device=self.device)
         row_pos = torch.arange(length, device=self.device)[None]
         if self.cache is None:
@@ -80,9 +83,10 @@ class BatchKV:
             self.lengths = [length]
             return
         width = max(self.width, length)
-        for mine, theirs in zip(self._layers(), cache.layers, strict=True):
-            mine.keys = torch.cat([_pad(mine.keys, width), _pad(theirs.keys, width)])
-            mine.values = torch.cat([_pad(mine.values, width), _pad(theirs.values, width)])
+        for mine, theirs in zip(self._layers(), incoming, strict=True):
+            (keys, values), (new_keys, new_values) = layer_kv(mine), layer_kv(theirs)
+            mine.keys = torch.cat([_pad(keys, width), _pad(new_keys, width)])
+            mine.values = torch.cat([_pad(values, width), _pad(new_values, width)])
         self.valid = torch.cat([_pad_cols(self.valid, width), _pad_cols(row_valid, width)])
         self.key_pos = torch.cat([_pad_cols(self.key_pos, width), _pad_cols(row_pos, width)])
         self.lengths.append(length)
@@ -96,8 +100,9 @@ class BatchKV:
             return
         index = torch.tensor(keep, device=self.device)
         for layer in self._layers():
-            layer.keys = layer.keys.index_select(0, index.to(layer.keys.device))
-            layer.values = layer.values.index_select(0, index.to(layer.values.device))
+            keys, values = layer_kv(layer)
+            layer.keys = keys.index_select(0, index.to(keys.device))
+            layer.values = values.index_select(0, index.to(values.device))
         self.valid, self.key_pos = self.valid[index], self.key_pos[index]
         self.lengths = [self.lengths[b] for b in keep]
         self.compact_if_wasteful()
@@ -178,10 +183,11 @@ class BatchKV:
         fresh = torch.arange(width, device=self.device)[None] < counts[:, None]
         index = torch.where(fresh, index, torch.zeros_like(index))
         for layer in self._layers():
-            heads, dim = layer.keys.shape[1], layer.keys.shape[3]
-            idx = index[:, None, :, None].expand(-1, heads, -1, dim).to(layer.keys.device)
-            layer.keys = layer.keys.gather(2, idx)
-            layer.values = layer.values.gather(2, idx)
+            keys, values = layer_kv(layer)
+            heads, dim = keys.shape[1], keys.shape[3]
+            idx = index[:, None, :, None].expand(-1, heads, -1, dim).to(keys.device)
+            layer.keys = keys.gather(2, idx)
+            layer.values = values.gather(2, idx)
         self.key_pos = self.key_pos.gather(1, index)
         self.valid = fresh
 

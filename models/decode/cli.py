@@ -8,27 +8,34 @@ from __future__ import annotations
 
 import argparse
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from eaglenest.models.decode.engine import DecodeMode, SpeculativeEngine
+from eaglenest.models.decode.modes import SPECULATIVE_MODES, DecodeMode
+
+if TYPE_CHECKING:  # torch is imported when a command runs, not when it is parsed
+    from eaglenest.models.decode.engine import SpeculativeEngine
 
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser("generate", help="generate text with speculative decoding")
     p.add_argument("--target", required=True, help="target model folder")
-    p.add_argument("--head", default=None, help="draft head folder (omit: plain decoding)")
-    p.add_argument("--prompt", required=True)
-    p.add_argument("--mode", choices=["chain", "tree", "parallel"], default="chain")
+    p.add_argument("--head", default=None,
+                   help="draft head folder (default: none, plain decoding)")
+    p.add_argument("--prompt", required=True, help="text to continue (or ask, with --chat)")
+    p.add_argument("--mode", choices=SPECULATIVE_MODES, default=DecodeMode.CHAIN.value,
+                   help="drafting: chain, EAGLE-2 dynamic tree or P-EAGLE parallel")
     p.add_argument("--k", type=int, default=4, help="drafts per step (tree: depth)")
     p.add_argument("--topk", type=int, default=4, help="tree branching")
     p.add_argument("--total-tokens", type=int, default=16, help="tree size after rerank")
     p.add_argument("--adaptive", action="store_true", help="adapt K / depth online")
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate")
+    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass")
+    p.add_argument("--seed", type=int, default=None,
+                   help="sampling seed (default: none, not reproducible)")
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
-    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                   help="weights and activations")
     p.add_argument("--no-onednn", action="store_true",
                    help="stock PyTorch linears (default on CPU in float32: oneDNN-packed)")
     p.set_defaults(func=cmd_generate)
@@ -39,6 +46,7 @@ def build_engine(args: argparse.Namespace) -> tuple[SpeculativeEngine, Any]:
     import torch
 
     from eaglenest.models.checkpoint import load_head
+    from eaglenest.models.decode.engine import SpeculativeEngine
     from eaglenest.models.target import load_target
 
     dtype = getattr(torch, args.dtype)

@@ -9,28 +9,31 @@ the next ``extend`` the cache is cropped back to the committed slots.
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from torch import nn
 
 from eaglenest.models.decode.runner import StepOutput
 from eaglenest.models.decode.sampling import SamplingParams, sample
-from eaglenest.models.heads.eagle3 import Eagle3Head
+from eaglenest.models.heads.base import AuxHead, ParallelHead, draft_head
 from eaglenest.models.heads.layers import KV, causal_mask
-from eaglenest.models.heads.peagle import PEagleHead
+from eaglenest.models.heads.registry import head_spec
 
 
 class HeadDrafter:
     """Drafts for one request. ``head`` is any models.heads head (eval mode)."""
 
     def __init__(self, head: nn.Module) -> None:
-        self.head = head.eval()
-        self.uses_aux = isinstance(head, Eagle3Head)
-        self.parallel = isinstance(head, PEagleHead)
+        self.head = draft_head(head.eval())
+        spec = head_spec(head)
+        self.uses_aux = spec.uses_aux
+        self.parallel = spec.parallel
         device = next(head.parameters()).device
-        n_logits = head.lm_head.out_features
+        n_logits = self.head.lm_head.out_features
         # [draft_vocab] target id of each head logit (identity for EAGLE-1/2 heads)
-        self.target_ids = head.to_target_ids(torch.arange(n_logits, device=device))
-        self.vocab_size = int(head.cfg.vocab_size)
+        self.target_ids = self.head.to_target_ids(torch.arange(n_logits, device=device))
+        self.vocab_size = int(self.head.cfg.vocab_size)
         self.device = device
         self.dtype = next(head.parameters()).dtype
         self.reset()
@@ -40,6 +43,8 @@ class HeadDrafter:
         self.slots = 0
         self.last_logits: torch.Tensor | None = None  # [draft_vocab] of the last slot
         self.last_out: torch.Tensor | None = None  # [1, 1, hidden] head output, last slot
+        #: slots not yet run through the head (plain rounds defer them): (tokens, feats)
+        self.backlog: list[tuple[list[int], torch.Tensor]] = []
 
     @property
     def aux_layer_ids(self) -> list[int]:
@@ -50,7 +55,7 @@ class HeadDrafter:
         """[m, hidden] head input features for the chosen target rows."""
         if self.uses_aux:
             assert out.aux is not None
-            return self.head.combine(out.aux[rows].to(self.device, self.dtype))
+            return cast(AuxHead, self.head).combine(out.aux[rows].to(self.device, self.dtype))
         return out.last_hidden[rows].to(self.device, self.dtype)
 
     @torch.no_grad()
@@ -65,6 +70,25 @@ class HeadDrafter:
         self.slots += m
         self.last_logits = logits[0, -1]
         self.last_out = out[:, -1:]
+
+    def last(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logits [draft_vocab], head output [1, 1, hidden]) of the last committed slot."""
+        assert self.last_logits is not None and self.last_out is not None, "extend() first"
+        return self.last_logits, self.last_out
+
+    def defer(self, tokens: list[int], feats: torch.Tensor) -> None:
+        """As ``extend``, but run later (``take_backlog``): a plain round drafts nothing, so
+        its slots need not enter the head until the next drafting round."""
+        self.backlog.append((list(tokens), feats))
+
+    def take_backlog(self) -> tuple[list[int], torch.Tensor] | None:
+        """The deferred slots as one (tokens, feats) to extend with, and forget them."""
+        if not self.backlog:
+            return None
+        tokens = [t for chunk, _ in self.backlog for t in chunk]
+        feats = torch.cat([f for _, f in self.backlog])
+        self.backlog = []
+        return tokens, feats
 
     def crop(self) -> None:
         """Drop every draft slot, keeping the committed ones."""
@@ -113,14 +137,15 @@ class HeadDrafter:
         for j in range(k):
             token, q = self.pick(logits, params, gen)
             drafts.append(token)
-            qs.append(q)
+            if q is not None:  # sampling: every pick has one
+                qs.append(q)
             if j == k - 1:
                 break
             pos = torch.tensor([self.slots + j], device=self.device)
             mask = causal_mask(1, self.slots + j, self.device)
             row, hidden = self.step(torch.tensor([token], device=self.device), hidden, pos, mask)
             logits = row[0]
-        return drafts, None if params.greedy else torch.stack(qs)  # type: ignore[arg-type]
+        return drafts, None if params.greedy else torch.stack(qs)
 
     @torch.no_grad()
     def draft_parallel(
@@ -132,13 +157,14 @@ class HeadDrafter:
         draft m + 1 -- the layout of ``PEagleHead.draft_parallel`` (tested equal in
         tests/models/heads/test_peagle.py), here with the committed slots in the KV cache.
         """
-        assert isinstance(self.head, PEagleHead) and self.last_logits is not None
+        assert self.parallel and self.last_logits is not None
         self.crop()
         if k <= 0:
             return [], None
         rows = [self.last_logits]
         if k > 1:
-            tokens, hidden = self.head.mask_slots(1, k - 1)  # [1, k-1], [1, k-1, hidden]
+            head = cast(ParallelHead, self.head)
+            tokens, hidden = head.mask_slots(1, k - 1)  # [1, k-1], [1, k-1, hidden]
             pos = torch.arange(self.slots, self.slots + k - 1, device=self.device)
             mask = causal_mask(k - 1, self.slots, self.device)
             logits, _ = self.step(tokens[0], hidden, pos, mask)
@@ -147,4 +173,4 @@ class HeadDrafter:
         drafts = [t for t, _ in picks]
         if params.greedy:
             return drafts, None
-        return drafts, torch.stack([q for _, q in picks])  # type: ignore[misc]
+        return drafts, torch.stack([q for _, q in picks if q is not None])

@@ -18,13 +18,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from enum import StrEnum
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from eaglenest.models.decode.adaptive import AdaptiveDepth
 from eaglenest.models.decode.drafter import HeadDrafter
+from eaglenest.models.decode.modes import DecodeMode
 from eaglenest.models.decode.onednn import onednn_available, onednn_copy
 from eaglenest.models.decode.runner import StepOutput, TargetRunner
 from eaglenest.models.decode.sampling import (
@@ -36,14 +37,12 @@ from eaglenest.models.decode.sampling import (
 )
 from eaglenest.models.decode.stats import SpecStats
 from eaglenest.models.decode.tree import accepted_path, build_tree, walk_greedy, walk_sampling
-from eaglenest.models.heads.peagle import PEagleHead
+from eaglenest.models.heads.registry import find_head_spec
 
+if TYPE_CHECKING:
+    from eaglenest.models.target import Target
 
-class DecodeMode(StrEnum):
-    PLAIN = "plain"
-    CHAIN = "chain"
-    TREE = "tree"
-    PARALLEL = "parallel"
+__all__ = ["DecodeMode", "SpeculativeEngine"]
 
 
 @dataclass
@@ -60,7 +59,7 @@ class _Request:
     stats: SpecStats = field(default_factory=SpecStats)
 
 
-def _causal_lm(target: nn.Module) -> nn.Module:
+def _causal_lm(target: nn.Module | Target) -> nn.Module:
     """A models.target.Target or a transformers causal LM -> the causal LM."""
     from eaglenest.models.target import Target
 
@@ -77,7 +76,7 @@ class SpeculativeEngine:
 
     def __init__(
         self,
-        target: nn.Module,
+        target: nn.Module | Target,
         head: nn.Module | None = None,
         mode: DecodeMode | str = DecodeMode.CHAIN,
         k: int = 4,
@@ -98,23 +97,24 @@ class SpeculativeEngine:
         self.drafter_factory = drafter_factory
         speculative = head is not None or drafter_factory is not None
         self.mode = DecodeMode(mode) if speculative else DecodeMode.PLAIN
-        parallel_ok = drafter_factory is not None or isinstance(head, PEagleHead)
-        if self.mode is DecodeMode.PARALLEL and not parallel_ok:
+        spec = find_head_spec(head) if head is not None else None
+        parallel_ok = drafter_factory is not None or (spec is not None and spec.parallel)
+        if self.mode.spec.parallel and not parallel_ok:
             raise ValueError("parallel drafting needs a P-EAGLE head")
         self.k, self.depth, self.topk, self.total_tokens = k, depth, topk, total_tokens
         self.note = ""
         layer_types = getattr(self.model.config, "layer_types", None) or []
-        if self.mode is DecodeMode.TREE and "linear_attention" in layer_types:
+        if self.mode.spec.tree and "linear_attention" in layer_types:
             # recurrent layers read tokens in sequence: a tree cannot share one forward
             self.mode, self.k = DecodeMode.CHAIN, depth
             self.note = "tree mode needs attention-only targets; using chain drafting"
-        start = depth if self.mode is DecodeMode.TREE else k
+        start = depth if self.mode.spec.tree else k
         self.controller: AdaptiveDepth | None = None
-        if adaptive and self.mode is not DecodeMode.PLAIN:
+        if adaptive and self.mode.spec.drafts:
             self.controller = AdaptiveDepth(  # chain / parallel may also choose plain rounds
-                k_min=1 if self.mode is DecodeMode.TREE else 0,
+                k_min=self.mode.spec.adaptive_k_min,
                 k_max=max(k_max, start),
-                parallel=self.mode is DecodeMode.PARALLEL,
+                parallel=self.mode.spec.parallel,
             )
         self.current_k = start
         self.stats = SpecStats()
@@ -148,16 +148,16 @@ class SpeculativeEngine:
             self.stats.merge(req.stats)
 
     def generate_ids(
-        self, prompt_ids: Sequence[int], max_new_tokens: int, **kw: object
+        self, prompt_ids: Sequence[int], max_new_tokens: int, **kw: Any
     ) -> list[int]:
         """All generated ids of one request (convenience over ``generate``)."""
         out: list[int] = []
-        for chunk in self.generate(prompt_ids, max_new_tokens, **kw):  # type: ignore[arg-type]
+        for chunk in self.generate(prompt_ids, max_new_tokens, **kw):
             out.extend(chunk)
         return out
 
     def generate_batch(
-        self, prompts: Sequence[Sequence[int]], max_new_tokens: int, **kw: object
+        self, prompts: Sequence[Sequence[int]], max_new_tokens: int, **kw: Any
     ) -> list[list[int]]:
         """Several requests, decoded one after another (no batched forwards yet)."""
         return [self.generate_ids(p, max_new_tokens, **kw) for p in prompts]
@@ -174,9 +174,13 @@ class SpeculativeEngine:
         drafter = None
         if self.controller is not None:
             self.controller.new_context()
-        if self.mode is not DecodeMode.PLAIN:
+        if self.mode.spec.drafts:
             factory = self.drafter_factory
-            drafter = factory() if factory is not None else HeadDrafter(self.head)  # type: ignore[arg-type]
+            if factory is not None:
+                drafter = factory()
+            else:
+                assert self.head is not None  # a drafting mode has a head or a factory
+                drafter = HeadDrafter(self.head)
         aux = drafter.aux_layer_ids if drafter is not None else []
         device = next(self.model.parameters()).device
         gen = None
@@ -199,8 +203,13 @@ class SpeculativeEngine:
         first = self._pick(req, out.logits[-1])
         emitted = self._emit(req, [first])
         if not req.done and req.drafter is not None:
-            req.drafter.extend(prompt[1:] + [first], req.drafter.features(out, slice(None)))
+            self._commit_head(req.drafter, prompt[1:] + [first],
+                              req.drafter.features(out, slice(None)))
         return emitted
+
+    def _commit_head(self, drafter: HeadDrafter, tokens: list[int], feats: torch.Tensor) -> None:
+        """The prompt's head slots (BatchEngine defers them while its schedule says off)."""
+        drafter.extend(tokens, feats)
 
     def _pick(self, req: _Request, logits: torch.Tensor) -> int:
         if req.params.greedy:
@@ -227,7 +236,7 @@ class SpeculativeEngine:
             req.runner.commit([req.pending], 1)
             return self._emit(req, [self._pick(req, out.logits[0])])
         start = time.perf_counter()
-        if self.mode is DecodeMode.TREE:
+        if self.mode.spec.tree:
             emitted = self._round_tree(req, req.drafter)
         else:
             emitted = self._round_chain(req, req.drafter)
@@ -239,7 +248,7 @@ class SpeculativeEngine:
     def _round_chain(self, req: _Request, drafter: HeadDrafter) -> list[int]:
         k = self.current_k
         t0 = time.perf_counter()
-        if self.mode is DecodeMode.PARALLEL:
+        if self.mode.spec.parallel:
             drafts, q = drafter.draft_parallel(k, req.params, req.gen)
         else:
             drafts, q = drafter.draft_chain(k, req.params, req.gen)
@@ -303,7 +312,7 @@ class SpeculativeEngine:
 
     def _size_of(self, k: int) -> int:
         """Tokens verified in a round of depth / K ``k``."""
-        return self._tree_size(k) if self.mode is DecodeMode.TREE else k + 1
+        return self._tree_size(k) if self.mode.spec.tree else k + 1
 
     def _tree_size(self, depth: int) -> int:
         """Tree nodes (root included) for a depth: total_tokens scaled with the depth."""

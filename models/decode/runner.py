@@ -19,13 +19,28 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+from transformers.cache_utils import (
+    CacheLayerMixin,
+    DynamicLayer,
+    DynamicSlidingWindowLayer,
+    LinearAttentionCacheLayerMixin,
+)
 
 from eaglenest.models.decode.masks import additive_mask, sliding_mask
+
+CacheLayer = CacheLayerMixin | LinearAttentionCacheLayerMixin
+
+
+def layer_kv(layer: DynamicLayer) -> tuple[torch.Tensor, torch.Tensor]:
+    """A filled layer's keys and values (transformers types them Optional: a layer has none
+    before its first update; the layers handled here have run the prompt)."""
+    assert layer.keys is not None and layer.values is not None
+    return layer.keys, layer.values
 
 
 @dataclass
@@ -40,7 +55,7 @@ class TargetRunner:
 
     def __init__(self, model: nn.Module, aux_layer_ids: list[int] | None = None) -> None:
         self.model = model
-        self.config = model.config
+        self.config: Any = model.config  # the transformers config of the architecture
         self.aux_layer_ids = list(aux_layer_ids or [])
         self.layer_types: list[str] = list(
             getattr(self.config, "layer_types", None) or ["full_attention"]
@@ -51,7 +66,7 @@ class TargetRunner:
         self.device = next(model.parameters()).device
         self.cache: DynamicCache = self._new_cache()
         self.length = 0  # committed tokens held in the cache
-        self._snapshot: dict[int, object] = {}
+        self._snapshot: dict[int, CacheLayer] = {}
 
     # ---- cache management ------------------------------------------------------------
     def _new_cache(self) -> DynamicCache:
@@ -71,11 +86,11 @@ class TargetRunner:
             layer
             for layer in self.cache.layers
             if isinstance(layer, DynamicLayer)
-            and getattr(layer, "keys", None) is not None
+            and layer.keys is not None
             and layer.keys.dim() == 4
         ]
 
-    def _recurrent_layers(self) -> dict[int, object]:
+    def _recurrent_layers(self) -> dict[int, CacheLayer]:
         return {
             i: layer
             for i, layer in enumerate(self.cache.layers)
@@ -123,9 +138,10 @@ class TargetRunner:
         q = tree.shape[0]
         past = torch.ones(q, self.length, dtype=torch.bool, device=self.device)
         full = torch.cat([past, tree.to(self.device)], dim=1)  # [q, length + q]
-        masks: dict[str, torch.Tensor | None] = {"full_attention": additive_mask(full, self.dtype)}
+        full_mask = additive_mask(full, self.dtype)
+        masks: dict[str, torch.Tensor | None] = {"full_attention": full_mask}
         if self.layer_types == ["full_attention"] or set(self.layer_types) == {"full_attention"}:
-            return masks["full_attention"]  # type: ignore[return-value]
+            return full_mask
         if self.sliding_window:
             key_pos = torch.cat([torch.arange(self.length, device=self.device), positions])
             window = sliding_mask(positions, key_pos, int(self.sliding_window))
@@ -161,25 +177,27 @@ class TargetRunner:
             raise RuntimeError("tree KV gathering needs an attention-only target")
         rows = torch.tensor(list(range(self.length)) + [self.length + i for i in indices])
         for layer in self._attention_layers():
-            rows_d = rows.to(layer.keys.device)
-            layer.keys = layer.keys.index_select(2, rows_d)  # [1, kv_heads, kept, head_dim]
-            layer.values = layer.values.index_select(2, rows_d)
+            keys, values = layer_kv(layer)
+            rows_d = rows.to(keys.device)
+            layer.keys = keys.index_select(2, rows_d)  # [1, kv_heads, kept, head_dim]
+            layer.values = values.index_select(2, rows_d)
         self.length += len(indices)
 
     def _truncate(self, length: int) -> None:
         for layer in self._attention_layers():
-            layer.keys = layer.keys[:, :, :length]
-            layer.values = layer.values[:, :, :length]
+            keys, values = layer_kv(layer)
+            layer.keys = keys[:, :, :length]
+            layer.values = values[:, :, :length]
 
     def _restore(self) -> None:
         for i, layer in self._snapshot.items():
-            self.cache.layers[i] = layer  # type: ignore[assignment]
+            self.cache.layers[i] = layer
         self._snapshot = {}
 
 
 @torch.no_grad()
 def model_forward(
-    model: nn.Module,
+    model: Any,  # a transformers causal LM (model.model.layers differ by architecture)
     ids: torch.Tensor,  # [B, q] new token ids
     positions: torch.Tensor,  # [B, q] their positions
     mask: torch.Tensor | dict[str, torch.Tensor | None] | None,  # [B, 1, q, keys] or per type

@@ -92,7 +92,8 @@ def _expand(
     level 2), frontier [c, d] both children of a, fed now ->
       c: [1, 1, 1,  1, 0,  1, 0]       d: [1, 1, 1,  1, 0,  0, 1]
     """
-    device = drafter.device
+    device, root_out = drafter.device, drafter.last_out
+    assert root_out is not None  # build_tree checked it
     base = len(outs)
     for i, f in enumerate(frontier):
         nodes[f].fed = base + i
@@ -110,7 +111,7 @@ def _expand(
     # hidden input of f = head output of its parent slot (level 1: last committed slot)
     hidden = torch.cat(
         [
-            drafter.last_out if nodes[f].parent < 0 else outs[nodes[nodes[f].parent].fed]
+            root_out if nodes[f].parent < 0 else outs[nodes[nodes[f].parent].fed]
             for f in frontier
         ],
         dim=1,
@@ -139,7 +140,7 @@ def walk_greedy(tree: DraftTree, logits: torch.Tensor) -> tuple[list[int], int]:
     """
     best = logits.argmax(-1).tolist()
     kids = children_of(tree.parents)
-    node, path = 0, []
+    node, path = 0, list[int]()
     while True:
         match = [c for c in kids[node] if tree.tokens[c] == best[node]]
         if not match:
@@ -155,7 +156,7 @@ def walk_sampling(
     against the node's target distribution probs[node]; stop at the first node where all
     children are rejected (or a leaf) and emit the residual sample there."""
     kids = children_of(tree.parents)
-    node, path = 0, []
+    node, path = 0, list[int]()
     while True:
         cands = kids[node]
         idx, token = verify_siblings(probs[node], [tree.tokens[c] for c in cands], gen)

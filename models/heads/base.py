@@ -4,11 +4,44 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol, cast
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
-from eaglenest.models.heads.layers import KV, causal_mask, shift_left
+from eaglenest.models.heads.layers import KV, HeadConfig, causal_mask, shift_left
+
+
+class DraftHead(Protocol):
+    """What checkpoints, the trainer and the drafters use of every head (an nn.Module, whose
+    ``__getattr__`` types any attribute as ``Tensor | Module``: see ``draft_head``)."""
+
+    cfg: HeadConfig
+    lm_head: nn.Linear  # over the head's vocabulary (the draft vocabulary, or the target's)
+
+    def step(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
+             mask: torch.Tensor, past: KV | None = None, /,
+             ) -> tuple[torch.Tensor, torch.Tensor, KV]: ...
+
+    def to_target_ids(self, ids: torch.Tensor, /) -> torch.Tensor: ...
+
+
+class AuxHead(DraftHead, Protocol):
+    """A head over the target's aux hidden states (HeadSpec.uses_aux)."""
+
+    def combine(self, aux: torch.Tensor, /) -> torch.Tensor: ...
+
+
+class ParallelHead(AuxHead, Protocol):
+    """A head that drafts K tokens in one forward (HeadSpec.parallel)."""
+
+    def mask_slots(self, batch: int, seq: int, /) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+def draft_head(module: nn.Module) -> DraftHead:
+    """``module`` (a models.heads head) seen through its interface."""
+    return cast(DraftHead, module)
 
 
 @dataclass

@@ -14,6 +14,8 @@ target's next-token distribution through the shared lm_head.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -29,6 +31,11 @@ from eaglenest.models.heads.layers import (
     shift_left,
 )
 from eaglenest.models.target import Capture
+
+if TYPE_CHECKING:
+    from eaglenest.models.data.template import Sample
+    from eaglenest.models.target import Target
+    from eaglenest.models.train import TrainConfig
 
 
 class EagleLayer(nn.Module):
@@ -121,3 +128,11 @@ class EagleHead(nn.Module):
     ) -> torch.Tensor:
         """Greedy chain of k drafts (target ids, [k])."""
         return greedy_chain(self.step, self.to_target_ids, tokens[:, 1:], last_hidden, k)
+
+
+# ---- registry builder (models/heads/registry.py) ----------------------------------------
+def build(target: Target, samples: list[Sample], config: TrainConfig) -> EagleHead:
+    """A new head sharing the target's embeddings and lm_head (registry builder)."""
+    head = EagleHead(HeadConfig.for_target(target))
+    head.init_from_target(target.embed_weight(), target.lm_head_weight())
+    return head

@@ -20,6 +20,8 @@ fed back is the post-norm one (what the lm_head reads), as vLLM does for that co
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -36,8 +38,13 @@ from eaglenest.models.heads.layers import (
     split_layers,
     ttt_mask,
 )
-from eaglenest.models.heads.vocab import draft_to_target
+from eaglenest.models.heads.vocab import draft_to_target, draft_vocab_for
 from eaglenest.models.target import Capture
+
+if TYPE_CHECKING:
+    from eaglenest.models.data.template import Sample
+    from eaglenest.models.target import Target
+    from eaglenest.models.train import TrainConfig
 
 
 class Eagle3Layer(nn.Module):
@@ -98,6 +105,9 @@ class DecoderLayer(nn.Module):
 class Eagle3Head(nn.Module):
     """EAGLE-3 head. ``d2t``/``t2d`` come from ``models.heads.vocab.build_draft_vocab``."""
 
+    d2t: torch.Tensor  # buffers (registered in __init__)
+    t2d: torch.Tensor
+
     def __init__(self, cfg: HeadConfig, d2t: torch.Tensor, t2d: torch.Tensor) -> None:
         super().__init__()
         if cfg.draft_vocab_size is None or len(cfg.aux_layer_ids) == 0:
@@ -155,7 +165,7 @@ class Eagle3Head(nn.Module):
 
     def target_id_order(self) -> torch.Tensor:
         """[draft_vocab] target ids in draft-id order (draft id d <-> target id d + d2t[d])."""
-        return self.to_target_ids(torch.arange(self.cfg.draft_vocab_size, device=self.d2t.device))
+        return self.to_target_ids(torch.arange(self.d2t.shape[0], device=self.d2t.device))
 
     def init_from_target(self, embed_weight: torch.Tensor, lm_head_weight: torch.Tensor) -> None:
         """Copy the frozen embeddings; start lm_head from the target's rows for the draft vocab."""
@@ -214,3 +224,26 @@ class Eagle3Head(nn.Module):
     ) -> torch.Tensor:
         """Greedy chain of k drafts (target ids, [k]) after ``tokens``."""
         return greedy_chain(self.step, self.to_target_ids, tokens[:, 1:], self.combine(aux), k)
+
+
+# ---- registry builder (models/heads/registry.py) ----------------------------------------
+def build(target: Target, samples: list[Sample], config: TrainConfig) -> Eagle3Head:
+    """A new head with the samples' draft vocabulary (registry builder)."""
+    d2t, t2d = draft_vocab_for(target, samples, config.draft_vocab_size)
+    head = Eagle3Head(layer_config(target, d2t, config), d2t, t2d)
+    head.init_from_target(target.embed_weight(), target.lm_head_weight())
+    return head
+
+
+def layer_config(target: Target, d2t: torch.Tensor, config: TrainConfig, **kw: Any) -> HeadConfig:
+    """The EAGLE-3 layout for ``target``: its aux layers, the training recipe's norms."""
+    return HeadConfig.for_target(
+        target,
+        draft_vocab_size=int(d2t.shape[0]),
+        aux_layer_ids=list(target.aux_layer_ids),
+        norm_before_residual=config.norm_before_residual,
+        norm_before_fc=config.norm_before_fc,
+        norm_output=config.norm_output,
+        num_layers=config.num_layers,
+        **kw,
+    )

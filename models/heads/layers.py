@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers.activations import ACT2FN
+
+if TYPE_CHECKING:
+    from eaglenest.models.target import Target
 
 
 @dataclass
@@ -51,6 +54,11 @@ class HeadConfig:
     def from_dict(cls, data: dict[str, Any]) -> HeadConfig:
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in names})
+
+    @classmethod
+    def for_target(cls, target: Target, **overrides: Any) -> HeadConfig:
+        """``from_target_config`` of a loaded target (what a new head is built from)."""
+        return cls.from_target_config(target.config, target.architecture, **overrides)
 
     @classmethod
     def from_target_config(cls, config: Any, architecture: str, **overrides: Any) -> HeadConfig:

@@ -15,13 +15,21 @@ k-1, so every kept slot still has its whole prefix -- the KV a real chain would 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
 from eaglenest.models.heads.base import HeadBatch, HeadLoss, scored_steps
-from eaglenest.models.heads.eagle3 import Eagle3Head
+from eaglenest.models.heads.eagle3 import Eagle3Head, layer_config
 from eaglenest.models.heads.layers import HeadConfig, causal_mask, shift_left, ttt_mask
+from eaglenest.models.heads.vocab import draft_vocab_for
 from eaglenest.models.target import Capture
+
+if TYPE_CHECKING:
+    from eaglenest.models.data.template import Sample
+    from eaglenest.models.target import Target
+    from eaglenest.models.train import TrainConfig
 
 
 def parallel_mask(seq: int, depth: int, device: torch.device | None = None) -> torch.Tensor:
@@ -66,12 +74,13 @@ class PEagleHead(Eagle3Head):
         super().__init__(cfg, d2t, t2d)
         if cfg.mask_token_id is None or not 0 <= cfg.mask_token_id < cfg.vocab_size:
             raise ValueError("P-EAGLE heads need a mask_token_id inside the target vocabulary")
+        self.mask_token_id: int = cfg.mask_token_id
         width = len(cfg.aux_layer_ids) * cfg.hidden_size
         self.mask_hidden = nn.Parameter(torch.randn(1, 1, width) * 0.02)
 
     def mask_slots(self, batch: int, seq: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(tokens [batch, seq], hidden [batch, seq, hidden]) for ``seq`` mask slots."""
-        tokens = torch.full((batch, seq), self.cfg.mask_token_id, device=self.d2t.device)
+        tokens = torch.full((batch, seq), self.mask_token_id, device=self.d2t.device)
         hidden = self.combine(self.mask_hidden).expand(batch, seq, -1)
         return tokens, hidden
 
@@ -142,3 +151,16 @@ class PEagleHead(Eagle3Head):
         mask = causal_mask(n + k - 1, 0, aux.device)
         logits, _, _ = self.step(slot_tokens, slot_hidden, positions, mask)
         return self.to_target_ids(logits[0, n - 1 :].argmax(-1))
+
+
+# ---- registry builder (models/heads/registry.py) ----------------------------------------
+def build(target: Target, samples: list[Sample], config: TrainConfig) -> PEagleHead:
+    """An EAGLE-3 layout plus the mask token (default: pad, else eos) (registry builder)."""
+    d2t, t2d = draft_vocab_for(target, samples, config.draft_vocab_size)
+    tok = target.tokenizer
+    mask_id = config.mask_token_id
+    if mask_id is None:
+        mask_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    head = PEagleHead(layer_config(target, d2t, config, mask_token_id=mask_id), d2t, t2d)
+    head.init_from_target(target.embed_weight(), target.lm_head_weight())
+    return head

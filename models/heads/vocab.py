@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from eaglenest.models.data.template import Sample
+    from eaglenest.models.target import Target
 
 
 def token_counts(sequences: Iterable[list[int]], vocab_size: int) -> torch.Tensor:
@@ -45,3 +50,12 @@ def build_draft_vocab(
 def draft_to_target(draft_ids: torch.Tensor, d2t: torch.Tensor) -> torch.Tensor:
     """Map draft ids (any shape) to target ids: id + d2t[id]."""
     return draft_ids + d2t[draft_ids]
+
+
+def draft_vocab_for(
+    target: Target, samples: list[Sample], size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(d2t, t2d) of the ``size`` (at most the target's vocabulary) most frequent ids among
+    the samples' trained (assistant) tokens."""
+    seqs = ([t for t, m in zip(s.input_ids, s.loss_mask, strict=True) if m] for s in samples)
+    return build_draft_vocab(token_counts(seqs, target.vocab_size), min(size, target.vocab_size))

@@ -1,6 +1,6 @@
 """Fuzz every control-plane operation with inputs built from botocore's SageMaker model.
 
-For each operation in ``api.shapes.INPUT_SHAPES`` two hypothesis strategies are derived
+For each operation in ``foundation.shapes.INPUT_SHAPES`` two hypothesis strategies are derived
 from botocore's own shapes (``get_service_model("sagemaker")``), not from our pydantic
 classes:
 
@@ -50,9 +50,9 @@ from hypothesis import strategies as st
 from hypothesis.strategies import SearchStrategy
 
 from benchmarks.stack import Stack
-from eaglenest.api.shapes import INPUT_SHAPES
-from eaglenest.api.shapes.base import java_to_python
 from eaglenest.db.pagination import fingerprint
+from eaglenest.foundation.shapes import INPUT_SHAPES
+from eaglenest.foundation.shapes.base import java_to_python
 
 SAGEMAKER: ServiceModel = botocore.session.get_session().get_service_model("sagemaker")
 OPERATIONS = list(INPUT_SHAPES)

@@ -89,7 +89,7 @@ def test_tag_and_untag_resources(rg, sm, tagged, unique):
     out = rg.tag_resources(ResourceARNList=[tagged["model"], missing], Tags={"stage": "prod"})
     assert out["FailedResourcesMap"] == {missing: {
         "StatusCode": 400, "ErrorCode": "ValidationException",
-        "ErrorMessage": "Resource does not exist"}}
+        "ErrorMessage": f'Resource does not exist: "{missing}".'}}
     assert {"Key": "stage", "Value": "prod"} in sm.list_tags(ResourceArn=tagged["model"])["Tags"]
     assert arns_of(rg.get_resources(TagFilters=[{"Key": "suite", "Values": [unique]},
                                                 {"Key": "stage", "Values": ["prod"]}])) == \

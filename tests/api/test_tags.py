@@ -63,7 +63,7 @@ def test_tags_go_with_their_resource(sm, unique):
     sm.delete_model(ModelName=unique)
     with pytest.raises(ClientError) as exc:
         sm.list_tags(ResourceArn=arn)
-    assert code_and_message(exc) == ("ValidationException", "Resource does not exist")
+    assert code_and_message(exc) == ("ValidationException", f'Resource does not exist: "{arn}".')
     sm.create_model(ModelName=unique, ExecutionRoleArn=ROLE, PrimaryContainer={"Image": "lmi"})
     assert sm.list_tags(ResourceArn=arn)["Tags"] == []
 
@@ -78,7 +78,8 @@ def test_missing_resource_is_a_validation_exception(sm, arn):
                      (sm.delete_tags, {"TagKeys": ["team"]})):
         with pytest.raises(ClientError) as exc:
             call(ResourceArn=arn, **kw)
-        assert code_and_message(exc) == ("ValidationException", "Resource does not exist")
+        assert code_and_message(exc) == ("ValidationException",
+                                         f'Resource does not exist: "{arn}".')
 
 
 def test_other_account_or_region_is_not_found(sm, unique):
@@ -87,7 +88,8 @@ def test_other_account_or_region_is_not_found(sm, unique):
                 f"arn:aws:sagemaker:eu-west-1:123456789012:model/{unique}"):
         with pytest.raises(ClientError) as exc:
             sm.add_tags(ResourceArn=arn, Tags=T1)
-        assert code_and_message(exc) == ("ValidationException", "Resource does not exist")
+        assert code_and_message(exc) == ("ValidationException",
+                                         f'Resource does not exist: "{arn}".')
 
 
 def test_limits_and_rules_change_nothing(sm, unique):

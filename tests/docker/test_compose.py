@@ -1,9 +1,18 @@
-"""docker-compose.yml and the Dockerfiles, checked by parsing (no Docker engine in CI)."""
+"""docker-compose.yml, its overrides and the Dockerfiles, checked by parsing (default suite).
+
+The real run - images built, the stack up, driven, containers killed - is
+scripts/compose_check.sh, a CI stage of its own (.ci/run). These checks keep the files
+consistent with each other and make sure the CI override swaps only what it must.
+"""
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
+import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -11,10 +20,23 @@ import yaml
 from eaglenest.foundation.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
-COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+
+
+def load(path: str) -> dict[str, Any]:
+    return yaml.safe_load((ROOT / path).read_text())  # type: ignore[no-any-return]
+
+
+COMPOSE = load("docker-compose.yml")
 SERVICES = COMPOSE["services"]
+PORTS = load("docker-compose.override.yml")["services"]
+GPU = load("docker/compose.gpu.yml")["services"]
+CI = load("docker/compose.ci.yml")["services"]
+EAGLENEST = ("migrate", "api", "worker-train", "worker-serve")  # the eaglenest image
 CONDITIONS = {"service_started", "service_healthy", "service_completed_successfully"}
 INTERPOLATION = re.compile(r"\$\{([A-Z_][A-Z0-9_]*)(:?[-?])?([^}]*)\}")
+DOCKERFILES = ["docker/eaglenest.Dockerfile", "docker/worker-gpu.Dockerfile",
+               "docker/ci/postgres.Dockerfile", "docker/ci/redis.Dockerfile",
+               "docker/ci/s3.Dockerfile"]
 
 
 def test_the_stack_has_every_part():
@@ -24,10 +46,15 @@ def test_the_stack_has_every_part():
     assert SERVICES["redis"]["image"].startswith("redis:")
     assert SERVICES["minio"]["image"].startswith("minio/minio")
     assert SERVICES["migrate"]["command"] == ["eaglenest", "migrate"]
-    assert "--queues" in SERVICES["worker-train"]["command"]
     queues = {s: SERVICES[s]["command"][SERVICES[s]["command"].index("--queues") + 1]
               for s in ("worker-train", "worker-serve")}
     assert queues == {"worker-train": "train", "worker-serve": "serve"}
+    # one image, built the same way by every service that runs it
+    assert {SERVICES[s]["image"] for s in EAGLENEST} == {"eaglenest/eaglenest:latest"}
+    builds = [SERVICES[s]["build"] for s in EAGLENEST]
+    assert all(b == builds[0] for b in builds)
+    assert builds[0]["dockerfile"] == "docker/eaglenest.Dockerfile"
+    assert builds[0]["args"]["BASE_IMAGE"] == "${EAGLENEST_BASE_IMAGE:-python:3.11-slim}"
 
 
 def test_depends_on_is_well_formed():
@@ -39,6 +66,10 @@ def test_depends_on_is_well_formed():
                 assert "healthcheck" in SERVICES[dep], f"{dep} needs a healthcheck"
             if spec["condition"] == "service_completed_successfully":
                 assert SERVICES[dep].get("restart") == "no", f"{dep} must be a one-shot"
+    # migrations run once, before anything that uses the database
+    for name in ("api", "worker-train", "worker-serve"):
+        assert SERVICES[name]["depends_on"]["migrate"] == {
+            "condition": "service_completed_successfully"}
 
 
 def test_long_running_services_have_healthchecks():
@@ -46,6 +77,7 @@ def test_long_running_services_have_healthchecks():
         hc = SERVICES[name]["healthcheck"]
         assert hc["test"][0] in ("CMD", "CMD-SHELL"), name
         assert hc["retries"] >= 3
+        assert SERVICES[name]["restart"] == "unless-stopped", name
 
 
 def test_every_eaglenest_variable_exists_in_settings():
@@ -70,11 +102,55 @@ def test_secrets_are_required_not_defaulted():
         assert refs.get(secret) == ":?", f"{secret} must use ${{{secret}:?...}}"
 
 
-def test_gpu_workers_reserve_nvidia_devices():
+def test_ports_are_published_by_the_overrides_users_run_not_the_base():
+    # host networking (CI) refuses published ports, and an override cannot remove them
+    assert not any("ports" in svc for svc in SERVICES.values())
+    assert PORTS == {"minio": {"ports": ["9000:9000", "9001:9001"]},
+                     "api": {"ports": ["8080:8080"]}}
+    for name, spec in PORTS.items():
+        assert GPU[name] == spec, f"docker/compose.gpu.yml must publish {name}'s ports too"
+
+
+def test_gpu_override_swaps_only_the_workers_image_and_reserves_gpus():
+    assert set(GPU) == {"minio", "api", "worker-train", "worker-serve"}
     for name in ("worker-train", "worker-serve"):
-        devices = SERVICES[name]["deploy"]["resources"]["reservations"]["devices"]
+        svc = GPU[name]
+        assert set(svc) == {"build", "image", "deploy"}, name
+        assert svc["image"] == "eaglenest/worker-gpu:latest"
+        assert svc["build"]["dockerfile"] == "docker/worker-gpu.Dockerfile"
+        assert "nvidia/cuda" in svc["build"]["args"]["BASE_IMAGE"]
+        devices = svc["deploy"]["resources"]["reservations"]["devices"]
         assert devices[0]["driver"] == "nvidia" and "gpu" in devices[0]["capabilities"]
     assert SERVICES["worker-serve"]["environment"]["EAGLENEST_ADVERTISE_HOST"] == "worker-serve"
+
+
+def test_ci_override_swaps_only_what_cannot_be_pulled():
+    assert set(CI) == set(SERVICES), "every service runs with host networking in CI"
+    hosts = {"postgres", "redis", "minio", "worker-serve"}  # the names the URLs use
+    for name, svc in CI.items():
+        assert svc["network_mode"] == "host", name
+        assert {h.split(":")[0] for h in svc["extra_hosts"]} == hosts, name
+        assert all(h.endswith(":127.0.0.1") for h in svc["extra_hosts"]), name
+    allowed = {"network_mode", "extra_hosts"}
+    for name in EAGLENEST:  # the eaglenest image as users build it; builds use the host network
+        assert set(CI[name]) == allowed | {"build"} and CI[name]["build"] == {"network": "host"}
+    # postgres and redis: Debian's packages, same environment, volumes, command, healthcheck
+    for name in ("postgres", "redis"):
+        assert set(CI[name]) == allowed | {"build", "image"}, name
+        assert CI[name]["build"]["dockerfile"] == f"{name}.Dockerfile"
+    # S3: moto_server in place of MinIO, boto3 in place of mc
+    assert set(CI["minio"]) == allowed | {"build", "image", "command", "healthcheck"}
+    assert CI["minio"]["command"][0] == "moto_server"
+    assert set(CI["create-buckets"]) == allowed | {"image", "entrypoint", "command"}
+    assert CI["create-buckets"]["image"] == CI["minio"]["image"]
+    for bucket in ("models", "data", "output", "capture"):
+        assert f'"{bucket}"' in CI["create-buckets"]["command"][0]
+        assert f"local/{bucket}" in SERVICES["create-buckets"]["command"][0]
+    for name in ("postgres", "redis", "minio"):
+        build = CI[name]["build"]
+        assert (ROOT / build["context"] / build["dockerfile"]).is_file(), name
+        assert build["network"] == "host"
+        assert build["args"]["BASE_IMAGE"].startswith("${EAGLENEST_BASE_IMAGE:?")
 
 
 def test_volumes_are_declared():
@@ -86,25 +162,25 @@ def test_volumes_are_declared():
                 assert source in declared, source
 
 
-@pytest.mark.parametrize("dockerfile", ["api", "worker-cpu", "worker-gpu"])
+@pytest.mark.parametrize("dockerfile", DOCKERFILES)
 def test_dockerfiles(dockerfile):
-    path = ROOT / "docker" / f"{dockerfile}.Dockerfile"
-    text = path.read_text()
+    text = (ROOT / dockerfile).read_text()
+    assert text.startswith("# ")
+    assert re.search(r"^ARG BASE_IMAGE=\S+$", text, re.M), "the base image is a build argument"
+    assert re.search(r"^FROM \$\{BASE_IMAGE\}", text, re.M)
     assert re.search(r"^USER (?!root)\S+", text, re.M), "images run as a non-root user"
-    assert "HEALTHCHECK" in text
-    for src in re.findall(r"^COPY (\S+)", text, re.M):
-        assert (ROOT / src).exists(), src
-    if dockerfile == "worker-gpu":
-        assert text.startswith("# ") and "nvidia/cuda" in text and "vllm" in text
-    if dockerfile == "worker-cpu":
-        assert "torch==2.13.0" in text and "download.pytorch.org/whl/cpu" in text
-
-
-def test_build_contexts_point_at_existing_dockerfiles():
-    for svc in SERVICES.values():
-        build = svc.get("build")
-        if build:
-            assert (ROOT / build["context"] / build["dockerfile"]).is_file()
+    context = ROOT if dockerfile.count("/") == 1 else ROOT / "docker" / "ci"
+    for src in re.findall(r"^COPY (?!--from)(\S+)", text, re.M):
+        assert (context / src).exists(), src
+    for src in re.findall(r"--mount=type=bind,source=([^,\s]+)", text):
+        assert (context / src).exists() or src.endswith("wheelhouse"), src
+    if dockerfile.startswith("docker/ci/"):
+        assert "local/debian:bookworm" in text
+    if dockerfile == "docker/eaglenest.Dockerfile":
+        assert "HEALTHCHECK" in text and "requirements/service.txt" in text
+        assert "--no-deps" in text and "download.pytorch.org/whl/cpu" in text
+    if dockerfile == "docker/worker-gpu.Dockerfile":
+        assert "nvidia/cuda" in text and "vllm" in text and "HEALTHCHECK" in text
 
 
 def test_redis_needs_a_password_and_has_no_config_command():
@@ -116,3 +192,35 @@ def test_redis_needs_a_password_and_has_no_config_command():
         {"CONFIG": "", "DEBUG": "", "MODULE": ""}
     url = SERVICES["api"]["environment"]["EAGLENEST_BROKER_URL"]
     assert url.startswith("redis://:${REDIS_PASSWORD:?") and url.endswith("@redis:6379/0")
+
+
+def test_no_python_module_paths_of_ours():
+    """Containers use the `eaglenest` console script and HTTP only: module paths move."""
+    ours = r"(api|db|workers|models|migrations|eaglenest)"
+    pattern = re.compile(rf"(-m\s+{ours}\b|import\s+{ours}\b|from\s+{ours}\b)")
+    for path in ["docker-compose.yml", "docker-compose.override.yml", "docker/compose.gpu.yml",
+                 "docker/compose.ci.yml", "scripts/compose_check.sh", *DOCKERFILES]:
+        assert not pattern.search((ROOT / path).read_text()), path
+
+
+def test_ci_runs_the_compose_check():
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "bash scripts/compose_check.sh" in ci and "bash scripts/test.sh" in ci
+    assert "exec bash scripts/test.sh" not in ci  # both stages run
+
+
+@pytest.mark.skipif(shutil.which("docker-compose") is None, reason="docker-compose not installed")
+@pytest.mark.parametrize("override", ["docker-compose.override.yml", "docker/compose.gpu.yml",
+                                      "docker/compose.ci.yml"])
+def test_docker_compose_accepts_the_files(override):
+    env = {**os.environ, "POSTGRES_PASSWORD": "p", "MINIO_ROOT_USER": "u",
+           "MINIO_ROOT_PASSWORD": "secret123", "EAGLENEST_ACCESS_KEY_ID": "k",
+           "EAGLENEST_SECRET_ACCESS_KEY": "s", "REDIS_PASSWORD": "r",
+           "EAGLENEST_BASE_IMAGE": "local/debian:bookworm"}
+    r = subprocess.run(["docker-compose", "-f", "docker-compose.yml", "-f", override, "config",
+                        "-q"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    del env["POSTGRES_PASSWORD"]
+    r = subprocess.run(["docker-compose", "-f", "docker-compose.yml", "-f", override, "config",
+                        "-q"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert r.returncode != 0 and "set POSTGRES_PASSWORD" in r.stderr

@@ -81,6 +81,23 @@ def test_init_from_existing_head(llama, samples, tmp_path: Path) -> None:  # noq
         train(cfg(None, head="peagle", init_head=str(tmp_path / "base")), data)
 
 
+def test_each_step_row_reaches_on_step_with_time_and_tokens(llama, samples) -> None:  # noqa: ANN001
+    from datetime import UTC, datetime, timedelta
+
+    from eaglenest.models.train import config_record
+
+    rows: list[dict] = []
+    config = cfg(None, head="eagle3", on_step=rows.append)
+    result = train(config, TrainData(llama, samples))
+    assert rows == result.history and [r["step"] for r in rows] == [1, 2, 3]
+    for row in rows:
+        ts = datetime.fromisoformat(row["ts"].replace("Z", "+00:00"))
+        assert ts.tzinfo is not None and datetime.now(UTC) - ts < timedelta(minutes=5)
+        assert row["tokens"] > 0 and len(row["accuracy"]) == config.ttt_steps
+    assert [r["ts"] for r in rows] == sorted(r["ts"] for r in rows)
+    assert "on_step" not in config_record(config)
+
+
 def test_training_reduces_loss(llama, samples) -> None:  # noqa: ANN001
     result = train(
         cfg(None, head="eagle3", max_steps=15, lr=5e-3, batch_size=2), TrainData(llama, samples[:2])

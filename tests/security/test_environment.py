@@ -79,7 +79,8 @@ def test_model_server_environment_holds_no_control_plane_setting(secure: Stack,
     for secret in (SECRET_KEY, ACCESS_KEY, str(secure.data_dir / "eaglenest.db"),
                    "redis://", SENTINEL[1]):
         assert secret not in values
-    ours = {"EAGLENEST_CHILD_TAG", "EAGLENEST_INSTANCE_SECRET", *SERVING_ENV}
+    ours = {"EAGLENEST_CHILD_TAG", "EAGLENEST_INSTANCE_SECRET", "EAGLENEST_COMPUTE_SHARING",
+            *SERVING_ENV}
     assert not [k for k in env if k.startswith(("AWS_", "EAGLENEST_")) and k not in ours]
     assert env["OMP_NUM_THREADS"] == "1"  # an allowed entry of the container's Environment
     assert env["HF_HUB_OFFLINE"] == "1" and Path(env["PATH"].split(":")[0]).is_absolute()

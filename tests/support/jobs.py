@@ -33,6 +33,7 @@ def job(model_uri: str, output_model: str | None = None, **env: str) -> dict:
             "EAGLENEST_MAX_STEPS": "4", "EAGLENEST_MAX_LENGTH": "192",
             "EAGLENEST_DATASET": "gsm8k_training.jsonl", "EAGLENEST_HOLDOUT": "2",
             "EAGLENEST_BENCH_CONCURRENCY": "1,2", "EAGLENEST_BENCH_MAX_TOKENS": "8",
+            "EAGLENEST_BENCH_KS": "3",
             "EAGLENEST_SERVING_BACKEND": "embedded", "EAGLENEST_NUM_SPECULATIVE_TOKENS": "3",
             **env,
         },

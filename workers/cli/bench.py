@@ -1,7 +1,8 @@
 """`eaglenest bench --target DIR --head DIR`: the optimization job's benchmark stage alone.
 
-Baseline (target alone) and EAGLE (target + head) served by the same backend, the same
-load at each concurrency; writes benchmark.json / .md / .png into --out and prints the table.
+Baseline (target alone) and EAGLE (target + head, at each K of --ks) served by the same
+backend, the same load at each concurrency; writes benchmark.json / .md / .png into --out,
+speculation_schedule.json into --out, and prints the table.
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+
+from eaglenest.models.decode.modes import SPECULATIVE_MODES, DecodeMode
 
 
 def _prompts(args: argparse.Namespace) -> list[str]:
@@ -36,23 +39,34 @@ def cmd_bench(args: argparse.Namespace) -> int:
     levels = tuple(int(c) for c in args.concurrency.split(","))
     plan = BenchPlan(Path(args.target), Path(args.head), _prompts(args),
                      args.backend or default_backend(), levels, args.max_tokens,
-                     args.num_speculative_tokens, mode=args.mode)
+                     args.num_speculative_tokens, mode=args.mode,
+                     ks=tuple(int(k) for k in args.ks.split(",")) if args.ks else ())
     report = run_benchmark(plan, out, should_stop=lambda: False)
     print((out / "benchmark.md").read_text())
     print("speedup (EAGLE / baseline output throughput):",
           ", ".join(f"c={c}: {s:.2f}x" for c, s in report["speedup"].items()))
+    print("speculation schedule:", json.dumps(report["schedule"]["thresholds"]))
     return 0
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser("bench", help="benchmark baseline vs EAGLE on a target and a head")
-    p.add_argument("--target", required=True)
-    p.add_argument("--head", required=True)
-    p.add_argument("--out", default="bench-out")
-    p.add_argument("--prompts", default=None, help="text file, one prompt per line (or JSONL)")
-    p.add_argument("--concurrency", default="1,2,4,8")
-    p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--num-speculative-tokens", type=int, default=5)
-    p.add_argument("--mode", default="chain", choices=["chain", "tree", "parallel"])
-    p.add_argument("--backend", default=None, choices=["vllm", "embedded"])
+    p = sub.add_parser("bench", help="benchmark baseline vs EAGLE on a target and a head",
+                       description=__doc__.split("\n\n")[0])
+    p.add_argument("--target", required=True, help="target model folder")
+    p.add_argument("--head", required=True, help="draft head folder")
+    p.add_argument("--out", default="bench-out",
+                   help="folder for benchmark.json / .md / .png")
+    p.add_argument("--prompts", default=None, help="text file, one prompt per line (or JSONL "
+                   "with a prompt field) (default: the last example of each built-in dataset)")
+    p.add_argument("--concurrency", default="1,2,4,8",
+                   help="concurrent requests, comma-separated levels")
+    p.add_argument("--max-tokens", type=int, default=64, help="tokens generated per request")
+    p.add_argument("--num-speculative-tokens", type=int, default=5,
+                   help="K: drafted tokens per step")
+    p.add_argument("--ks", default="", help="K values to measure, e.g. 1,3,5 (default: "
+                   "--num-speculative-tokens); the schedule picks among them")
+    p.add_argument("--mode", default=DecodeMode.CHAIN.value, choices=SPECULATIVE_MODES,
+                   help="drafting (embedded backend): chain, EAGLE-2 tree or P-EAGLE parallel")
+    p.add_argument("--backend", default=None, choices=["vllm", "embedded"],
+                   help="model server (default: vllm if installed, else embedded)")
     p.set_defaults(func=cmd_bench)

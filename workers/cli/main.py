@@ -1,13 +1,17 @@
-"""The `eaglenest` command: up, api, worker, migrate (+ train commands when installed)."""
+"""The `eaglenest` command: up, api, worker, migrate, s3, status, bench (+ train,
+prepare-target and generate with the `train` extra). Subcommands import what they need (torch
+above all) only after their arguments are parsed, so `eaglenest <command> --help` is quick."""
 
 from __future__ import annotations
 
 import argparse
 import os
 import sys
-from pathlib import Path
 
+from eaglenest import __version__
 from eaglenest.foundation.settings import Settings
+from eaglenest.workers.cli.datadir import add_data_dir_option, settings_for
+from eaglenest.workers.cli.parsing import Parser
 from eaglenest.workers.infra.credentials import (
     ensure_credentials,
     loose_credentials,
@@ -18,10 +22,10 @@ from eaglenest.workers.infra.logs import configure_logging
 
 
 def _settings(args: argparse.Namespace) -> Settings:
-    settings = Settings()
-    if getattr(args, "data_dir", None):
-        settings = settings.model_copy(update={"data_dir": Path(args.data_dir)})
-    private_data_dir(settings.data_dir)  # 0700, files 0600 (docs/security.md)
+    """The commands that create an EagleNest: its data dir is made if missing (0700, files
+    0600: docs/security.md)."""
+    settings = settings_for(args)
+    private_data_dir(settings.data_dir)
     return settings
 
 
@@ -147,26 +151,32 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="eaglenest", description=__doc__)
+    p = Parser(prog="eaglenest", description=__doc__)
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     for name, func, text in (("up", cmd_up, "API + worker on embedded defaults"),
                              ("api", cmd_api, "the API server alone")):
-        sp = sub.add_parser(name, help=text)
-        sp.add_argument("--host", default="127.0.0.1")
-        sp.add_argument("--port", type=int, default=8080)
-        sp.add_argument("--data-dir", default=None,
-                        help="default: $EAGLENEST_DATA_DIR or .eaglenest")
+        sp = sub.add_parser(name, help=text, description=text)
+        sp.add_argument("--host", default="127.0.0.1",
+                        help="address to listen on (0.0.0.0: every interface)")
+        sp.add_argument("--port", type=int, default=8080, help="port to listen on")
+        add_data_dir_option(sp)
         sp.set_defaults(func=func)
-    w = sub.add_parser("worker", help="a Celery worker alone")
-    w.add_argument("--data-dir", default=None)
-    w.add_argument("--queues", default="train,serve")
-    w.add_argument("--concurrency", type=int, default=4)
-    w.add_argument("--loglevel", default="INFO")
+    w = sub.add_parser("worker", help="a Celery worker alone", description="a Celery worker "
+                       "alone (`up` starts one; more hosts run more)")
+    add_data_dir_option(w)
+    w.add_argument("--queues", default="train,serve",
+                   help="queues to consume, comma-separated: train (optimization jobs), "
+                        "serve (endpoints)")
+    w.add_argument("--concurrency", type=int, default=4, help="tasks run at once")
+    w.add_argument("--loglevel", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
     w.add_argument("--pool", default="threads", choices=["threads", "prefork", "solo"],
-                   help="prefork: one process per task (GPU training hosts)")
+                   help="how tasks run: threads, prefork (one process per task: GPU "
+                        "training hosts) or solo (one at a time)")
     w.set_defaults(func=cmd_worker)
-    m = sub.add_parser("migrate", help="apply database migrations (alembic upgrade head)")
-    m.add_argument("--data-dir", default=None)
+    m = sub.add_parser("migrate", help="apply database migrations (alembic upgrade head)",
+                       description="apply database migrations (alembic upgrade head)")
+    add_data_dir_option(m)
     m.set_defaults(func=cmd_migrate)
     from eaglenest.workers.cli import bench, s3, status
 
@@ -194,20 +204,27 @@ def _register_optional(sub: argparse._SubParsersAction) -> None:  # type: ignore
         sp.set_defaults(func=_run_lazy, lazy=(name, module))
 
 
+#: the `train` extra's top-level modules: a command missing one asks for the extra
+TRAIN_EXTRA = ("torch", "transformers", "safetensors", "tqdm", "gguf", "matplotlib")
+
+
 def _run_lazy(args: argparse.Namespace) -> int:
+    """Parse with the module's own parser (importing it does not import torch), then run."""
     import importlib
 
     name, module = args.lazy
+    parser = Parser(prog="eaglenest")
+    importlib.import_module(module).register(parser.add_subparsers(dest="command",
+                                                                   required=True))
+    real = parser.parse_args([name, *args.rest])
     try:
-        mod = importlib.import_module(module)
-    except ImportError as exc:
+        return int(real.func(real) or 0)
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] not in TRAIN_EXTRA:
+            raise
         print(f"eaglenest {name} needs the `train` extra: pip install 'EagleNest[train]' "
               f"({exc})", file=sys.stderr)
         return 2
-    parser = argparse.ArgumentParser(prog="eaglenest")
-    mod.register(parser.add_subparsers(dest="command", required=True))
-    real = parser.parse_args([name, *args.rest])
-    return int(real.func(real) or 0)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,12 +16,15 @@ from eaglenest.foundation.storage import (
     parse_uri,
     regular_files,
 )
+from eaglenest.workers.cli.datadir import add_data_dir_option, require_eaglenest, settings_for
 
 
 def _settings(args: argparse.Namespace) -> Settings:
-    settings = Settings()
-    if args.data_dir:
-        settings = settings.model_copy(update={"data_dir": Path(args.data_dir)})
+    """The local store must belong to an initialised EagleNest (else files would land where
+    no server reads them); an S3 store (EAGLENEST_S3_ENDPOINT_URL) needs nothing here."""
+    settings = settings_for(args)
+    if not settings.s3_endpoint_url:
+        require_eaglenest(settings, f"s3 {args.s3_command}")
     return settings
 
 
@@ -72,14 +75,20 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    s3 = sub.add_parser("s3", help="copy files into or out of the artifact store")
+    s3 = sub.add_parser("s3", help="copy files into or out of the artifact store",
+                        description="the artifact store the workers read: the data dir's "
+                                    "s3/ folder, or EAGLENEST_S3_ENDPOINT_URL when set")
     s3sub = s3.add_subparsers(dest="s3_command", required=True)
-    cp = s3sub.add_parser("cp", help="cp SRC DST (a file or a folder, recursively)")
-    cp.add_argument("src")
-    cp.add_argument("dst")
-    cp.add_argument("--data-dir", default=None)
+    cp = s3sub.add_parser("cp", help="cp SRC DST (a file or a folder, recursively)",
+                          description="copy a file or a folder (recursively) into the store "
+                                      "or out of it")
+    cp.add_argument("src", help="a local path, or an s3:// URI to download")
+    cp.add_argument("dst", help="an s3:// URI to upload to (ending in /: a prefix), or a "
+                                "local folder")
+    add_data_dir_option(cp)
     cp.set_defaults(func=cmd_cp)
-    ls = s3sub.add_parser("ls", help="list the keys under an s3:// prefix")
-    ls.add_argument("uri")
-    ls.add_argument("--data-dir", default=None)
+    ls = s3sub.add_parser("ls", help="list the keys under an s3:// prefix",
+                          description="list the keys under an s3:// prefix")
+    ls.add_argument("uri", help="s3://bucket/prefix")
+    add_data_dir_option(ls)
     ls.set_defaults(func=cmd_ls)

@@ -1,19 +1,22 @@
-"""`eaglenest status`: jobs, endpoints, workers and queues at a glance."""
+"""`eaglenest status`: jobs, endpoints, workers and queues at a glance; under each running
+job its stage and, while it trains, its progress (step/total, loss, accuracy, tokens/s,
+ETA), as its worker last recorded them.
+
+The database and broker clients are imported when the command runs, not when the `eaglenest`
+parser is built (`eaglenest <command> --help` stays quick)."""
 
 from __future__ import annotations
 
 import argparse
 import re
+import time
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import func, select
-
-from eaglenest.db.session import Database
-from eaglenest.db.tables import EndpointRow, OptimizationJobRow
-from eaglenest.foundation.queue import SERVE_QUEUE, TRAIN_QUEUE
 from eaglenest.foundation.settings import Settings
+from eaglenest.workers.cli.datadir import add_data_dir_option, require_eaglenest, settings_for
 from eaglenest.workers.infra.broker import embedded_url
+from eaglenest.workers.jobs.progress import describe, format_duration
 
 
 def _broker_url(settings: Settings) -> str | None:
@@ -31,9 +34,48 @@ def _when(t: float | None) -> str:
     return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M:%S") if t else "-"
 
 
-def _database(settings: Settings) -> list[str]:
+def _row_line(r: Any) -> str:
+    extra = f"  owner {r.owner}" if getattr(r, "owner", None) else ""
+    reason = f"  ({r.failure_reason[:80]})" if r.failure_reason else ""
+    return f"  {r.name:<40} {r.status:<14} {_when(r.last_modified_time)}{extra}{reason}"
+
+
+def progress_line(progress: dict[str, Any] | None, now: float) -> str | None:
+    """`    <stage>: <step, loss, ...>  (updated 8s ago)`, or None without a record."""
+    if not progress or not progress.get("stage"):
+        return None
+    figures = describe(progress)
+    ago = format_duration(now - float(progress.get("updated", now)))
+    return f"    {progress['stage']}{': ' + figures if figures else ''}  (updated {ago} ago)"
+
+
+def _rows(s: Any, table: Any) -> list[Any]:
+    """The ten last modified rows, and for jobs every running one besides."""
+    from sqlalchemy import select
+
+    from eaglenest.db.optimization_jobs_repo import ACTIVE
+    from eaglenest.db.tables import OptimizationJobRow
+
+    recent = list(s.scalars(select(table).order_by(table.last_modified_time.desc()).limit(10)))
+    if table is OptimizationJobRow:
+        names = {r.name for r in recent}
+        running = s.scalars(select(table).where(table.status.in_(ACTIVE))
+                            .order_by(table.last_modified_time.desc()))
+        recent += [r for r in running if r.name not in names]
+    return recent
+
+
+def _database(settings: Settings) -> tuple[list[str], bool]:
+    """The summary lines, and whether the database could be read."""
+    from sqlalchemy import func, select
+
+    from eaglenest.db.optimization_jobs_repo import ACTIVE
+    from eaglenest.db.session import Database
+    from eaglenest.db.tables import EndpointRow, OptimizationJobRow
+
     db = Database(settings.resolved_database_url())
     out: list[str] = []
+    ok = True
     try:
         with db.session() as s:
             tables: list[tuple[Any, str]] = [(OptimizationJobRow, "jobs"),
@@ -43,18 +85,17 @@ def _database(settings: Settings) -> list[str]:
                                         .group_by(table.status)).all())
                 summary = ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "none"
                 out.append(f"{label}: {summary}")
-                recent = s.scalars(select(table).order_by(table.last_modified_time.desc())
-                                   .limit(10))
-                for r in recent:
-                    extra = f"  owner {r.owner}" if getattr(r, "owner", None) else ""
-                    reason = f"  ({r.failure_reason[:80]})" if r.failure_reason else ""
-                    out.append(f"  {r.name:<40} {r.status:<14} {_when(r.last_modified_time)}"
-                               f"{extra}{reason}")
+                for r in _rows(s, table):
+                    out.append(_row_line(r))
+                    running = table is OptimizationJobRow and r.status in ACTIVE
+                    line = progress_line(r.progress, time.time()) if running else None
+                    out += [line] if line else []
     except Exception as exc:
         out.append(f"database: unreachable ({exc.__class__.__name__}: {exc})"[:200])
+        ok = False
     finally:
         db.dispose()
-    return out
+    return out, ok
 
 
 def _broker(settings: Settings) -> list[str]:
@@ -63,6 +104,8 @@ def _broker(settings: Settings) -> list[str]:
         return ["broker: not configured and no embedded broker running"]
     import redis
     from celery import Celery
+
+    from eaglenest.foundation.queue import SERVE_QUEUE, TRAIN_QUEUE
 
     try:
         r = redis.Redis.from_url(url, socket_timeout=2)
@@ -76,16 +119,17 @@ def _broker(settings: Settings) -> list[str]:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    settings = Settings()
-    if args.data_dir:
-        settings = settings.model_copy(update={"data_dir": Path(args.data_dir)})
-    print("\n".join(_database(settings) + _broker(settings)))
-    return 0
+    """1 when the database cannot be read (nothing is created to read it)."""
+    settings = settings_for(args)
+    require_eaglenest(settings, "status")
+    lines, ok = _database(settings)
+    print("\n".join([f"data dir: {settings.data_dir}", *lines, *_broker(settings)]))
+    return 0 if ok else 1
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser("status", help="jobs, endpoints, workers and queues at a glance")
-    p.add_argument("--data-dir", default=None)
+    p = sub.add_parser("status", help="jobs, endpoints, workers and queues at a glance",
+                       description="jobs (running ones with their stage and progress), "
+                                   "endpoints, workers and queues at a glance")
+    add_data_dir_option(p)
     p.set_defaults(func=cmd_status)

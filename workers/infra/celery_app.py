@@ -20,7 +20,12 @@ from eaglenest.foundation import children
 from eaglenest.foundation.queue import OPTIMIZE_TASK, SERVE_QUEUE, TRAIN_QUEUE, TaskQueue
 from eaglenest.foundation.settings import Settings
 from eaglenest.workers.infra.context import WorkerContext
-from eaglenest.workers.infra.logs import configure_logging, enter_context, leave_context
+from eaglenest.workers.infra.logs import (
+    configure_logging,
+    enter_context,
+    leave_context,
+    redirect_output,
+)
 from eaglenest.workers.infra.reconcile import reconcile, start_watchdog
 from eaglenest.workers.jobs import optimize
 from eaglenest.workers.serving import endpoints
@@ -102,10 +107,11 @@ def create_celery(settings: Settings, broker_url: str) -> tuple[Celery, WorkerCo
     def on_setup_logging(loglevel: Any = None, **_: Any) -> None:
         # A receiver here means Celery leaves logging to us: our format (text or JSON,
         # EAGLENEST_LOG_FORMAT) at the worker's --loglevel, Celery's own loggers included;
-        # print() output is still turned into log records, as Celery would.
+        # print() and tqdm output become INFO records (not Celery's WARNING
+        # celery.redirected lines): a progress bar is not a warning.
         configure_logging(settings.log_format, loglevel or "INFO")
         if app.conf.worker_redirect_stdouts:
-            app.log.redirect_stdouts(app.conf.worker_redirect_stdouts_level)
+            redirect_output()
 
     setup_logging.connect(on_setup_logging, weak=False, dispatch_uid="eaglenest-logging")
     task_prerun.connect(_task_started, weak=False, dispatch_uid="eaglenest-log-context")

@@ -7,14 +7,22 @@ record was logged inside `with log_context(job=name):` (or passed them with `ext
 task (workers/infra/celery_app.py, Celery's task_prerun / task_postrun), so every line a job or an
 endpoint task logs, Celery's own "succeeded" / "raised" lines included, says which job or
 endpoint it was about. Logs go to stderr; stdout is left to what commands print.
+
+In the worker, what is written to sys.stdout / sys.stderr (print(), tqdm bars such as
+transformers' "Loading weights") becomes INFO records of `eaglenest.stdout` /
+`eaglenest.stderr` (redirect_output), never Celery's WARNING `celery.redirected` lines.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import logging
+import re
 import sys
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar, Token
 from datetime import UTC, datetime
@@ -111,7 +119,8 @@ def configure_logging(fmt: LogFormat = "text", level: int | str = logging.INFO) 
     leaves exactly one handler.
     """
     stream = sys.stderr
-    if type(stream).__name__ == "LoggingProxy":  # Celery's print() redirection: no loops
+    # a redirection of stderr into logging (ours, or Celery's): the real stream, no loops
+    if isinstance(stream, LogStream) or type(stream).__name__ == "LoggingProxy":
         stream = sys.__stderr__ or stream
     handler = logging.StreamHandler(stream)
     handler.setFormatter(make_formatter(fmt))
@@ -122,3 +131,55 @@ def configure_logging(fmt: LogFormat = "text", level: int | str = logging.INFO) 
     root.setLevel(level)
     logging.captureWarnings(True)  # warnings.warn(...) as records, in the same format
     logging.getLogger("alembic").setLevel(logging.WARNING)
+
+
+class LogStream(io.TextIOBase):
+    """A text stream whose lines become records of `logger` at `level`.
+
+    Each thread has its own buffer (two jobs' output never mixes). A line ended by a newline
+    is logged; one ended by a carriage return is a progress bar being redrawn (tqdm): it is
+    logged only if `interval` seconds have passed since this thread's last record from this
+    stream, so a bar shows as a few lines, its final state (ended by tqdm's newline) always.
+    """
+
+    _SPLIT = re.compile(r"(\r\n|\n|\r)")
+
+    def __init__(self, logger: str, level: int = logging.INFO, interval: float = 10.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__()
+        self.logger, self.level = logging.getLogger(logger), level
+        self.interval, self.clock = interval, clock
+        self._local = threading.local()
+
+    def writable(self) -> bool:
+        return True
+
+    def isatty(self) -> bool:
+        return False
+
+    def write(self, data: str) -> int:
+        local = self._local
+        if getattr(local, "busy", False):  # a handler writing back to us: out, not around
+            real = sys.__stderr__
+            return real.write(data) if real is not None else len(data)
+        parts = self._SPLIT.split(getattr(local, "buffer", "") + data)
+        local.buffer = parts[-1]
+        for text, end in zip(parts[0:-1:2], parts[1:-1:2], strict=True):
+            self._line(text.strip(), redraw=end == "\r")
+        return len(data)
+
+    def _line(self, text: str, redraw: bool) -> None:
+        local, now = self._local, self.clock()
+        if not text or (redraw and now - getattr(local, "last", -1e18) < self.interval):
+            return
+        local.last, local.busy = now, True
+        try:
+            self.logger.log(self.level, text)
+        finally:
+            local.busy = False
+
+
+def redirect_output(level: int = logging.INFO) -> None:
+    """sys.stdout and sys.stderr into logging (`eaglenest.stdout` / `eaglenest.stderr`)."""
+    sys.stdout = LogStream("eaglenest.stdout", level)
+    sys.stderr = LogStream("eaglenest.stderr", level)

@@ -1,4 +1,5 @@
-"""The benchmark stage: baseline (target alone) vs speculative, same load, same backend."""
+"""The benchmark stage: baseline (target alone) vs speculative at each K, same load, same
+backend, and the speculation schedule derived from it (workers/serving/schedule.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ from typing import Any
 
 from eaglenest.foundation.instance_auth import new_secret
 from eaglenest.foundation.processes import free_port
+from eaglenest.models.decode.modes import DecodeMode
 from eaglenest.workers.jobs.loadgen import BenchConfig, LevelResult, run, to_json, to_markdown
 from eaglenest.workers.serving.process import ServerProcess, ServerSpec
+from eaglenest.workers.serving.schedule import FILE_NAME, MARGIN, Schedule, derive
 
 log = logging.getLogger("eaglenest.optimize")
 
@@ -26,19 +29,28 @@ class BenchPlan:
     concurrency: tuple[int, ...]
     max_tokens: int
     num_speculative_tokens: int
-    mode: str = "chain"
+    mode: str = DecodeMode.CHAIN
     startup_timeout: float = 900.0
     #: children registry (foundation/children.py) and the job the servers belong to
     registry: Path | None = None
     resource: str = ""
+    ks: tuple[int, ...] = ()  # the K values measured; () = (num_speculative_tokens,)
+    schedule_dir: Path | None = None  # where speculation_schedule.json goes (None: out)
+
+    @property
+    def measured_ks(self) -> tuple[int, ...]:
+        return self.ks or (self.num_speculative_tokens,)
 
 
-def _serve_and_measure(plan: BenchPlan, head: Path | None, log_path: Path,
+def row_name(k: int) -> str:
+    return f"eagle K={k}"
+
+
+def _serve_and_measure(plan: BenchPlan, head: Path | None, k: int, log_path: Path,
                        should_stop: Any) -> list[LevelResult]:
     spec = ServerSpec(model_dir=plan.model_dir, served_name="bench", port=free_port(),
                       backend=plan.backend, head_dir=head, mode=plan.mode,
-                      num_speculative_tokens=plan.num_speculative_tokens,
-                      secret=new_secret())
+                      num_speculative_tokens=k, secret=new_secret())
     server = ServerProcess(spec, log_path, plan.registry, plan.resource, "benchmark-server")
     server.start(plan.startup_timeout)
     try:
@@ -55,44 +67,113 @@ def _serve_and_measure(plan: BenchPlan, head: Path | None, log_path: Path,
         server.stop()
 
 
+def _rates(levels: list[LevelResult]) -> dict[int, float]:
+    return {r.concurrency: r.output_throughput for r in levels}
+
+
 def run_benchmark(plan: BenchPlan, out: Path, should_stop: Any) -> dict[str, Any]:
-    rows = {
-        "baseline": _serve_and_measure(plan, None, out / "logs" / "baseline-server.log",
-                                       should_stop),
-        "eagle": _serve_and_measure(plan, plan.head_dir, out / "logs" / "eagle-server.log",
-                                    should_stop),
-    }
+    """Measure every row, derive the schedule, write benchmark.json/.md/.png into ``out`` and
+    speculation_schedule.json into ``plan.schedule_dir``. Returns the report."""
+    logs = out / "logs"
+    rows = {"baseline": _serve_and_measure(plan, None, plan.num_speculative_tokens,
+                                           logs / "baseline-server.log", should_stop)}
+    for k in plan.measured_ks:
+        rows[row_name(k)] = _serve_and_measure(plan, plan.head_dir, k,
+                                               logs / f"eagle-k{k}-server.log", should_stop)
+    schedule, chosen = derive(_rates(rows["baseline"]),
+                              {k: _rates(rows[row_name(k)]) for k in plan.measured_ks})
+    measured = {"concurrency": list(plan.concurrency), "ks": list(plan.measured_ks),
+                "margin": MARGIN, "chosen": {str(c): k for c, k in chosen.items()},
+                "output_throughput": {name: {str(c): v for c, v in _rates(levels).items()}
+                                      for name, levels in rows.items()}}
+    doc = {"thresholds": schedule.to_list(), "backend": plan.backend, "mode": plan.mode,
+           "measured": measured}
+    (plan.schedule_dir or out).mkdir(parents=True, exist_ok=True)
+    ((plan.schedule_dir or out) / FILE_NAME).write_text(json.dumps(doc, indent=1))
+    log.info("speculation schedule %s (K per concurrency %s)", schedule.to_env(), chosen)
     report = to_json(rows, backend=plan.backend, prompts=len(plan.prompts),
                      max_tokens=plan.max_tokens,
                      num_speculative_tokens=plan.num_speculative_tokens)
-    report["speedup"] = {
-        str(b.concurrency): e.output_throughput / b.output_throughput
-        for b, e in zip(rows["baseline"], rows["eagle"], strict=False)
-        if b.output_throughput > 0
-    }
+    report["schedule"] = doc
+    report["speedup_by_k"] = {str(k): _speedup(rows["baseline"], rows[row_name(k)])
+                              for k in plan.measured_ks}
+    main_k = (plan.num_speculative_tokens if plan.num_speculative_tokens in plan.measured_ks
+              else max(plan.measured_ks))
+    report["speedup"] = report["speedup_by_k"][str(main_k)]
     (out / "benchmark.json").write_text(json.dumps(report, indent=1))
-    md = f"Serving backend: **{plan.backend}**; K = {plan.num_speculative_tokens}; "
-    md += f"{len(plan.prompts)} held-out prompts; {plan.max_tokens} tokens each.\n\n"
-    (out / "benchmark.md").write_text(md + to_markdown(rows))
-    plot(rows, out / "benchmark.png")
+    (out / "benchmark.md").write_text(markdown(plan, rows, schedule, chosen))
+    plot(rows, chosen, out / "benchmark.png")
     return report
 
 
-def plot(rows: dict[str, list[LevelResult]], path: Path) -> None:
+def _speedup(base: list[LevelResult], eagle: list[LevelResult]) -> dict[str, float]:
+    return {str(b.concurrency): e.output_throughput / b.output_throughput
+            for b, e in zip(base, eagle, strict=False) if b.output_throughput > 0}
+
+
+def describe(schedule: Schedule) -> str:
+    """Example: [[1, 5], [4, 3], [16, 0]] -> "K=5 at 1 running, K=3 at 2-4, off from 5"."""
+    if len(schedule.thresholds) == 1:
+        k = schedule.thresholds[0][1]
+        return f"{f'K={k}' if k else 'off'} at every load"
+    parts, start = [], 1
+    for i, (max_running, k) in enumerate(schedule.thresholds):
+        what = f"K={k}" if k else "off"
+        last = i == len(schedule.thresholds) - 1
+        span = (f"from {start}" if last else
+                f"at {start}" if start == max_running else f"at {start}-{max_running}")
+        parts.append(f"{what} {span}" + (" running" if i == 0 else ""))
+        start = max_running + 1
+    return ", ".join(parts)
+
+
+def markdown(plan: BenchPlan, rows: dict[str, list[LevelResult]], schedule: Schedule,
+             chosen: dict[int, int]) -> str:
+    ks = ", ".join(str(k) for k in plan.measured_ks)
+    md = (f"Serving backend: **{plan.backend}**; K measured: {ks}; {len(plan.prompts)} "
+          f"held-out prompts; {plan.max_tokens} tokens each.\n\n"
+          f"Speculation schedule: **{describe(schedule)}** (`{schedule.to_env()}`: the K with "
+          f"the highest output tok/s at each concurrency, chosen only when it beats the "
+          f"baseline by more than {MARGIN:.0%}).\n\n")
+    head = "| concurrency | baseline tok/s | " + " | ".join(
+        f"K={k} tok/s" for k in plan.measured_ks) + " | chosen |"
+    lines = [head, "|" + "---|" * (len(plan.measured_ks) + 3)]
+    rates = {name: _rates(levels) for name, levels in rows.items()}
+    for c, k in chosen.items():
+        cells = [f"{rates['baseline'].get(c, 0):.1f}"]
+        for kk in plan.measured_ks:
+            v = f"{rates[row_name(kk)].get(c, 0):.1f}"
+            cells.append(f"**{v}**" if kk == k else v)
+        lines.append(f"| {c} | " + " | ".join(cells) + f" | {'K=' + str(k) if k else 'off'} |")
+    return md + "\n".join(lines) + "\n\n" + to_markdown(rows)
+
+
+def plot(rows: dict[str, list[LevelResult]], chosen: dict[int, int], path: Path) -> None:
+    """Output tok/s and TPOT per concurrency, one curve per K; the schedule's choice at each
+    level is circled on the throughput panel."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     for name, levels in rows.items():
         xs = [r.concurrency for r in levels]
         a.plot(xs, [r.output_throughput for r in levels], marker="o", label=name)
         b.plot(xs, [r.tpot_ms_p50 for r in levels], marker="o", label=name)
+    rates = {name: _rates(levels) for name, levels in rows.items()}
+    picked = [(c, rates["baseline" if k == 0 else row_name(k)].get(c)) for c, k in chosen.items()]
+    picked = [(c, v) for c, v in picked if v is not None]
+    a.plot([c for c, _ in picked], [v for _, v in picked], color="black", linewidth=2.5,
+           alpha=0.35, marker="o", markersize=14, markerfacecolor="none",
+           label="schedule")
     a.set(xlabel="concurrency", ylabel="output tokens/s", title="Throughput")
     b.set(xlabel="concurrency", ylabel="TPOT p50 (ms)", title="Latency")
+    ticks = sorted(chosen)
     for ax in (a, b):
-        ax.legend()
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(ticks, [str(c) for c in ticks])
+        ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=100)

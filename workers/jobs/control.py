@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from typing import Any
 
 from eaglenest.db import optimization_jobs_repo as jobs
 from eaglenest.workers.infra.context import WorkerContext
@@ -59,6 +60,16 @@ class JobControl:
             self.reason = self.reason or "stopped"
         if self.deadline is not None and time.time() > self.deadline:
             self.reason = self.reason or "max-runtime"
+
+    def report(self, progress: dict[str, Any]) -> None:
+        """Record what the job is doing (its stage; training step, loss, ETA) for `eaglenest
+        status`. A database blip loses one report, never the job."""
+        try:
+            with self.ctx.db.session() as s:
+                jobs.record_progress(s, self.name, self.ctx.owner, progress)
+        except Exception as exc:
+            log.warning("progress of %s not recorded: %s", self.name, exc,
+                        extra={"job": self.name})
 
     def should_stop(self) -> bool:
         if self.deadline is not None and time.time() > self.deadline:

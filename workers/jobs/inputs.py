@@ -15,8 +15,10 @@ import tarfile
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from eaglenest.foundation.shapes import AwsShape
+from eaglenest.foundation.shapes.models import ContainerDefinition, CreateModelInput
+from eaglenest.foundation.shapes.optimization_jobs import CreateOptimizationJobRequest
 from eaglenest.foundation.storage import ArtifactStore, StorageError, download_prefix, read_manifest
 
 EAGLE_CHANNEL = "eagle_model"
@@ -34,35 +36,50 @@ class JobSources:
     data_type: str  # S3Prefix | ManifestFile | builtin
 
 
-def _container_uri(container: dict[str, Any]) -> tuple[str | None, str | None]:
-    src = (container.get("ModelDataSource") or {}).get("S3DataSource") or {}
-    model_uri = src.get("S3Uri") or container.get("ModelDataUrl")
+def _given(shape: AwsShape | None) -> bool:
+    """A member the request set with at least one member of its own (``{}`` is absent)."""
+    return shape is not None and bool(shape.model_fields_set)
+
+
+def model_container(model: CreateModelInput) -> ContainerDefinition:
+    """The container a model serves from: PrimaryContainer, else the first of Containers."""
+    if model.PrimaryContainer is not None and _given(model.PrimaryContainer):
+        return model.PrimaryContainer
+    return (model.Containers or [ContainerDefinition()])[0]
+
+
+def container_uris(container: ContainerDefinition) -> tuple[str | None, str | None]:
+    """(model artifacts URI, head URI of the ``eagle_model`` channel) of a container."""
+    src = container.ModelDataSource.S3DataSource if container.ModelDataSource else None
+    model_uri = (src.S3Uri if src else None) or container.ModelDataUrl
     head_uri = None
-    for extra in container.get("AdditionalModelDataSources") or []:
-        if extra.get("ChannelName") == EAGLE_CHANNEL:
-            head_uri = extra["S3DataSource"]["S3Uri"]
+    for extra in container.AdditionalModelDataSources or []:
+        if extra.ChannelName == EAGLE_CHANNEL:
+            head_uri = extra.S3DataSource.S3Uri
     return model_uri, head_uri
 
 
-def resolve_sources(spec: dict[str, Any], model_spec: dict[str, Any] | None) -> JobSources:
-    source = spec["ModelSource"]
+def resolve_sources(job: CreateOptimizationJobRequest,
+                    model: CreateModelInput | None) -> JobSources:
+    source = job.ModelSource
     head_uri = None
-    if source.get("S3"):
-        model_uri = source["S3"]["S3Uri"]
+    if source.S3 is not None and _given(source.S3):
+        if not source.S3.S3Uri:
+            raise InputError("ModelSource.S3 has no S3Uri")
+        model_uri = source.S3.S3Uri
     else:
-        if model_spec is None:
-            name = source["SageMakerModel"]["ModelName"]
+        if model is None:
+            name = source.SageMakerModel.ModelName if source.SageMakerModel else None
             raise InputError(f"ModelSource.SageMakerModel: model {name} no longer exists")
-        container = model_spec.get("PrimaryContainer") or (model_spec.get("Containers") or [{}])[0]
-        found, head_uri = _container_uri(container)
+        found, head_uri = container_uris(model_container(model))
         if not found:
             raise InputError("ModelSource.SageMakerModel: the model's container has neither "
                              "ModelDataSource.S3DataSource.S3Uri nor ModelDataUrl")
         model_uri = found
-    cfg = spec["OptimizationConfigs"][0]["ModelSpeculativeDecodingConfig"]
-    data = cfg.get("TrainingDataSource")
+    cfg = job.OptimizationConfigs[0].ModelSpeculativeDecodingConfig
+    data = cfg.TrainingDataSource if cfg else None
     if data:
-        return JobSources(model_uri, head_uri, data["S3Uri"], data.get("S3DataType", "S3Prefix"))
+        return JobSources(model_uri, head_uri, data.S3Uri, data.S3DataType or "S3Prefix")
     return JobSources(model_uri, head_uri, None, "builtin")
 
 

@@ -27,6 +27,7 @@ class RequestResult:
     e2e: float
     output_tokens: int
     itl: list[float] = field(default_factory=list)
+    text: str = ""
 
     @property
     def tpot(self) -> float:
@@ -50,6 +51,8 @@ class LevelResult:
     acceptance_length: float | None
     drafts: float
     accepted: float
+    ttft_ms_p99: float = 0.0
+    tpot_ms_p99: float = 0.0
 
 
 @dataclass
@@ -82,6 +85,7 @@ async def _one(client: httpx.AsyncClient, cfg: BenchConfig, prompt: str) -> Requ
     last = start
     itl: list[float] = []
     tokens = 0
+    text: list[str] = []
     async with client.stream("POST", f"{cfg.base_url}/v1/completions", json=body) as resp:
         if resp.status_code != 200:
             raise RuntimeError(f"HTTP {resp.status_code}: {(await resp.aread())[:300]!r}")
@@ -91,7 +95,9 @@ async def _one(client: httpx.AsyncClient, cfg: BenchConfig, prompt: str) -> Requ
             chunk = json.loads(line[6:])
             if chunk.get("usage"):
                 tokens = chunk["usage"]["completion_tokens"]
-            if any(c.get("text") for c in chunk.get("choices", [])):
+            pieces = [c.get("text") or "" for c in chunk.get("choices", [])]
+            if any(pieces):
+                text += pieces
                 now = time.perf_counter()
                 if first is None:
                     first = now
@@ -100,7 +106,7 @@ async def _one(client: httpx.AsyncClient, cfg: BenchConfig, prompt: str) -> Requ
                 last = now
     end = time.perf_counter()
     return RequestResult(ttft=(first or end) - start, e2e=end - start, output_tokens=tokens,
-                         itl=itl)
+                         itl=itl, text="".join(text))
 
 
 async def _spec(client: httpx.AsyncClient, base_url: str) -> dict[str, float]:
@@ -112,6 +118,12 @@ async def _spec(client: httpx.AsyncClient, base_url: str) -> dict[str, float]:
 
 
 async def run_level(client: httpx.AsyncClient, cfg: BenchConfig, concurrency: int) -> LevelResult:
+    return (await run_level_texts(client, cfg, concurrency))[0]
+
+
+async def run_level_texts(client: httpx.AsyncClient, cfg: BenchConfig, concurrency: int,
+                          ) -> tuple[LevelResult, list[str]]:
+    """The level's figures and every request's text (in prompt order, prompts cycled)."""
     n = cfg.requests_per_level or max(len(cfg.prompts), 2 * concurrency)
     prompts = [cfg.prompts[i % len(cfg.prompts)] for i in range(n)]
     sem = asyncio.Semaphore(concurrency)
@@ -125,7 +137,7 @@ async def run_level(client: httpx.AsyncClient, cfg: BenchConfig, concurrency: in
     results = await asyncio.gather(*(bounded(p) for p in prompts))
     duration = time.perf_counter() - t0
     after = await _spec(client, cfg.base_url)
-    return summarise(concurrency, results, duration, before, after)
+    return summarise(concurrency, results, duration, before, after), [r.text for r in results]
 
 
 def summarise(concurrency: int, results: list[RequestResult], duration: float,
@@ -147,6 +159,8 @@ def summarise(concurrency: int, results: list[RequestResult], duration: float,
         output_tokens=tokens,
         acceptance_length=(1 + accepted / drafts) if drafts > 0 else None,
         drafts=drafts, accepted=accepted,
+        ttft_ms_p99=1000 * _pct([r.ttft for r in results], 0.99),
+        tpot_ms_p99=1000 * _pct([r.tpot for r in results], 0.99),
     )
 
 

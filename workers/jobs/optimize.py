@@ -13,12 +13,12 @@ never fails a finished job: the job completes, the model is not registered (logg
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import shutil
 from typing import Any
 
 from celery import Celery
+from sqlalchemy.orm import Session
 
 from eaglenest.db import models_repo
 from eaglenest.db import optimization_jobs_repo as jobs
@@ -27,12 +27,27 @@ from eaglenest.db.tables import ModelRow
 from eaglenest.foundation.accounts import Account
 from eaglenest.foundation.errors import ValidationException
 from eaglenest.foundation.queue import OPTIMIZE_TASK, TRAIN_QUEUE
+from eaglenest.foundation.shapes import StoredShapeError, rebuild, to_wire
+from eaglenest.foundation.shapes.models import (
+    AdditionalModelDataSource,
+    ContainerDefinition,
+    CreateModelInput,
+    ModelDataSource,
+    S3ModelDataSource,
+)
+from eaglenest.foundation.shapes.optimization_jobs import CreateOptimizationJobRequest
 from eaglenest.foundation.storage import StorageError, make_store
 from eaglenest.workers.infra.context import WorkerContext
 from eaglenest.workers.jobs.control import JobControl, JobStopped
-from eaglenest.workers.jobs.inputs import EAGLE_CHANNEL, InputError, resolve_sources
+from eaglenest.workers.jobs.inputs import (
+    EAGLE_CHANNEL,
+    InputError,
+    model_container,
+    resolve_sources,
+)
 from eaglenest.workers.jobs.options import OptionError, parse_options
 from eaglenest.workers.serving.process import ServingError
+from eaglenest.workers.serving.schedule import ENV_NAME as SCHEDULE_ENV
 
 log = logging.getLogger("eaglenest.optimize")
 
@@ -55,16 +70,20 @@ def run_job(ctx: WorkerContext, job_name: str) -> str:
         row = jobs.claim(s, job_name, ctx.owner)
         if row is None:
             return "not-claimed"
-        spec, started = dict(row.spec), row.start_time or 0.0
-        model = None
-        if (spec["ModelSource"].get("SageMakerModel") or {}).get("ModelName"):
-            m = find(s, ModelRow, spec["ModelSource"]["SageMakerModel"]["ModelName"])
-            model = dict(m.spec) if m else None
+        started = row.start_time or 0.0
+        try:
+            job, model = _requests(s, row.spec)
+        except StoredShapeError as exc:
+            broken: str | None = f"Internal error: {exc}"
+        else:
+            broken = None
+    if broken is not None:
+        return _fail(ctx, job_name, broken)
     log.info("job %s claimed by worker %s", job_name, ctx.owner)
-    max_runtime = spec["StoppingCondition"].get("MaxRuntimeInSeconds")
+    max_runtime = job.StoppingCondition.MaxRuntimeInSeconds
     try:
         with JobControl(ctx, job_name, max_runtime, started) as control:
-            output, output_model = _execute(ctx, job_name, spec, model, control)
+            output, output_model = _execute(ctx, job_name, job, model, control)
     except JobStopped as stop:
         return _stopped(ctx, job_name, stop.reason, max_runtime)
     except _user_errors() as exc:
@@ -96,47 +115,69 @@ def _complete(ctx: WorkerContext, name: str, output: dict[str, Any],
     return True
 
 
-def _execute(ctx: WorkerContext, name: str, spec: dict[str, Any], model: dict[str, Any] | None,
-             control: JobControl) -> tuple[dict[str, Any], dict[str, Any] | None]:
+def _requests(s: Session, stored: dict[str, Any]
+              ) -> tuple[CreateOptimizationJobRequest, CreateModelInput | None]:
+    """The job's request and its source model's (ModelSource.SageMakerModel), rebuilt."""
+    job = rebuild(CreateOptimizationJobRequest, stored)
+    source = job.ModelSource.SageMakerModel
+    if not (source and source.ModelName):
+        return job, None
+    row = find(s, ModelRow, source.ModelName)
+    return job, rebuild(CreateModelInput, row.spec) if row else None
+
+
+def _execute(ctx: WorkerContext, name: str, job: CreateOptimizationJobRequest,
+             model: CreateModelInput | None, control: JobControl
+             ) -> tuple[dict[str, Any], dict[str, Any] | None]:
     try:
         from eaglenest.workers.jobs.pipeline import Pipeline
     except ImportError as exc:
         raise InputError(f"this worker cannot train: install the `train` extra ({exc})") from exc
-    options = parse_options(spec.get("OptimizationEnvironment"))
+    options = parse_options(job.OptimizationEnvironment)
     if options.train_processes is None:
-        options = dataclasses.replace(options, train_processes=ctx.settings.train_processes)
-    sources = resolve_sources(spec, model)
+        options = options.model_copy(update={"train_processes": ctx.settings.train_processes})
+    sources = resolve_sources(job, model)
     work = ctx.settings.data_dir / "jobs" / name
-    pipeline = Pipeline(name, spec, options, sources, make_store(ctx.settings), work, control,
+    pipeline = Pipeline(name, job, options, sources, make_store(ctx.settings), work, control,
                         ctx.children_dir)
     result = pipeline.run()
-    output_model = (spec["OutputConfig"].get("SageMakerModel") or {}).get("ModelName")
     output = {"OptimizationOutput": {"RecommendedInferenceImage": "vllm"},
               "ArtifactUri": result.output_uri, "HeadUri": result.head_uri, "Head": result.head,
               "Train": result.train, "Benchmark": result.benchmark}
-    return output, (_output_model(output_model, spec, model, result.head_uri)
-                    if output_model else None)
+    target = job.OutputConfig.SageMakerModel
+    if not (target and target.ModelName):
+        return output, None
+    return output, to_wire(_output_model(target.ModelName, job, model, sources.model_uri,
+                                         result.head_uri, result.schedule))
 
 
-def _output_model(name: str, spec: dict[str, Any], source: dict[str, Any] | None,
-                  head_uri: str) -> dict[str, Any]:
-    """The CreateModel request of the output model: the source model's container plus the
-    head as AdditionalModelDataSources channel `eagle_model` (what SageMaker's optimized
-    model looks like)."""
+def _output_model(name: str, job: CreateOptimizationJobRequest, source: CreateModelInput | None,
+                  model_uri: str, head_uri: str, schedule: str | None) -> CreateModelInput:
+    """The CreateModel request of the output model: the source model's container (or, for
+    ModelSource.S3, a vllm container of ``model_uri``) plus the head as
+    AdditionalModelDataSources channel `eagle_model` (what SageMaker's optimized model looks
+    like) and, when the job benchmarked, the speculation schedule in its Environment.
+    Registered by _complete, in the transaction that completes the job."""
     if source:
-        container = dict(source.get("PrimaryContainer") or source["Containers"][0])
-        role = source.get("ExecutionRoleArn", spec["RoleArn"])
+        container = model_container(source)
+        role = source.ExecutionRoleArn or job.RoleArn
     else:
-        container = {"Image": "vllm", "ModelDataSource": {"S3DataSource": {
-            "S3Uri": spec["ModelSource"]["S3"]["S3Uri"], "S3DataType": "S3Prefix",
-            "CompressionType": "None"}}}
-        role = spec["RoleArn"]
-    extras = [e for e in container.get("AdditionalModelDataSources") or []
-              if e.get("ChannelName") != EAGLE_CHANNEL]
-    extras.append({"ChannelName": EAGLE_CHANNEL, "S3DataSource": {
-        "S3Uri": head_uri, "S3DataType": "S3Prefix", "CompressionType": "None"}})
-    container["AdditionalModelDataSources"] = extras
-    return {"ModelName": name, "ExecutionRoleArn": role, "PrimaryContainer": container}
+        container = ContainerDefinition(Image="vllm", ModelDataSource=ModelDataSource(
+            S3DataSource=_s3_prefix(model_uri)))
+        role = job.RoleArn
+    extras = [e for e in container.AdditionalModelDataSources or []
+              if e.ChannelName != EAGLE_CHANNEL]
+    extras.append(AdditionalModelDataSource(ChannelName=EAGLE_CHANNEL,
+                                            S3DataSource=_s3_prefix(head_uri)))
+    update: dict[str, Any] = {"AdditionalModelDataSources": extras}
+    if schedule is not None:
+        update["Environment"] = {**(container.Environment or {}), SCHEDULE_ENV: schedule}
+    container = container.model_copy(update=update)
+    return CreateModelInput(ModelName=name, ExecutionRoleArn=role, PrimaryContainer=container)
+
+
+def _s3_prefix(uri: str) -> S3ModelDataSource:
+    return S3ModelDataSource(S3Uri=uri, S3DataType="S3Prefix", CompressionType="None")
 
 
 def _fail(ctx: WorkerContext, name: str, reason: str) -> str:

@@ -1,66 +1,40 @@
 """Optimization-job knobs from `OptimizationEnvironment` (documented in README.md).
 
 SageMaker passes job options as environment variables; EagleNest reads these (all
-optional). A bad value fails the job at once with a reason naming the variable.
+optional). ``JobOptions`` is a pydantic model whose aliases are the variable names; each
+field's parser takes the variable's string and raises ``OptionError`` naming the variable,
+which is the job's FailureReason as it stands. Unknown variables are ignored.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable
+from typing import Annotated, Any
 
-HEADS = ("eagle", "eagle3", "peagle")
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    model_validator,
+)
+
+from eaglenest.models.heads.registry import HEADS as HEAD_SPECS
+from eaglenest.models.heads.registry import KINDS as HEADS
+
 BACKENDS = ("vllm", "embedded")
+DEVICES = ("cpu", "cuda")
 
 
 class OptionError(ValueError):
     pass
 
 
-@dataclass(frozen=True)
-class JobOptions:
-    head: str | None = None  # EAGLENEST_HEAD: eagle | eagle3 | peagle (default by architecture)
-    max_steps: int = 200  # EAGLENEST_MAX_STEPS
-    batch_size: int = 2  # EAGLENEST_BATCH_SIZE
-    lr: float = 3e-4  # EAGLENEST_LEARNING_RATE
-    seed: int = 0  # EAGLENEST_SEED
-    max_length: int = 1024  # EAGLENEST_MAX_LENGTH (tokens per sample)
-    draft_vocab_size: int = 8192  # EAGLENEST_DRAFT_VOCAB_SIZE (EAGLE-3 / P-EAGLE)
-    num_layers: int = 1  # EAGLENEST_NUM_LAYERS: draft decoder layers (EAGLE-3 / P-EAGLE)
-    checkpoint_every: int = 50  # EAGLENEST_CHECKPOINT_EVERY
-    dataset: str | None = None  # EAGLENEST_DATASET: built-in name(s), comma-separated
-    regenerate: bool = False  # EAGLENEST_REGENERATE: 1 = target rewrites assistant turns
-    holdout: int = 8  # EAGLENEST_HOLDOUT: samples kept out of training for the benchmark
-    benchmark: bool = True  # EAGLENEST_BENCHMARK: 0 skips the benchmark stage
-    concurrency: tuple[int, ...] = (1, 2, 4, 8)  # EAGLENEST_BENCH_CONCURRENCY
-    bench_max_tokens: int = 64  # EAGLENEST_BENCH_MAX_TOKENS
-    num_speculative_tokens: int = 5  # EAGLENEST_NUM_SPECULATIVE_TOKENS (K)
-    backend: str | None = None  # EAGLENEST_SERVING_BACKEND: vllm | embedded
-    device: str | None = None  # EAGLENEST_DEVICE: cpu | cuda (default: cuda if available)
-    #: EAGLENEST_TRAIN_PROCESSES: data-parallel training processes (torchrun DDP, one per
-    #: GPU); None: the worker's EAGLENEST_TRAIN_PROCESSES setting (default 1, in-process)
-    train_processes: int | None = None
-
-
-_INTS = {
-    "EAGLENEST_MAX_STEPS": ("max_steps", 1, 10_000_000),
-    "EAGLENEST_BATCH_SIZE": ("batch_size", 1, 4096),
-    "EAGLENEST_SEED": ("seed", 0, 2**31 - 1),
-    "EAGLENEST_MAX_LENGTH": ("max_length", 16, 1_000_000),
-    "EAGLENEST_DRAFT_VOCAB_SIZE": ("draft_vocab_size", 16, 1_000_000),
-    "EAGLENEST_NUM_LAYERS": ("num_layers", 1, 16),
-    "EAGLENEST_CHECKPOINT_EVERY": ("checkpoint_every", 0, 10_000_000),
-    "EAGLENEST_HOLDOUT": ("holdout", 1, 10_000),
-    "EAGLENEST_BENCH_MAX_TOKENS": ("bench_max_tokens", 1, 100_000),
-    "EAGLENEST_NUM_SPECULATIVE_TOKENS": ("num_speculative_tokens", 1, 64),
-    "EAGLENEST_TRAIN_PROCESSES": ("train_processes", 1, 64),
-}
-_CHOICES = {
-    "EAGLENEST_HEAD": ("head", HEADS),
-    "EAGLENEST_SERVING_BACKEND": ("backend", BACKENDS),
-    "EAGLENEST_DEVICE": ("device", ("cpu", "cuda")),
-}
-_FLAGS = {"EAGLENEST_REGENERATE": "regenerate", "EAGLENEST_BENCHMARK": "benchmark"}
+def _variable(info: ValidationInfo) -> str:
+    field = JobOptions.model_fields[str(info.field_name)]
+    return str(field.alias)
 
 
 def _int(name: str, raw: str, lo: int, hi: int) -> int:
@@ -73,40 +47,128 @@ def _int(name: str, raw: str, lo: int, hi: int) -> int:
     return value
 
 
+def _parser(parse: Callable[[str, str], Any]) -> BeforeValidator:
+    """Parse a variable's string with ``parse(name, raw)``; other values (a field set by
+    name, e.g. by ``model_copy``) pass as they are."""
+
+    def run(value: Any, info: ValidationInfo) -> Any:
+        return parse(_variable(info), value) if isinstance(value, str) else value
+
+    return BeforeValidator(run)
+
+
+def _between(lo: int, hi: int) -> BeforeValidator:
+    return _parser(lambda name, raw: _int(name, raw, lo, hi))
+
+
+def _one_of(allowed: tuple[str, ...]) -> BeforeValidator:
+    def parse(name: str, raw: str) -> str:
+        if raw not in allowed:
+            raise OptionError(f"{name}={raw!r} must be one of {', '.join(allowed)}")
+        return raw
+
+    return _parser(parse)
+
+
+def _flag(name: str, raw: str) -> bool:
+    if raw not in ("0", "1", "true", "false"):
+        raise OptionError(f"{name}={raw!r} must be 0 or 1")
+    return raw in ("1", "true")
+
+
+def _number(name: str, raw: str) -> float:
+    try:
+        return float(raw)
+    except ValueError:
+        raise OptionError(f"{name}={raw!r} is not a number") from None
+
+
+def _levels(name: str, raw: str) -> tuple[int, ...]:
+    levels = [_int(name, p.strip(), 1, 1024) for p in raw.split(",") if p.strip()]
+    if not levels:
+        raise OptionError(f"{name} must list concurrency levels, e.g. 1,2,4,8")
+    return tuple(levels)
+
+
+def _ks(name: str, raw: str) -> tuple[int, ...]:
+    ks = {_int(name, p.strip(), 1, 64) for p in raw.split(",") if p.strip()}
+    if not ks:
+        raise OptionError(f"{name} must list K values, e.g. 1,3,5")
+    return tuple(sorted(ks))
+
+
+class JobOptions(BaseModel):
+    model_config = ConfigDict(frozen=True, populate_by_name=True, extra="ignore")
+
+    #: a registry kind (models/heads/registry.py); None: the architecture's default
+    head: Annotated[str | None, _one_of(HEADS), Field(alias="EAGLENEST_HEAD")] = None
+    max_steps: Annotated[int, _between(1, 10_000_000), Field(alias="EAGLENEST_MAX_STEPS")] = 200
+    batch_size: Annotated[int, _between(1, 4096), Field(alias="EAGLENEST_BATCH_SIZE")] = 2
+    lr: Annotated[float, _parser(_number), Field(alias="EAGLENEST_LEARNING_RATE")] = 3e-4
+    seed: Annotated[int, _between(0, 2**31 - 1), Field(alias="EAGLENEST_SEED")] = 0
+    #: tokens per sample
+    max_length: Annotated[int, _between(16, 1_000_000), Field(alias="EAGLENEST_MAX_LENGTH")] = 1024
+    #: EAGLE-3 / P-EAGLE draft vocabulary
+    draft_vocab_size: Annotated[int, _between(16, 1_000_000),
+                                Field(alias="EAGLENEST_DRAFT_VOCAB_SIZE")] = 8192
+    #: draft decoder layers (kinds with HeadSpec.multi_layer)
+    num_layers: Annotated[int, _between(1, 16), Field(alias="EAGLENEST_NUM_LAYERS")] = 1
+    checkpoint_every: Annotated[int, _between(0, 10_000_000),
+                                Field(alias="EAGLENEST_CHECKPOINT_EVERY")] = 50
+    #: steps between progress lines (log, status, training_log.jsonl published to the output
+    #: prefix)
+    progress_every: Annotated[int, _between(1, 10_000_000),
+                              Field(alias="EAGLENEST_PROGRESS_EVERY")] = 10
+    #: built-in dataset name(s), comma-separated
+    dataset: Annotated[str | None, Field(alias="EAGLENEST_DATASET")] = None
+    #: 1 = the target rewrites the assistant turns before training
+    regenerate: Annotated[bool, _parser(_flag), Field(alias="EAGLENEST_REGENERATE")] = False
+    #: samples kept out of training for the benchmark
+    holdout: Annotated[int, _between(1, 10_000), Field(alias="EAGLENEST_HOLDOUT")] = 8
+    #: 0 skips the benchmark stage
+    benchmark: Annotated[bool, _parser(_flag), Field(alias="EAGLENEST_BENCHMARK")] = True
+    concurrency: Annotated[tuple[int, ...], _parser(_levels),
+                           Field(alias="EAGLENEST_BENCH_CONCURRENCY")] = (1, 2, 4, 8, 16)
+    #: the K values the benchmark measures (and the schedule picks from); None: 1, 3, 5 up to
+    #: num_speculative_tokens, plus num_speculative_tokens
+    bench_ks: Annotated[tuple[int, ...] | None, _parser(_ks),
+                        Field(alias="EAGLENEST_BENCH_KS")] = None
+    bench_max_tokens: Annotated[int, _between(1, 100_000),
+                                Field(alias="EAGLENEST_BENCH_MAX_TOKENS")] = 64
+    #: K
+    num_speculative_tokens: Annotated[int, _between(1, 64),
+                                      Field(alias="EAGLENEST_NUM_SPECULATIVE_TOKENS")] = 5
+    backend: Annotated[str | None, _one_of(BACKENDS),
+                       Field(alias="EAGLENEST_SERVING_BACKEND")] = None
+    #: None: cuda if available
+    device: Annotated[str | None, _one_of(DEVICES), Field(alias="EAGLENEST_DEVICE")] = None
+    #: data-parallel training processes (torchrun DDP, one per GPU); None: the worker's
+    #: EAGLENEST_TRAIN_PROCESSES setting (default 1, in-process)
+    train_processes: Annotated[int | None, _between(1, 64),
+                               Field(alias="EAGLENEST_TRAIN_PROCESSES")] = None
+
+    def measured_ks(self) -> tuple[int, ...]:
+        if self.bench_ks:
+            return self.bench_ks
+        k = self.num_speculative_tokens
+        return tuple(sorted({x for x in (1, 3, 5) if x <= k} | {k}))
+
+    @model_validator(mode="after")
+    def _together(self) -> JobOptions:
+        """Constraints between variables (each one alone is already valid)."""
+        if self.num_layers != 1 and self.head and not HEAD_SPECS[self.head].multi_layer:
+            raise OptionError(f"EAGLENEST_NUM_LAYERS={self.num_layers} needs an EAGLE-3 or "
+                              f"P-EAGLE head; EAGLE-2 heads (EAGLENEST_HEAD={self.head}) have "
+                              "one layer")
+        return self
+
+
 def parse_options(env: dict[str, str] | None) -> JobOptions:
-    env = env or {}
-    kw: dict[str, Any] = {}
-    for name, raw in env.items():
-        if name in _INTS:
-            field, lo, hi = _INTS[name]
-            kw[field] = _int(name, raw, lo, hi)
-        elif name in _CHOICES:
-            field, allowed = _CHOICES[name]
-            if raw not in allowed:
-                raise OptionError(f"{name}={raw!r} must be one of {', '.join(allowed)}")
-            kw[field] = raw
-        elif name in _FLAGS:
-            if raw not in ("0", "1", "true", "false"):
-                raise OptionError(f"{name}={raw!r} must be 0 or 1")
-            kw[_FLAGS[name]] = raw in ("1", "true")
-        elif name == "EAGLENEST_LEARNING_RATE":
-            try:
-                kw["lr"] = float(raw)
-            except ValueError:
-                raise OptionError(f"{name}={raw!r} is not a number") from None
-        elif name == "EAGLENEST_DATASET":
-            kw["dataset"] = raw
-        elif name == "EAGLENEST_BENCH_CONCURRENCY":
-            levels = [_int(name, p.strip(), 1, 1024) for p in raw.split(",") if p.strip()]
-            if not levels:
-                raise OptionError(f"{name} must list concurrency levels, e.g. 1,2,4,8")
-            kw["concurrency"] = tuple(levels)
-    _check_together(kw)
-    return JobOptions(**kw)
-
-
-def _check_together(kw: dict[str, Any]) -> None:
-    """Constraints between variables (each one alone is already valid)."""
-    if kw.get("num_layers", 1) != 1 and kw.get("head") == "eagle":
-        raise OptionError(f"EAGLENEST_NUM_LAYERS={kw['num_layers']} needs an EAGLE-3 or P-EAGLE "
-                          "head; EAGLE-2 heads (EAGLENEST_HEAD=eagle) have one layer")
+    """The job's options; the first bad variable raises OptionError with its message."""
+    try:
+        return JobOptions.model_validate(env or {})
+    except ValidationError as exc:
+        cause = exc.errors()[0].get("ctx", {}).get("error")
+        if isinstance(cause, OptionError):
+            raise cause from None
+        raise OptionError(str(exc)) from None

@@ -10,17 +10,23 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from eaglenest.foundation.shapes.optimization_jobs import CreateOptimizationJobRequest
 from eaglenest.foundation.storage import ArtifactStore, StorageError, publish_dir
+from eaglenest.foundation.threads import SHARING_ENV, Registry, apply_torch, plan_threads
+from eaglenest.models.heads.registry import HEADS
 from eaglenest.workers.infra.checkpoint_sync import CheckpointSync
 from eaglenest.workers.jobs.bench_stage import BenchPlan, run_benchmark
 from eaglenest.workers.jobs.control import JobControl
 from eaglenest.workers.jobs.inputs import InputError, JobSources, fetch_data, fetch_tree
 from eaglenest.workers.jobs.options import JobOptions
+from eaglenest.workers.jobs.progress import LOG_NAME, TrainingProgress
 from eaglenest.workers.serving.process import default_backend
+from eaglenest.workers.serving.schedule import schedule_from
 
 log = logging.getLogger("eaglenest.optimize")
 HEAD_FILES = ("config.json", "model.safetensors", "provenance.json")
@@ -33,6 +39,8 @@ class PipelineResult:
     head_uri: str
     train: dict[str, Any]
     benchmark: dict[str, Any] | None = None
+    #: the derived speculation schedule as its Environment value (None: no benchmark)
+    schedule: str | None = None
     stages: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -53,7 +61,7 @@ def _prompt_text(example: Any, tokenizer: Any) -> str:
 @dataclass
 class Pipeline:
     name: str
-    spec: dict[str, Any]
+    spec: CreateOptimizationJobRequest
     options: JobOptions
     sources: JobSources
     store: ArtifactStore
@@ -65,6 +73,7 @@ class Pipeline:
     def stage(self, label: str) -> None:
         self.control.check()
         log.info("job %s: %s", self.name, label)
+        self.control.report({"stage": label, "updated": time.time()})
 
     def load_examples(self, data_files: list[Path]) -> list[Any]:
         from eaglenest.models.data import builtin_path, load_examples
@@ -97,10 +106,11 @@ class Pipeline:
         check_model_files(model_dir)
         _, support = read_architecture(model_dir)
         head_kind = self.options.head or support.head
-        if head_kind != "eagle" and support.head == "eagle":
+        spec, listed = HEADS[head_kind], HEADS[support.head]
+        if spec.uses_aux and not listed.uses_aux:
             raise InputError(f"{support.architecture} supports only EAGLE-2 heads "
-                             f"(EAGLENEST_HEAD=eagle), not {head_kind}")
-        if head_kind == "eagle" and self.options.num_layers != 1:
+                             f"(EAGLENEST_HEAD={listed.kind}), not {head_kind}")
+        if not spec.multi_layer and self.options.num_layers != 1:
             raise InputError(f"EAGLENEST_NUM_LAYERS={self.options.num_layers}: EAGLE-2 heads "
                              f"(the {support.architecture} default) have one layer")
         self.stage("load data")
@@ -136,7 +146,8 @@ class Pipeline:
             examples = regenerate(examples, target, seed=self.options.seed,
                                   progress=self._regenerated)
         samples = encode_examples(examples, target.tokenizer, self.options.max_length)
-        self.stage(f"train {head} head on {len(samples)} samples")
+        label = f"train {head} head on {len(samples)} samples"
+        self.stage(label)
         out_dir = self.work / "train"
         sync = self.checkpoints()
         try:
@@ -150,29 +161,41 @@ class Pipeline:
             num_layers=self.options.num_layers, checkpoint_every=self.options.checkpoint_every,
             resume=latest_checkpoint(out_dir) is not None,
             init_head=str(init_head) if init_head else None,
-            checkpoint_format="speculators" if head == "peagle" else "native",
+            checkpoint_format=HEADS[head].job_format,
             speculative_tokens=self.options.num_speculative_tokens, progress=False,
             should_stop=self.control.should_stop, on_checkpoint=sync.upload,
         )
+        progress = TrainingProgress(
+            self.name, label, config.max_steps, self.options.progress_every, self.store,
+            self.output_base + LOG_NAME, self.work / "out" / LOG_NAME, self.control.report)
+        config.on_step = progress.row
         procs = self.options.train_processes or 1
+        registry = Registry()
+        threads = plan_threads(registry.running() + procs)  # each rank: one share
+        log.info("job %s: %s per training process", self.name, threads.describe())
         if procs > 1:
-            summary = self._train_processes(config, target, samples, procs)
+            summary = self._train_processes(config, target, samples, procs, progress,
+                                            threads.sharing)
         else:
-            result = train(config, TrainData(target, samples, source=self._data_label()),
-                           self._device())
+            apply_torch(threads)
+            with registry.entry("training", threads, key=self.name):
+                result = train(config, TrainData(target, samples, source=self._data_label()),
+                               self._device())
             summary = {"steps": result.steps, "loss": result.loss,
                        "step_accuracy": result.step_accuracy,
                        "tokens_per_second": result.tokens_per_second,
                        "seconds": result.seconds, "history": result.history}
+        summary["threads"] = threads.to_dict()
         self.control.check()  # a stop during the last steps ends the job here
+        progress.finish()
         (self.work / "out").mkdir(parents=True, exist_ok=True)
-        with open(self.work / "out" / "training_log.jsonl", "w") as fh:
+        with open(self.work / "out" / LOG_NAME, "w") as fh:
             for row in summary.pop("history"):
                 fh.write(json.dumps(row) + "\n")
         return summary
 
-    def _train_processes(self, config: Any, target: Any, samples: list[Any],
-                         procs: int) -> dict[str, Any]:
+    def _train_processes(self, config: Any, target: Any, samples: list[Any], procs: int,
+                         progress: TrainingProgress, sharing: int) -> dict[str, Any]:
         """Train in ``procs`` data-parallel processes (workers/jobs/train_launch.py)."""
         from eaglenest.workers.jobs.train_launch import launch, write_run
 
@@ -182,13 +205,14 @@ class Pipeline:
         run = write_run(self.work / "ddp", config, Path(target.folder), self._device(),
                         self._data_label(), samples)
         summary = launch(run, procs, self.control.should_stop, config.on_checkpoint,
-                         self.registry, f"job:{self.name}")
+                         self.registry, f"job:{self.name}", on_row=progress.row,
+                         env={SHARING_ENV: str(sharing)})
         summary["processes"] = procs
         return summary
 
     @property
     def output_base(self) -> str:
-        return self.spec["OutputConfig"]["S3OutputLocation"].rstrip("/") + f"/{self.name}/"
+        return self.spec.OutputConfig.S3OutputLocation.rstrip("/") + f"/{self.name}/"
 
     def checkpoints(self) -> CheckpointSync:
         """Checkpoints mirrored under the output location, for resume on another host."""
@@ -212,8 +236,9 @@ class Pipeline:
             plan = BenchPlan(model_dir, head_dir, prompts, self.options.backend or
                              default_backend(), self.options.concurrency,
                              self.options.bench_max_tokens, self.options.num_speculative_tokens,
-                             mode="parallel" if head == "peagle" else "chain",
-                             registry=self.registry, resource=f"job:{self.name}")
+                             mode=HEADS[head].default_mode,
+                             registry=self.registry, resource=f"job:{self.name}",
+                             ks=self.options.measured_ks(), schedule_dir=head_dir)
             bench = run_benchmark(plan, out, self.control.should_stop)
         self.stage("upload outputs")
         (out / "provenance.json").write_text(json.dumps(
@@ -222,5 +247,8 @@ class Pipeline:
         base = self.output_base
         publish_dir(self.store, out, base)
         self.checkpoints().clear()
+        schedule = None
+        if bench is not None:
+            schedule = schedule_from(bench["schedule"], "benchmark").to_env()
         return PipelineResult(head=head, output_uri=base, head_uri=base + "eagle_model/",
-                              train=train, benchmark=bench)
+                              train=train, benchmark=bench, schedule=schedule)

@@ -19,6 +19,8 @@ session or store:
   (the ranks agree on stopping), rank 0 saves a resumable checkpoint and all exit;
 - checkpoints: rank 0 writes them as usual under ``<work>/train/checkpoints``; the parent
   sees the ``latest`` pointer move and mirrors that folder to the store (CheckpointSync);
+- progress: rank 0 appends each step's history row to ``progress.jsonl``; the parent reads
+  the new lines as they come and hands each row to ``on_row`` (the job's progress);
 - result: rank 0 writes ``result.json`` (steps, loss, accuracy, history); a rank that fails
   makes torchrun exit non-zero and the job fails with the tail of the ranks' log;
 - one run at a time: torchrun's record is ``launcher.json``; a launch (a resumed job) first
@@ -40,10 +42,12 @@ from typing import Any
 
 from eaglenest.foundation import children
 from eaglenest.foundation.environment import child_environment
+from eaglenest.foundation.threads import Registry, apply_torch, plan_threads, sharing_from_env
 
 POLL_SECONDS = 0.5
 LOG_TAIL = 2000
 LAUNCHER = "launcher.json"
+PROGRESS_FILE = "progress.jsonl"
 #: the folder holding the eaglenest package: the ranks' `-m` finds it from there
 _ROOT = Path(__file__).parents[3]
 
@@ -63,17 +67,42 @@ def write_run(run_dir: Path, config: Any, target_dir: Path, device: str, source:
         [{"input_ids": s.input_ids, "loss_mask": s.loss_mask} for s in samples]))
     run = {"config": fields, "target": str(target_dir), "device": device, "source": source}
     (run_dir / "run.json").write_text(json.dumps(run))
-    (run_dir / "stop").unlink(missing_ok=True)
-    (run_dir / "result.json").unlink(missing_ok=True)
+    for name in ("stop", "result.json", PROGRESS_FILE):
+        (run_dir / name).unlink(missing_ok=True)
     return run_dir / "run.json"
+
+
+class RowReader:
+    """The complete lines appended to a JSONL file since the last read (a partial last line
+    waits for its newline)."""
+
+    def __init__(self, path: Path, on_row: Callable[[dict[str, Any]], None] | None) -> None:
+        self.path, self.on_row, self.offset = path, on_row, 0
+
+    def read(self) -> None:
+        if self.on_row is None or not self.path.exists():
+            return
+        with open(self.path, "rb") as fh:
+            fh.seek(self.offset)
+            data = fh.read()
+        end = data.rfind(b"\n") + 1
+        self.offset += end
+        for line in data[:end].splitlines():
+            if line.strip():
+                self.on_row(json.loads(line))
 
 
 def launch(run_file: Path, nproc: int, should_stop: Callable[[], bool],
            on_checkpoint: Callable[[Path], None] | None, registry: Path | None = None,
-           resource: str = "") -> dict[str, Any]:
+           resource: str = "",
+           on_row: Callable[[dict[str, Any]], None] | None = None,
+           env: dict[str, str] | None = None) -> dict[str, Any]:
     """Run the ranks to the end; the result rank 0 wrote. Raises LaunchError on failure.
-    `registry`/`resource`: where torchrun is recorded for reaping, and for what."""
+    `registry`/`resource`: where torchrun is recorded for reaping, and for what; `on_row`
+    gets each training history row as rank 0 writes it; `env` is added to the ranks'
+    environment (their thread share)."""
     run_dir = run_file.parent
+    rows = RowReader(run_dir / PROGRESS_FILE, on_row)
     ckpts = Path(json.loads(run_file.read_text())["config"]["out_dir"]) / "checkpoints"
     from eaglenest.models.distributed import torchrun_argv
 
@@ -82,8 +111,8 @@ def launch(run_file: Path, nproc: int, should_stop: Callable[[], bool],
     with open(run_dir / "ranks.log", "wb") as log:
         # a confined environment (foundation/environment.py): nothing of the worker's
         proc, record = children.spawn(cmd, role="torchrun", resource=resource,
-                                      registry=registry, stdout=log, stderr=subprocess.STDOUT,
-                                      env=child_environment(), cwd=_ROOT)
+                                      registry=registry, env=child_environment(None, **(env or {})),
+                                      stdout=log, stderr=subprocess.STDOUT, cwd=_ROOT)
         (run_dir / LAUNCHER).write_text(json.dumps(record.to_dict()))
         seen = _pointer(ckpts)
         try:
@@ -92,6 +121,7 @@ def launch(run_file: Path, nproc: int, should_stop: Callable[[], bool],
                 if should_stop():
                     (run_dir / "stop").touch()
                 seen = _mirror(ckpts, seen, on_checkpoint)
+                rows.read()
         except BaseException:
             children.stop(record, timeout=0, proc=proc)
             raise
@@ -100,6 +130,7 @@ def launch(run_file: Path, nproc: int, should_stop: Callable[[], bool],
             children.forget(registry, record)
             (run_dir / LAUNCHER).unlink(missing_ok=True)
     _mirror(ckpts, seen, on_checkpoint)
+    rows.read()
     result = run_dir / "result.json"
     if proc.returncode != 0 or not result.is_file():
         raise LaunchError(f"{nproc} training processes exited with status "
@@ -165,12 +196,21 @@ def rank_main(run_file: Path) -> int:
     run_dir = run_file.parent
     run = json.loads(run_file.read_text())
     stop_file = run_dir / "stop"
-    config = TrainConfig(**run["config"], should_stop=stop_file.exists)
+    progress = run_dir / PROGRESS_FILE
+
+    def append_row(row: dict[str, Any]) -> None:  # rank 0 only (train() calls it there)
+        with open(progress, "a") as fh:
+            fh.write(json.dumps(row) + "\n")
+
+    config = TrainConfig(**run["config"], should_stop=stop_file.exists, on_step=append_row)
     samples = [Sample(**s) for s in json.loads((run_dir / "samples.json").read_text())]
     device = distributed.local_device(run["device"])
+    threads = plan_threads(sharing_from_env())
+    apply_torch(threads)
     try:
-        target = load_target(run["target"], device=device)
-        result = train(config, TrainData(target, samples, source=run["source"]), device)
+        with Registry().entry("training", threads):
+            target = load_target(run["target"], device=device)
+            result = train(config, TrainData(target, samples, source=run["source"]), device)
     finally:
         distributed.shutdown()
     if int(os.environ.get("RANK", "0")) == 0:

@@ -4,7 +4,10 @@ InitialInstanceCount processes (one port each) over one fetched copy of the mode
 Per-variant options come from the model container's `Environment` (documented in README):
 EAGLENEST_SERVING_BACKEND (vllm | embedded; default vllm when installed),
 EAGLENEST_NUM_SPECULATIVE_TOKENS (default: the K the head was trained/benchmarked with, else
-5), EAGLENEST_DECODE_MODE (embedded: chain | tree | parallel), EAGLENEST_ADAPTIVE (embedded:
+5), EAGLENEST_SPECULATION_SCHEDULE (K per load; default: the channel's
+speculation_schedule.json unless EAGLENEST_NUM_SPECULATIVE_TOKENS is set; ``none``: a fixed K),
+EAGLENEST_EXPECTED_CONCURRENCY (vLLM without dynamic speculation: the load whose K is used,
+default 1), EAGLENEST_DECODE_MODE (embedded: chain | tree | parallel), EAGLENEST_ADAPTIVE (embedded:
 1 = K / tree depth chosen online), EAGLENEST_MAX_MODEL_LEN, EAGLENEST_DTYPE. The head comes
 from the container's `eagle_model` channel.
 """
@@ -17,7 +20,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy.orm import Session
 
@@ -26,8 +29,13 @@ from eaglenest.db.tables import EndpointConfigRow, ModelRow
 from eaglenest.foundation import children, environment, instance_auth
 from eaglenest.foundation.deployment import instances_of
 from eaglenest.foundation.processes import free_port
+from eaglenest.foundation.shapes import AwsShape, StoredShapeError, rebuild
+from eaglenest.foundation.shapes.endpoint_configs import CreateEndpointConfigInput
+from eaglenest.foundation.shapes.models import CreateModelInput
 from eaglenest.foundation.storage import ArtifactStore
-from eaglenest.workers.jobs.inputs import InputError, _container_uri, fetch_tree
+from eaglenest.foundation.threads import SHARING_ENV, Registry
+from eaglenest.models.decode.modes import SPECULATIVE_MODES, DecodeMode
+from eaglenest.workers.jobs.inputs import InputError, container_uris, fetch_tree, model_container
 from eaglenest.workers.serving.process import (
     EMBEDDED,
     VLLM,
@@ -35,9 +43,17 @@ from eaglenest.workers.serving.process import (
     ServerSpec,
     default_backend,
 )
+from eaglenest.workers.serving.schedule import ENV_NAME as SCHEDULE_ENV
+from eaglenest.workers.serving.schedule import (
+    Schedule,
+    ScheduleError,
+    parse_schedule,
+    read_schedule,
+)
 
 DEFAULT_HEALTH_TIMEOUT = 900
 log = logging.getLogger("eaglenest.endpoints")
+Shape = TypeVar("Shape", bound=AwsShape)
 
 
 class DeployError(Exception):
@@ -61,26 +77,32 @@ def plan_variants(session: Session, config_name: str) -> list[VariantPlan]:
     if config is None:
         raise DeployError(f"Endpoint configuration {config_name} no longer exists.")
     plans = []
-    for v in config.spec["ProductionVariants"]:
-        model = find(session, ModelRow, v["ModelName"])
-        if model is None:
-            raise DeployError(f"Model {v['ModelName']} of variant {v['VariantName']} "
-                              "no longer exists.")
-        container = model.spec.get("PrimaryContainer") or (model.spec.get("Containers")
-                                                           or [{}])[0]
-        model_uri, head_uri = _container_uri(container)
+    for v in _rebuild(CreateEndpointConfigInput, config.spec).ProductionVariants:
+        name = str(v.ModelName)  # endpoint_configs_repo refuses a variant without one
+        row = find(session, ModelRow, name)
+        if row is None:
+            raise DeployError(f"Model {name} of variant {v.VariantName} no longer exists.")
+        container = model_container(_rebuild(CreateModelInput, row.spec))
+        model_uri, head_uri = container_uris(container)
         if not model_uri:
-            raise DeployError(f"Model {v['ModelName']} has no ModelDataSource or ModelDataUrl.")
+            raise DeployError(f"Model {name} has no ModelDataSource or ModelDataUrl.")
+        timeout = v.ContainerStartupHealthCheckTimeoutInSeconds
         plans.append(VariantPlan(
-            variant=v["VariantName"], model_name=v["ModelName"],
-            weight=float(v.get("InitialVariantWeight", 1.0)),
-            instance_count=int(v.get("InitialInstanceCount", 1)),
-            health_timeout=int(v.get("ContainerStartupHealthCheckTimeoutInSeconds",
-                                     DEFAULT_HEALTH_TIMEOUT)),
+            variant=v.VariantName, model_name=name,
+            weight=float(1.0 if v.InitialVariantWeight is None else v.InitialVariantWeight),
+            instance_count=int(1 if v.InitialInstanceCount is None else v.InitialInstanceCount),
+            health_timeout=int(DEFAULT_HEALTH_TIMEOUT if timeout is None else timeout),
             model_uri=model_uri, head_uri=head_uri,
-            env=dict(container.get("Environment") or {}),
+            env=dict(container.Environment or {}),
         ))
     return plans
+
+
+def _rebuild(shape: type[Shape], stored: dict[str, Any]) -> Shape:
+    try:
+        return rebuild(shape, stored)
+    except StoredShapeError as exc:
+        raise DeployError(str(exc)) from None
 
 
 def _speculative_tokens(plan: VariantPlan, head_dir: Path | None) -> int:
@@ -103,9 +125,10 @@ def _spec(plan: VariantPlan, model_dir: Path, head_dir: Path | None, served: str
     if backend == VLLM and default_backend() != VLLM:
         raise DeployError("EAGLENEST_SERVING_BACKEND=vllm but vLLM is not installed on the "
                           "worker (pip install 'EagleNest[vllm]')")
-    mode = plan.env.get("EAGLENEST_DECODE_MODE", "chain")
-    if mode not in ("chain", "tree", "parallel"):
-        raise DeployError(f"EAGLENEST_DECODE_MODE={mode!r} must be chain, tree or parallel")
+    mode = plan.env.get("EAGLENEST_DECODE_MODE", DecodeMode.CHAIN.value)
+    if mode not in SPECULATIVE_MODES:
+        *first, last = SPECULATIVE_MODES
+        raise DeployError(f"EAGLENEST_DECODE_MODE={mode!r} must be {', '.join(first)} or {last}")
     adaptive = plan.env.get("EAGLENEST_ADAPTIVE", "0")
     if adaptive not in ("0", "1"):
         raise DeployError(f"EAGLENEST_ADAPTIVE={adaptive!r} must be 0 or 1")
@@ -126,7 +149,30 @@ def _spec(plan: VariantPlan, model_dir: Path, head_dir: Path | None, served: str
                       dtype=plan.env.get("EAGLENEST_DTYPE")
                       or plan.env.get("OPTION_DTYPE", "float32"),
                       max_model_len=int(max_len), secret=instance_auth.new_secret(),
+                      schedule=_schedule(plan, head_dir) if head_dir else None,
+                      expected_load=_expected_load(plan),
                       extra_env=dict(plan.env))  # as SageMaker sets a container's Environment
+
+
+def _schedule(plan: VariantPlan, head_dir: Path) -> Schedule | None:
+    """EAGLENEST_SPECULATION_SCHEDULE (``none``: a fixed K), else a fixed K when
+    EAGLENEST_NUM_SPECULATIVE_TOKENS is set, else the channel's speculation_schedule.json."""
+    raw = plan.env.get(SCHEDULE_ENV)
+    try:
+        if raw is not None:
+            return None if raw.strip().lower() == "none" else parse_schedule(raw)
+        if plan.env.get("EAGLENEST_NUM_SPECULATIVE_TOKENS"):
+            return None
+        return read_schedule(head_dir)
+    except ScheduleError as exc:
+        raise DeployError(str(exc)) from exc
+
+
+def _expected_load(plan: VariantPlan) -> int:
+    raw = plan.env.get("EAGLENEST_EXPECTED_CONCURRENCY", "1")
+    if not raw.isdigit() or not 1 <= int(raw) <= 4096:
+        raise DeployError(f"EAGLENEST_EXPECTED_CONCURRENCY={raw!r} must be 1..4096")
+    return int(raw)
 
 
 def start_variant(store: ArtifactStore, workdir: Path, endpoint: str, plan: VariantPlan,
@@ -149,7 +195,8 @@ def start_variant(store: ArtifactStore, workdir: Path, endpoint: str, plan: Vari
                                       registry)
     return {**started[0], "served_name": endpoint, "backend": specs[0].backend,
             "weight": plan.weight, "dir": str(base), "speculative": head_dir is not None,
-            "k": specs[0].num_speculative_tokens, "instances": started}
+            "k": specs[0].num_speculative_tokens, "instances": started,
+            "schedule": specs[0].schedule.to_list() if specs[0].schedule else None}
 
 
 def _start_instances(plan: VariantPlan, base: Path, model_dir: Path, head_dir: Path | None,
@@ -158,8 +205,10 @@ def _start_instances(plan: VariantPlan, base: Path, model_dir: Path, head_dir: P
     """Launch one server per index (log `server-<i>.log`), then wait for all of them under
     one deadline; if any fails, stop every one of them and raise."""
     specs: list[ServerSpec] = []
+    sharing = Registry().running() + len(indexes)  # these start together: one share each
     for _ in indexes:
         spec = _spec(plan, model_dir, head_dir, served=endpoint)
+        spec.extra_env.setdefault(SHARING_ENV, str(sharing))
         while spec.port in {s.port for s in specs}:  # free_port() may hand out one twice
             spec.port = free_port()
         if advertise_host != "127.0.0.1":

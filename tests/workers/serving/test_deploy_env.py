@@ -49,3 +49,80 @@ def test_adaptive_needs_the_embedded_backend(monkeypatch: pytest.MonkeyPatch) ->
                                           "EAGLENEST_SERVING_BACKEND=embedded"):
         _spec(plan(EAGLENEST_ADAPTIVE="1", EAGLENEST_SERVING_BACKEND="vllm"), Path("/m"),
               Path("/h"), "ep")
+
+
+def _head(tmp_path: Path, schedule: str | None = None) -> Path:
+    head = tmp_path / "head"
+    head.mkdir(parents=True, exist_ok=True)
+    (head / "config.json").write_text('{"architectures": ["Eagle3Speculator"]}')
+    if schedule is not None:
+        (head / "speculation_schedule.json").write_text(
+            '{"thresholds": ' + schedule + ', "measured": {}}')
+    return head
+
+
+def _arg(cmd: list[str], flag: str) -> str | None:
+    return cmd[cmd.index(flag) + 1] if flag in cmd else None
+
+
+def test_the_channel_schedule_reaches_the_embedded_server(tmp_path: Path) -> None:
+    head = _head(tmp_path, "[[1, 5], [4, 3], [16, 0]]")
+    cmd = _spec(plan(), Path("/m"), head, "ep").command()
+    assert _arg(cmd, "--speculation-schedule") == "[[1,5],[4,3],[16,0]]"
+    assert _arg(cmd, "--num-speculative-tokens") == "5"  # the schedule's largest K
+    # the Environment entry wins over the file; "none" or an explicit K means a fixed K
+    cmd = _spec(plan(EAGLENEST_SPECULATION_SCHEDULE="[[2,3],[8,1]]"), Path("/m"), head,
+                "ep").command()
+    assert _arg(cmd, "--speculation-schedule") == "[[2,3],[8,1]]"
+    for env in ({"EAGLENEST_SPECULATION_SCHEDULE": "none"},
+                {"EAGLENEST_NUM_SPECULATIVE_TOKENS": "4"}):
+        cmd = _spec(plan(**env), Path("/m"), head, "ep").command()
+        assert _arg(cmd, "--speculation-schedule") is None and _arg(cmd, "--head") == str(head)
+    # a schedule that is off at every load serves the target alone
+    cmd = _spec(plan(), Path("/m"), _head(tmp_path / "off", "[[16, 0]]"), "ep").command()
+    assert "--head" not in cmd and "--speculation-schedule" not in cmd
+
+
+def test_bad_schedules_fail_the_endpoint_naming_the_source(tmp_path: Path) -> None:
+    with pytest.raises(DeployError) as exc:
+        _spec(plan(EAGLENEST_SPECULATION_SCHEDULE="[[4,3],[2,1]]"), Path("/m"),
+              _head(tmp_path), "ep")
+    assert str(exc.value) == ("EAGLENEST_SPECULATION_SCHEDULE: max_running must increase from "
+                              "entry to entry (4 then 2)")
+    with pytest.raises(DeployError) as exc:
+        _spec(plan(), Path("/m"), _head(tmp_path / "bad", "[[1, -1]]"), "ep")
+    assert str(exc.value) == ("speculation_schedule.json: [1, -1] needs max_running >= 1 and "
+                              "0 <= K <= 64")
+    with pytest.raises(DeployError) as exc:
+        _spec(plan(EAGLENEST_EXPECTED_CONCURRENCY="0"), Path("/m"), _head(tmp_path), "ep")
+    assert str(exc.value) == "EAGLENEST_EXPECTED_CONCURRENCY='0' must be 1..4096"
+
+
+def test_vllm_gets_the_schedule_as_its_dynamic_speculation(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    import eaglenest.workers.serving.deploy as deploy
+    import eaglenest.workers.serving.process as process
+
+    monkeypatch.setattr(deploy, "default_backend", lambda: "vllm")
+    monkeypatch.setattr(process, "_cuda", lambda: False)
+    head = _head(tmp_path, "[[1, 5], [4, 3], [16, 0]]")
+    vllm_plan = plan(EAGLENEST_SERVING_BACKEND="vllm")
+    monkeypatch.setattr(process, "vllm_dynamic_speculation", lambda: True)
+    config = json.loads(_arg(_spec(vllm_plan, Path("/m"), head, "ep").command(),
+                             "--speculative-config") or "{}")
+    assert config == {"method": "eagle3", "model": str(head), "num_speculative_tokens": 5,
+                      "num_speculative_tokens_per_batch_size": [[1, 1, 5], [2, 4, 3],
+                                                                [5, 4096, 0]]}
+    # a vLLM without dynamic speculation: the schedule's K at the expected load, fixed
+    monkeypatch.setattr(process, "vllm_dynamic_speculation", lambda: False)
+    for load, k in (("1", 5), ("3", 3)):
+        cmd = _spec(plan(EAGLENEST_SERVING_BACKEND="vllm", EAGLENEST_EXPECTED_CONCURRENCY=load),
+                    Path("/m"), head, "ep").command()
+        config = json.loads(_arg(cmd, "--speculative-config") or "{}")
+        assert config["num_speculative_tokens"] == k
+        assert "num_speculative_tokens_per_batch_size" not in config
+    cmd = _spec(plan(EAGLENEST_SERVING_BACKEND="vllm", EAGLENEST_EXPECTED_CONCURRENCY="8"),
+                Path("/m"), head, "ep").command()
+    assert "--speculative-config" not in cmd  # off at that load: the target alone

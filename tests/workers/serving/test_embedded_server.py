@@ -11,9 +11,15 @@ import httpx
 import pytest
 
 from eaglenest.foundation.processes import free_port
+from eaglenest.foundation.threads import plan_threads
 from eaglenest.workers.jobs.loadgen import BenchConfig, run
-from eaglenest.workers.serving.embedded.metrics import parse_spec_counters
+from eaglenest.workers.serving.embedded.metrics import (
+    parse_rounds_by_k,
+    parse_spec_counters,
+    parse_torch_threads,
+)
 from eaglenest.workers.serving.process import EMBEDDED, ServerProcess, ServerSpec
+from eaglenest.workers.serving.schedule import Schedule
 
 PROMPTS = ["Natalia sold 48 clips", "def add(a, b):", "The quick brown fox"]
 LENGTHS = [24, 5, 17, 9, 30, 2]  # different lengths: requests leave the batch at different steps
@@ -188,5 +194,44 @@ def test_adaptive_server_is_lossless_alone_and_batched(servers, tmp_path, tiny_l
 
         assert asyncio.run(together()) == want
         assert parse_spec_counters(httpx.get(f"{url}/metrics").text)["drafts"] > 0
+    finally:
+        proc.stop()
+
+
+def test_scheduled_server_switches_k_with_the_running_requests(servers, tmp_path,
+                                                                tiny_llama_dir, tiny_eagle3_dir):
+    """A schedule [[1, 3], [64, 0]]: K=3 while one request runs, plain steps from two on,
+    counted per K on /metrics; greedy text equals the plain server's either way."""
+    spec = ServerSpec(model_dir=tiny_llama_dir, served_name="tiny", port=free_port(),
+                      backend=EMBEDDED, head_dir=tiny_eagle3_dir, num_speculative_tokens=3,
+                      max_model_len=256, schedule=Schedule(((1, 3), (64, 0))),
+                      extra_env={"EAGLENEST_COMPUTE_SHARING": "2"})
+    proc = ServerProcess(spec, tmp_path / "scheduled.log")
+    proc.start(health_timeout=120)
+    try:
+        url = proc.base_url
+        # started as one of two compute processes: half the usable CPUs, on /metrics
+        want_threads = plan_threads(2).threads
+        assert proc.threads is not None and proc.threads.threads == want_threads
+        assert parse_torch_threads(httpx.get(f"{url}/metrics").text) == want_threads
+        jobs = list(zip(PROMPTS * 2, LENGTHS, strict=True))
+        want = [complete(servers["base"], p, max_tokens=n)["choices"][0]["text"] for p, n in jobs]
+        alone = [complete(url, p, max_tokens=n)["choices"][0]["text"] for p, n in jobs]
+        assert alone == want
+        rounds = parse_rounds_by_k(httpx.get(f"{url}/metrics").text)
+        assert rounds.get(3, 0) > 0 and rounds.get(0, 0) == 0, rounds
+        assert parse_spec_counters(httpx.get(f"{url}/metrics").text)["drafts"] > 0
+
+        async def together() -> list[str]:
+            async with httpx.AsyncClient(timeout=120) as client:
+                replies = await asyncio.gather(*[client.post(f"{url}/v1/completions", json={
+                    "model": "tiny", "prompt": p, "max_tokens": n, "temperature": 0})
+                    for p, n in jobs])
+            return [r.json()["choices"][0]["text"] for r in replies]
+
+        assert asyncio.run(together()) == want
+        after = parse_rounds_by_k(httpx.get(f"{url}/metrics").text)
+        assert after.get(0, 0) > 0, after  # plain steps while several ran
+        assert set(after) <= {0, 3}
     finally:
         proc.stop()

@@ -10,12 +10,15 @@ import argparse
 import logging
 import sys
 
+from eaglenest.foundation.threads import apply_torch, plan_threads, sharing_from_env
+from eaglenest.models.decode.modes import SPECULATIVE_MODES, DecodeMode
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m eaglenest.workers.serving.embedded")
     p.add_argument("--model", required=True)
     p.add_argument("--head", default=None)
-    p.add_argument("--mode", default="chain", choices=["chain", "tree", "parallel"])
+    p.add_argument("--mode", default=DecodeMode.CHAIN.value, choices=SPECULATIVE_MODES)
     p.add_argument("--num-speculative-tokens", type=int, default=5)
     p.add_argument("--adaptive", action="store_true")
     p.add_argument("--host", default="127.0.0.1")
@@ -26,6 +29,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     p.add_argument("--max-num-seqs", type=int, default=8,
                    help="requests decoded together (continuous batching); 1 = one at a time")
+    p.add_argument("--speculation-schedule", default=None,
+                   help="K per load, [[max_running, K], ...] (workers/serving/schedule.py); "
+                        "each step drafts the K for the requests running (0 = plain)")
     return p
 
 
@@ -36,18 +42,25 @@ def build_server(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     from eaglenest.models.decode.batch import BatchEngine
     from eaglenest.models.decode.engine import DecodeMode, SpeculativeEngine
     from eaglenest.models.decode.onednn import onednn_available, repack_linears
-    from eaglenest.models.heads.peagle import PEagleHead
+    from eaglenest.models.heads.registry import head_spec
     from eaglenest.models.target import load_target
     from eaglenest.workers.serving.embedded.server import EmbeddedServer
+    from eaglenest.workers.serving.schedule import parse_schedule
 
+    schedule = parse_schedule(args.speculation_schedule, "--speculation-schedule") if (
+        args.speculation_schedule) else None
+    threads = plan_threads(sharing_from_env())
+    apply_torch(threads)  # before the first torch op: the inter-op pool is fixed after it
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     target = load_target(args.model, device=device, dtype=getattr(torch, args.dtype))
     head, mode = None, DecodeMode.PLAIN
-    if args.head:
+    if args.head and schedule is not None and not schedule.speculates:
+        logging.info("the speculation schedule is off at every load: serving the target alone")
+    elif args.head:
         head = load_head(args.head, target.embed_weight(), target.lm_head_weight())
         head = head.to(device=device, dtype=getattr(torch, args.dtype))
         mode = DecodeMode(args.mode)
-        if mode is DecodeMode.PARALLEL and not isinstance(head, PEagleHead):
+        if mode is DecodeMode.PARALLEL and not head_spec(head).parallel:
             logging.warning("parallel drafting needs a P-EAGLE head; using chain drafting")
             mode = DecodeMode.CHAIN
     for module in (target.model, head):  # this process only serves: repack in place
@@ -58,11 +71,17 @@ def build_server(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     layer_types = getattr(target.model.config, "layer_types", None) or []
     engine: SpeculativeEngine
     if args.max_num_seqs > 1 and "linear_attention" not in layer_types:
-        engine = BatchEngine(target.model, head, mode, max_num_seqs=args.max_num_seqs, **kw)
+        engine = BatchEngine(target.model, head, mode, max_num_seqs=args.max_num_seqs,
+                             schedule=schedule.thresholds if schedule else None, **kw)
     else:  # recurrent layers cannot drop rejected drafts per row: one request at a time
+        if schedule is not None:  # one request runs at a time: the schedule's K at 1
+            kw.update(k=schedule.k_for(1) or 1, depth=schedule.k_for(1) or 1)
+            head = head if schedule.k_for(1) else None
         engine = SpeculativeEngine(target.model, head, mode, **kw)  # type: ignore[arg-type]
     name = args.served_model_name or args.model
-    return EmbeddedServer(engine, target.tokenizer, name, max_model_len=args.max_model_len)
+    server = EmbeddedServer(engine, target.tokenizer, name, max_model_len=args.max_model_len)
+    server.metrics.torch_threads = threads.threads
+    return server
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -145,6 +145,9 @@ class Runner:
         self.metrics.add_spec(after[0] - before[0], after[1] - before[1], after[2] - before[2],
                               per_pos)
         self._spec_seen = after
+        rounds = getattr(self.engine, "rounds_by_k", None)
+        if rounds:
+            self.metrics.set_rounds(rounds, getattr(self.engine, "last_k", None))
 
     # ---- batch-1 engine: one request at a time ----------------------------------------------
     def run_sync(self, req: Request, sink: Callable[[Delta], None]) -> None:

@@ -17,6 +17,10 @@ class ServerMetrics:
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     accepted_per_pos: list[int] = field(default_factory=list)
+    #: engine steps run at each draft depth K (0 = plain steps), and the K of the last one
+    rounds_by_k: dict[int, int] = field(default_factory=dict)
+    speculation_k: int | None = None
+    torch_threads: int | None = None  # the thread plan it was started with (foundation/threads)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def add_spec(self, drafts: int, draft_tokens: int, accepted: int, per_pos: list[int]) -> None:
@@ -28,6 +32,24 @@ class ServerMetrics:
                 self.accepted_per_pos += [0] * (len(per_pos) - len(self.accepted_per_pos))
             for i, n in enumerate(per_pos):
                 self.accepted_per_pos[i] += n
+
+    def set_rounds(self, rounds_by_k: dict[int, int], last_k: int | None) -> None:
+        with self.lock:
+            self.rounds_by_k, self.speculation_k = dict(rounds_by_k), last_k
+
+    def _render_schedule(self, lines: list[str], label: str) -> None:
+        """EagleNest's own series: torch threads; steps per draft depth K, the last K."""
+        if self.torch_threads is not None:
+            lines.append("# TYPE eaglenest:torch_threads gauge")
+            lines.append(f"eaglenest:torch_threads{{{label}}} {float(self.torch_threads)}")
+        if not self.rounds_by_k:
+            return
+        lines.append("# TYPE eaglenest:speculation_rounds_total counter")
+        for k, n in sorted(self.rounds_by_k.items()):
+            lines.append(f'eaglenest:speculation_rounds_total{{{label},k="{k}"}} {float(n)}')
+        if self.speculation_k is not None:
+            lines.append("# TYPE eaglenest:speculation_k gauge")
+            lines.append(f"eaglenest:speculation_k{{{label}}} {float(self.speculation_k)}")
 
     def render(self) -> str:
         label = f'model_name="{self.model}"'
@@ -53,7 +75,26 @@ class ServerMetrics:
                     f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{label},'
                     f'position="{pos}"}} {float(n)}'
                 )
+            self._render_schedule(lines, label)
         return "\n".join(lines) + "\n"
+
+
+def parse_torch_threads(text: str) -> int | None:
+    """The embedded server's torch threads from its /metrics page (None: not shown)."""
+    for line in text.splitlines():
+        if line.startswith("eaglenest:torch_threads{"):
+            return int(float(line.rpartition(" ")[2]))
+    return None
+
+
+def parse_rounds_by_k(text: str) -> dict[int, float]:
+    """K -> engine steps run at that K, from an embedded server's /metrics page."""
+    out: dict[int, float] = {}
+    for line in text.splitlines():
+        if line.startswith("eaglenest:speculation_rounds_total{"):
+            metric, _, value = line.rpartition(" ")
+            out[int(metric.split('k="', 1)[1].split('"', 1)[0])] = float(value)
+    return out
 
 
 def parse_spec_counters(text: str) -> dict[str, float]:

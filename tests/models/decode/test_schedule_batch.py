@@ -1,0 +1,95 @@
+"""A BatchEngine that follows a speculation schedule: each step drafts the K that the
+schedule gives for the rows in the batch (0 = a plain step), the output stays the plain
+decoder's token for token, and the head slots that plain steps defer catch up exactly."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from eaglenest.models.decode import SpeculativeEngine, batch_draft
+from eaglenest.models.decode.batch import BatchEngine
+from eaglenest.models.decode.drafter import HeadDrafter
+from eaglenest.models.decode.runner import TargetRunner
+from tests.models.decode.test_batch import PROMPTS, staggered
+
+LENGTHS = [16, 6, 3, 20, 10]
+SCHEDULE = [(1, 3), (2, 2), (64, 0)]  # K=3 alone, K=2 in pairs, plain from 3 rows on
+
+
+def _prefill(target, head, prompt):  # noqa: ANN001, ANN202
+    drafter = HeadDrafter(head)
+    runner = TargetRunner(target.model, drafter.aux_layer_ids)
+    step = runner.forward(prompt)
+    first = int(step.logits[-1].argmax())
+    return drafter, prompt[1:] + [first], drafter.features(step, slice(None))
+
+
+def _state(d: HeadDrafter) -> list[torch.Tensor]:
+    assert d.past is not None and d.last_logits is not None and d.last_out is not None
+    return [d.past[0], d.past[1], d.last_logits, d.last_out]
+
+
+@pytest.mark.parametrize("kind", ["eagle", "eagle3", "peagle"])
+def test_deferred_slots_catch_up_to_step_by_step_extension(kind, llama, make_head) -> None:  # noqa: ANN001
+    head = make_head(llama, kind)
+    chunks = [[11, 12], [13], [14, 15, 16]]
+    rows = []
+    for prompt in (PROMPTS[0], PROMPTS[3]):
+        step_by_step, tokens, feats = _prefill(llama, head, prompt)
+        step_by_step.extend(tokens, feats)
+        deferred = HeadDrafter(head)
+        deferred.defer(tokens, feats)
+        for chunk in chunks:  # stand-in features: any [m, hidden] rows do
+            f = torch.randn(len(chunk), feats.shape[1], generator=torch.Generator().manual_seed(len(chunk)))
+            step_by_step.extend(chunk, f)
+            deferred.defer(chunk, f)
+        assert deferred.past is None and len(deferred.backlog) == 4
+        deferred.extend(*deferred.take_backlog())  # type: ignore[misc]
+        assert deferred.backlog == [] and deferred.slots == step_by_step.slots
+        for a, b in zip(_state(deferred), _state(step_by_step), strict=True):
+            assert torch.allclose(a, b, atol=1e-5)
+        rows.append((deferred, step_by_step))
+    # two rows behind by different amounts catch up in one batched forward
+    for deferred, _ in rows:
+        deferred.defer([21, 22, 23][: 1 + len(rows)], torch.randn(1 + len(rows), feats.shape[1]))
+    behind = [d for d, _ in rows]
+    work = [d.take_backlog() for d in behind]
+    batch_draft.extend(behind, [w[0] for w in work], [w[1] for w in work])  # type: ignore[index]
+    for d, (tokens, f) in zip((s for _, s in rows), work, strict=True):  # type: ignore[misc]
+        d.extend(tokens, f)
+    for (a, b) in rows:
+        for x, y in zip(_state(a), _state(b), strict=True):
+            assert torch.allclose(x, y, atol=1e-5)
+
+
+@pytest.mark.parametrize(("kind", "mode", "adaptive"), [
+    ("eagle3", "chain", False), ("eagle3", "chain", True), ("eagle", "tree", False),
+    ("peagle", "parallel", False)])
+def test_schedule_sets_k_per_step_by_rows_running(kind, mode, adaptive, llama, make_head) -> None:  # noqa: ANN001
+    head = make_head(llama, kind)
+    jobs = [(p, n, {}) for p, n in zip(PROMPTS, LENGTHS, strict=True)]
+    expect = [SpeculativeEngine(llama, None).generate_ids(p, n) for p, n, _ in jobs]
+    engine = BatchEngine(llama, head, mode, k=3, depth=3, topk=2, total_tokens=7,
+                         adaptive=adaptive, max_num_seqs=4, schedule=SCHEDULE)
+    seen: list[tuple[int, int]] = []
+    step_k = engine._step_k
+
+    def record(running: int) -> int:
+        k = step_k(running)
+        seen.append((running, k))
+        return k
+
+    engine._step_k = record  # type: ignore[method-assign]
+    assert staggered(engine, jobs, every=2) == expect  # lossless whatever K each step used
+    cap = {1: 3, 2: 2}
+    assert {r for r, _ in seen} >= {1, 2, 3}
+    for running, k in seen:
+        if adaptive:
+            assert k <= cap.get(running, 0), (running, k)
+        else:
+            assert k == cap.get(running, 0), (running, k)
+    assert engine.rounds_by_k.get(0, 0) == sum(1 for _, k in seen if k == 0) > 0
+    assert sum(engine.rounds_by_k.values()) == len(seen)
+    assert not any(r.drafter is not None and r.drafter.backlog for r in
+                   (s.req for s in engine.active))

@@ -1,0 +1,122 @@
+"""TrainingProgress (workers/jobs/progress.py): every N steps and at the last one a log line
+with step/total, loss, accuracy, tokens/s and ETA, a progress record for `eaglenest status`,
+and training_log.jsonl (rows with timestamps) uploaded to the output prefix; a resumed job
+keeps the rows published before its checkpoint; a store outage costs an upload, not the job."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from eaglenest.foundation.storage import LocalStore, StorageError, parse_uri
+from eaglenest.workers.cli.status import progress_line
+from eaglenest.workers.jobs.progress import TrainingProgress, describe
+
+URI = "s3://output/jobs/j1/training_log.jsonl"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def row(step: int) -> dict:
+    return {"step": step, "loss": 5.0 / step, "lr": 1e-3, "accuracy": [0.5, 0.25],
+            "tokens": 300, "ts": f"2026-11-26T10:00:{step:02d}.000Z"}
+
+
+def make(tmp_path: Path, store, reports: list, clock: Clock, total: int = 10,
+         every: int = 4) -> TrainingProgress:
+    return TrainingProgress("j1", "train eagle3 head on 40 samples", total, every, store, URI,
+                            tmp_path / "work" / "training_log.jsonl", reports.append, clock)
+
+
+def published(store: LocalStore) -> list[int]:
+    data = store.get_bytes(parse_uri(URI)).decode()
+    return [json.loads(line)["step"] for line in data.splitlines()]
+
+
+def test_every_n_steps_and_the_last(tmp_path, caplog):
+    store, reports, clock = LocalStore(tmp_path / "s3"), [], Clock()
+    progress = make(tmp_path, store, reports, clock)
+    caplog.set_level(logging.INFO, logger="eaglenest.optimize")
+    for step in range(1, 4):
+        clock.t += 2.0
+        progress.row(row(step))
+    assert reports == [] and not caplog.records
+    with pytest.raises(StorageError):
+        store.get_bytes(parse_uri(URI))
+    clock.t += 2.0
+    progress.row(row(4))  # 4 steps in 8 s, 1200 tokens
+    assert published(store) == [1, 2, 3, 4]
+    first = reports[-1]
+    assert first["stage"] == "train eagle3 head on 40 samples"
+    assert (first["step"], first["total"], first["loss"]) == (4, 10, 1.25)
+    assert first["tokens_per_second"] == pytest.approx(150.0)
+    assert first["eta_seconds"] == pytest.approx(12.0)  # 6 steps left at 2 s each
+    assert caplog.records[-1].getMessage() == (
+        "job j1: step 4/10 (40%)  loss 1.250  accuracy 0.50/0.25  150 tokens/s  ETA 12s")
+    for step in range(5, 11):
+        clock.t += 1.0
+        progress.row(row(step))
+    assert [r["step"] for r in reports] == [4, 8, 10]
+    assert reports[-1]["eta_seconds"] == 0 and published(store) == list(range(1, 11))
+    progress.finish()  # the last step was reported already
+    assert len(reports) == 3
+    rows = store.get_bytes(parse_uri(URI)).decode().splitlines()
+    assert all(json.loads(line)["ts"].endswith("Z") for line in rows)
+
+
+def test_finish_reports_a_last_step_off_the_cadence(tmp_path):
+    store, reports, clock = LocalStore(tmp_path / "s3"), [], Clock()
+    progress = make(tmp_path, store, reports, clock, total=100)
+    for step in range(1, 7):  # stopped early (stop_after, max runtime): no step 8
+        progress.row(row(step))
+    progress.finish()
+    assert [r["step"] for r in reports] == [4, 6]
+    assert published(store) == [1, 2, 3, 4, 5, 6]
+
+
+def test_resume_keeps_the_rows_published_before_its_step(tmp_path):
+    store, reports, clock = LocalStore(tmp_path / "s3"), [], Clock()
+    first = make(tmp_path, store, reports, clock)
+    for step in range(1, 9):
+        first.row(row(step))
+    assert published(store) == list(range(1, 9))
+    again = make(tmp_path, store, reports, clock)  # resumed from the step-6 checkpoint
+    again.row(row(7))
+    again.row(row(8))
+    assert published(store) == list(range(1, 9))
+    assert reports[-1]["step"] == 8
+
+
+class BrokenStore(LocalStore):
+    def put_file(self, uri, path):  # noqa: ANN001
+        raise OSError("connection reset")
+
+
+def test_a_store_outage_loses_an_upload_not_the_job(tmp_path, caplog):
+    reports: list = []
+    progress = make(tmp_path, BrokenStore(tmp_path / "s3"), reports, Clock())
+    for step in range(1, 5):
+        progress.row(row(step))
+    assert reports[-1]["step"] == 4
+    assert "training_log.jsonl not uploaded to " + URI in caplog.text
+
+
+def test_status_line():
+    record = {"stage": "train eagle3 head on 40 samples", "step": 40, "total": 200,
+              "loss": 2.3141, "accuracy": [0.41, 0.2], "tokens_per_second": 1234.4,
+              "eta_seconds": 320, "updated": 1000.0}
+    assert progress_line(record, now=1008.0) == (
+        "    train eagle3 head on 40 samples: step 40/200 (20%)  loss 2.314  "
+        "accuracy 0.41/0.20  1,234 tokens/s  ETA 5m20s  (updated 8s ago)")
+    assert progress_line({"stage": "benchmark baseline vs EAGLE", "updated": 1000.0},
+                         now=1065.0) == "    benchmark baseline vs EAGLE  (updated 1m05s ago)"
+    assert progress_line(None, now=0) is None and describe({"stage": "x"}) == ""

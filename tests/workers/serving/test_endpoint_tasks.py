@@ -1,0 +1,80 @@
+"""Endpoint tasks (workers/endpoints.py) on a real SQLite database, without serving: any
+exception while starting servers ends the transition (Failed with the reason, or an
+update's rollback), and a transition another live worker holds is left alone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from eaglenest.db import endpoint_configs_repo, endpoints_repo, models_repo
+from eaglenest.db.migrate import upgrade_head
+from eaglenest.db.session import Database
+from eaglenest.db.tables import EndpointRow
+from eaglenest.foundation.accounts import Account
+from eaglenest.foundation.queue import TaskQueue
+from eaglenest.foundation.settings import Settings
+from eaglenest.workers.infra.context import WorkerContext
+from eaglenest.workers.serving import endpoints
+
+ACCOUNT = Account("us-east-1", "123456789012")
+
+
+@pytest.fixture
+def ctx(tmp_path: Path):  # type: ignore[no-untyped-def]
+    settings = Settings(data_dir=tmp_path)
+    upgrade_head(settings.resolved_database_url())
+    c = WorkerContext(settings=settings, db=Database(settings.resolved_database_url()),
+                      queue=TaskQueue("redis://127.0.0.1:9/0"), owner="me:1")
+    with c.db.session() as s:
+        models_repo.create(s, ACCOUNT, {"ModelName": "m", "ExecutionRoleArn": "r",
+                                        "PrimaryContainer": {"Image": "x"}})
+        for cfg in ("c1", "c2"):
+            endpoint_configs_repo.create(s, ACCOUNT, {
+                "EndpointConfigName": cfg, "ProductionVariants": [{
+                    "VariantName": "v", "ModelName": "m", "InstanceType": "ml.m5.large"}]})
+        endpoints_repo.create(s, ACCOUNT, {"EndpointName": "ep", "EndpointConfigName": "c1"})
+    yield c
+    c.db.dispose()
+
+
+def row(ctx: WorkerContext) -> EndpointRow:
+    with ctx.db.session() as s:
+        r = s.query(EndpointRow).filter_by(name="ep").one()
+        s.expunge(r)
+        return r
+
+
+def boom(*_: object) -> dict:
+    raise RuntimeError("boom")
+
+
+def test_an_unexpected_error_fails_the_creation_with_the_reason(ctx, monkeypatch):
+    monkeypatch.setattr(endpoints, "_launch", boom)
+    assert endpoints.create(ctx, "ep") == endpoints_repo.FAILED
+    r = row(ctx)
+    assert (r.status, r.failure_reason, r.owner) == (
+        endpoints_repo.FAILED, "Internal error: RuntimeError: boom", None)
+
+
+def test_an_unexpected_error_rolls_an_update_back(ctx, monkeypatch):
+    with ctx.db.session() as s:
+        endpoints_repo.mark_in_service(s, "ep", {"Servers": {}})
+        endpoints_repo.request_update(s, ACCOUNT, "ep", "c2", {"EndpointConfigName": "c2"})
+    monkeypatch.setattr(endpoints, "_launch", boom)
+    assert endpoints.update(ctx, "ep") == "rolled-back"
+    r = row(ctx)
+    assert (r.status, r.config_name, r.pending_config_name) == (
+        endpoints_repo.IN_SERVICE, "c1", None)
+    assert r.failure_reason == ("Update to c2 failed and was rolled back: Internal error: "
+                                "RuntimeError: boom")
+
+
+def test_a_transition_another_live_worker_holds_is_left_alone(ctx, monkeypatch):
+    with ctx.db.session() as s:
+        assert endpoints_repo.claim(s, "ep", endpoints_repo.CREATING, "other:2", 60)
+    monkeypatch.setattr(endpoints, "_launch", boom)
+    assert endpoints.create(ctx, "ep").startswith("skipped")
+    r = row(ctx)
+    assert (r.status, r.owner) == (endpoints_repo.CREATING, "other:2")

@@ -1,0 +1,72 @@
+"""The speculation schedule: derived from measured tok/s with a 2% margin, looked up by the
+number of running requests, parsed with errors naming their source, mapped onto vLLM's
+batch-size ranges."""
+
+from __future__ import annotations
+
+import pytest
+
+from eaglenest.workers.jobs.bench_stage import describe
+from eaglenest.workers.serving.schedule import (
+    Schedule,
+    ScheduleError,
+    derive,
+    parse_schedule,
+)
+
+
+def test_derive_picks_the_best_k_only_beyond_the_margin() -> None:
+    baseline = {1: 10.0, 2: 18.0, 4: 30.0, 8: 50.0, 16: 60.0}
+    by_k = {1: {1: 14.0, 2: 20.0, 4: 31.0, 8: 45.0, 16: 50.0},
+            3: {1: 18.0, 2: 25.0, 4: 30.5, 8: 40.0, 16: 40.0},
+            5: {1: 19.0, 2: 24.0, 4: 30.0, 8: 35.0, 16: 30.0}}
+    schedule, chosen = derive(baseline, by_k)
+    # c=4: K=1 gives 31.0 > 30.6 (baseline + 2%): chosen; c=8, 16: no K wins
+    assert chosen == {1: 5, 2: 3, 4: 1, 8: 0, 16: 0}
+    assert schedule.thresholds == ((1, 5), (2, 3), (4, 1), (16, 0))
+    by_k[1][4] = 30.5  # within the margin now: off at 4
+    assert derive(baseline, by_k)[0].thresholds == ((1, 5), (2, 3), (16, 0))
+
+
+def test_lookup_between_and_beyond_the_measured_levels() -> None:
+    s = Schedule(((1, 5), (4, 3), (16, 0)))
+    assert [s.k_for(n) for n in (1, 2, 3, 4, 5, 16, 17, 100)] == [5, 3, 3, 3, 0, 0, 0, 0]
+    assert s.k_max == 5 and s.speculates
+    assert not Schedule(((8, 0),)).speculates
+    assert describe(s) == "K=5 at 1 running, K=3 at 2-4, off from 5"
+    assert describe(Schedule(((16, 3),))) == "K=3 at every load"
+
+
+def test_vllm_ranges_cover_every_batch_size_from_one() -> None:
+    s = Schedule(((1, 5), (4, 3), (16, 0)))
+    assert s.vllm_ranges() == [[1, 1, 5], [2, 4, 3], [5, 4096, 0]]
+    assert Schedule(((8, 2),)).vllm_ranges() == [[1, 4096, 2]]
+
+
+def test_parse_round_trips_the_environment_value() -> None:
+    s = Schedule(((1, 5), (4, 3), (16, 0)))
+    assert s.to_env() == "[[1,5],[4,3],[16,0]]"
+    assert parse_schedule(s.to_env()) == s
+    assert parse_schedule('{"thresholds": [[2, 3]]}').thresholds == ((2, 3),)
+
+
+@pytest.mark.parametrize(("raw", "message"), [
+    ("K=3", "EAGLENEST_SPECULATION_SCHEDULE='K=3' is not JSON; expected a list of "
+            "[max_running, K] pairs, e.g. [[1,5],[4,3],[16,0]]"),
+    ("[]", "EAGLENEST_SPECULATION_SCHEDULE must be a list of 1 to 64 [max_running, K] pairs, "
+           "e.g. [[1,5],[4,3],[16,0]]"),
+    ("[[1, 2, 3]]", "EAGLENEST_SPECULATION_SCHEDULE: [1, 2, 3] is not a [max_running, K] pair "
+                    "of integers"),
+    ("[[1, 2.5]]", "EAGLENEST_SPECULATION_SCHEDULE: [1, 2.5] is not a [max_running, K] pair "
+                   "of integers"),
+    ("[[0, 3]]", "EAGLENEST_SPECULATION_SCHEDULE: [0, 3] needs max_running >= 1 and "
+                 "0 <= K <= 64"),
+    ("[[1, 65]]", "EAGLENEST_SPECULATION_SCHEDULE: [1, 65] needs max_running >= 1 and "
+                  "0 <= K <= 64"),
+    ("[[4, 3], [2, 0]]", "EAGLENEST_SPECULATION_SCHEDULE: max_running must increase from "
+                         "entry to entry (4 then 2)"),
+])
+def test_bad_schedules_name_the_variable(raw: str, message: str) -> None:
+    with pytest.raises(ScheduleError) as exc:
+        parse_schedule(raw)
+    assert str(exc.value) == message
