@@ -8,6 +8,8 @@ import logging
 import math
 import time
 import uuid
+from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
@@ -18,10 +20,12 @@ from sqlalchemy.exc import OperationalError
 from eaglenest.api import operations as _ops  # noqa: F401  (registers the handlers)
 from eaglenest.api import tagging
 from eaglenest.api.bounded import check_depth, declared_length, read_capped, too_large
+from eaglenest.api.keyring import KeyRing
 from eaglenest.api.observability import ApiMetrics, BrokerProbe
 from eaglenest.api.registry import REGISTRY, Context
 from eaglenest.api.sigv4 import REQUIRED_JSON, IncomingRequest, check_header, check_signature
 from eaglenest.foundation import shapes
+from eaglenest.foundation.accounts import Account
 from eaglenest.foundation.errors import (
     InternalFailure,
     SerializationException,
@@ -48,9 +52,10 @@ def error_response(err: ServiceError) -> Response:
     return json_response(err.body(), err.status)
 
 
-async def authenticated_body(request: Request, ctx: Context, secrets: dict[str, str],
-                             service: str = "sagemaker") -> bytes:
-    """The body of a request whose signature is valid. The Authorization header is checked
+async def authenticated_body(request: Request, ctx: Context, secrets: Mapping[str, str],
+                             service: str = "sagemaker") -> tuple[bytes, str]:
+    """The body of a request whose signature is valid, and its access key id. The
+    Authorization header is checked
     first and the body read only up to `max_request_bytes` (api.bounded): an unsigned or
     oversized request is refused without reading it."""
     headers = {k.lower(): v for k, v in request.headers.items()}
@@ -64,8 +69,9 @@ async def authenticated_body(request: Request, ctx: Context, secrets: dict[str, 
     body = await read_capped(request.stream(), limit)
     if body is None:
         raise too_large(limit)
-    check_signature(IncomingRequest(request.method, str(request.url), headers, body), claim)
-    return body
+    verified = check_signature(IncomingRequest(request.method, str(request.url), headers,
+                                               body), claim)
+    return body, verified.access_key
 
 
 def route(target: str) -> tuple[str, str]:
@@ -124,7 +130,7 @@ def install(app: FastAPI, ctx: Context) -> None:
     metrics = ApiMetrics()
     app.state.metrics = metrics
     app.state.broker = BrokerProbe(ctx.queue.broker_up)
-    secrets = ctx.settings.credentials()  # read once: the key pair is fixed at start
+    keyring = KeyRing(ctx.settings)  # re-read when `eaglenest keys` changes the file
 
     @router.post("/")
     async def aws_json(request: Request) -> Response:
@@ -132,8 +138,12 @@ def install(app: FastAPI, ctx: Context) -> None:
         target = request.headers.get("x-amz-target", "")
         service, op = route(target)
         try:
-            body = await authenticated_body(request, ctx, secrets, service)
-            result = await run_in_threadpool(dispatch, ctx, target, body)
+            keys = keyring.current()
+            secrets = {k: v.secret for k, v in keys.items()}
+            body, key = await authenticated_body(request, ctx, secrets, service)
+            # the operation acts for the account of the key that signed it
+            caller = replace(ctx, account=Account(ctx.settings.region, keys[key].account_id))
+            result = await run_in_threadpool(dispatch, caller, target, body)
         except ServiceError as err:
             metrics.observe(op, err.code, time.perf_counter() - start)
             raise

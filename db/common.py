@@ -49,8 +49,13 @@ def check_s3_uris(spec: Any, at: str = "") -> None:
             raise ValidationException(f"{at}: {exc}") from None
 
 
-def find(session: Session, table: type[RowT], name: str, *, lock: bool = False) -> RowT | None:
+def find(session: Session, table: type[RowT], name: str, *, lock: bool = False,
+         account_id: str | None = None) -> RowT | None:
+    """The row named `name` (ignoring case); with `account_id`, only that account's (the
+    API always passes the caller's: another account's resource is not found)."""
     stmt = select(table).where(table.name_key == name.lower())  # type: ignore[attr-defined]
+    if account_id is not None:
+        stmt = stmt.where(table.account_id == account_id)  # type: ignore[attr-defined]
     if lock:
         stmt = stmt.with_for_update()
     return session.scalars(stmt).first()
@@ -76,10 +81,12 @@ _SORT_COLUMNS = {"Name": "name_key", "CreationTime": "creation_time", "Status": 
 
 
 def list_rows(
-    session: Session, table: type[RowT], q: ListQuery, contains_type: str | None = None
+    session: Session, table: type[RowT], q: ListQuery, account_id: str,
+    contains_type: str | None = None
 ) -> tuple[list[RowT], str | None]:
+    """One page of `account_id`'s rows of `table` matching `q`."""
     t: Any = table
-    stmt: Select[Any] = select(table)
+    stmt: Select[Any] = select(table).where(t.account_id == account_id)
     if contains_type:  # optimization jobs: OptimizationContains filters the type list
         stmt = stmt.where(t.optimization_types.contains(contains_type, autoescape=True))
     if q.name_contains:
@@ -97,7 +104,7 @@ def list_rows(
     fp = fingerprint(
         table=table.__tablename__, sort=q.sort_by, desc=q.descending, name=q.name_contains,
         ca=q.creation_after, cb=q.creation_before, ma=q.modified_after,
-        mb=q.modified_before, st=q.status_equals, ty=contains_type,
+        mb=q.modified_before, st=q.status_equals, ty=contains_type, acct=account_id,
     )
     page = PageRequest(
         sort_column=getattr(t, _SORT_COLUMNS[q.sort_by]), id_column=t.id,

@@ -53,6 +53,7 @@ def create(session: Session, account: Account, spec: dict[str, Any],
     t = now()
     row = EndpointRow(
         name=name, name_key=name.lower(), arn=account.arn("endpoint", name),
+        account_id=account.account_id,
         creation_time=t, last_modified_time=t, spec=spec, tags=tags,
         status=CREATING, config_name=config.name, deployment={},
     )
@@ -62,7 +63,7 @@ def create(session: Session, account: Account, spec: dict[str, Any],
 
 
 def get(session: Session, account: Account, name: str, *, lock: bool = False) -> EndpointRow:
-    row = find(session, EndpointRow, name, lock=lock)
+    row = find(session, EndpointRow, name, lock=lock, account_id=account.account_id)
     if row is None:
         raise not_found(account, name)
     return row

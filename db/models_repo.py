@@ -52,6 +52,7 @@ def create(session: Session, account: Account, spec: dict[str, Any]) -> ModelRow
     check_s3_uris(spec)  # the store would refuse them later: refuse them now
     row = ModelRow(
         name=name, name_key=name.lower(), arn=account.arn("model", name),
+        account_id=account.account_id,
         creation_time=now(), spec=spec, tags=tags,
     )
     duplicate = ValidationException(f'Cannot create already existing model "{row.arn}".')
@@ -60,7 +61,7 @@ def create(session: Session, account: Account, spec: dict[str, Any]) -> ModelRow
 
 
 def get(session: Session, account: Account, name: str) -> ModelRow:
-    row = find(session, ModelRow, name)
+    row = find(session, ModelRow, name, account_id=account.account_id)
     if row is None:
         raise not_found(account, name)
     return row

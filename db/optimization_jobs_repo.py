@@ -66,7 +66,8 @@ def _check_spec(session: Session, account: Account, spec: dict[str, Any]) -> lis
             "ModelSource must specify either S3 (S3Uri of the model artifacts) or SageMakerModel."
         )
     sm_model = source.get("SageMakerModel")
-    if sm_model and find(session, ModelRow, sm_model["ModelName"]) is None:
+    if sm_model and find(session, ModelRow, sm_model["ModelName"],
+                         account_id=account.account_id) is None:
         raise models_repo.not_found(account, sm_model["ModelName"])
     output = (spec["OutputConfig"].get("SageMakerModel") or {}).get("ModelName")
     if output and find(session, ModelRow, output) is not None:
@@ -98,6 +99,7 @@ def create(session: Session, account: Account, spec: dict[str, Any],
     t = now()
     row = OptimizationJobRow(
         name=name, name_key=name.lower(), arn=account.arn("optimization-job", name),
+        account_id=account.account_id,
         creation_time=t, last_modified_time=t, spec=spec, tags=tags, status=STARTING,
         optimization_types=",".join(types), output={},
     )
@@ -105,8 +107,11 @@ def create(session: Session, account: Account, spec: dict[str, Any],
     return row
 
 
-def get(session: Session, name: str, *, lock: bool = False) -> OptimizationJobRow:
-    row = find(session, OptimizationJobRow, name, lock=lock)
+def get(session: Session, name: str, *, lock: bool = False,
+        account: Account | None = None) -> OptimizationJobRow:
+    """The job; with `account` (the API: the caller's), only that account's."""
+    row = find(session, OptimizationJobRow, name, lock=lock,
+               account_id=account.account_id if account else None)
     if row is None:
         raise not_found(name)
     return row
@@ -127,8 +132,9 @@ def owner_alive(row: OptimizationJobRow, lease_seconds: float) -> bool:
     return bool(row.owner and row.heartbeat_time and now() - row.heartbeat_time < lease_seconds)
 
 
-def request_stop(session: Session, name: str, lease_seconds: float) -> None:
-    row = get(session, name, lock=True)
+def request_stop(session: Session, name: str, lease_seconds: float,
+                 account: Account | None = None) -> None:
+    row = get(session, name, lock=True, account=account)
     if row.status in TERMINAL or row.status == STOPPING:
         raise ValidationException(
             f"Optimization job {name} is {row.status} and cannot be stopped: only jobs that "
@@ -137,8 +143,9 @@ def request_stop(session: Session, name: str, lease_seconds: float) -> None:
     _set(row, STOPPING if owner_alive(row, lease_seconds) else STOPPED)
 
 
-def request_delete(session: Session, name: str, lease_seconds: float) -> None:
-    row = get(session, name, lock=True)
+def request_delete(session: Session, name: str, lease_seconds: float,
+                   account: Account | None = None) -> None:
+    row = get(session, name, lock=True, account=account)
     if row.status in (INPROGRESS, STOPPING) and owner_alive(row, lease_seconds):
         raise ValidationException(
             f"Optimization job {name} is {row.status}: stop it with StopOptimizationJob and "

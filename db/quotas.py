@@ -68,7 +68,8 @@ def endpoint_instances(session: Session, row: EndpointRow) -> int:
 def check_new_endpoint(session: Session, account: Account, config: dict[str, Any],
                        max_endpoints: int, max_instances: int) -> None:
     """CreateEndpoint: one more endpoint, and its config's instances."""
-    rows = list(session.scalars(select(EndpointRow)))
+    rows = list(session.scalars(select(EndpointRow).where(
+        EndpointRow.account_id == account.account_id)))
     if len(rows) + 1 > max_endpoints:
         raise _exceeded("endpoints", max_endpoints, len(rows), 1, "Endpoints",
                         "EAGLENEST_MAX_ENDPOINTS")
@@ -79,7 +80,8 @@ def check_instances(session: Session, account: Account, endpoint: EndpointRow, n
                     max_instances: int) -> None:
     """UpdateEndpoint / UpdateEndpointWeightsAndCapacities: `endpoint` will run
     `new_count` instances instead of what it runs now."""
-    others = [r for r in session.scalars(select(EndpointRow)) if r.id != endpoint.id]
+    others = [r for r in session.scalars(select(EndpointRow).where(
+        EndpointRow.account_id == account.account_id)) if r.id != endpoint.id]
     _check_instances(session, others, new_count, max_instances)
 
 
@@ -94,7 +96,8 @@ def _check_instances(session: Session, rows: list[EndpointRow], delta: int,
 def check_new_job(session: Session, account: Account, limit: int) -> None:
     """CreateOptimizationJob: one more concurrent job."""
     stmt = select(func.count()).select_from(OptimizationJobRow).where(
-        OptimizationJobRow.status.in_(ACTIVE_JOBS))
+        OptimizationJobRow.status.in_(ACTIVE_JOBS),
+        OptimizationJobRow.account_id == account.account_id)
     used = int(session.scalar(stmt) or 0)
     if used + 1 > limit:
         raise _exceeded("concurrent optimization jobs", limit, used, 1, "Jobs",

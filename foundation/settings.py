@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import configparser
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -11,6 +12,18 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 CREDENTIALS_PROFILE = "eaglenest"
+#: the credentials-file option naming the 12-digit account a profile's key acts for
+ACCOUNT_OPTION = "eaglenest_account_id"
+
+
+@dataclass(frozen=True)
+class AccessKey:
+    """An access key pair, the account it acts for and its name (`eaglenest keys`)."""
+
+    access_key_id: str
+    secret: str
+    account_id: str
+    name: str
 
 
 def default_data_dir() -> Path:
@@ -100,21 +113,34 @@ class Settings(BaseSettings):
         return self.data_dir / "s3"
 
     def credentials(self) -> dict[str, str]:
-        """Access key -> secret. Env settings win; else `<data-dir>/credentials`."""
+        """Access key -> secret (every key of `keys()`)."""
+        return {k: v.secret for k, v in self.keys().items()}
+
+    def keys(self) -> dict[str, AccessKey]:
+        """Access key -> AccessKey: the profiles of `<data-dir>/credentials` (each acts for
+        its `eaglenest_account_id`, else `account_id`) and, when set, the key pair of
+        EAGLENEST_ACCESS_KEY_ID / EAGLENEST_SECRET_ACCESS_KEY (for `account_id`)."""
+        keys = read_keys(self.credentials_file, self.account_id)
         if self.access_key_id and self.secret_access_key:
-            return {self.access_key_id: self.secret_access_key}
-        return read_credentials_file(self.credentials_file)
+            keys[self.access_key_id] = AccessKey(self.access_key_id, self.secret_access_key,
+                                                 self.account_id, "environment")
+        return keys
 
 
-def read_credentials_file(path: Path) -> dict[str, str]:
+def read_keys(path: Path, default_account: str) -> dict[str, AccessKey]:
+    """The key pairs of an AWS shared-credentials file, one per profile; a profile without
+    a valid `eaglenest_account_id` acts for `default_account`."""
     if not path.exists():
         return {}
     parser = configparser.ConfigParser()
     parser.read(path)
-    keys: dict[str, str] = {}
+    keys: dict[str, AccessKey] = {}
     for section in parser.sections():
         key = parser.get(section, "aws_access_key_id", fallback=None)
         secret = parser.get(section, "aws_secret_access_key", fallback=None)
+        account = parser.get(section, ACCOUNT_OPTION, fallback="")
+        if not (len(account) == 12 and account.isdigit()):
+            account = default_account
         if key and secret:
-            keys[key] = secret
+            keys[key] = AccessKey(key, secret, account, section)
     return keys

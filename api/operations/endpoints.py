@@ -74,7 +74,8 @@ def describe_endpoint(ctx: Context, req: DescribeEndpointInput) -> dict[str, Any
 @operation("ListEndpoints")
 def list_endpoints(ctx: Context, req: ListEndpointsInput) -> dict[str, Any]:
     with ctx.db.session() as s:
-        rows, token = list_rows(s, EndpointRow, list_query(req, status=req.StatusEquals))
+        rows, token = list_rows(s, EndpointRow, list_query(req, status=req.StatusEquals),
+                                 ctx.account.account_id)
         items = [
             {"EndpointName": r.name, "EndpointArn": r.arn, "CreationTime": r.creation_time,
              "LastModifiedTime": r.last_modified_time, "EndpointStatus": r.status}

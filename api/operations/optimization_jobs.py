@@ -35,7 +35,7 @@ def create_optimization_job(ctx: Context, req: CreateOptimizationJobRequest) -> 
 @operation("DescribeOptimizationJob")
 def describe_optimization_job(ctx: Context, req: DescribeOptimizationJobRequest) -> dict[str, Any]:
     with ctx.db.session() as s:
-        r = jobs.get(s, req.OptimizationJobName)
+        r = jobs.get(s, req.OptimizationJobName, account=ctx.account)
         out = {
             **r.spec, "OptimizationJobArn": r.arn, "OptimizationJobStatus": r.status,
             "CreationTime": r.creation_time, "LastModifiedTime": r.last_modified_time,
@@ -64,7 +64,8 @@ def list_optimization_jobs(ctx: Context, req: ListOptimizationJobsRequest) -> di
     query = list_query(req, default_order="Ascending", default_max=50, status=req.StatusEquals)
     with ctx.db.session() as s:
         rows, token = list_rows(
-            s, OptimizationJobRow, query, contains_type=req.OptimizationContains
+            s, OptimizationJobRow, query, ctx.account.account_id,
+            contains_type=req.OptimizationContains
         )
         return page("OptimizationJobSummaries", [_summary(r) for r in rows], token)
 
@@ -72,10 +73,10 @@ def list_optimization_jobs(ctx: Context, req: ListOptimizationJobsRequest) -> di
 @operation("StopOptimizationJob")
 def stop_optimization_job(ctx: Context, req: StopOptimizationJobRequest) -> None:
     with ctx.db.session() as s:
-        jobs.request_stop(s, req.OptimizationJobName, ctx.lease_seconds)
+        jobs.request_stop(s, req.OptimizationJobName, ctx.lease_seconds, ctx.account)
 
 
 @operation("DeleteOptimizationJob")
 def delete_optimization_job(ctx: Context, req: DeleteOptimizationJobRequest) -> None:
     with ctx.db.session() as s:
-        jobs.request_delete(s, req.OptimizationJobName, ctx.lease_seconds)
+        jobs.request_delete(s, req.OptimizationJobName, ctx.lease_seconds, ctx.account)

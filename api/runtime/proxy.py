@@ -37,6 +37,7 @@ from starlette.datastructures import URL
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from eaglenest.api.bounded import declared_length, read_capped
+from eaglenest.api.keyring import KeyRing
 from eaglenest.api.observability import ApiMetrics
 from eaglenest.api.registry import Context
 from eaglenest.api.runtime import eventstream
@@ -194,13 +195,13 @@ class Proxy:
         self.ctx, self.routes, self.client, self.capture = ctx, routes, client, capture
 
     async def open(self, headers: Mapping[str, str], name: str, raw: bytes,
-                   stream: bool) -> tuple[Route, Translated, BackendResponse]:
+                   stream: bool, account_id: str) -> tuple[Route, Translated, BackendResponse]:
         """Resolve the route, translate the body, send it; returns once the model server
         answered with its status line. A cached route whose instance refused the
         connection is read again from the database (the instance was replaced) and the
         request goes out once more on the fresh one."""
         target_variant = headers.get("x-amzn-sagemaker-target-variant")
-        route = await self.routes.resolve(name, target_variant)
+        route = await self.routes.resolve(name, target_variant, account_id=account_id)
         tr = self._translate(name, raw, route, stream, headers)
         try:
             if route.cached:
@@ -210,7 +211,8 @@ class Proxy:
                                                              route.secrets.get(first))
                 except BackendConnectError:
                     _ask_recovery(self.ctx, name, route)  # as _send does for a refusal
-                    route = await self.routes.resolve(name, target_variant, fresh=True)
+                    route = await self.routes.resolve(name, target_variant, fresh=True,
+                                                      account_id=account_id)
                     tr = self._translate(name, raw, route, stream, headers)
             return route, tr, await _send(self.ctx, self.client, route, name, tr)
         except BackendError as exc:
@@ -243,8 +245,8 @@ def _reply_headers(headers: Mapping[str, str], route: Route) -> Headers:
 
 
 async def _invoke(px: Proxy, send: Send, headers: Mapping[str, str], name: str,
-                  raw: bytes, clock: Clock) -> None:
-    route, tr, r = await px.open(headers, name, raw, stream=False)
+                  raw: bytes, clock: Clock, account_id: str) -> None:
+    route, tr, r = await px.open(headers, name, raw, False, account_id)
     clock.sent(r)
     body = await _read(px, name, route, r)
     if not 200 <= r.status_code < 300:
@@ -267,11 +269,12 @@ async def _watch_disconnect(receive: Receive, r: BackendResponse, gone: list[boo
 
 
 async def _stream(px: Proxy, receive: Receive, send: Send,
-                  headers: Mapping[str, str], name: str, raw: bytes, clock: Clock) -> None:
+                  headers: Mapping[str, str], name: str, raw: bytes, clock: Clock,
+                  account_id: str) -> None:
     """The model server's answer is awaited before replying, so a model server that is
     down or refuses the request is a ModelError (424) like InvokeEndpoint's; a failure
     after the first byte is a ModelStreamError frame in the stream."""
-    route, tr, r = await px.open(headers, name, raw, stream=True)
+    route, tr, r = await px.open(headers, name, raw, True, account_id)
     clock.sent(r)
     if not 200 <= r.status_code < 300:
         body = await _read(px, name, route, r)
@@ -312,9 +315,9 @@ class RuntimeASGI:
     """`POST /endpoints/{name}/invocations[-response-stream]`, ahead of FastAPI's router;
     anything else goes on to the app."""
 
-    def __init__(self, app: ASGIApp, px: Proxy, secrets: Mapping[str, str],
+    def __init__(self, app: ASGIApp, px: Proxy, keyring: KeyRing,
                  metrics: ApiMetrics) -> None:
-        self.app, self.px, self.secrets, self.metrics = app, px, secrets, metrics
+        self.app, self.px, self.keyring, self.metrics = app, px, keyring, metrics
         self.settings = px.ctx.settings
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -331,12 +334,13 @@ class RuntimeASGI:
         clock, code = Clock(), "OK"
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         try:
-            raw = await self._authenticated_body(scope, receive, headers)
+            raw, account_id = await self._authenticated_body(scope, receive, headers)
             check_request(parts[2], headers, raw)
             if parts[3] == "invocations":
-                await _invoke(self.px, send, headers, parts[2], raw, clock)
+                await _invoke(self.px, send, headers, parts[2], raw, clock, account_id)
             else:
-                await _stream(self.px, receive, send, headers, parts[2], raw, clock)
+                await _stream(self.px, receive, send, headers, parts[2], raw, clock,
+                              account_id)
         except ServiceError as err:
             code = err.code
             await _error_reply(send, err)
@@ -345,11 +349,13 @@ class RuntimeASGI:
 
 
     async def _authenticated_body(self, scope: Scope, receive: Receive,
-                                  headers: Mapping[str, str]) -> bytes:
-        """The body of a validly signed request. The Authorization header is checked first
-        and at most MAX_BODY bytes are read: an unsigned or oversized request is refused
-        without reading its body."""
-        claim = check_header(headers, self.secrets, self.settings.region,
+                                  headers: Mapping[str, str]) -> tuple[bytes, str]:
+        """The body of a validly signed request and the account its key acts for. The
+        Authorization header is checked first and at most MAX_BODY bytes are read: an
+        unsigned or oversized request is refused without reading its body."""
+        keys = self.keyring.current()
+        claim = check_header(headers, {k: v.secret for k, v in keys.items()},
+                             self.settings.region,
                              self.settings.signature_max_skew)
         declared = declared_length(headers)
         if declared is not None and declared > MAX_BODY:
@@ -358,7 +364,7 @@ class RuntimeASGI:
         if raw is None:
             raise body_too_large()
         check_signature(IncomingRequest("POST", str(URL(scope=scope)), headers, raw), claim)
-        return raw
+        return raw, keys[claim.access_key].account_id
 
 
 async def _chunks(receive: Receive) -> AsyncIterator[bytes]:
@@ -380,5 +386,5 @@ def install(app: FastAPI, ctx: Context) -> None:
     app.state.runtime_client = px.client
     app.state.routes = px.routes
     app.state.capture = px.capture
-    app.add_middleware(RuntimeASGI, px=px, secrets=ctx.settings.credentials(),
+    app.add_middleware(RuntimeASGI, px=px, keyring=KeyRing(ctx.settings),
                        metrics=app.state.metrics)  # protocol.install made it

@@ -48,9 +48,9 @@ class _Snapshot:
     """What an invocation needs from an endpoint's rows, read in one session."""
 
     def __init__(self, servers: dict[str, Any], status: str,
-                 capture: dict[str, Any] | None, expires: float) -> None:
+                 capture: dict[str, Any] | None, expires: float, account_id: str) -> None:
         self.servers, self.status, self.capture = servers, status, capture
-        self.expires = expires
+        self.expires, self.account_id = expires, account_id
 
 
 _turns: dict[tuple[str, str], itertools.count[int]] = {}
@@ -65,19 +65,23 @@ def _rotation(name: str, variant: str, urls: list[str]) -> list[str]:
     return urls[start:] + urls[:start]
 
 
-def _load(ctx: Context, name: str, ttl: float) -> _Snapshot:
+def not_found(name: str, account_id: str) -> RuntimeValidationError:
+    return RuntimeValidationError(f"Endpoint {name} of account {account_id} not found.")
+
+
+def _load(ctx: Context, name: str, ttl: float, account_id: str) -> _Snapshot:
+    """The endpoint's snapshot; not found unless it is `account_id`'s."""
     with ctx.db.session() as s:
-        row = find(s, EndpointRow, name)
+        row = find(s, EndpointRow, name, account_id=account_id)
         if row is None:
-            raise RuntimeValidationError(
-                f"Endpoint {name} of account {ctx.account.account_id} not found.")
+            raise not_found(name, account_id)
         if row.status not in SERVING or not row.deployment.get("Servers"):
             raise RuntimeValidationError(
                 f"Endpoint {name} is not in service (status {row.status}).")
         config = find(s, EndpointConfigRow, row.config_name)
         capture = capture_config(row.spec, config.spec if config else None)
         return _Snapshot(dict(row.deployment["Servers"]), row.status, capture,
-                         time.monotonic() + ttl)
+                         time.monotonic() + ttl, row.account_id)
 
 
 class Routes:
@@ -95,21 +99,28 @@ class Routes:
         self.ctx, self.ttl, self.idle_after = ctx, ttl, idle_after
         self._snapshots: dict[str, _Snapshot] = {}
         self._used: dict[str, float] = {}  # endpoint -> time.monotonic() of its last request
+        self._accounts: dict[str, str] = {}  # endpoint -> its account (what _reload reads)
         self._refresher: asyncio.Task[None] | None = None
         self._read_s = 0.0  # how long the refresher's last database read took
 
     async def resolve(self, name: str, target_variant: str | None,
-                      fresh: bool = False) -> Route:
+                      fresh: bool = False, *, account_id: str | None = None) -> Route:
+        """The route of `account_id`'s endpoint `name` (another account's: not found;
+        default: the context's account)."""
+        account_id = account_id or self.ctx.account.account_id
         now = time.monotonic()
         snap = self._snapshots.get(name)
+        if snap is not None and snap.account_id != account_id:
+            raise not_found(name, account_id)
         cached = not fresh and snap is not None and snap.expires > now
         if not cached:
             self._snapshots.pop(name, None)
-            snap = await run_in_threadpool(_load, self.ctx, name, self.ttl)
+            snap = await run_in_threadpool(_load, self.ctx, name, self.ttl, account_id)
             if self.ttl > 0:
                 self._snapshots[name] = snap
         if self.ttl > 0:
             self._used[name] = now
+            self._accounts[name] = account_id
             if self._refresher is None:
                 self._refresher = asyncio.create_task(self._refresh())
         assert snap is not None
@@ -143,7 +154,9 @@ class Routes:
     async def _reload(self, name: str) -> None:
         t0 = time.monotonic()
         try:
-            self._snapshots[name] = await run_in_threadpool(_load, self.ctx, name, self.ttl)
+            account_id = self._accounts[name]  # set with _used[name] by resolve
+            self._snapshots[name] = await run_in_threadpool(_load, self.ctx, name, self.ttl,
+                                                            account_id)
             self._read_s = time.monotonic() - t0
         except RuntimeValidationError:  # gone or not serving: the next request says so
             self._snapshots.pop(name, None)

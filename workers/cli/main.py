@@ -178,8 +178,9 @@ def build_parser() -> argparse.ArgumentParser:
                        description="apply database migrations (alembic upgrade head)")
     add_data_dir_option(m)
     m.set_defaults(func=cmd_migrate)
-    from eaglenest.workers.cli import bench, s3, status
+    from eaglenest.workers.cli import bench, keys, s3, status
 
+    keys.register(sub)
     s3.register(sub)
     bench.register(sub)
     status.register(sub)

@@ -26,8 +26,7 @@ def ensure_credentials(settings: Settings) -> tuple[str, bool]:
     existing = settings.credentials()
     if existing:
         return next(iter(existing)), False
-    key = "AKIA" + _random(string.ascii_uppercase + string.digits, 16)
-    secret = _random(string.ascii_letters + string.digits + "+/", 40)
+    key, secret = new_key_pair()
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     creds = configparser.ConfigParser()
     creds[CREDENTIALS_PROFILE] = {"aws_access_key_id": key, "aws_secret_access_key": secret}
@@ -36,6 +35,17 @@ def ensure_credentials(settings: Settings) -> tuple[str, bool]:
     config[f"profile {CREDENTIALS_PROFILE}"] = {"region": settings.region}
     _write_private(settings.data_dir / "config", config)
     return key, True
+
+
+def new_key_pair() -> tuple[str, str]:
+    """A new access key id and secret, shaped as AWS's."""
+    return ("AKIA" + _random(string.ascii_uppercase + string.digits, 16),
+            _random(string.ascii_letters + string.digits + "+/", 40))
+
+
+def write_config(path: Path, parser: configparser.ConfigParser) -> None:
+    """Write an INI file readable by its owner alone (0600)."""
+    _write_private(path, parser)
 
 
 def _write_private(path: Path, parser: configparser.ConfigParser) -> None:

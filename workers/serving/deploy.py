@@ -79,7 +79,7 @@ def plan_variants(session: Session, config_name: str) -> list[VariantPlan]:
     plans = []
     for v in _rebuild(CreateEndpointConfigInput, config.spec).ProductionVariants:
         name = str(v.ModelName)  # endpoint_configs_repo refuses a variant without one
-        row = find(session, ModelRow, name)
+        row = find(session, ModelRow, name, account_id=config.account_id)  # the config's
         if row is None:
             raise DeployError(f"Model {name} of variant {v.VariantName} no longer exists.")
         container = model_container(_rebuild(CreateModelInput, row.spec))
