@@ -8,6 +8,8 @@ import logging
 import math
 import time
 import uuid
+from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
@@ -17,10 +19,13 @@ from sqlalchemy.exc import OperationalError
 
 from eaglenest.api import operations as _ops  # noqa: F401  (registers the handlers)
 from eaglenest.api import tagging
+from eaglenest.api.bounded import check_depth, declared_length, read_capped, too_large
+from eaglenest.api.keyring import KeyRing
 from eaglenest.api.observability import ApiMetrics, BrokerProbe
 from eaglenest.api.registry import REGISTRY, Context
-from eaglenest.api.sigv4 import IncomingRequest, verify
+from eaglenest.api.sigv4 import REQUIRED_JSON, IncomingRequest, check_header, check_signature
 from eaglenest.foundation import shapes
+from eaglenest.foundation.accounts import Account
 from eaglenest.foundation.errors import (
     InternalFailure,
     SerializationException,
@@ -47,11 +52,26 @@ def error_response(err: ServiceError) -> Response:
     return json_response(err.body(), err.status)
 
 
-def authenticate(request: Request, ctx: Context, secrets: dict[str, str], body: bytes,
-                 service: str = "sagemaker") -> None:
+async def authenticated_body(request: Request, ctx: Context, secrets: Mapping[str, str],
+                             service: str = "sagemaker") -> tuple[bytes, str]:
+    """The body of a request whose signature is valid, and its access key id. The
+    Authorization header is checked
+    first and the body read only up to `max_request_bytes` (api.bounded): an unsigned or
+    oversized request is refused without reading it."""
     headers = {k.lower(): v for k, v in request.headers.items()}
-    incoming = IncomingRequest(request.method, str(request.url), headers, body)
-    verify(incoming, secrets, ctx.settings.region, ctx.settings.signature_max_skew, service)
+    settings = ctx.settings
+    claim = check_header(headers, secrets, settings.region, settings.signature_max_skew,
+                         service, REQUIRED_JSON)
+    limit = settings.max_request_bytes
+    declared = declared_length(headers)
+    if declared is not None and declared > limit:
+        raise too_large(limit)
+    body = await read_capped(request.stream(), limit)
+    if body is None:
+        raise too_large(limit)
+    verified = check_signature(IncomingRequest(request.method, str(request.url), headers,
+                                               body), claim)
+    return body, verified.access_key
 
 
 def route(target: str) -> tuple[str, str]:
@@ -79,6 +99,7 @@ def _finite(text: str) -> float:
 
 
 def _payload(body: bytes) -> dict[str, Any]:
+    check_depth(body)
     try:
         payload = json.loads(body or b"{}", parse_constant=_not_json, parse_float=_finite)
     except ValueError as exc:
@@ -109,7 +130,7 @@ def install(app: FastAPI, ctx: Context) -> None:
     metrics = ApiMetrics()
     app.state.metrics = metrics
     app.state.broker = BrokerProbe(ctx.queue.broker_up)
-    secrets = ctx.settings.credentials()  # read once: the key pair is fixed at start
+    keyring = KeyRing(ctx.settings)  # re-read when `eaglenest keys` changes the file
 
     @router.post("/")
     async def aws_json(request: Request) -> Response:
@@ -117,9 +138,12 @@ def install(app: FastAPI, ctx: Context) -> None:
         target = request.headers.get("x-amz-target", "")
         service, op = route(target)
         try:
-            body = await request.body()
-            authenticate(request, ctx, secrets, body, service)
-            result = await run_in_threadpool(dispatch, ctx, target, body)
+            keys = keyring.current()
+            secrets = {k: v.secret for k, v in keys.items()}
+            body, key = await authenticated_body(request, ctx, secrets, service)
+            # the operation acts for the account of the key that signed it
+            caller = replace(ctx, account=Account(ctx.settings.region, keys[key].account_id))
+            result = await run_in_threadpool(dispatch, caller, target, body)
         except ServiceError as err:
             metrics.observe(op, err.code, time.perf_counter() - start)
             raise

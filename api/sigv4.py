@@ -42,13 +42,36 @@ class Verified:
     region: str
 
 
-def verify(
-    req: IncomingRequest, secrets: Mapping[str, str], region: str, max_skew: int,
-    service: str = SERVICE,
-) -> Verified:
-    """Raise an AWS auth error unless `req` carries a valid SigV4 signature for `service`
-    (the SigV4 signing name: sagemaker, or tagging for the Resource Groups Tagging API)."""
-    auth = req.headers.get("authorization")
+#: headers every request must sign, and those the JSON protocol adds (its operation and
+#: body type: unsigned, a captured request could be re-aimed at another operation)
+REQUIRED = ("host", "x-amz-date")
+REQUIRED_JSON = (*REQUIRED, "x-amz-target", "content-type")
+#: how AWS spells each in "'<Name>' must be a 'SignedHeader' in the AWS Authorization."
+_SPELLING = {"host": "Host", "x-amz-date": "X-Amz-Date", "x-amz-target": "X-Amz-Target",
+             "content-type": "Content-Type"}
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What the Authorization header claims, checked as far as it can be without the body."""
+
+    access_key: str
+    secret: str
+    region: str
+    amz_date: str
+    signed: list[str]
+    signature: str
+    service: str
+
+
+def check_header(headers: Mapping[str, str], secrets: Mapping[str, str], region: str,
+                 max_skew: int, service: str = SERVICE,
+                 required: tuple[str, ...] = REQUIRED) -> Claim:
+    """Everything but the signature itself: a present, well-formed Authorization of a known
+    key, scoped to this region and `service` (the SigV4 signing name: sagemaker, or tagging
+    for the Resource Groups Tagging API), dated within `max_skew`, signing every header of
+    `required`. Run before the body is read: an unsigned request costs no body."""
+    auth = headers.get("authorization")
     if not auth:
         raise InvalidSignatureException(
             "Request is missing Authentication Token: sign it with AWS Signature Version 4 "
@@ -76,15 +99,37 @@ def verify(
             f"Credential should be scoped to a valid region: this service runs in '{region}', "
             f"the request was signed for '{cred_region}'."
         )
-    amz_date = _check_date(req.headers, date, max_skew)
-    expected = _signature(req, m["signed"].split(";"), access_key, secret, cred_region,
-                          amz_date, service)
-    if not hmac.compare_digest(expected, m["sig"]):
+    signed = m["signed"].split(";")
+    for name in required:
+        if name not in signed:
+            raise InvalidSignatureException(
+                f"'{_SPELLING.get(name, name)}' must be a 'SignedHeader' in the AWS "
+                "Authorization.")
+    for name in signed:
+        if name not in headers:
+            raise InvalidSignatureException(f"Signed header '{name}' is missing from the request.")
+    amz_date = _check_date(headers, date, max_skew)
+    return Claim(access_key, secret, cred_region, amz_date, signed, m["sig"], service)
+
+
+def check_signature(req: IncomingRequest, claim: Claim) -> Verified:
+    """The signature of `req` (body included) is the one `claim` carries."""
+    expected = _signature(req, claim)
+    if not hmac.compare_digest(expected, claim.signature):
         raise InvalidSignatureException(
             "The request signature we calculated does not match the signature you provided. "
             "Check your AWS Secret Access Key and signing method."
         )
-    return Verified(access_key=access_key, region=cred_region)
+    return Verified(access_key=claim.access_key, region=claim.region)
+
+
+def verify(
+    req: IncomingRequest, secrets: Mapping[str, str], region: str, max_skew: int,
+    service: str = SERVICE, required: tuple[str, ...] = REQUIRED,
+) -> Verified:
+    """Raise an AWS auth error unless `req` carries a valid SigV4 signature for `service`."""
+    claim = check_header(req.headers, secrets, region, max_skew, service, required)
+    return check_signature(req, claim)
 
 
 def _check_date(headers: Mapping[str, str], scope_date: str, max_skew: int) -> str:
@@ -106,20 +151,11 @@ def _check_date(headers: Mapping[str, str], scope_date: str, max_skew: int) -> s
     return amz_date
 
 
-def _signature(
-    req: IncomingRequest, signed: list[str], key: str, secret: str, region: str, amz_date: str,
-    service: str,
-) -> str:
-    if "host" not in signed:
-        raise InvalidSignatureException("SignedHeaders must include 'host'.")
-    headers = {}
-    for name in signed:
-        if name not in req.headers:
-            raise InvalidSignatureException(f"Signed header '{name}' is missing from the request.")
-        headers[name] = req.headers[name]
+def _signature(req: IncomingRequest, claim: Claim) -> str:
+    headers = {name: req.headers[name] for name in claim.signed}
     aws_req = AWSRequest(method=req.method, url=req.url, headers=headers, data=req.body)
-    aws_req.context["timestamp"] = amz_date
-    signer = SigV4Auth(Credentials(key, secret), service, region)
+    aws_req.context["timestamp"] = claim.amz_date
+    signer = SigV4Auth(Credentials(claim.access_key, claim.secret), claim.service, claim.region)
     canonical = signer.canonical_request(aws_req)
     string_to_sign = signer.string_to_sign(aws_req, canonical)
     return str(signer.signature(string_to_sign, aws_req))

@@ -110,7 +110,8 @@ def get_resources(ctx: Context, payload: dict[str, Any]) -> dict[str, Any]:
     found: list[dict[str, Any]] = []
     with ctx.db.session() as s:
         for table in TABLES:
-            for arn, tags in s.execute(select(table.arn, table.tags)):
+            for arn, tags in s.execute(select(table.arn, table.tags).where(
+                    table.account_id == ctx.account.account_id)):
                 listed = arn.lower() in wanted if arns else bool(tags)
                 if listed and _matches(arn, tags, filters, types):
                     found.append({"ResourceARN": arn, "Tags": list(tags)})

@@ -102,7 +102,7 @@ def serve_api(port: int, backend_port: int, data_dir: Path) -> None:
     from eaglenest.foundation.settings import Settings
 
     async def resolve(self: object, name: str, target_variant: str | None,
-                      fresh: bool = False) -> routes.Route:
+                      fresh: bool = False, *, account_id: str | None = None) -> routes.Route:
         return routes.Route("AllTraffic", [f"http://127.0.0.1:{backend_port}"], name, None,
                             "InService", cached=True)
 

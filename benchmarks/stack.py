@@ -46,6 +46,10 @@ class Stack:
             EAGLENEST_DATA_DIR=str(self.data_dir), EAGLENEST_ACCESS_KEY_ID=ACCESS_KEY,
             EAGLENEST_SECRET_ACCESS_KEY=SECRET_KEY, EAGLENEST_ACCOUNT_ID=ACCOUNT,
             EAGLENEST_REGION=REGION, PYTHONUNBUFFERED="1",
+            # suites and benchmarks create far more than a team's quotas allow; the quota
+            # tests (tests/security/test_quotas.py) set their own
+            EAGLENEST_MAX_ENDPOINTS="10000", EAGLENEST_MAX_INSTANCES="10000",
+            EAGLENEST_MAX_CONCURRENT_OPTIMIZATION_JOBS="10000",
         )
         env.update(self.extra_env)
         return env

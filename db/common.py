@@ -13,6 +13,8 @@ from sqlalchemy.orm import Session
 
 from eaglenest.db.pagination import PageRequest, fingerprint, paginate
 from eaglenest.db.tables import Base
+from eaglenest.foundation.errors import ValidationException
+from eaglenest.foundation.storage import StorageError, check_characters
 
 RowT = TypeVar("RowT", bound=Base)
 
@@ -31,8 +33,29 @@ def insert_unique(session: Session, row: Base, duplicate: Exception) -> None:
         raise duplicate from exc
 
 
-def find(session: Session, table: type[RowT], name: str, *, lock: bool = False) -> RowT | None:
+def check_s3_uris(spec: Any, at: str = "") -> None:
+    """A ValidationException naming the member of the first `s3://` URI in a request that
+    holds a control character (the artifact store refuses those keys)."""
+    if isinstance(spec, dict):
+        for k, v in spec.items():
+            check_s3_uris(v, f"{at}.{k}" if at else k)
+    elif isinstance(spec, list):
+        for i, v in enumerate(spec, start=1):
+            check_s3_uris(v, f"{at}.{i}")
+    elif isinstance(spec, str) and spec.startswith("s3://"):
+        try:
+            check_characters(spec)
+        except StorageError as exc:
+            raise ValidationException(f"{at}: {exc}") from None
+
+
+def find(session: Session, table: type[RowT], name: str, *, lock: bool = False,
+         account_id: str | None = None) -> RowT | None:
+    """The row named `name` (ignoring case); with `account_id`, only that account's (the
+    API always passes the caller's: another account's resource is not found)."""
     stmt = select(table).where(table.name_key == name.lower())  # type: ignore[attr-defined]
+    if account_id is not None:
+        stmt = stmt.where(table.account_id == account_id)  # type: ignore[attr-defined]
     if lock:
         stmt = stmt.with_for_update()
     return session.scalars(stmt).first()
@@ -58,10 +81,12 @@ _SORT_COLUMNS = {"Name": "name_key", "CreationTime": "creation_time", "Status": 
 
 
 def list_rows(
-    session: Session, table: type[RowT], q: ListQuery, contains_type: str | None = None
+    session: Session, table: type[RowT], q: ListQuery, account_id: str,
+    contains_type: str | None = None
 ) -> tuple[list[RowT], str | None]:
+    """One page of `account_id`'s rows of `table` matching `q`."""
     t: Any = table
-    stmt: Select[Any] = select(table)
+    stmt: Select[Any] = select(table).where(t.account_id == account_id)
     if contains_type:  # optimization jobs: OptimizationContains filters the type list
         stmt = stmt.where(t.optimization_types.contains(contains_type, autoescape=True))
     if q.name_contains:
@@ -79,7 +104,7 @@ def list_rows(
     fp = fingerprint(
         table=table.__tablename__, sort=q.sort_by, desc=q.descending, name=q.name_contains,
         ca=q.creation_after, cb=q.creation_before, ma=q.modified_after,
-        mb=q.modified_before, st=q.status_equals, ty=contains_type,
+        mb=q.modified_before, st=q.status_equals, ty=contains_type, acct=account_id,
     )
     page = PageRequest(
         sort_column=getattr(t, _SORT_COLUMNS[q.sort_by]), id_column=t.id,

@@ -7,7 +7,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from eaglenest.db import models_repo, tags_repo
-from eaglenest.db.common import find, insert_unique, now
+from eaglenest.db.common import check_s3_uris, find, insert_unique, now
 from eaglenest.db.tables import EndpointConfigRow, ModelRow
 from eaglenest.foundation.accounts import Account
 from eaglenest.foundation.errors import (
@@ -84,7 +84,7 @@ def _check_variants(session: Session, account: Account, spec: dict[str, Any]) ->
         model = v.get("ModelName")
         if model is None:
             raise ValidationException(f"Variant '{name}' must set ModelName.")
-        if find(session, ModelRow, model) is None:
+        if find(session, ModelRow, model, account_id=account.account_id) is None:
             raise models_repo.not_found(account, model)
 
 
@@ -96,8 +96,10 @@ def create(session: Session, account: Account, spec: dict[str, Any],
     _check_variants(session, account, spec)
     name = spec["EndpointConfigName"]
     tags = tags_repo.check_new_tags(spec.pop("Tags", None) or [])
+    check_s3_uris(spec)  # the store would refuse them later: refuse them now
     row = EndpointConfigRow(
         name=name, name_key=name.lower(), arn=account.arn("endpoint-config", name),
+        account_id=account.account_id,
         creation_time=now(), spec=spec, tags=tags,
     )
     duplicate = ValidationException(
@@ -107,7 +109,7 @@ def create(session: Session, account: Account, spec: dict[str, Any],
 
 
 def get(session: Session, account: Account, name: str) -> EndpointConfigRow:
-    row = find(session, EndpointConfigRow, name)
+    row = find(session, EndpointConfigRow, name, account_id=account.account_id)
     if row is None:
         raise not_found(account, name)
     return row

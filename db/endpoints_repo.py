@@ -26,7 +26,7 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from eaglenest.db import endpoint_configs_repo, tags_repo, traffic_policy
+from eaglenest.db import endpoint_configs_repo, quotas, tags_repo, traffic_policy
 from eaglenest.db import endpoint_retention as retention
 from eaglenest.db.common import find, insert_unique, now
 from eaglenest.db.tables import EndpointConfigRow, EndpointRow
@@ -43,13 +43,18 @@ def not_found(account: Account, name: str) -> ValidationException:
     return ValidationException(f'Could not find endpoint "{account.arn("endpoint", name)}".')
 
 
-def create(session: Session, account: Account, spec: dict[str, Any]) -> EndpointRow:
+def create(session: Session, account: Account, spec: dict[str, Any],
+           limits: quotas.Limits | None = None) -> EndpointRow:
     config = endpoint_configs_repo.get(session, account, spec["EndpointConfigName"])
+    if limits is not None:
+        quotas.check_new_endpoint(session, account, config.spec, limits.endpoints,
+                                  limits.instances)
     name = spec["EndpointName"]
     tags = tags_repo.check_new_tags(spec.pop("Tags", None) or [])
     t = now()
     row = EndpointRow(
         name=name, name_key=name.lower(), arn=account.arn("endpoint", name),
+        account_id=account.account_id,
         creation_time=t, last_modified_time=t, spec=spec, tags=tags,
         status=CREATING, config_name=config.name, deployment={},
     )
@@ -59,7 +64,7 @@ def create(session: Session, account: Account, spec: dict[str, Any]) -> Endpoint
 
 
 def get(session: Session, account: Account, name: str, *, lock: bool = False) -> EndpointRow:
-    row = find(session, EndpointRow, name, lock=lock)
+    row = find(session, EndpointRow, name, lock=lock, account_id=account.account_id)
     if row is None:
         raise not_found(account, name)
     return row
@@ -81,7 +86,8 @@ def _require_in_service(row: EndpointRow) -> None:
 
 
 def request_update(
-    session: Session, account: Account, name: str, config_name: str, spec: dict[str, Any]
+    session: Session, account: Account, name: str, config_name: str, spec: dict[str, Any],
+    limits: quotas.Limits | None = None,
 ) -> EndpointRow:
     """UpdateEndpoint: the new config, what is retained of the running endpoint
     (db.endpoint_retention) and the deployment configuration, pending until a worker has
@@ -95,6 +101,9 @@ def request_update(
     traffic_policy.check(spec.get(retention.DEPLOYMENT_CONFIG),
                          _fleet_size(config.spec, pending[retention.PENDING_OVERRIDES]))
     _require_in_service(row)
+    if limits is not None:
+        quotas.check_instances(session, account, row, quotas.config_instances(
+            config.spec, pending.get(retention.PENDING_OVERRIDES)), limits.instances)
     new_spec = {k: v for k, v in row.spec.items() if k != retention.DEPLOYMENT_CONFIG}
     if deploy_config is not None:
         new_spec[retention.DEPLOYMENT_CONFIG] = deploy_config
@@ -195,13 +204,19 @@ def _check_desired(row: EndpointRow, desired: list[dict[str, Any]], max_instance
 
 
 def request_weights(session: Session, account: Account, name: str,
-                    desired: list[dict[str, Any]], max_instances: int) -> EndpointRow:
+                    desired: list[dict[str, Any]], max_instances: int,
+                    limits: quotas.Limits | None = None) -> EndpointRow:
     """UpdateEndpointWeightsAndCapacities: record the desired weights and counts (shown as
     Desired* at once; Current* follow when a worker has applied them) and go Updating."""
     row = get(session, account, name, lock=True)
     _check_desired(row, desired, max_instances)
     pending = {d["VariantName"]: {k: d[k] for k in ("DesiredWeight", "DesiredInstanceCount")
                                   if k in d} for d in desired}
+    if limits is not None:
+        after = effective_overrides({**row.spec, PENDING_WEIGHTS: pending})
+        config = find(session, EndpointConfigRow, row.config_name)
+        quotas.check_instances(session, account, row, quotas.config_instances(
+            config.spec if config else {}, after), limits.instances)
     summaries = [{**v, **pending.get(v["VariantName"], {})}
                  for v in row.deployment["ProductionVariants"]]
     row.deployment = {**row.deployment, "ProductionVariants": summaries}

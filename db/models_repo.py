@@ -7,8 +7,9 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from eaglenest.db import tags_repo
-from eaglenest.db.common import find, insert_unique, now
+from eaglenest.db.common import check_s3_uris, find, insert_unique, now
 from eaglenest.db.tables import ModelRow
+from eaglenest.foundation import environment
 from eaglenest.foundation.accounts import Account
 from eaglenest.foundation.errors import ValidationException
 
@@ -31,12 +32,27 @@ def _check_containers(spec: dict[str, Any]) -> None:
             "for one container or Containers for an inference pipeline.")
 
 
+def _check_environment(spec: dict[str, Any]) -> None:
+    """Only allowed variables reach a model server (foundation/environment.py)."""
+    containers = [("PrimaryContainer", spec.get("PrimaryContainer"))]
+    containers += [(f"Containers.{i}", c)
+                   for i, c in enumerate(spec.get("Containers") or [], start=1)]
+    for where, container in containers:
+        try:
+            environment.check((container or {}).get("Environment"), f"{where}.Environment")
+        except environment.EnvironmentRejected as exc:
+            raise ValidationException(str(exc)) from None
+
+
 def create(session: Session, account: Account, spec: dict[str, Any]) -> ModelRow:
     _check_containers(spec)
+    _check_environment(spec)
     name = spec["ModelName"]
     tags = tags_repo.check_new_tags(spec.pop("Tags", None) or [])
+    check_s3_uris(spec)  # the store would refuse them later: refuse them now
     row = ModelRow(
         name=name, name_key=name.lower(), arn=account.arn("model", name),
+        account_id=account.account_id,
         creation_time=now(), spec=spec, tags=tags,
     )
     duplicate = ValidationException(f'Cannot create already existing model "{row.arn}".')
@@ -45,7 +61,7 @@ def create(session: Session, account: Account, spec: dict[str, Any]) -> ModelRow
 
 
 def get(session: Session, account: Account, name: str) -> ModelRow:
-    row = find(session, ModelRow, name)
+    row = find(session, ModelRow, name, account_id=account.account_id)
     if row is None:
         raise not_found(account, name)
     return row

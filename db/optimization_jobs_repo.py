@@ -18,9 +18,10 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from eaglenest.db import models_repo, tags_repo
-from eaglenest.db.common import find, insert_unique, now
+from eaglenest.db import models_repo, quotas, tags_repo
+from eaglenest.db.common import check_s3_uris, find, insert_unique, now
 from eaglenest.db.tables import ModelRow, OptimizationJobRow
+from eaglenest.foundation import environment
 from eaglenest.foundation.accounts import Account
 from eaglenest.foundation.errors import ResourceInUse, ResourceNotFound, ValidationException
 
@@ -43,6 +44,21 @@ def not_found(name: str) -> ResourceNotFound:
     return ResourceNotFound(f"Optimization job {name} does not exist.")
 
 
+def _check_environment(spec: dict[str, Any]) -> None:
+    """Only allowed variables are accepted (foundation/environment.py)."""
+    envs = [("OptimizationEnvironment", spec.get("OptimizationEnvironment"))]
+    for i, config in enumerate(spec.get("OptimizationConfigs") or [], start=1):
+        for member, body in config.items():
+            if isinstance(body, dict) and "OverrideEnvironment" in body:
+                envs.append((f"OptimizationConfigs.{i}.{member}.OverrideEnvironment",
+                             body["OverrideEnvironment"]))
+    try:
+        for where, env in envs:
+            environment.check(env, where)
+    except environment.EnvironmentRejected as exc:
+        raise ValidationException(str(exc)) from None
+
+
 def _check_spec(session: Session, account: Account, spec: dict[str, Any]) -> list[str]:
     source = spec["ModelSource"]
     if not source.get("S3") and not source.get("SageMakerModel"):
@@ -50,7 +66,8 @@ def _check_spec(session: Session, account: Account, spec: dict[str, Any]) -> lis
             "ModelSource must specify either S3 (S3Uri of the model artifacts) or SageMakerModel."
         )
     sm_model = source.get("SageMakerModel")
-    if sm_model and find(session, ModelRow, sm_model["ModelName"]) is None:
+    if sm_model and find(session, ModelRow, sm_model["ModelName"],
+                         account_id=account.account_id) is None:
         raise models_repo.not_found(account, sm_model["ModelName"])
     output = (spec["OutputConfig"].get("SageMakerModel") or {}).get("ModelName")
     if output and find(session, ModelRow, output) is not None:
@@ -67,16 +84,22 @@ def _check_spec(session: Session, account: Account, spec: dict[str, Any]) -> lis
                 f"only ModelSpeculativeDecodingConfig (Technique EAGLE) is."
             )
         types.append(OPTIMIZATION_TYPES[member])
+    _check_environment(spec)
     return sorted(set(types))
 
 
-def create(session: Session, account: Account, spec: dict[str, Any]) -> OptimizationJobRow:
+def create(session: Session, account: Account, spec: dict[str, Any],
+           limits: quotas.Limits | None = None) -> OptimizationJobRow:
     types = _check_spec(session, account, spec)
+    if limits is not None:
+        quotas.check_new_job(session, account, limits.jobs)
     name = spec["OptimizationJobName"]
     tags = tags_repo.check_new_tags(spec.pop("Tags", None) or [])
+    check_s3_uris(spec)  # the store would refuse them later: refuse them now
     t = now()
     row = OptimizationJobRow(
         name=name, name_key=name.lower(), arn=account.arn("optimization-job", name),
+        account_id=account.account_id,
         creation_time=t, last_modified_time=t, spec=spec, tags=tags, status=STARTING,
         optimization_types=",".join(types), output={},
     )
@@ -84,8 +107,11 @@ def create(session: Session, account: Account, spec: dict[str, Any]) -> Optimiza
     return row
 
 
-def get(session: Session, name: str, *, lock: bool = False) -> OptimizationJobRow:
-    row = find(session, OptimizationJobRow, name, lock=lock)
+def get(session: Session, name: str, *, lock: bool = False,
+        account: Account | None = None) -> OptimizationJobRow:
+    """The job; with `account` (the API: the caller's), only that account's."""
+    row = find(session, OptimizationJobRow, name, lock=lock,
+               account_id=account.account_id if account else None)
     if row is None:
         raise not_found(name)
     return row
@@ -106,8 +132,9 @@ def owner_alive(row: OptimizationJobRow, lease_seconds: float) -> bool:
     return bool(row.owner and row.heartbeat_time and now() - row.heartbeat_time < lease_seconds)
 
 
-def request_stop(session: Session, name: str, lease_seconds: float) -> None:
-    row = get(session, name, lock=True)
+def request_stop(session: Session, name: str, lease_seconds: float,
+                 account: Account | None = None) -> None:
+    row = get(session, name, lock=True, account=account)
     if row.status in TERMINAL or row.status == STOPPING:
         raise ValidationException(
             f"Optimization job {name} is {row.status} and cannot be stopped: only jobs that "
@@ -116,8 +143,9 @@ def request_stop(session: Session, name: str, lease_seconds: float) -> None:
     _set(row, STOPPING if owner_alive(row, lease_seconds) else STOPPED)
 
 
-def request_delete(session: Session, name: str, lease_seconds: float) -> None:
-    row = get(session, name, lock=True)
+def request_delete(session: Session, name: str, lease_seconds: float,
+                   account: Account | None = None) -> None:
+    row = get(session, name, lock=True, account=account)
     if row.status in (INPROGRESS, STOPPING) and owner_alive(row, lease_seconds):
         raise ValidationException(
             f"Optimization job {name} is {row.status}: stop it with StopOptimizationJob and "

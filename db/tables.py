@@ -21,6 +21,8 @@ class _Named:
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     name: Mapped[str] = mapped_column(String(63), nullable=False)
     name_key: Mapped[str] = mapped_column(String(63), nullable=False, unique=True)
+    #: the account of the key that created it: only that account's requests find it
+    account_id: Mapped[str] = mapped_column(String(12), nullable=False)
     arn: Mapped[str] = mapped_column(String(256), nullable=False)
     creation_time: Mapped[float] = mapped_column(Float, nullable=False)
     spec: Mapped[dict[str, Any]] = mapped_column(JSON, nullable=False)

@@ -71,7 +71,7 @@ def resource_of(session: Session, account: Account, arn: str, *, lock: bool = Fa
     row = None
     if (table is not None and name and "/" not in name and parts[3] == account.region
             and parts[4] == account.account_id):
-        row = find(session, table, name, lock=lock)
+        row = find(session, table, name, lock=lock, account_id=account.account_id)
     if row is None:
         raise ValidationException(f'{NOT_FOUND}: "{arn}".')
     return row

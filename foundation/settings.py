@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import configparser
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -11,6 +12,18 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 CREDENTIALS_PROFILE = "eaglenest"
+#: the credentials-file option naming the 12-digit account a profile's key acts for
+ACCOUNT_OPTION = "eaglenest_account_id"
+
+
+@dataclass(frozen=True)
+class AccessKey:
+    """An access key pair, the account it acts for and its name (`eaglenest keys`)."""
+
+    access_key_id: str
+    secret: str
+    account_id: str
+    name: str
 
 
 def default_data_dir() -> Path:
@@ -43,6 +56,11 @@ class Settings(BaseSettings):
     s3_endpoint_url: str | None = None
     #: seconds of clock skew accepted in SigV4 X-Amz-Date (AWS allows 15 minutes)
     signature_max_skew: int = 900
+    #: the largest control-plane request body accepted (bytes; more: 413 before it is read).
+    #: The largest valid SageMaker request is about 3.2 MB (docs/security.md).
+    max_request_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
+    #: seconds sagemaker-runtime waits for a model server's next bytes (SageMaker: 60 s)
+    invocation_timeout_seconds: float = Field(default=60.0, gt=0)
     #: seconds a broker publish may take before the API gives up (the row stays; the
     #: worker's start-up reconciliation re-enqueues it)
     broker_publish_timeout: float = 2.0
@@ -69,6 +87,11 @@ class Settings(BaseSettings):
     #: the most serving processes (InitialInstanceCount) one production variant may ask for;
     #: CreateEndpointConfig refuses more (each is a full model server on this host)
     max_instances_per_variant: int = Field(default=4, ge=1)
+    #: per-account quotas (ResourceLimitExceeded beyond them): endpoints, model server
+    #: processes across all of an account's endpoints, optimization jobs not yet ended
+    max_endpoints: int = Field(default=10, ge=0)
+    max_instances: int = Field(default=16, ge=0)
+    max_concurrent_optimization_jobs: int = Field(default=4, ge=0)
     #: log lines of every process (`eaglenest up/api/worker`): plain text, or one JSON
     #: object per line (ts, level, logger, message, job/endpoint, exc) for log shippers
     log_format: Literal["text", "json"] = "text"
@@ -90,21 +113,34 @@ class Settings(BaseSettings):
         return self.data_dir / "s3"
 
     def credentials(self) -> dict[str, str]:
-        """Access key -> secret. Env settings win; else `<data-dir>/credentials`."""
+        """Access key -> secret (every key of `keys()`)."""
+        return {k: v.secret for k, v in self.keys().items()}
+
+    def keys(self) -> dict[str, AccessKey]:
+        """Access key -> AccessKey: the profiles of `<data-dir>/credentials` (each acts for
+        its `eaglenest_account_id`, else `account_id`) and, when set, the key pair of
+        EAGLENEST_ACCESS_KEY_ID / EAGLENEST_SECRET_ACCESS_KEY (for `account_id`)."""
+        keys = read_keys(self.credentials_file, self.account_id)
         if self.access_key_id and self.secret_access_key:
-            return {self.access_key_id: self.secret_access_key}
-        return read_credentials_file(self.credentials_file)
+            keys[self.access_key_id] = AccessKey(self.access_key_id, self.secret_access_key,
+                                                 self.account_id, "environment")
+        return keys
 
 
-def read_credentials_file(path: Path) -> dict[str, str]:
+def read_keys(path: Path, default_account: str) -> dict[str, AccessKey]:
+    """The key pairs of an AWS shared-credentials file, one per profile; a profile without
+    a valid `eaglenest_account_id` acts for `default_account`."""
     if not path.exists():
         return {}
     parser = configparser.ConfigParser()
     parser.read(path)
-    keys: dict[str, str] = {}
+    keys: dict[str, AccessKey] = {}
     for section in parser.sections():
         key = parser.get(section, "aws_access_key_id", fallback=None)
         secret = parser.get(section, "aws_secret_access_key", fallback=None)
+        account = parser.get(section, ACCOUNT_OPTION, fallback="")
+        if not (len(account) == 12 and account.isdigit()):
+            account = default_account
         if key and secret:
-            keys[key] = secret
+            keys[key] = AccessKey(key, secret, account, section)
     return keys

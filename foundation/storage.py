@@ -51,10 +51,34 @@ def parse_uri(uri: str) -> S3Uri:
     if m is None:
         raise StorageError(f"'{uri}' is not an S3 URI of the form s3://bucket/key")
     key = m["key"] or ""
+    check_characters(uri)
     parts = PurePosixPath(key).parts
     if key.startswith("/") or "\\" in key or any(p in ("..", ".") for p in parts):
         raise StorageError(f"'{uri}': keys may not contain '.', '..', '\\' or a leading '/'")
     return S3Uri(m["bucket"], key)
+
+
+def check_characters(uri: str) -> None:
+    """StorageError for a URI with a control character (NUL included): no key may hold one."""
+    control = next((c for c in uri if ord(c) < 32 or ord(c) == 127), None)
+    if control is not None:
+        raise StorageError(f"{ascii(uri)}: keys may not contain control characters "
+                           f"(found {ascii(control)})")
+
+
+def regular_files(folder: Path) -> list[Path]:
+    """Every file under `folder`, sorted; StorageError naming the first symbolic link found
+    (a link could make an upload copy a file from anywhere on the host, such as a key)."""
+    if folder.is_symlink():
+        raise StorageError(f"{folder} is a symbolic link; upload the folder it points to")
+    files = []
+    for path in sorted(folder.rglob("*")):
+        if path.is_symlink():
+            raise StorageError(f"{path} is a symbolic link (to {os.readlink(path)}); "
+                               "uploads copy regular files only")
+        if path.is_file():
+            files.append(path)
+    return files
 
 
 class ArtifactStore(Protocol):
@@ -212,7 +236,7 @@ def read_manifest(store: ArtifactStore, uri: str) -> list[str]:
 def publish_dir(store: ArtifactStore, local: Path, dest: str) -> list[str]:
     """Upload a directory under `dest/`, then `_MANIFEST.json` listing it (written last)."""
     base = parse_uri(dest if dest.endswith("/") else dest + "/")
-    files = sorted(p for p in local.rglob("*") if p.is_file())
+    files = regular_files(local)
     rels = [p.relative_to(local).as_posix() for p in files]
     for path, rel in zip(files, rels, strict=True):
         store.put_file(base.child(rel), path)

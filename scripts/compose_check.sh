@@ -37,6 +37,7 @@ flock -n 9 || { echo "compose_check: another run holds $CACHE/lock" >&2; exit 2;
 # The stack's secrets: random for each run (docker-compose.yml refuses to start without them).
 rand() { head -c 12 /dev/urandom | od -An -tx1 | tr -d ' \n'; }
 export POSTGRES_PASSWORD="pg$(rand)" MINIO_ROOT_USER="minio$(rand)" MINIO_ROOT_PASSWORD="$(rand)"
+export REDIS_PASSWORD="$(rand)"
 export EAGLENEST_ACCESS_KEY_ID="AKIA$(rand | tr a-f A-F)" EAGLENEST_SECRET_ACCESS_KEY="$(rand)$(rand)"
 export EAGLENEST_JOB_LEASE_SECONDS=${EAGLENEST_JOB_LEASE_SECONDS:-15}  # resume sooner after a kill
 export EAGLENEST_BASE_IMAGE=local/debian:bookworm DOCKER_BUILDKIT=1 COMPOSE_DOCKER_CLI_BUILD=1

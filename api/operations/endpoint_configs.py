@@ -35,7 +35,8 @@ def describe_endpoint_config(ctx: Context, req: DescribeEndpointConfigInput) -> 
 @operation("ListEndpointConfigs")
 def list_endpoint_configs(ctx: Context, req: ListEndpointConfigsInput) -> dict[str, Any]:
     with ctx.db.session() as s:
-        rows, token = list_rows(s, EndpointConfigRow, list_query(req))
+        rows, token = list_rows(s, EndpointConfigRow, list_query(req),
+                                 ctx.account.account_id)
         items = [
             {"EndpointConfigName": r.name, "EndpointConfigArn": r.arn,
              "CreationTime": r.creation_time}

@@ -13,6 +13,7 @@ from eaglenest.api.registry import Context, operation
 from eaglenest.db import endpoint_retention as retention
 from eaglenest.db import endpoints_repo
 from eaglenest.db.common import find, list_rows
+from eaglenest.db.quotas import Limits
 from eaglenest.db.tables import EndpointConfigRow, EndpointRow
 from eaglenest.foundation import queue as q
 from eaglenest.foundation.shapes.endpoints import (
@@ -28,7 +29,7 @@ from eaglenest.foundation.shapes.endpoints import (
 @operation("CreateEndpoint")
 def create_endpoint(ctx: Context, req: CreateEndpointInput) -> dict[str, Any]:
     with ctx.db.session() as s:
-        row = endpoints_repo.create(s, ctx.account, spec_of(req))
+        row = endpoints_repo.create(s, ctx.account, spec_of(req), Limits.of(ctx.settings))
         arn, name = row.arn, row.name
     ctx.queue.send(q.ENDPOINT_CREATE_TASK, name, q.SERVE_QUEUE)
     return {"EndpointArn": arn}
@@ -72,7 +73,8 @@ def describe_endpoint(ctx: Context, req: DescribeEndpointInput) -> dict[str, Any
 @operation("ListEndpoints")
 def list_endpoints(ctx: Context, req: ListEndpointsInput) -> dict[str, Any]:
     with ctx.db.session() as s:
-        rows, token = list_rows(s, EndpointRow, list_query(req, status=req.StatusEquals))
+        rows, token = list_rows(s, EndpointRow, list_query(req, status=req.StatusEquals),
+                                 ctx.account.account_id)
         items = [
             {"EndpointName": r.name, "EndpointArn": r.arn, "CreationTime": r.creation_time,
              "LastModifiedTime": r.last_modified_time, "EndpointStatus": r.status}
@@ -85,8 +87,8 @@ def list_endpoints(ctx: Context, req: ListEndpointsInput) -> dict[str, Any]:
 def update_endpoint(ctx: Context, req: UpdateEndpointInput) -> dict[str, Any]:
     with ctx.db.session() as s:
         row = endpoints_repo.request_update(
-            s, ctx.account, req.EndpointName, req.EndpointConfigName, spec_of(req)
-        )
+            s, ctx.account, req.EndpointName, req.EndpointConfigName, spec_of(req),
+            Limits.of(ctx.settings))
         arn, name = row.arn, row.name
     ctx.queue.send(q.ENDPOINT_UPDATE_TASK, name, q.SERVE_QUEUE)
     return {"EndpointArn": arn}
@@ -99,7 +101,7 @@ def update_endpoint_weights_and_capacities(
     with ctx.db.session() as s:
         row = endpoints_repo.request_weights(
             s, ctx.account, req.EndpointName, spec_of(req)["DesiredWeightsAndCapacities"],
-            ctx.settings.max_instances_per_variant)
+            ctx.settings.max_instances_per_variant, Limits.of(ctx.settings))
         arn, name = row.arn, row.name
     ctx.queue.send(q.ENDPOINT_UPDATE_TASK, name, q.SERVE_QUEUE)  # applies weights too
     return {"EndpointArn": arn}

@@ -34,7 +34,7 @@ def describe_model(ctx: Context, req: DescribeModelInput) -> dict[str, Any]:
 @operation("ListModels")
 def list_models(ctx: Context, req: ListModelsInput) -> dict[str, Any]:
     with ctx.db.session() as s:
-        rows, token = list_rows(s, ModelRow, list_query(req))
+        rows, token = list_rows(s, ModelRow, list_query(req), ctx.account.account_id)
         items = [
             {"ModelName": r.name, "ModelArn": r.arn, "CreationTime": r.creation_time}
             for r in rows

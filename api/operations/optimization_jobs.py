@@ -11,6 +11,7 @@ from eaglenest.api.operations.common import list_query, page, spec_of
 from eaglenest.api.registry import Context, operation
 from eaglenest.db import optimization_jobs_repo as jobs
 from eaglenest.db.common import list_rows
+from eaglenest.db.quotas import Limits
 from eaglenest.db.tables import OptimizationJobRow
 from eaglenest.foundation import queue as q
 from eaglenest.foundation.shapes.optimization_jobs import (
@@ -25,7 +26,7 @@ from eaglenest.foundation.shapes.optimization_jobs import (
 @operation("CreateOptimizationJob")
 def create_optimization_job(ctx: Context, req: CreateOptimizationJobRequest) -> dict[str, Any]:
     with ctx.db.session() as s:
-        row = jobs.create(s, ctx.account, spec_of(req))
+        row = jobs.create(s, ctx.account, spec_of(req), Limits.of(ctx.settings))
         arn, name = row.arn, row.name
     ctx.queue.send(q.OPTIMIZE_TASK, name, q.TRAIN_QUEUE)
     return {"OptimizationJobArn": arn}
@@ -34,7 +35,7 @@ def create_optimization_job(ctx: Context, req: CreateOptimizationJobRequest) -> 
 @operation("DescribeOptimizationJob")
 def describe_optimization_job(ctx: Context, req: DescribeOptimizationJobRequest) -> dict[str, Any]:
     with ctx.db.session() as s:
-        r = jobs.get(s, req.OptimizationJobName)
+        r = jobs.get(s, req.OptimizationJobName, account=ctx.account)
         out = {
             **r.spec, "OptimizationJobArn": r.arn, "OptimizationJobStatus": r.status,
             "CreationTime": r.creation_time, "LastModifiedTime": r.last_modified_time,
@@ -63,7 +64,8 @@ def list_optimization_jobs(ctx: Context, req: ListOptimizationJobsRequest) -> di
     query = list_query(req, default_order="Ascending", default_max=50, status=req.StatusEquals)
     with ctx.db.session() as s:
         rows, token = list_rows(
-            s, OptimizationJobRow, query, contains_type=req.OptimizationContains
+            s, OptimizationJobRow, query, ctx.account.account_id,
+            contains_type=req.OptimizationContains
         )
         return page("OptimizationJobSummaries", [_summary(r) for r in rows], token)
 
@@ -71,10 +73,10 @@ def list_optimization_jobs(ctx: Context, req: ListOptimizationJobsRequest) -> di
 @operation("StopOptimizationJob")
 def stop_optimization_job(ctx: Context, req: StopOptimizationJobRequest) -> None:
     with ctx.db.session() as s:
-        jobs.request_stop(s, req.OptimizationJobName, ctx.lease_seconds)
+        jobs.request_stop(s, req.OptimizationJobName, ctx.lease_seconds, ctx.account)
 
 
 @operation("DeleteOptimizationJob")
 def delete_optimization_job(ctx: Context, req: DeleteOptimizationJobRequest) -> None:
     with ctx.db.session() as s:
-        jobs.request_delete(s, req.OptimizationJobName, ctx.lease_seconds)
+        jobs.request_delete(s, req.OptimizationJobName, ctx.lease_seconds, ctx.account)

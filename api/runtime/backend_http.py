@@ -10,6 +10,11 @@ when it fires early (a read that makes progress costs a float store, not a timer
 
 Errors: `BackendConnectError` when the server refused the connection (the request never
 reached it, so another instance may take it), `BackendError` for anything after that.
+
+Instances with a secret (foundation/instance_auth.py): a new connection is trusted only
+after the server proved it knows the secret (a /health request with a challenge, before any
+prompt is written to it); a server that cannot is a `BackendConnectError` like a refused
+connection. Every request then carries the secret as a bearer token.
 A pooled connection the server closed while idle is dropped when it is taken from the
 pool; one that fails before any byte of the response came back is retried once on a fresh
 connection.
@@ -18,6 +23,7 @@ connection.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import time
 from collections.abc import AsyncIterator, Callable
@@ -25,6 +31,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import httptools
+
+from eaglenest.foundation import instance_auth
 
 #: unread body bytes above which the socket stops being read (the caller is slower)
 HIGH_WATER = 1 << 18
@@ -49,6 +57,8 @@ class _Conn(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.response: BackendResponse | None = None
         self.lost = False
+        #: the instance secret this connection's server proved it knows, if any
+        self.secret: str | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -262,13 +272,43 @@ class BackendClient:
             raise BackendConnectError(f"cannot connect to {key[0]}:{key[1]}: {exc!r}") from exc
         return conn
 
-    def _pooled(self, key: tuple[str, int]) -> _Conn | None:
+    def _pooled(self, key: tuple[str, int], secret: str | None) -> _Conn | None:
         idle = self._idle.get(key)
         while idle:
             conn = idle.pop()
-            if not conn.lost:
+            if not conn.lost and conn.secret == secret:
                 return conn
+            conn.close()
         return None
+
+    async def _trusted(self, key: tuple[str, int], netloc: str, secret: str | None) -> _Conn:
+        """A new connection; with a secret, only once its server proved it knows it."""
+        conn = await self._connect(key)
+        if secret is None:
+            return conn
+        headers, expected = instance_auth.handshake(secret)
+        lines = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+        request = f"GET /health HTTP/1.1\r\nHost: {netloc}\r\n{lines}\r\n".encode()
+        try:
+            async with asyncio.timeout(self.connect_timeout):
+                r = await self._exchange(key, conn, request)
+                status = r.status_code
+                proved = hmac.compare_digest(r.headers.get(instance_auth.PROOF, ""), expected)
+                await r.aread()  # read to its end: the connection goes to the idle pool
+        except (BackendError, TimeoutError) as exc:
+            conn.close()
+            raise BackendConnectError(f"{netloc} did not answer the instance check: "
+                                      f"{exc!r}") from exc
+        idle = self._idle.get(key, [])
+        kept = conn in idle
+        if kept:
+            idle.remove(conn)  # this request's, not the pool's
+        if status != 200 or not proved or not kept:
+            conn.close()
+            raise BackendConnectError(f"the process at {netloc} is not the instance EagleNest "
+                                      f"started (no proof of its secret; status {status})")
+        conn.secret = secret
+        return conn
 
     def _release(self, key: tuple[str, int], conn: _Conn) -> None:
         idle = self._idle.setdefault(key, [])
@@ -277,23 +317,26 @@ class BackendClient:
         else:
             conn.close()
 
-    async def post(self, url: str, body: Any) -> BackendResponse:
-        """Send the request and read the status line and headers; the body stays unread."""
+    async def post(self, url: str, body: Any, secret: str | None = None) -> BackendResponse:
+        """Send the request and read the status line and headers; the body stays unread.
+        With `secret` (the instance's), only over a connection whose server proved it."""
         parts = urlsplit(url)
         key = (parts.hostname or "127.0.0.1", parts.port or 80)
         payload = json.dumps(body).encode()
+        auth = f"Authorization: Bearer {secret}\r\n" if secret else ""
         request = (f"POST {parts.path or '/'} HTTP/1.1\r\nHost: {parts.netloc}\r\n"
                    f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n"
-                   "Accept: */*\r\n\r\n").encode() + payload
-        pooled = self._pooled(key)
-        conn = pooled or await self._connect(key)
+                   f"{auth}Accept: */*\r\n\r\n").encode() + payload
+        pooled = self._pooled(key, secret)
+        conn = pooled or await self._trusted(key, parts.netloc, secret)
         try:
             return await self._exchange(key, conn, request)
         except BackendError as exc:
             if pooled is None or isinstance(exc, BackendTimeout):
                 raise
         # the server had closed the idle pooled connection: once more on a fresh one
-        return await self._exchange(key, await self._connect(key), request)
+        return await self._exchange(key, await self._trusted(key, parts.netloc, secret),
+                                    request)
 
     async def _exchange(self, key: tuple[str, int], conn: _Conn,
                         request: bytes) -> BackendResponse:

@@ -64,7 +64,7 @@ def _decode(raw: bytes, content_type: str | None) -> dict[str, Any]:
                                      "application/json (LMI or OpenAI) or text/plain.")
     try:
         body = json.loads(raw or b"null")
-    except ValueError:
+    except (ValueError, RecursionError):
         raise ContainerRejected(400, "Request body is not valid JSON.") from None
     if not isinstance(body, dict):
         raise ContainerRejected(400, "Request body must be a JSON object.")

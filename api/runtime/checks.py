@@ -47,6 +47,18 @@ def _violations(member: str, value: str, low: int, high: int,
     return [f"Value '{shown}' at '{member}' failed to satisfy constraint: {t}" for t in texts]
 
 
+class BodyTooLarge(RuntimeValidationError):
+    """A body over MAX_BODY: 413, refused before more of it is read."""
+
+    status = 413
+
+
+def body_too_large() -> BodyTooLarge:
+    return BodyTooLarge(constraint_message([
+        f"Value at 'body' failed to satisfy constraint: Member must have length less than "
+        f"or equal to {MAX_BODY}"]))
+
+
 def check_request(name: str, headers: Mapping[str, str], body: bytes) -> None:
     """Raise RuntimeValidationError for what SageMaker refuses before routing."""
     errors = _violations("endpointName", name, 0, 63, _NAME)

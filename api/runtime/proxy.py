@@ -29,13 +29,15 @@ import logging
 import random
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from fastapi import FastAPI
 from starlette.datastructures import URL
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from eaglenest.api.bounded import declared_length, read_capped
+from eaglenest.api.keyring import KeyRing
 from eaglenest.api.observability import ApiMetrics
 from eaglenest.api.registry import Context
 from eaglenest.api.runtime import eventstream
@@ -55,10 +57,10 @@ from eaglenest.api.runtime.bodies import (
     translate,
 )
 from eaglenest.api.runtime.capture import CaptureWriter
-from eaglenest.api.runtime.checks import check_request
+from eaglenest.api.runtime.checks import MAX_BODY, body_too_large, check_request
 from eaglenest.api.runtime.relay import FrameRelay
 from eaglenest.api.runtime.routes import Route, Routes
-from eaglenest.api.sigv4 import IncomingRequest, verify
+from eaglenest.api.sigv4 import IncomingRequest, check_header, check_signature
 from eaglenest.foundation import queue as q
 from eaglenest.foundation.errors import ServiceError
 from eaglenest.foundation.storage import make_store
@@ -178,10 +180,11 @@ async def _send(ctx: Context, client: BackendClient, route: Route, name: str,
     that refused it never saw the request, so the next one may have it."""
     for url in route.urls[:-1]:
         try:
-            return await client.post(url + tr.path, tr.body)
+            return await client.post(url + tr.path, tr.body, route.secrets.get(url))
         except BackendConnectError:
             _ask_recovery(ctx, name, route)
-    return await client.post(route.urls[-1] + tr.path, tr.body)
+    last = route.urls[-1]
+    return await client.post(last + tr.path, tr.body, route.secrets.get(last))
 
 
 class Proxy:
@@ -192,21 +195,24 @@ class Proxy:
         self.ctx, self.routes, self.client, self.capture = ctx, routes, client, capture
 
     async def open(self, headers: Mapping[str, str], name: str, raw: bytes,
-                   stream: bool) -> tuple[Route, Translated, BackendResponse]:
+                   stream: bool, account_id: str) -> tuple[Route, Translated, BackendResponse]:
         """Resolve the route, translate the body, send it; returns once the model server
         answered with its status line. A cached route whose instance refused the
         connection is read again from the database (the instance was replaced) and the
         request goes out once more on the fresh one."""
         target_variant = headers.get("x-amzn-sagemaker-target-variant")
-        route = await self.routes.resolve(name, target_variant)
+        route = await self.routes.resolve(name, target_variant, account_id=account_id)
         tr = self._translate(name, raw, route, stream, headers)
         try:
             if route.cached:
                 try:
-                    return route, tr, await self.client.post(route.urls[0] + tr.path, tr.body)
+                    first = route.urls[0]
+                    return route, tr, await self.client.post(first + tr.path, tr.body,
+                                                             route.secrets.get(first))
                 except BackendConnectError:
                     _ask_recovery(self.ctx, name, route)  # as _send does for a refusal
-                    route = await self.routes.resolve(name, target_variant, fresh=True)
+                    route = await self.routes.resolve(name, target_variant, fresh=True,
+                                                      account_id=account_id)
                     tr = self._translate(name, raw, route, stream, headers)
             return route, tr, await _send(self.ctx, self.client, route, name, tr)
         except BackendError as exc:
@@ -239,8 +245,8 @@ def _reply_headers(headers: Mapping[str, str], route: Route) -> Headers:
 
 
 async def _invoke(px: Proxy, send: Send, headers: Mapping[str, str], name: str,
-                  raw: bytes, clock: Clock) -> None:
-    route, tr, r = await px.open(headers, name, raw, stream=False)
+                  raw: bytes, clock: Clock, account_id: str) -> None:
+    route, tr, r = await px.open(headers, name, raw, False, account_id)
     clock.sent(r)
     body = await _read(px, name, route, r)
     if not 200 <= r.status_code < 300:
@@ -263,11 +269,12 @@ async def _watch_disconnect(receive: Receive, r: BackendResponse, gone: list[boo
 
 
 async def _stream(px: Proxy, receive: Receive, send: Send,
-                  headers: Mapping[str, str], name: str, raw: bytes, clock: Clock) -> None:
+                  headers: Mapping[str, str], name: str, raw: bytes, clock: Clock,
+                  account_id: str) -> None:
     """The model server's answer is awaited before replying, so a model server that is
     down or refuses the request is a ModelError (424) like InvokeEndpoint's; a failure
     after the first byte is a ModelStreamError frame in the stream."""
-    route, tr, r = await px.open(headers, name, raw, stream=True)
+    route, tr, r = await px.open(headers, name, raw, True, account_id)
     clock.sent(r)
     if not 200 <= r.status_code < 300:
         body = await _read(px, name, route, r)
@@ -308,9 +315,9 @@ class RuntimeASGI:
     """`POST /endpoints/{name}/invocations[-response-stream]`, ahead of FastAPI's router;
     anything else goes on to the app."""
 
-    def __init__(self, app: ASGIApp, px: Proxy, secrets: Mapping[str, str],
+    def __init__(self, app: ASGIApp, px: Proxy, keyring: KeyRing,
                  metrics: ApiMetrics) -> None:
-        self.app, self.px, self.secrets, self.metrics = app, px, secrets, metrics
+        self.app, self.px, self.keyring, self.metrics = app, px, keyring, metrics
         self.settings = px.ctx.settings
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -325,16 +332,15 @@ class RuntimeASGI:
             await _reply(send, 405, body, b"application/json", [(b"allow", b"POST")])
             return
         clock, code = Clock(), "OK"
-        raw = await _body(receive)
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         try:
-            verify(IncomingRequest("POST", str(URL(scope=scope)), headers, raw), self.secrets,
-                   self.settings.region, self.settings.signature_max_skew)
+            raw, account_id = await self._authenticated_body(scope, receive, headers)
             check_request(parts[2], headers, raw)
             if parts[3] == "invocations":
-                await _invoke(self.px, send, headers, parts[2], raw, clock)
+                await _invoke(self.px, send, headers, parts[2], raw, clock, account_id)
             else:
-                await _stream(self.px, receive, send, headers, parts[2], raw, clock)
+                await _stream(self.px, receive, send, headers, parts[2], raw, clock,
+                              account_id)
         except ServiceError as err:
             code = err.code
             await _error_reply(send, err)
@@ -342,22 +348,43 @@ class RuntimeASGI:
             self.metrics.observe_invocation(code, clock.own, clock.frames, clock.forward)
 
 
-async def _body(receive: Receive) -> bytes:
-    chunks = []
+    async def _authenticated_body(self, scope: Scope, receive: Receive,
+                                  headers: Mapping[str, str]) -> tuple[bytes, str]:
+        """The body of a validly signed request and the account its key acts for. The
+        Authorization header is checked first and at most MAX_BODY bytes are read: an
+        unsigned or oversized request is refused without reading its body."""
+        keys = self.keyring.current()
+        claim = check_header(headers, {k: v.secret for k, v in keys.items()},
+                             self.settings.region,
+                             self.settings.signature_max_skew)
+        declared = declared_length(headers)
+        if declared is not None and declared > MAX_BODY:
+            raise body_too_large()
+        raw = await read_capped(_chunks(receive), MAX_BODY)
+        if raw is None:
+            raise body_too_large()
+        check_signature(IncomingRequest("POST", str(URL(scope=scope)), headers, raw), claim)
+        return raw, keys[claim.access_key].account_id
+
+
+async def _chunks(receive: Receive) -> AsyncIterator[bytes]:
     while True:
         message = await receive()
-        chunks.append(message.get("body", b""))
+        if message["type"] == "http.disconnect":
+            return
+        yield message.get("body", b"")
         if not message.get("more_body", False):
-            return b"".join(chunks)
+            return
 
 
 def install(app: FastAPI, ctx: Context) -> None:
     px = Proxy(ctx, Routes(ctx, ctx.settings.route_cache_seconds),
-               BackendClient(connect_timeout=5.0, read_timeout=600.0),
+               BackendClient(connect_timeout=5.0,
+                             read_timeout=ctx.settings.invocation_timeout_seconds),
                CaptureWriter(make_store(ctx.settings), ctx.settings.data_dir / "capture-spool",
                              ctx.settings.capture_flush_seconds))
     app.state.runtime_client = px.client
     app.state.routes = px.routes
     app.state.capture = px.capture
-    app.add_middleware(RuntimeASGI, px=px, secrets=ctx.settings.credentials(),
+    app.add_middleware(RuntimeASGI, px=px, keyring=KeyRing(ctx.settings),
                        metrics=app.state.metrics)  # protocol.install made it

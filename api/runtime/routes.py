@@ -38,20 +38,23 @@ SERVING = ("InService", "Updating", "SystemUpdating")
 
 class Route:
     def __init__(self, variant: str, urls: list[str], served: str,
-                 capture: dict[str, Any] | None, status: str, cached: bool = False):
+                 capture: dict[str, Any] | None, status: str, cached: bool = False,
+                 secrets: dict[str, str] | None = None):
         #: the variant's instances, the one whose turn it is first
         self.variant, self.urls, self.served, self.capture = variant, urls, served, capture
         self.status, self.cached = status, cached
+        #: url -> the instance's secret (foundation/instance_auth.py)
+        self.secrets = secrets or {}
 
 
 class _Snapshot:
     """What an invocation needs from an endpoint's rows, read in one session."""
 
     def __init__(self, servers: dict[str, Any], status: str,
-                 capture: dict[str, Any] | None, expires: float,
+                 capture: dict[str, Any] | None, expires: float, account_id: str,
                  shift: dict[str, Any] | None = None) -> None:
         self.servers, self.status, self.capture = servers, status, capture
-        self.expires = expires
+        self.expires, self.account_id = expires, account_id
         #: the new fleet's servers and its share of traffic during a blue/green update
         self.shift = shift
 
@@ -68,12 +71,16 @@ def _rotation(name: str, variant: str, urls: list[str]) -> list[str]:
     return urls[start:] + urls[:start]
 
 
-def _load(ctx: Context, name: str, ttl: float) -> _Snapshot:
+def not_found(name: str, account_id: str) -> RuntimeValidationError:
+    return RuntimeValidationError(f"Endpoint {name} of account {account_id} not found.")
+
+
+def _load(ctx: Context, name: str, ttl: float, account_id: str) -> _Snapshot:
+    """The endpoint's snapshot; not found unless it is `account_id`'s."""
     with ctx.db.session() as s:
-        row = find(s, EndpointRow, name)
+        row = find(s, EndpointRow, name, account_id=account_id)
         if row is None:
-            raise RuntimeValidationError(
-                f"Endpoint {name} of account {ctx.account.account_id} not found.")
+            raise not_found(name, account_id)
         if row.status not in SERVING or not row.deployment.get("Servers"):
             raise RuntimeValidationError(
                 f"Endpoint {name} is not in service (status {row.status}).")
@@ -81,7 +88,7 @@ def _load(ctx: Context, name: str, ttl: float) -> _Snapshot:
         capture = capture_config(row.spec, config.spec if config else None)
         shift = row.deployment.get(SHIFT)
         return _Snapshot(dict(row.deployment["Servers"]), row.status, capture,
-                         time.monotonic() + ttl, dict(shift) if shift else None)
+                         time.monotonic() + ttl, row.account_id, dict(shift) if shift else None)
 
 
 class Routes:
@@ -99,21 +106,28 @@ class Routes:
         self.ctx, self.ttl, self.idle_after = ctx, ttl, idle_after
         self._snapshots: dict[str, _Snapshot] = {}
         self._used: dict[str, float] = {}  # endpoint -> time.monotonic() of its last request
+        self._accounts: dict[str, str] = {}  # endpoint -> its account (what _reload reads)
         self._refresher: asyncio.Task[None] | None = None
         self._read_s = 0.0  # how long the refresher's last database read took
 
     async def resolve(self, name: str, target_variant: str | None,
-                      fresh: bool = False) -> Route:
+                      fresh: bool = False, *, account_id: str | None = None) -> Route:
+        """The route of `account_id`'s endpoint `name` (another account's: not found;
+        default: the context's account)."""
+        account_id = account_id or self.ctx.account.account_id
         now = time.monotonic()
         snap = self._snapshots.get(name)
+        if snap is not None and snap.account_id != account_id:
+            raise not_found(name, account_id)
         cached = not fresh and snap is not None and snap.expires > now
         if not cached:
             self._snapshots.pop(name, None)
-            snap = await run_in_threadpool(_load, self.ctx, name, self.ttl)
+            snap = await run_in_threadpool(_load, self.ctx, name, self.ttl, account_id)
             if self.ttl > 0:
                 self._snapshots[name] = snap
         if self.ttl > 0:
             self._used[name] = now
+            self._accounts[name] = account_id
             if self._refresher is None:
                 self._refresher = asyncio.create_task(self._refresh())
         assert snap is not None
@@ -147,7 +161,9 @@ class Routes:
     async def _reload(self, name: str) -> None:
         t0 = time.monotonic()
         try:
-            self._snapshots[name] = await run_in_threadpool(_load, self.ctx, name, self.ttl)
+            account_id = self._accounts[name]  # set with _used[name] by resolve
+            self._snapshots[name] = await run_in_threadpool(_load, self.ctx, name, self.ttl,
+                                                            account_id)
             self._read_s = time.monotonic() - t0
         except RuntimeValidationError:  # gone or not serving: the next request says so
             self._snapshots.pop(name, None)
@@ -187,6 +203,8 @@ def _choose(name: str, snap: _Snapshot, target_variant: str | None, cached: bool
         weights = [float(servers[n].get("weight", 1.0)) for n in names]
         chosen = random.choices(names, weights=weights if sum(weights) > 0 else None)[0]
     srv = servers[chosen]
-    urls = _rotation(name, chosen, [str(i["url"]) for i in instances_of(srv)])
+    instances = instances_of(srv)
+    urls = _rotation(name, chosen, [str(i["url"]) for i in instances])
+    secrets = {str(i["url"]): str(i["secret"]) for i in instances if i.get("secret")}
     return Route(chosen, urls, srv.get("served_name", name), snap.capture, snap.status,
-                 cached)
+                 cached, secrets)

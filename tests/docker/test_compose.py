@@ -97,7 +97,8 @@ def test_secrets_are_required_not_defaulted():
     text = (ROOT / "docker-compose.yml").read_text()
     refs = {m.group(1): m.group(2) for m in INTERPOLATION.finditer(text)}
     for secret in ("POSTGRES_PASSWORD", "EAGLENEST_ACCESS_KEY_ID",
-                   "EAGLENEST_SECRET_ACCESS_KEY", "MINIO_ROOT_USER", "MINIO_ROOT_PASSWORD"):
+                   "EAGLENEST_SECRET_ACCESS_KEY", "MINIO_ROOT_USER", "MINIO_ROOT_PASSWORD",
+                   "REDIS_PASSWORD"):
         assert refs.get(secret) == ":?", f"{secret} must use ${{{secret}:?...}}"
 
 
@@ -182,6 +183,17 @@ def test_dockerfiles(dockerfile):
         assert "nvidia/cuda" in text and "vllm" in text and "HEALTHCHECK" in text
 
 
+def test_redis_needs_a_password_and_has_no_config_command():
+    command = SERVICES["redis"]["command"]
+    assert command[command.index("--requirepass") + 1].startswith("${REDIS_PASSWORD:?")
+    renamed = {command[i + 1]: command[i + 2] for i, a in enumerate(command)
+               if a == "--rename-command"}
+    assert {k: renamed.get(k) for k in ("CONFIG", "DEBUG", "MODULE")} == \
+        {"CONFIG": "", "DEBUG": "", "MODULE": ""}
+    url = SERVICES["api"]["environment"]["EAGLENEST_BROKER_URL"]
+    assert url.startswith("redis://:${REDIS_PASSWORD:?") and url.endswith("@redis:6379/0")
+
+
 def test_no_python_module_paths_of_ours():
     """Containers use the `eaglenest` console script and HTTP only: module paths move."""
     ours = r"(api|db|workers|models|migrations|eaglenest)"
@@ -203,7 +215,8 @@ def test_ci_runs_the_compose_check():
 def test_docker_compose_accepts_the_files(override):
     env = {**os.environ, "POSTGRES_PASSWORD": "p", "MINIO_ROOT_USER": "u",
            "MINIO_ROOT_PASSWORD": "secret123", "EAGLENEST_ACCESS_KEY_ID": "k",
-           "EAGLENEST_SECRET_ACCESS_KEY": "s", "EAGLENEST_BASE_IMAGE": "local/debian:bookworm"}
+           "EAGLENEST_SECRET_ACCESS_KEY": "s", "REDIS_PASSWORD": "r",
+           "EAGLENEST_BASE_IMAGE": "local/debian:bookworm"}
     r = subprocess.run(["docker-compose", "-f", "docker-compose.yml", "-f", override, "config",
                         "-q"], cwd=ROOT, env=env, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr

@@ -34,18 +34,34 @@ def wait_for(pred: Callable[[], Any], timeout: float, what: str, stack: Stack | 
 
 
 def stack_processes(stack: Stack) -> dict[int, str]:
-    """pid -> command line of every live process started for this stack (its data dir is in
-    the environment every one of them inherits), zombies excluded."""
-    markers = {f"EAGLENEST_DATA_DIR={d}".encode()
-               for d in (stack.data_dir, stack.data_dir.resolve())}
-    found = {}
+    """pid -> command line of every live process started for this stack, zombies excluded:
+    the control plane's (the data dir is in their environment), the children it starts
+    (confined environments without it: their command line names a path in the data dir)
+    and whatever those start (they inherit the child's EAGLENEST_CHILD_TAG)."""
+    dirs = {str(stack.data_dir), str(stack.data_dir.resolve())}
+    markers = {f"EAGLENEST_DATA_DIR={d}".encode() for d in dirs}
+    found: dict[int, str] = {}
+    tags: dict[int, bytes] = {}
     for proc in psutil.process_iter(["pid"]):
         try:
-            env = Path(f"/proc/{proc.pid}/environ").read_bytes().split(b"\0")
-            if markers & set(env) and proc.status() != psutil.STATUS_ZOMBIE:
-                found[proc.pid] = " ".join(proc.cmdline())
+            env = set(Path(f"/proc/{proc.pid}/environ").read_bytes().split(b"\0"))
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                continue
+            cmd = " ".join(proc.cmdline())
+            tag = next((e for e in env if e.startswith(b"EAGLENEST_CHILD_TAG=")), None)
+            if tag is not None:
+                tags[proc.pid] = tag
+            if markers & env or any(d in cmd for d in dirs):
+                found[proc.pid] = cmd
         except (OSError, psutil.Error):
             continue
+    ours = {tags[pid] for pid in found if pid in tags}
+    for pid, tag in tags.items():
+        if tag in ours and pid not in found:
+            try:
+                found[pid] = " ".join(psutil.Process(pid).cmdline())
+            except psutil.Error:
+                continue
     return found
 
 

@@ -24,10 +24,11 @@ JOB = {
 
 
 def broker(stack: Stack) -> redis.Redis:
-    import json
+    from eaglenest.workers.infra.broker import embedded_url
 
-    port = json.loads((stack.data_dir / "broker.json").read_text())["port"]
-    return redis.Redis(host="127.0.0.1", port=port)
+    url = embedded_url(stack.data_dir)
+    assert url is not None
+    return redis.Redis.from_url(url)
 
 
 def wait_for(pred, timeout: float = 20.0) -> None:  # type: ignore[no-untyped-def]

@@ -12,15 +12,27 @@ from eaglenest import __version__
 from eaglenest.foundation.settings import Settings
 from eaglenest.workers.cli.datadir import add_data_dir_option, settings_for
 from eaglenest.workers.cli.parsing import Parser
-from eaglenest.workers.infra.credentials import ensure_credentials, usage
+from eaglenest.workers.infra.credentials import (
+    ensure_credentials,
+    loose_credentials,
+    private_data_dir,
+    usage,
+)
 from eaglenest.workers.infra.logs import configure_logging
 
 
 def _settings(args: argparse.Namespace) -> Settings:
-    """The commands that create an EagleNest: its data dir is made if missing."""
+    """The commands that create an EagleNest: its data dir is made if missing (0700, files
+    0600: docs/security.md)."""
     settings = settings_for(args)
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    private_data_dir(settings.data_dir)
     return settings
+
+
+def _warn_loose_credentials(settings: Settings) -> None:
+    warning = loose_credentials(settings)
+    if warning:
+        print(f"eaglenest: {warning}", file=sys.stderr, flush=True)
 
 
 def _prepare(settings: Settings) -> None:
@@ -127,6 +139,7 @@ def cmd_up(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     ensure_credentials(settings)
+    _warn_loose_credentials(settings)
     _prepare(settings)
     return run_stack(settings, args.host, args.port)
 
@@ -165,8 +178,9 @@ def build_parser() -> argparse.ArgumentParser:
                        description="apply database migrations (alembic upgrade head)")
     add_data_dir_option(m)
     m.set_defaults(func=cmd_migrate)
-    from eaglenest.workers.cli import bench, s3, status
+    from eaglenest.workers.cli import bench, keys, s3, status
 
+    keys.register(sub)
     s3.register(sub)
     bench.register(sub)
     status.register(sub)

@@ -9,7 +9,13 @@ import sys
 from pathlib import Path
 
 from eaglenest.foundation.settings import Settings
-from eaglenest.foundation.storage import StorageError, download_prefix, make_store, parse_uri
+from eaglenest.foundation.storage import (
+    StorageError,
+    download_prefix,
+    make_store,
+    parse_uri,
+    regular_files,
+)
 from eaglenest.workers.cli.datadir import add_data_dir_option, require_eaglenest, settings_for
 
 
@@ -43,7 +49,9 @@ def _upload(store: object, src: Path, dst: str) -> int:
     if not src.exists():
         print(f"error: {src} does not exist", file=sys.stderr)
         return 1
-    files = [src] if src.is_file() else sorted(p for p in src.rglob("*") if p.is_file())
+    if src.is_file() and src.is_symlink():
+        raise StorageError(f"{src} is a symbolic link; uploads copy regular files only")
+    files = [src] if src.is_file() else regular_files(src)
     base = parse_uri(dst)
     for path in files:
         if src.is_file():

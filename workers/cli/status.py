@@ -8,23 +8,26 @@ parser is built (`eaglenest <command> --help` stays quick)."""
 from __future__ import annotations
 
 import argparse
-import json
+import re
 import time
 from datetime import UTC, datetime
 from typing import Any
 
 from eaglenest.foundation.settings import Settings
 from eaglenest.workers.cli.datadir import add_data_dir_option, require_eaglenest, settings_for
+from eaglenest.workers.infra.broker import embedded_url
 from eaglenest.workers.jobs.progress import describe, format_duration
 
 
 def _broker_url(settings: Settings) -> str | None:
     if settings.broker_url:
         return settings.broker_url
-    state = settings.data_dir / "broker.json"
-    if state.exists():
-        return f"redis://127.0.0.1:{json.loads(state.read_text())['port']}/0"
-    return None
+    return embedded_url(settings.data_dir)
+
+
+def _shown(url: str) -> str:
+    """The URL without its password (status output is shared in tickets and chats)."""
+    return re.sub(r"(//[^:/@]*:)[^@/]*@", r"\1***@", url)
 
 
 def _when(t: float | None) -> str:
@@ -108,11 +111,11 @@ def _broker(settings: Settings) -> list[str]:
         r = redis.Redis.from_url(url, socket_timeout=2)
         queues = ", ".join(f"{q} {r.llen(q)} waiting" for q in (TRAIN_QUEUE, SERVE_QUEUE))
     except redis.RedisError as exc:
-        return [f"broker: unreachable at {url} ({exc})"]
+        return [f"broker: unreachable at {_shown(url)} ({exc})"]
     app = Celery("eaglenest-status", broker=url, set_as_current=False)
     replies: list[dict[str, Any]] = app.control.ping(timeout=1.5) or []
     workers = ", ".join(sorted(name for reply in replies for name in reply)) or "none answering"
-    return [f"broker: {url}", f"queues: {queues}", f"workers: {workers}"]
+    return [f"broker: {_shown(url)}", f"queues: {queues}", f"workers: {workers}"]
 
 
 def cmd_status(args: argparse.Namespace) -> int:

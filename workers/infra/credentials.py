@@ -1,4 +1,10 @@
-"""First-start credentials: an access key pair in AWS shared-credentials format."""
+"""First-start credentials (an access key pair in AWS shared-credentials format) and the
+data directory's permissions.
+
+Contract: the data dir is 0700 and what EagleNest writes in it is 0600 (`private_data_dir`
+sets a 077 umask for the process and tightens the files an older version left readable);
+the credentials file is the operator's to place, so a copy readable by others is reported
+(`loose_credentials`), not changed."""
 
 from __future__ import annotations
 
@@ -20,8 +26,7 @@ def ensure_credentials(settings: Settings) -> tuple[str, bool]:
     existing = settings.credentials()
     if existing:
         return next(iter(existing)), False
-    key = "AKIA" + _random(string.ascii_uppercase + string.digits, 16)
-    secret = _random(string.ascii_letters + string.digits + "+/", 40)
+    key, secret = new_key_pair()
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     creds = configparser.ConfigParser()
     creds[CREDENTIALS_PROFILE] = {"aws_access_key_id": key, "aws_secret_access_key": secret}
@@ -32,10 +37,54 @@ def ensure_credentials(settings: Settings) -> tuple[str, bool]:
     return key, True
 
 
+def new_key_pair() -> tuple[str, str]:
+    """A new access key id and secret, shaped as AWS's."""
+    return ("AKIA" + _random(string.ascii_uppercase + string.digits, 16),
+            _random(string.ascii_letters + string.digits + "+/", 40))
+
+
+def write_config(path: Path, parser: configparser.ConfigParser) -> None:
+    """Write an INI file readable by its owner alone (0600)."""
+    _write_private(path, parser)
+
+
 def _write_private(path: Path, parser: configparser.ConfigParser) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as fh:
         parser.write(fh)
+
+
+#: files of the data dir that hold secrets or everything (tightened to 0600 at start)
+PRIVATE_FILES = ("eaglenest.db", "eaglenest.db-wal", "eaglenest.db-shm", "eaglenest.db-journal",
+                 "broker.aof", "broker.json", "broker.conf", "broker.password", "broker.log",
+                 "config")
+
+
+def private_data_dir(data_dir: Path) -> None:
+    """Make `data_dir` (0700) and everything this process creates from now on private."""
+    os.umask(0o077)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    os.chmod(data_dir, 0o700)
+    for name in PRIVATE_FILES:
+        path = data_dir / name
+        if path.is_file() and not path.is_symlink():
+            os.chmod(path, 0o600)
+    aof_dir = data_dir / "appendonlydir"
+    if aof_dir.is_dir():
+        os.chmod(aof_dir, 0o700)
+
+
+def loose_credentials(settings: Settings) -> str | None:
+    """A warning when the credentials file can be read by others than its owner."""
+    path = settings.credentials_file
+    try:
+        mode = path.stat().st_mode & 0o777
+    except FileNotFoundError:
+        return None
+    if mode & 0o077:
+        return (f"warning: {path} (mode {mode:o}) can be read by other users; its keys give "
+                f"full access to EagleNest. Run: chmod 600 {path}")
+    return None
 
 
 def usage(settings: Settings, host: str, port: int) -> str:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from eaglenest.foundation.instance_auth import new_secret
 from eaglenest.foundation.processes import free_port
 from eaglenest.models.decode.modes import DecodeMode
 from eaglenest.workers.jobs.loadgen import BenchConfig, LevelResult, run, to_json, to_markdown
@@ -49,7 +50,7 @@ def _serve_and_measure(plan: BenchPlan, head: Path | None, k: int, log_path: Pat
                        should_stop: Any) -> list[LevelResult]:
     spec = ServerSpec(model_dir=plan.model_dir, served_name="bench", port=free_port(),
                       backend=plan.backend, head_dir=head, mode=plan.mode,
-                      num_speculative_tokens=k)
+                      num_speculative_tokens=k, secret=new_secret())
     server = ServerProcess(spec, log_path, plan.registry, plan.resource, "benchmark-server")
     server.start(plan.startup_timeout)
     try:
@@ -58,6 +59,7 @@ def _serve_and_measure(plan: BenchPlan, head: Path | None, k: int, log_path: Pat
             if should_stop():
                 break
             cfg = BenchConfig(base_url=server.base_url, model="bench", prompts=plan.prompts,
+                              api_key=spec.secret,
                               concurrencies=(c,), max_tokens=plan.max_tokens)
             results += asyncio.run(run(cfg))
         return results

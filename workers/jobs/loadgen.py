@@ -65,6 +65,8 @@ class BenchConfig:
     requests_per_level: int | None = None  # default: max(len(prompts), 2 * concurrency)
     temperature: float = 0.0
     timeout_s: float = 600.0
+    #: the server's instance secret (foundation/instance_auth.py), sent as a bearer token
+    api_key: str | None = None
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -163,7 +165,8 @@ def summarise(concurrency: int, results: list[RequestResult], duration: float,
 
 
 async def run(cfg: BenchConfig) -> list[LevelResult]:
-    async with httpx.AsyncClient(timeout=cfg.timeout_s) as client:
+    auth = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
+    async with httpx.AsyncClient(timeout=cfg.timeout_s, headers=auth) as client:
         return [await run_level(client, cfg, c) for c in cfg.concurrencies]
 
 

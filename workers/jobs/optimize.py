@@ -72,7 +72,7 @@ def run_job(ctx: WorkerContext, job_name: str) -> str:
             return "not-claimed"
         started = row.start_time or 0.0
         try:
-            job, model = _requests(s, row.spec)
+            job, model = _requests(s, row.spec, row.account_id)
         except StoredShapeError as exc:
             broken: str | None = f"Internal error: {exc}"
         else:
@@ -107,7 +107,7 @@ def _complete(ctx: WorkerContext, name: str, output: dict[str, Any],
         if not jobs.complete(s, name, ctx.owner, output):
             return False
         if output_model is not None:
-            account = Account(ctx.settings.region, ctx.settings.account_id)
+            account = Account(ctx.settings.region, jobs.get(s, name).account_id)
             try:
                 models_repo.create(s, account, output_model)
             except ValidationException as exc:  # taken since CreateOptimizationJob
@@ -115,14 +115,15 @@ def _complete(ctx: WorkerContext, name: str, output: dict[str, Any],
     return True
 
 
-def _requests(s: Session, stored: dict[str, Any]
+def _requests(s: Session, stored: dict[str, Any], account_id: str
               ) -> tuple[CreateOptimizationJobRequest, CreateModelInput | None]:
-    """The job's request and its source model's (ModelSource.SageMakerModel), rebuilt."""
+    """The job's request and its source model's (ModelSource.SageMakerModel, a model of
+    the job's account), rebuilt."""
     job = rebuild(CreateOptimizationJobRequest, stored)
     source = job.ModelSource.SageMakerModel
     if not (source and source.ModelName):
         return job, None
-    row = find(s, ModelRow, source.ModelName)
+    row = find(s, ModelRow, source.ModelName, account_id=account_id)
     return job, rebuild(CreateModelInput, row.spec) if row else None
 
 

@@ -41,12 +41,15 @@ from pathlib import Path
 from typing import Any
 
 from eaglenest.foundation import children
+from eaglenest.foundation.environment import child_environment
 from eaglenest.foundation.threads import Registry, apply_torch, plan_threads, sharing_from_env
 
 POLL_SECONDS = 0.5
 LOG_TAIL = 2000
 LAUNCHER = "launcher.json"
 PROGRESS_FILE = "progress.jsonl"
+#: the folder holding the eaglenest package: the ranks' `-m` finds it from there
+_ROOT = Path(__file__).parents[3]
 
 
 class LaunchError(RuntimeError):
@@ -106,9 +109,10 @@ def launch(run_file: Path, nproc: int, should_stop: Callable[[], bool],
     stop_predecessor(run_dir)
     cmd = [*torchrun_argv(nproc), "-m", "eaglenest.workers.jobs.train_launch", str(run_file)]
     with open(run_dir / "ranks.log", "wb") as log:
+        # a confined environment (foundation/environment.py): nothing of the worker's
         proc, record = children.spawn(cmd, role="torchrun", resource=resource,
-                                      registry=registry, env={**os.environ, **(env or {})},
-                                      stdout=log, stderr=subprocess.STDOUT)
+                                      registry=registry, env=child_environment(None, **(env or {})),
+                                      stdout=log, stderr=subprocess.STDOUT, cwd=_ROOT)
         (run_dir / LAUNCHER).write_text(json.dumps(record.to_dict()))
         seen = _pointer(ckpts)
         try:

@@ -26,7 +26,7 @@ from sqlalchemy.orm import Session
 
 from eaglenest.db.common import find
 from eaglenest.db.tables import EndpointConfigRow, ModelRow
-from eaglenest.foundation import children
+from eaglenest.foundation import children, environment, instance_auth
 from eaglenest.foundation.deployment import instances_of
 from eaglenest.foundation.processes import free_port
 from eaglenest.foundation.shapes import AwsShape, StoredShapeError, rebuild
@@ -79,7 +79,7 @@ def plan_variants(session: Session, config_name: str) -> list[VariantPlan]:
     plans = []
     for v in _rebuild(CreateEndpointConfigInput, config.spec).ProductionVariants:
         name = str(v.ModelName)  # endpoint_configs_repo refuses a variant without one
-        row = find(session, ModelRow, name)
+        row = find(session, ModelRow, name, account_id=config.account_id)  # the config's
         if row is None:
             raise DeployError(f"Model {name} of variant {v.VariantName} no longer exists.")
         container = model_container(_rebuild(CreateModelInput, row.spec))
@@ -135,14 +135,20 @@ def _spec(plan: VariantPlan, model_dir: Path, head_dir: Path | None, served: str
     if adaptive == "1" and backend != EMBEDDED:
         raise DeployError("EAGLENEST_ADAPTIVE=1 needs EAGLENEST_SERVING_BACKEND=embedded "
                           "(vLLM drafts a fixed num_speculative_tokens)")
-    max_len = plan.env.get("EAGLENEST_MAX_MODEL_LEN", "2048")
+    try:
+        environment.check(plan.env, f"model {plan.model_name}'s Environment")
+    except environment.EnvironmentRejected as exc:
+        raise DeployError(f"Variant {plan.variant}: {exc}") from exc
+    max_len = plan.env.get("EAGLENEST_MAX_MODEL_LEN") or plan.env.get("OPTION_MAX_MODEL_LEN",
+                                                                      "2048")
     if not max_len.isdigit() or int(max_len) < 1:
         raise DeployError(f"EAGLENEST_MAX_MODEL_LEN={max_len!r} must be a positive integer")
     return ServerSpec(model_dir=model_dir, served_name=served, port=free_port(),
                       backend=backend, head_dir=head_dir, adaptive=adaptive == "1",
                       num_speculative_tokens=_speculative_tokens(plan, head_dir), mode=mode,
-                      dtype=plan.env.get("EAGLENEST_DTYPE", "float32"),
-                      max_model_len=int(max_len),
+                      dtype=plan.env.get("EAGLENEST_DTYPE")
+                      or plan.env.get("OPTION_DTYPE", "float32"),
+                      max_model_len=int(max_len), secret=instance_auth.new_secret(),
                       schedule=_schedule(plan, head_dir) if head_dir else None,
                       expected_load=_expected_load(plan),
                       extra_env=dict(plan.env))  # as SageMaker sets a container's Environment
@@ -222,7 +228,7 @@ def _start_instances(plan: VariantPlan, base: Path, model_dir: Path, head_dir: P
             server.stop()
         raise
     return specs, [{"url": f"http://{advertise_host}:{srv.spec.port}",
-                    "pid": srv.proc.pid if srv.proc else 0,
+                    "pid": srv.proc.pid if srv.proc else 0, "secret": srv.spec.secret,
                     "child": srv.record.to_dict() if srv.record else None} for srv in servers]
 
 

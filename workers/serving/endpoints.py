@@ -24,13 +24,13 @@ import shutil
 import threading
 from typing import Any
 
-import httpx
 from celery import Celery
 
 from eaglenest.db import endpoint_retention as retention
 from eaglenest.db import endpoints_repo as eps
 from eaglenest.db.common import find
 from eaglenest.db.tables import EndpointRow
+from eaglenest.foundation import instance_auth
 from eaglenest.foundation.deployment import instances_of
 from eaglenest.foundation.queue import (
     ENDPOINT_CREATE_TASK,
@@ -235,10 +235,9 @@ def delete(ctx: WorkerContext, name: str) -> str:
 
 
 def _answers(instance: dict[str, Any]) -> bool:
-    try:
-        return httpx.get(f"{instance['url']}/health", timeout=3).status_code == 200
-    except httpx.HTTPError:
-        return False
+    """/health answers, from the very instance started (it proves its secret): a process
+    that took a dead instance's port does not pass."""
+    return instance_auth.probe(instance["url"], instance.get("secret"))
 
 
 def _dead(servers: dict[str, Any]) -> dict[str, list[int]]:

@@ -20,9 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
-
-from eaglenest.foundation import children
+from eaglenest.foundation import children, instance_auth
+from eaglenest.foundation.environment import child_environment
 from eaglenest.foundation.threads import SHARING_ENV, Registry, ThreadPlan, plan_threads
 from eaglenest.models.decode.modes import DecodeMode
 from eaglenest.models.heads.registry import vllm_speculative_method
@@ -75,6 +74,9 @@ class ServerSpec:
     bind_host: str = "127.0.0.1"
     max_model_len: int = 2048
     extra_env: dict[str, str] = field(default_factory=dict)
+    #: the instance's secret (foundation/instance_auth.py): every request must carry it and
+    #: the health check asks for its proof; None: an unguarded server (benchmarks)
+    secret: str | None = None
     #: K per load (workers/serving/schedule.py); None: num_speculative_tokens at every load
     schedule: Schedule | None = None
     #: vLLM without dynamic speculation only: the running requests to pick a fixed K for
@@ -107,6 +109,8 @@ class ServerSpec:
                "--model", str(self.model_dir), "--port", str(self.port), "--host", self.bind_host,
                "--served-model-name", self.served_name, "--max-model-len",
                str(self.max_model_len), "--dtype", self.dtype]
+        if self.secret:  # the key itself goes in the environment (VLLM_API_KEY)
+            cmd += ["--middleware", "eaglenest.foundation.instance_auth.InstanceGuard"]
         if not _cuda():
             cmd.append("--enforce-eager")
         spec = self.vllm_speculative_config()
@@ -137,11 +141,20 @@ class ServerSpec:
         return spec
 
     def env(self) -> dict[str, str]:
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-               "PYTHONUNBUFFERED": "1"}
+        """A confined environment (foundation/environment.py): host basics plus the
+        container's allowed Environment entries (as SageMaker sets a container's);
+        EnvironmentRejected for any other entry."""
+        user = dict(self.extra_env)
+        fixed = {}
+        if SHARING_ENV in user:  # set by the worker (deploy.py), not by the caller
+            fixed[SHARING_ENV] = user.pop(SHARING_ENV)
+        if self.secret:
+            fixed[instance_auth.SECRET_ENV] = self.secret
+            if self.backend == VLLM:
+                fixed["VLLM_API_KEY"] = self.secret  # vLLM's own --api-key check
+        env = child_environment(user, **fixed)
         if self.backend == VLLM and not _cuda():
             env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-        env.update(self.extra_env)
         return env
 
 
@@ -209,17 +222,15 @@ class ServerProcess:
         self.launched_at = time.monotonic()
 
     def wait_healthy(self, deadline: float) -> None:
-        """Until /health answers; stop it and raise if it exits or `deadline` passes."""
+        """Until /health answers (with the proof of the instance's secret, if it has one);
+        stop it and raise if it exits or `deadline` passes."""
         assert self.proc is not None, "launch() first"
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise ServingError(f"{self.spec.backend} server exited with code "
                                    f"{self.proc.returncode}: {self.tail()}")
-            try:
-                if httpx.get(f"{self.base_url}/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
+            if instance_auth.probe(self.base_url, self.spec.secret, timeout=2):
+                return
             time.sleep(0.5)
         self.stop()
         raise ServingError(f"{self.spec.backend} server did not answer /health within "

@@ -16,6 +16,8 @@ import pytest
 import eaglenest.api.runtime.routes as rr
 from eaglenest.api.runtime.bodies import RuntimeValidationError
 
+ACCOUNT = "000000000000"
+
 
 class FakeDb:
     """`_load`'s stand-in: `delay` seconds per read; `gone` makes reads fail as for a
@@ -25,13 +27,13 @@ class FakeDb:
         self.delay, self.calls, self.gone = delay, 0, False
         self.url = "http://127.0.0.1:1"
 
-    def load(self, ctx: Any, name: str, ttl: float) -> rr._Snapshot:
+    def load(self, ctx: Any, name: str, ttl: float, account_id: str) -> rr._Snapshot:
         self.calls += 1
         time.sleep(self.delay)
         if self.gone:
             raise RuntimeValidationError(f"Endpoint {name} of account 0 not found.")
         return rr._Snapshot({"AllTraffic": {"instances": [{"url": self.url}]}}, "InService",
-                            None, time.monotonic() + ttl)
+                            None, time.monotonic() + ttl, account_id)
 
 
 @pytest.fixture
@@ -44,14 +46,14 @@ def db(monkeypatch: pytest.MonkeyPatch) -> FakeDb:
 def test_requests_do_not_wait_for_the_database_while_the_endpoint_is_in_use(db: FakeDb) -> None:
     async def main() -> None:
         routes = rr.Routes(None, ttl=0.2)  # type: ignore[arg-type]
-        first = await routes.resolve("ep", None)
+        first = await routes.resolve("ep", None, account_id=ACCOUNT)
         assert db.calls == 1 and not first.cached
         waits = []
         db.url = "http://127.0.0.1:2"  # the endpoint was updated: the refresh brings it
         for _ in range(8):  # 1.2 s: six TTLs, a request every 0.15 s (> 0.2 s apart: no)
             await asyncio.sleep(0.15)
             t0 = time.monotonic()
-            route = await routes.resolve("ep", None)
+            route = await routes.resolve("ep", None, account_id=ACCOUNT)
             waits.append(time.monotonic() - t0)
             assert route.cached
         assert max(waits) < db.delay / 2  # none of them read the 50 ms database
@@ -68,7 +70,7 @@ def test_a_cache_filled_by_requests_alone_would_miss_at_this_rate(db: FakeDb) ->
     async def main() -> None:
         routes = rr.Routes(None, ttl=0)  # type: ignore[arg-type]
         for _ in range(3):
-            route = await routes.resolve("ep", None)
+            route = await routes.resolve("ep", None, account_id=ACCOUNT)
             assert not route.cached
         assert db.calls == 3 and routes._refresher is None
 
@@ -78,13 +80,13 @@ def test_a_cache_filled_by_requests_alone_would_miss_at_this_rate(db: FakeDb) ->
 def test_idle_endpoints_are_forgotten_and_the_refresher_stops(db: FakeDb) -> None:
     async def main() -> None:
         routes = rr.Routes(None, ttl=0.1, idle_after=0.3)  # type: ignore[arg-type]
-        await routes.resolve("ep", None)
+        await routes.resolve("ep", None, account_id=ACCOUNT)
         await asyncio.sleep(0.7)
         assert routes._refresher is None and not routes._snapshots
         calls = db.calls
         await asyncio.sleep(0.2)
         assert db.calls == calls  # nothing reads the database for an idle endpoint
-        route = await routes.resolve("ep", None)  # the next request reads it itself
+        route = await routes.resolve("ep", None, account_id=ACCOUNT)  # the next request reads it itself
         assert not route.cached and db.calls == calls + 1
         await routes.close()
 
@@ -94,12 +96,12 @@ def test_idle_endpoints_are_forgotten_and_the_refresher_stops(db: FakeDb) -> Non
 def test_a_deleted_endpoint_is_dropped_by_the_refresh(db: FakeDb) -> None:
     async def main() -> None:
         routes = rr.Routes(None, ttl=0.1)  # type: ignore[arg-type]
-        await routes.resolve("ep", None)
+        await routes.resolve("ep", None, account_id=ACCOUNT)
         db.gone = True
         await asyncio.sleep(0.4)
         assert "ep" not in routes._snapshots
         with pytest.raises(RuntimeValidationError, match="not found"):
-            await routes.resolve("ep", None)
+            await routes.resolve("ep", None, account_id=ACCOUNT)
         await routes.close()
 
     asyncio.run(main())
@@ -113,11 +115,11 @@ def test_the_refresh_reads_an_endpoint_in_use_about_once_per_three_quarters_ttl(
 
     async def main() -> None:
         routes = rr.Routes(None, ttl=0.2)  # type: ignore[arg-type]
-        await routes.resolve("ep", None)
+        await routes.resolve("ep", None, account_id=ACCOUNT)
         calls0 = db.calls
         for _ in range(20):  # in use for 2 s: a request every 0.1 s
             await asyncio.sleep(0.1)
-            assert (await routes.resolve("ep", None)).cached
+            assert (await routes.resolve("ep", None, account_id=ACCOUNT)).cached
         reads = db.calls - calls0
         assert 6 <= reads <= 16, reads  # every ttl/2 would be 20
         await routes.close()

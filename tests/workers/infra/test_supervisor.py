@@ -66,7 +66,9 @@ def test_the_embedded_broker_is_restarted_on_its_port(tmp_path: Path) -> None:
                 break
             time.sleep(0.1)
         assert now["pid"] != state["pid"] and now["port"] == state["port"], now
-        assert redis.Redis(host="127.0.0.1", port=now["port"], socket_timeout=5).ping()
+        password = (tmp_path / "broker.password").read_text().strip()
+        assert redis.Redis(host="127.0.0.1", port=now["port"], password=password,
+                           socket_timeout=5).ping()
         assert "the embedded broker exited" in stack.log()
         # the API still serves control-plane calls, which publish through the broker
         sm = stack.client()

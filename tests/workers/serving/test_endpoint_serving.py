@@ -125,6 +125,26 @@ def _server_url(stack: Stack, name: str) -> str:
         db.dispose()
 
 
+def _get(stack: Stack, url: str, path: str, timeout: float = 10) -> httpx.Response:
+    """GET a model server of the stack with its instance secret (foundation/instance_auth.py:
+    without it every request is refused)."""
+    from eaglenest.db.session import Database
+    from eaglenest.db.tables import EndpointRow
+    from eaglenest.foundation.deployment import instances_of
+
+    db = Database(stack.database_url)
+    try:
+        with db.session() as s:
+            secrets = {i["url"]: i.get("secret") for row in s.query(EndpointRow)
+                       for record in (row.deployment.get("Servers") or {}).values()
+                       for i in instances_of(record)}
+    finally:
+        db.dispose()
+    assert secrets.get(url), f"no instance with a secret at {url}"
+    return httpx.get(f"{url}{path}", timeout=timeout,
+                     headers={"Authorization": f"Bearer {secrets[url]}"})
+
+
 def _gone(url: str) -> None:
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -169,18 +189,20 @@ def test_runtime_errors(stack):
     out = rt.invoke_endpoint(EndpointName="ep-err", ContentType="text/plain; charset=utf-8",
                              Body=b"Natalia sold 48 clips")
     assert json.loads(out["Body"].read())["generated_text"]
-    # what SageMaker itself checks stays a ValidationError (400) from the service
-    for kw, text in (({"TargetVariant": "v" * 64}, "at 'targetVariant' failed to satisfy "
-                      "constraint: Member must have length less than or equal to 63"),
-                     ({"InferenceId": "i" * 65}, "at 'inferenceId' failed to satisfy "
-                      "constraint: Member must have length less than or equal to 64"),
-                     ({"Body": b"x" * (6291456 + 1)}, "at 'body' failed to satisfy "
-                      "constraint: Member must have length less than or equal to 6291456")):
+    # what SageMaker itself checks stays a ValidationError from the service (a body over
+    # 6 MB: 413, refused before it is read, as SageMaker's front end does)
+    for kw, text, status in (
+            ({"TargetVariant": "v" * 64}, "at 'targetVariant' failed to satisfy "
+             "constraint: Member must have length less than or equal to 63", 400),
+            ({"InferenceId": "i" * 65}, "at 'inferenceId' failed to satisfy "
+             "constraint: Member must have length less than or equal to 64", 400),
+            ({"Body": b"x" * (6291456 + 1)}, "at 'body' failed to satisfy "
+             "constraint: Member must have length less than or equal to 6291456", 413)):
         with pytest.raises(ClientError) as exc:
             rt.invoke_endpoint(**{"EndpointName": "ep-err", "ContentType": "text/plain",
                                   "Body": b"hi", **kw})
         assert exc.value.response["Error"]["Code"] == "ValidationError"
-        assert exc.value.response["ResponseMetadata"]["HTTPStatusCode"] == 400
+        assert exc.value.response["ResponseMetadata"]["HTTPStatusCode"] == status
         assert text in exc.value.response["Error"]["Message"]
     with pytest.raises(ClientError) as exc:  # the model server's 400, before any frame
         rt.invoke_endpoint_with_response_stream(
@@ -236,7 +258,7 @@ def test_restart_recovers_dead_endpoint(stack):
         time.sleep(0.5)
     d = in_service(stack.client(), "ep-rec")
     assert d["EndpointStatus"] == "InService"
-    assert httpx.get(f"{_server_url(stack, 'ep-rec')}/health").status_code == 200
+    assert _get(stack, _server_url(stack, "ep-rec"), "/health").status_code == 200
     lmi(stack.client("sagemaker-runtime"), "ep-rec", "back again")
     stack.client().delete_endpoint(EndpointName="ep-rec")
 
@@ -380,9 +402,9 @@ def test_failed_update_rolls_back_and_keeps_serving(stack, tiny_llama_dir, tmp_p
     sm.delete_endpoint(EndpointName="ep-rb")
 
 
-def _requests_served(url: str) -> float:
+def _requests_served(stack: Stack, url: str) -> float:
     """vllm:request_success_total from one serving process's /metrics."""
-    for line in httpx.get(f"{url}/metrics", timeout=5).text.splitlines():
+    for line in _get(stack, url, "/metrics", timeout=5).text.splitlines():
         if line.startswith("vllm:request_success_total"):
             return float(line.rsplit(" ", 1)[1])
     raise AssertionError(f"{url}/metrics has no vllm:request_success_total")
@@ -404,10 +426,10 @@ def test_instance_count_starts_spreads_recovers_and_stops_each(stack):
     assert d["ProductionVariants"][0]["DesiredInstanceCount"] == 2
     first = stack.deployment("ep-two")["Servers"]["AllTraffic"]["instances"]
     assert len({i["url"] for i in first}) == 2 and len({i["pid"] for i in first}) == 2
-    assert all(httpx.get(f"{i['url']}/health").status_code == 200 for i in first)
+    assert all(_get(stack, i["url"], "/health").status_code == 200 for i in first)
     out = {json.dumps(lmi(rt, "ep-two", "Natalia sold 48 clips")) for _ in range(6)}
     assert len(out) == 1  # greedy: whichever instance answered, the same text
-    assert [_requests_served(i["url"]) for i in first] == [3.0, 3.0]  # round-robin
+    assert [_requests_served(stack, i["url"]) for i in first] == [3.0, 3.0]  # round-robin
 
     os.killpg(first[1]["pid"], signal.SIGKILL)
     _gone(first[1]["url"])
@@ -419,10 +441,10 @@ def test_instance_count_starts_spreads_recovers_and_stops_each(stack):
         time.sleep(0.5)
     assert now[0] == first[0] and now[1]["url"] != first[1]["url"]
     assert in_service(sm, "ep-two")["ProductionVariants"][0]["CurrentInstanceCount"] == 2
-    before = [_requests_served(i["url"]) for i in now]
+    before = [_requests_served(stack, i["url"]) for i in now]
     for _ in range(2):
         lmi(rt, "ep-two", "Natalia sold 48 clips")
-    assert [_requests_served(i["url"]) - b for i, b in zip(now, before, strict=True)] == [1.0, 1.0]
+    assert [_requests_served(stack, i["url"]) - b for i, b in zip(now, before, strict=True)] == [1.0, 1.0]
 
     sm.delete_endpoint(EndpointName="ep-two")
     sm.get_waiter("endpoint_deleted").wait(
@@ -432,8 +454,8 @@ def test_instance_count_starts_spreads_recovers_and_stops_each(stack):
         wait_group_gone(inst["pid"])
 
 
-def _metric(url: str, name: str) -> float:
-    text = httpx.get(f"{url}/metrics", timeout=10).text
+def _metric(stack: Stack, url: str, name: str) -> float:
+    text = _get(stack, url, "/metrics").text
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                if line.startswith(name))
 
@@ -463,7 +485,7 @@ def test_caller_gone_mid_stream_stops_generation(stack):
     full = json.loads(rt.invoke_endpoint(EndpointName="gone", ContentType="application/json",
                                          Body=body)["Body"].read())
     assert full["usage"]["completion_tokens"] == 400
-    before = _metric(server, "vllm:generation_tokens_total")
+    before = _metric(stack, server, "vllm:generation_tokens_total")
     url = f"{stack.url}/endpoints/gone/invocations-response-stream"
     req = AWSRequest("POST", url, data=body, headers={"Content-Type": "application/json"})
     SigV4Auth(Credentials(ACCESS_KEY, SECRET_KEY), "sagemaker", REGION).add_auth(req)
@@ -476,10 +498,10 @@ def test_caller_gone_mid_stream_stops_generation(stack):
             if frames >= 3:
                 break  # leaving the block closes the connection mid-stream
     deadline = time.monotonic() + 30
-    while _metric(server, "vllm:num_requests_running") and time.monotonic() < deadline:
+    while _metric(stack, server, "vllm:num_requests_running") and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert _metric(server, "vllm:num_requests_running") == 0
-    generated = _metric(server, "vllm:generation_tokens_total") - before
+    assert _metric(stack, server, "vllm:num_requests_running") == 0
+    generated = _metric(stack, server, "vllm:generation_tokens_total") - before
     assert 3 <= generated < 200, generated
     sm.delete_endpoint(EndpointName="gone")
 
@@ -557,7 +579,7 @@ def test_weights_and_capacities_split_traffic_and_scale_live(stack):
     servers = stack.deployment("ep-wc")["Servers"]
     a_instances = servers["A"]["instances"]
     assert len(a_instances) == 2 and servers["B"]["instances"] == first_b  # B untouched
-    assert all(httpx.get(f"{i['url']}/health").status_code == 200 for i in a_instances)
+    assert all(_get(stack, i["url"], "/health").status_code == 200 for i in a_instances)
     time.sleep(2.5)  # the runtime's route cache (1 s) has the new weights
 
     def invoke(_: int) -> str:

@@ -128,11 +128,15 @@ def test_vllm_endpoint_serves_head_losslessly_with_speculation(served, smol) -> 
 
     stack, record = served
     url = record["instances"][0]["url"]
+    # the instance secret (foundation/instance_auth.py): vLLM refuses requests without it
+    auth = {"Authorization": f"Bearer {record['instances'][0]['secret']}"}
+    assert httpx.get(f"{url}/metrics", timeout=30).status_code == 401
     rt = stack.client("sagemaker-runtime")
     prompt = smol.tokenizer.apply_chat_template(
         [{"role": "user", "content": recipe.HELD_OUT[0]}], add_generation_prompt=True,
         tokenize=False)
-    before = parse_spec_counters(httpx.get(f"{url}/metrics", timeout=30).text)
+    before = parse_spec_counters(httpx.get(f"{url}/metrics", timeout=30,
+                                               headers=auth).text)
 
     r = rt.invoke_endpoint(EndpointName=ENDPOINT, ContentType="application/json",
                            Body=json.dumps({"prompt": prompt, "max_tokens": MAX_TOKENS,
@@ -161,7 +165,8 @@ def test_vllm_endpoint_serves_head_losslessly_with_speculation(served, smol) -> 
                            Body=json.dumps({"prompt": other, "max_tokens": MAX_TOKENS,
                                             "temperature": 0}))["Body"].read()
 
-    after = parse_spec_counters(httpx.get(f"{url}/metrics", timeout=30).text)
+    after = parse_spec_counters(httpx.get(f"{url}/metrics", timeout=30,
+                                               headers=auth).text)
     drafts = after.get("drafts", 0.0) - before.get("drafts", 0.0)
     accepted = after.get("accepted", 0.0) - before.get("accepted", 0.0)
     assert drafts > 0 and accepted > 0, (before, after)

@@ -87,12 +87,14 @@ def build_server(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
+    from eaglenest.foundation.instance_auth import InstanceGuard
     from eaglenest.workers.serving.embedded.server import create_server_app
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     args = build_parser().parse_args(argv)
     server = build_server(args)
-    uvicorn.run(create_server_app(server), host=args.host, port=args.port,
+    # every request carries the instance's secret (EAGLENEST_INSTANCE_SECRET, when set)
+    uvicorn.run(InstanceGuard(create_server_app(server)), host=args.host, port=args.port,
                 log_level="warning", access_log=False)
     return 0
 

@@ -1,0 +1,104 @@
+"""Per-account quotas (ResourceLimitExceeded, in the words SageMaker uses for its account
+quotas): endpoints, serving instances across all endpoints, concurrent optimization jobs.
+
+Every instance is a whole model server process on a serving host and every job a training
+run, so a key holder must not be able to start an unbounded number of them. The limits
+are settings (README's configuration table); each check counts the caller's account only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from eaglenest.db.common import find
+from eaglenest.db.tables import EndpointConfigRow, EndpointRow, OptimizationJobRow
+from eaglenest.foundation.accounts import Account
+from eaglenest.foundation.errors import ResourceLimitExceeded
+from eaglenest.foundation.settings import Settings
+
+
+@dataclass(frozen=True)
+class Limits:
+    endpoints: int
+    instances: int
+    jobs: int
+
+    @classmethod
+    def of(cls, settings: Settings) -> Limits:
+        return cls(settings.max_endpoints, settings.max_instances,
+                   settings.max_concurrent_optimization_jobs)
+
+
+#: job statuses that hold a training run (or are about to)
+ACTIVE_JOBS = ("STARTING", "INPROGRESS", "STOPPING")
+
+
+def _exceeded(quota: str, limit: int, used: int, delta: int, unit: str,
+              setting: str) -> ResourceLimitExceeded:
+    return ResourceLimitExceeded(
+        f"The account-level service limit '{quota}' is {limit} {unit}, with current "
+        f"utilization of {used} {unit} and a request delta of {delta} {unit}. Ask the "
+        f"operator to raise {setting}.")
+
+
+def config_instances(config: dict[str, Any],
+                     overrides: dict[str, dict[str, Any]] | None = None) -> int:
+    """Model server processes an endpoint config runs (a serverless variant runs one),
+    with UpdateEndpointWeightsAndCapacities' DesiredInstanceCount where set."""
+    overrides = overrides or {}
+    total = 0
+    for key in ("ProductionVariants", "ShadowProductionVariants"):
+        for v in config.get(key) or []:
+            count = overrides.get(v["VariantName"], {}).get("DesiredInstanceCount")
+            total += int(count or v.get("InitialInstanceCount") or 1)
+    return total
+
+
+def endpoint_instances(session: Session, row: EndpointRow) -> int:
+    from eaglenest.db.endpoints_repo import effective_overrides
+
+    config = find(session, EndpointConfigRow, row.config_name)
+    return config_instances(config.spec, effective_overrides(row.spec)) if config else 0
+
+
+def check_new_endpoint(session: Session, account: Account, config: dict[str, Any],
+                       max_endpoints: int, max_instances: int) -> None:
+    """CreateEndpoint: one more endpoint, and its config's instances."""
+    rows = list(session.scalars(select(EndpointRow).where(
+        EndpointRow.account_id == account.account_id)))
+    if len(rows) + 1 > max_endpoints:
+        raise _exceeded("endpoints", max_endpoints, len(rows), 1, "Endpoints",
+                        "EAGLENEST_MAX_ENDPOINTS")
+    _check_instances(session, rows, config_instances(config), max_instances)
+
+
+def check_instances(session: Session, account: Account, endpoint: EndpointRow, new_count: int,
+                    max_instances: int) -> None:
+    """UpdateEndpoint / UpdateEndpointWeightsAndCapacities: `endpoint` will run
+    `new_count` instances instead of what it runs now."""
+    others = [r for r in session.scalars(select(EndpointRow).where(
+        EndpointRow.account_id == account.account_id)) if r.id != endpoint.id]
+    _check_instances(session, others, new_count, max_instances)
+
+
+def _check_instances(session: Session, rows: list[EndpointRow], delta: int,
+                     limit: int) -> None:
+    used = sum(endpoint_instances(session, r) for r in rows)
+    if used + delta > limit:
+        raise _exceeded("instances across all endpoints", limit, used, delta, "Instances",
+                        "EAGLENEST_MAX_INSTANCES")
+
+
+def check_new_job(session: Session, account: Account, limit: int) -> None:
+    """CreateOptimizationJob: one more concurrent job."""
+    stmt = select(func.count()).select_from(OptimizationJobRow).where(
+        OptimizationJobRow.status.in_(ACTIVE_JOBS),
+        OptimizationJobRow.account_id == account.account_id)
+    used = int(session.scalar(stmt) or 0)
+    if used + 1 > limit:
+        raise _exceeded("concurrent optimization jobs", limit, used, 1, "Jobs",
+                        "EAGLENEST_MAX_CONCURRENT_OPTIMIZATION_JOBS")

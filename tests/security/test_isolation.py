@@ -1,0 +1,178 @@
+"""Accounts per key: two keys of two accounts on one `eaglenest up`. Every operation of one
+account on the other's resources (describe, list, update, delete, stop, tags, the tagging
+API, a config or job that names the other's model, an invocation) finds nothing, in both
+directions, and changes nothing; `eaglenest keys` creates, lists and revokes keys without a
+restart."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from botocore.exceptions import ClientError
+
+from benchmarks.stack import ACCOUNT, Stack
+from tests.security.conftest import ROLE, container, error_of
+from tests.support.jobs import ROOT
+
+
+def keys_cli(stack: Stack, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "EAGLENEST_DATA_DIR": str(stack.data_dir)}
+    return subprocess.run([sys.executable, "-m", "eaglenest.workers.cli", "keys", *args],
+                          env=env, capture_output=True, text=True, cwd=ROOT, check=False)
+
+
+class Caller:
+    """One account's clients."""
+
+    def __init__(self, stack: Stack, account: str, **creds: str) -> None:
+        self.account = account
+        self.sm = stack.client(**creds)
+        self.rt = stack.client("sagemaker-runtime", **creds)
+        self.tagging = stack.client("resourcegroupstaggingapi", **creds)
+
+
+@pytest.fixture(scope="module")
+def two(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Stack, Caller, Caller]]:
+    # API and broker only: endpoints stay Creating, jobs STARTING (nothing to serve/train)
+    stack = Stack(tmp_path_factory.mktemp("isolation"),
+                  extra_env={"EAGLENEST_WORKER_QUEUES": ""}).start()
+    r = keys_cli(stack, "create", "--name", "bob", "--new-account")
+    assert r.returncode == 0, r.stderr
+    out = dict(line.split(": ", 1) for line in r.stdout.splitlines() if ": " in line)
+    bob = Caller(stack, out["account"], key=out["access key id"],
+                 secret=out["secret access key"])
+    assert bob.account != ACCOUNT and len(bob.account) == 12 and bob.account.isdigit()
+    yield stack, Caller(stack, ACCOUNT), bob
+    stack.stop()
+
+
+def populate(c: Caller, p: str) -> dict[str, str]:
+    """A model, endpoint config, endpoint and job named after `p`, each tagged; their ARNs."""
+    tags = [{"Key": "owner", "Value": p}]
+    arns = {"model": c.sm.create_model(ModelName=f"{p}-m", ExecutionRoleArn=ROLE, Tags=tags,
+                                       PrimaryContainer=container())["ModelArn"]}
+    arns["config"] = c.sm.create_endpoint_config(
+        EndpointConfigName=f"{p}-c", Tags=tags, ProductionVariants=[{
+            "VariantName": "AllTraffic", "ModelName": f"{p}-m",
+            "InstanceType": "ml.g5.2xlarge", "InitialInstanceCount": 1}])["EndpointConfigArn"]
+    arns["endpoint"] = c.sm.create_endpoint(EndpointName=f"{p}-e", EndpointConfigName=f"{p}-c",
+                                            Tags=tags)["EndpointArn"]
+    arns["job"] = c.sm.create_optimization_job(**job(f"{p}-j", f"{p}-m"), Tags=tags)[
+        "OptimizationJobArn"]
+    for arn in arns.values():
+        assert f":{c.account}:" in arn, arn
+    return arns
+
+
+def job(name: str, model: str) -> dict[str, Any]:
+    return {"OptimizationJobName": name, "RoleArn": ROLE,
+            "ModelSource": {"SageMakerModel": {"ModelName": model}},
+            "DeploymentInstanceType": "ml.g5.2xlarge",
+            "OptimizationConfigs": [{"ModelSpeculativeDecodingConfig": {"Technique": "EAGLE"}}],
+            "OutputConfig": {"S3OutputLocation": f"s3://out/{name}/"},
+            "StoppingCondition": {"MaxRuntimeInSeconds": 60}}
+
+
+def fails(call: Any, code: str, text: str, **kw: Any) -> None:
+    with pytest.raises(ClientError) as exc:
+        call(**kw)
+    got, message = error_of(exc)
+    assert got == code and text in message, (got, message)
+
+
+def assert_invisible(other: Caller, p: str, arns: dict[str, str]) -> None:
+    """`other` finds nothing of the resources `arns` (named after `p`) and changes nothing."""
+    sm, acct = other.sm, other.account
+    fails(sm.describe_model, "ValidationException",
+          f'Could not find model "arn:aws:sagemaker:us-east-1:{acct}:model/{p}-m"', ModelName=f"{p}-m")
+    fails(sm.describe_endpoint_config, "ValidationException", "Could not find endpoint "
+          "configuration", EndpointConfigName=f"{p}-c")
+    fails(sm.describe_endpoint, "ValidationException", "Could not find endpoint",
+          EndpointName=f"{p}-e")
+    fails(sm.describe_optimization_job, "ResourceNotFound", "does not exist",
+          OptimizationJobName=f"{p}-j")
+    assert sm.list_models(NameContains=p)["Models"] == []
+    assert sm.list_endpoint_configs(NameContains=p)["EndpointConfigs"] == []
+    assert sm.list_endpoints(NameContains=p)["Endpoints"] == []
+    assert sm.list_optimization_jobs(NameContains=p)["OptimizationJobSummaries"] == []
+    fails(sm.update_endpoint, "ValidationException", "Could not find",
+          EndpointName=f"{p}-e", EndpointConfigName=f"{p}-c")
+    fails(sm.update_endpoint_weights_and_capacities, "ValidationException",
+          "Could not find endpoint", EndpointName=f"{p}-e",
+          DesiredWeightsAndCapacities=[{"VariantName": "AllTraffic", "DesiredWeight": 2.0}])
+    fails(sm.stop_optimization_job, "ResourceNotFound", "does not exist",
+          OptimizationJobName=f"{p}-j")
+    for arn in arns.values():
+        fails(sm.list_tags, "ValidationException", arn, ResourceArn=arn)
+        fails(sm.add_tags, "ValidationException", arn, ResourceArn=arn,
+              Tags=[{"Key": "owner", "Value": "thief"}])
+        fails(sm.delete_tags, "ValidationException", arn, ResourceArn=arn, TagKeys=["owner"])
+    seen = [r["ResourceARN"] for r in other.tagging.get_resources()["ResourceTagMappingList"]]
+    assert not set(seen) & set(arns.values())
+    # a config or a job of its own cannot name the other's model
+    fails(sm.create_endpoint_config, "ValidationException", "Could not find model",
+          EndpointConfigName=f"{p}-steal", ProductionVariants=[{
+              "VariantName": "AllTraffic", "ModelName": f"{p}-m",
+              "InstanceType": "ml.g5.2xlarge", "InitialInstanceCount": 1}])
+    fails(sm.create_optimization_job, "ValidationException", "Could not find model",
+          **job(f"{p}-steal", f"{p}-m"))
+    with pytest.raises(ClientError) as exc:
+        other.rt.invoke_endpoint(EndpointName=f"{p}-e", Body=b'{"inputs": "hi"}',
+                                 ContentType="application/json")
+    assert error_of(exc) == ("ValidationError", f"Endpoint {p}-e of account {acct} not found.")
+    # deletes last: they must not have removed anything
+    fails(sm.delete_endpoint, "ValidationException", "Could not find endpoint",
+          EndpointName=f"{p}-e")
+    fails(sm.delete_endpoint_config, "ValidationException", "Could not find endpoint "
+          "configuration", EndpointConfigName=f"{p}-c")
+    fails(sm.delete_model, "ValidationException", "Could not find model", ModelName=f"{p}-m")
+    fails(sm.delete_optimization_job, "ResourceNotFound", "does not exist",
+          OptimizationJobName=f"{p}-j")
+
+
+def assert_intact(owner: Caller, p: str, arns: dict[str, str]) -> None:
+    sm = owner.sm
+    assert sm.describe_model(ModelName=f"{p}-m")["ModelArn"] == arns["model"]
+    assert sm.describe_endpoint_config(EndpointConfigName=f"{p}-c")["EndpointConfigArn"] == \
+        arns["config"]
+    assert sm.describe_endpoint(EndpointName=f"{p}-e")["EndpointStatus"] == "Creating"
+    assert sm.describe_optimization_job(OptimizationJobName=f"{p}-j")[
+        "OptimizationJobStatus"] == "STARTING"
+    for arn in arns.values():
+        assert sm.list_tags(ResourceArn=arn)["Tags"] == [{"Key": "owner", "Value": p}]
+    assert [m["ModelName"] for m in sm.list_models(NameContains=p)["Models"]] == [f"{p}-m"]
+
+
+def test_two_accounts_see_nothing_of_each_other(two: tuple[Stack, Caller, Caller]) -> None:
+    _, alice, bob = two
+    a, b = populate(alice, "alice"), populate(bob, "bob")
+    assert_invisible(bob, "alice", a)
+    assert_invisible(alice, "bob", b)
+    assert_intact(alice, "alice", a)
+    assert_intact(bob, "bob", b)
+
+
+def test_keys_list_and_revoke(two: tuple[Stack, Caller, Caller]) -> None:
+    stack, _, bob = two
+    listed = keys_cli(stack, "list")
+    assert listed.returncode == 0, listed.stderr
+    line = next(x for x in listed.stdout.splitlines() if x.startswith("bob "))
+    assert bob.account in line and "secret" not in listed.stdout.lower()
+    key = line.split()[1]
+    assert key.startswith("AKIA")
+    assert bob.sm.list_models()["Models"] is not None  # works before
+    revoked = keys_cli(stack, "revoke", key)
+    assert revoked.returncode == 0 and "revoked: bob" in revoked.stdout
+    fails(bob.sm.list_models, "UnrecognizedClientException",
+          "The security token included in the request is invalid.")
+    with pytest.raises(ClientError) as exc:
+        bob.rt.invoke_endpoint(EndpointName="bob-e", Body=b"{}", ContentType="application/json")
+    assert error_of(exc)[0] == "UnrecognizedClientException"
+    mode = Path(stack.data_dir / "credentials").stat().st_mode & 0o777
+    assert mode == 0o600
