@@ -11,14 +11,13 @@ import os
 import signal
 import time
 
-import httpx
 import pytest
 from botocore.exceptions import ClientError
 from scipy.stats import binomtest
 
 from benchmarks.stack import Stack
 from tests.support.jobs import ROLE, upload
-from tests.workers.serving.test_endpoint_serving import _gone, container, in_service
+from tests.workers.serving.test_endpoint_serving import _get, _gone, container, in_service
 
 #: a binomial test of the observed split fails a correct router once in this many runs
 ALPHA = 1e-4
@@ -38,8 +37,9 @@ def stack(tmp_path_factory, tiny_llama_dir):
     s.stop()
 
 
-def _alive(url: str) -> None:
-    assert httpx.get(f"{url}/health", timeout=5).status_code == 200
+def _alive(stack: Stack, url: str) -> None:
+    """The instance answers /health to its secret (foundation/instance_auth.py)."""
+    assert _get(stack, url, "/health", timeout=5).status_code == 200
 
 
 def blue_green(kind: str, wait: int, **route) -> dict:
@@ -98,7 +98,7 @@ def test_canary_shifts_the_stated_share(stack: Stack):
     assert set(served) == {"Green"} and len(served) >= 10
     assert sm.describe_endpoint(EndpointName="canary")["EndpointStatus"] == "Updating"
     assert stack.deployment("canary")["Servers"]["Blue"]["url"] == old_url  # kept till the end
-    _alive(old_url)
+    _alive(stack, old_url)
 
     d = in_service(sm, "canary")
     assert d["EndpointConfigName"] == "green" and "PendingDeploymentSummary" not in d
