@@ -61,6 +61,16 @@ def find(session: Session, table: type[RowT], name: str, *, lock: bool = False,
     return session.scalars(stmt).first()
 
 
+def heartbeat(session: Session, table: type[Any], name: str, owner: str) -> str | None:
+    """Refresh `owner`'s lease on the row named `name` (a table with owner, heartbeat_time
+    and status: jobs, endpoints); the row's status, or None when gone or no longer ours."""
+    row = find(session, table, name, lock=True)
+    if row is None or row.owner != owner:
+        return None
+    row.heartbeat_time = now()
+    return str(row.status)
+
+
 @dataclass(frozen=True)
 class ListQuery:
     """The filters and ordering every List* operation shares (botocore member names)."""

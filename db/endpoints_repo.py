@@ -26,7 +26,7 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from eaglenest.db import endpoint_configs_repo, quotas, tags_repo, traffic_policy
+from eaglenest.db import common, endpoint_configs_repo, quotas, tags_repo, traffic_policy
 from eaglenest.db import endpoint_retention as retention
 from eaglenest.db.common import find, insert_unique, now
 from eaglenest.db.tables import EndpointConfigRow, EndpointRow
@@ -305,11 +305,7 @@ def claim(session: Session, name: str, status: str, owner: str, lease_seconds: f
 
 def heartbeat(session: Session, name: str, owner: str) -> str | None:
     """Refresh the owner's lease; the status, or None when gone or no longer ours."""
-    row = find(session, EndpointRow, name, lock=True)
-    if row is None or row.owner != owner:
-        return None
-    row.heartbeat_time = now()
-    return row.status
+    return common.heartbeat(session, EndpointRow, name, owner)
 
 
 def release(session: Session, name: str, owner: str) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from eaglenest.db import models_repo, quotas, tags_repo
+from eaglenest.db import common, models_repo, quotas, tags_repo
 from eaglenest.db.common import check_s3_uris, find, insert_unique, now
 from eaglenest.db.tables import ModelRow, OptimizationJobRow
 from eaglenest.foundation import environment
@@ -178,11 +178,7 @@ def claim(session: Session, name: str, owner: str) -> OptimizationJobRow | None:
 
 def heartbeat(session: Session, name: str, owner: str) -> str | None:
     """Refresh the lease; return the job's status (None if deleted or not ours)."""
-    row = find(session, OptimizationJobRow, name, lock=True)
-    if row is None or row.owner != owner:
-        return None
-    row.heartbeat_time = now()
-    return row.status
+    return common.heartbeat(session, OptimizationJobRow, name, owner)
 
 
 def record_progress(session: Session, name: str, owner: str, progress: dict[str, Any]) -> bool:

@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from eaglenest.db import endpoint_configs_repo, endpoints_repo, models_repo
+from eaglenest.db import endpoints_repo
 from eaglenest.db.common import now
 from eaglenest.db.migrate import upgrade_head
 from eaglenest.db.session import Database
 from eaglenest.db.tables import EndpointRow
-from eaglenest.foundation.accounts import Account
-
-ACCOUNT = Account("us-east-1", "123456789012")
+from tests.support.endpoint_rows import ACCOUNT, seed_endpoint
 
 
 @pytest.fixture
@@ -22,13 +20,7 @@ def db(tmp_path):
     upgrade_head(url)
     d = Database(url)
     with d.session() as s:
-        models_repo.create(s, ACCOUNT, {"ModelName": "m", "ExecutionRoleArn": "r",
-                                        "PrimaryContainer": {"Image": "x"}})
-        for cfg in ("c1", "c2"):
-            endpoint_configs_repo.create(s, ACCOUNT, {
-                "EndpointConfigName": cfg, "ProductionVariants": [{
-                    "VariantName": "v", "ModelName": "m", "InstanceType": "ml.m5.large"}]})
-        endpoints_repo.create(s, ACCOUNT, {"EndpointName": "ep", "EndpointConfigName": "c1"})
+        seed_endpoint(s)
     yield d
     d.dispose()
 

@@ -8,17 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from eaglenest.db import endpoint_configs_repo, endpoints_repo, models_repo
+from eaglenest.db import endpoints_repo
 from eaglenest.db.migrate import upgrade_head
 from eaglenest.db.session import Database
 from eaglenest.db.tables import EndpointRow
-from eaglenest.foundation.accounts import Account
 from eaglenest.foundation.queue import TaskQueue
 from eaglenest.foundation.settings import Settings
 from eaglenest.workers.infra.context import WorkerContext
 from eaglenest.workers.serving import endpoints
-
-ACCOUNT = Account("us-east-1", "123456789012")
+from tests.support.endpoint_rows import ACCOUNT, seed_endpoint
 
 
 @pytest.fixture
@@ -28,13 +26,7 @@ def ctx(tmp_path: Path):  # type: ignore[no-untyped-def]
     c = WorkerContext(settings=settings, db=Database(settings.resolved_database_url()),
                       queue=TaskQueue("redis://127.0.0.1:9/0"), owner="me:1")
     with c.db.session() as s:
-        models_repo.create(s, ACCOUNT, {"ModelName": "m", "ExecutionRoleArn": "r",
-                                        "PrimaryContainer": {"Image": "x"}})
-        for cfg in ("c1", "c2"):
-            endpoint_configs_repo.create(s, ACCOUNT, {
-                "EndpointConfigName": cfg, "ProductionVariants": [{
-                    "VariantName": "v", "ModelName": "m", "InstanceType": "ml.m5.large"}]})
-        endpoints_repo.create(s, ACCOUNT, {"EndpointName": "ep", "EndpointConfigName": "c1"})
+        seed_endpoint(s)
     yield c
     c.db.dispose()
 
