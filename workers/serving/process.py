@@ -9,10 +9,12 @@ SIGTERM then SIGKILL.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -245,9 +247,18 @@ class ServerProcess:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
+    def pause(self, on: bool) -> None:
+        """SIGSTOP (on) or SIGCONT the server's process group: a paused server holds its
+        memory but no CPU, so several can stay loaded while one at a time is measured."""
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGSTOP if on else signal.SIGCONT)
+
     def stop(self, timeout: float = 20) -> None:
-        """Stop the server and every process it started; forget its record."""
+        """Stop the server and every process it started (resumed first, so a paused one
+        can act on SIGTERM); forget its record."""
         if self.record is None:
             return
+        self.pause(False)
         children.stop(self.record, timeout, self.proc)
         children.forget(self.registry, self.record)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-MARGIN = 0.02  # speculation must beat the baseline by more than 2% to be chosen
+MARGIN = 0.05  # speculation must beat the baseline by more than 5% to be chosen
 FILE_NAME = "speculation_schedule.json"
 ENV_NAME = "EAGLENEST_SPECULATION_SCHEDULE"
 MAX_K = 64
@@ -116,8 +116,8 @@ def read_schedule(head_dir: Path | None) -> Schedule | None:
 def derive(baseline: dict[int, float], by_k: dict[int, dict[int, float]],
            margin: float = MARGIN) -> tuple[Schedule, dict[int, int]]:
     """(schedule, chosen K per measured concurrency) from output tok/s: ``baseline[c]`` and
-    ``by_k[K][c]``. Example: baseline {1: 10, 4: 30}, K=3 {1: 18, 4: 30.3} -> {1: 3, 4: 0}
-    (30.3 is within the 2% margin) -> thresholds [[1, 3], [4, 0]]."""
+    ``by_k[K][c]``. Example: baseline {1: 10, 4: 30}, K=3 {1: 18, 4: 31.2} -> {1: 3, 4: 0}
+    (31.2 is within the 5% margin) -> thresholds [[1, 3], [4, 0]]."""
     chosen: dict[int, int] = {}
     for c in sorted(baseline):
         best_k, best = 0, baseline[c] * (1 + margin)

@@ -60,13 +60,13 @@ def test_job_trains_benchmarks_and_publishes(stack):
         assert all(r["output_tokens"] > 0 for r in bench["results"][name])
     assert bench["results"]["eagle K=3"][0]["acceptance_length"] >= 1.0
     # the schedule: the K with the best measured tok/s per level, 0 unless it beats the
-    # baseline by 2%; the same thresholds in the channel file, the report and the model
+    # baseline by 5%; the same thresholds in the channel file, the report and the model
     schedule = json.loads((out / "eagle_model" / "speculation_schedule.json").read_text())
     measured = schedule["measured"]
     rates = measured["output_throughput"]
     for c, k in measured["chosen"].items():
         best = max((1, 3), key=lambda kk: rates[f"eagle K={kk}"][c])
-        wins = rates[f"eagle K={best}"][c] > 1.02 * rates["baseline"][c]
+        wins = rates[f"eagle K={best}"][c] > 1.05 * rates["baseline"][c]
         assert k == (best if wins else 0), (c, k, rates)
     assert schedule["thresholds"] == bench["schedule"]["thresholds"]
     assert schedule["thresholds"][-1][0] == 2 and measured["ks"] == [1, 3]
