@@ -23,14 +23,12 @@ import re
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from benchmarks.readme_walkthrough import Example, examples, readme
 from benchmarks.stack import ACCESS_KEY, ACCOUNT, REGION, SECRET_KEY, Stack
-
-ROOT = Path(__file__).resolve().parents[2]
 
 README_URL = "http://127.0.0.1:8080"
 README_ACCOUNT = "000000000000"
@@ -41,45 +39,6 @@ TINY_OPTIONS = {
     "EAGLENEST_DATASET": "gsm8k_training.jsonl", "EAGLENEST_BENCH_CONCURRENCY": "1",
     "EAGLENEST_BENCH_MAX_TOKENS": "8", "EAGLENEST_SERVING_BACKEND": "embedded",
     "EAGLENEST_NUM_SPECULATIVE_TOKENS": "3", "EAGLENEST_BENCH_KS": "3"}
-RUN_PREFIXES = ("aws ", "eaglenest s3 ")
-FENCE = re.compile(r"^```(\w*)\n(.*?)^```$", re.S | re.M)
-
-
-@dataclass
-class Example:
-    lang: str
-    code: str
-    output: str | None  # the ```text block right after it, if any
-    line: int
-
-    def commands(self) -> list[str]:
-        """A bash example's command lines (continuations joined, comments dropped)."""
-        joined = re.sub(r"\\\n\s*", " ", self.code)
-        return [c for c in (line.split(" #")[0].strip() for line in joined.splitlines())
-                if c and not c.startswith("#")]
-
-    def runnable(self) -> list[str]:
-        if self.lang == "python":
-            return [self.code]
-        return [c for c in self.commands() if c.startswith(RUN_PREFIXES)]
-
-
-def readme() -> str:
-    return (ROOT / "README.md").read_text()
-
-
-def examples(text: str) -> list[Example]:
-    blocks = list(FENCE.finditer(text))
-    found = []
-    for i, m in enumerate(blocks):
-        if m.group(1) == "text":
-            continue
-        nxt = blocks[i + 1] if i + 1 < len(blocks) else None
-        output = None
-        if nxt and nxt.group(1) == "text" and not text[m.end():nxt.start()].strip():
-            output = nxt.group(2)
-        found.append(Example(m.group(1), m.group(2), output, text.count("\n", 0, m.start()) + 1))
-    return found
 
 
 def swap(code: str, old: str, new: str) -> str:

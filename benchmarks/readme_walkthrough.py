@@ -1,0 +1,211 @@
+"""README.md's examples, run as a new user runs them, with a transcript and the time of each.
+
+    python -m benchmarks.readme_walkthrough [--work DIR] [--port 8080] [--out FILE.md]
+
+Everything runs from a fresh shell state in --work (a new temporary folder by default): HOME
+is <work>/home, so the data dir is the README's default (~/.local/share/eaglenest) and nothing
+of the caller's is read or written; the demo model comes from the EagleNest cache (no network).
+Each ```bash line runs as written, in <work> (which links the checkout's models/ and scripts/,
+as the README runs from a checkout's root), with the repository's .venv first on PATH (what
+`source .venv/bin/activate` does), except: `bash scripts/up.sh` starts in the background from
+the repository (the README's "Ctrl-C stops both": it is stopped at the end), `bash
+scripts/test.sh` is skipped, `export` lines set the environment of the lines after them. Each
+```python example runs as written in a fresh namespace. With --port other than 8080 the
+README's address is replaced by the one used. The transcript shows each example's command
+lines, what it printed, the README's expected output where it shows one (and whether it
+matched) and the wall time; the last line is the total.
+
+tests/docs/test_readme_walkthrough.py runs the same examples on a tiny model; this is the
+real thing on SmolLM2 (three optimization jobs of 400 steps: about an hour on 2 cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import os
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+README_URL = "http://127.0.0.1:8080"
+FENCE = re.compile(r"^```(\w*)\n(.*?)^```$", re.S | re.M)
+RUN_PREFIXES = ("aws ", "eaglenest s3 ")  # the lines the tiny-model test runs as written
+
+
+@dataclass
+class Example:
+    lang: str
+    code: str
+    output: str | None  # the ```text block right after it, if any
+    line: int
+
+    def commands(self) -> list[str]:
+        """A bash example's command lines (continuations joined, comments dropped)."""
+        joined = re.sub(r"\\\n\s*", " ", self.code)
+        return [c for c in (line.split(" #")[0].strip() for line in joined.splitlines())
+                if c and not c.startswith("#")]
+
+    def runnable(self) -> list[str]:
+        """What the tiny-model test runs: python examples whole, the `aws`/`eaglenest s3`
+        lines of bash ones (the rest is stood in for by its stack)."""
+        if self.lang == "python":
+            return [self.code]
+        return [c for c in self.commands() if c.startswith(RUN_PREFIXES)]
+
+
+def readme() -> str:
+    return (ROOT / "README.md").read_text()
+
+
+def examples(text: str) -> list[Example]:
+    """Every fenced non-text block of `text`, in order, with the text block right after it."""
+    blocks = list(FENCE.finditer(text))
+    found = []
+    for i, m in enumerate(blocks):
+        if m.group(1) == "text":
+            continue
+        nxt = blocks[i + 1] if i + 1 < len(blocks) else None
+        output = None
+        if nxt and nxt.group(1) == "text" and not text[m.end():nxt.start()].strip():
+            output = nxt.group(2)
+        found.append(Example(m.group(1), m.group(2), output, text.count("\n", 0, m.start()) + 1))
+    return found
+
+
+class Walk:
+    """One walkthrough: its shell environment, the background server, the transcript."""
+
+    def __init__(self, work: Path, port: int) -> None:
+        self.work, self.url = work, f"http://127.0.0.1:{port}"
+        home = work / "home"
+        home.mkdir(parents=True, exist_ok=True)
+        for name in ("models", "scripts"):  # the README's lines run from a checkout's root
+            if not (work / name).exists():
+                (work / name).symlink_to(ROOT / name)
+        cache = os.environ.get("EAGLENEST_CACHE", str(Path.home() / ".cache" / "eaglenest"))
+        keep = ("PATH", "LANG", "LC_ALL", "TMPDIR", "TERM")
+        self.env = {k: v for k, v in os.environ.items() if k in keep}
+        self.env.update(HOME=str(home), EAGLENEST_CACHE=cache, VIRTUAL_ENV=str(ROOT / ".venv"),
+                        PATH=f"{ROOT / '.venv' / 'bin'}{os.pathsep}{self.env.get('PATH', '')}")
+        self.server: subprocess.Popen[bytes] | None = None
+        self.lines: list[str] = []
+
+    def localize(self, code: str) -> str:
+        return code.replace(README_URL, self.url)
+
+    def shell(self, command: str) -> str:
+        if command.startswith(("bash scripts/test.sh", "source ")):
+            return "(skipped)\n" if "test.sh" in command else ""
+        if command.startswith("bash scripts/up.sh"):
+            return self.start_server(command)
+        if command.startswith("export "):
+            for pair in shlex.split(command)[1:]:
+                name, _, value = pair.partition("=")
+                self.env[name] = os.path.expandvars(value.replace("$HOME", self.env["HOME"]))
+            return ""
+        done = subprocess.run(["bash", "-c", command], cwd=self.work, env=self.env,
+                              capture_output=True, text=True, timeout=3600)
+        if done.returncode != 0:
+            raise RuntimeError(f"exit {done.returncode}: {command}\n{done.stdout}{done.stderr}")
+        return done.stdout
+
+    def start_server(self, command: str) -> str:
+        args = command.split()[2:] + ["--port", self.url.rsplit(":", 1)[1]]
+        log = open(self.work / "up.log", "wb")  # noqa: SIM115 - the server keeps it
+        self.server = subprocess.Popen(["bash", "scripts/up.sh", *args], cwd=ROOT, env=self.env,
+                                       stdout=log, stderr=subprocess.STDOUT,
+                                       start_new_session=True)
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            if self.server.poll() is not None:
+                raise RuntimeError(f"up exited: {(self.work / 'up.log').read_text()[-2000:]}")
+            with contextlib.suppress(httpx.HTTPError):
+                httpx.get(self.url + "/ping", timeout=2)
+                return (self.work / "up.log").read_text()
+            time.sleep(1)
+        raise RuntimeError("the server did not answer within 600 s")
+
+    def stop(self) -> None:
+        if self.server is not None and self.server.poll() is None:
+            os.killpg(self.server.pid, 2)  # Ctrl-C, as the README says
+            try:
+                self.server.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.server.pid, 9)
+                self.server.wait()
+
+    def run(self, ex: Example) -> tuple[str, bool]:
+        """What `ex` printed, and whether every line of it ran."""
+        if ex.lang == "python":
+            printed = io.StringIO()
+            os.environ.update(self.env)  # boto3 reads the exported credentials from here
+            try:
+                with contextlib.redirect_stdout(printed):
+                    exec(compile(self.localize(ex.code), "README.md", "exec"),
+                         {"__name__": "readme"})
+            except Exception:
+                return printed.getvalue() + traceback.format_exc(), False
+            return printed.getvalue(), True
+        out = ""
+        for command in ex.commands():
+            try:
+                out += self.shell(self.localize(command))
+            except Exception as exc:
+                return out + str(exc), False
+        return out, True
+
+
+def fenced(text: str, lang: str = "text") -> str:
+    return f"```{lang}\n{text.rstrip()}\n```\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--work", type=Path, default=None, help="folder to run in (default: new)")
+    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--out", type=Path, default=None, help="also write the transcript here")
+    args = p.parse_args(argv)
+    work = args.work or Path(tempfile.mkdtemp(prefix="eaglenest-readme-"))
+    walk = Walk(work, args.port)
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    report = [f"README.md walkthrough in {work}, {when}, {os.cpu_count()} CPUs, "
+              f"load average {os.getloadavg()[0]:.1f}\n"]
+    t0, ok = time.perf_counter(), True
+    try:
+        for ex in examples(readme()):
+            start = time.perf_counter()
+            printed, ran = walk.run(ex)
+            took = time.perf_counter() - start
+            same = ex.output is None or printed.rstrip() == ex.output.rstrip()
+            report.append(f"### README.md line {ex.line} ({ex.lang}): {took:.1f} s"
+                          + ("" if ran else ", FAILED") + ("" if same else ", output differs")
+                          + "\n\n" + fenced(ex.code, ex.lang) + "\nprinted:\n\n"
+                          + fenced(printed or "(nothing)")
+                          + ("" if same or ex.output is None else
+                             "\nREADME shows:\n\n" + fenced(ex.output)))
+            print(report[-1], flush=True)
+            if not ran:
+                ok = False
+                break
+    finally:
+        walk.stop()
+    report.append(f"total {time.perf_counter() - t0:.0f} s; {'all ran' if ok else 'stopped'}")
+    print(report[-1])
+    if args.out:
+        args.out.write_text("\n".join(report) + "\n")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
