@@ -138,6 +138,33 @@ def sweep(args: argparse.Namespace, servers: dict[tuple[str, str], ServerProcess
     return rows
 
 
+def hf_generate(target_dir: Path, prompts: list[str], max_tokens: int) -> float:
+    """HF ``generate`` at batch 1 in this process (greedy, fp32, every usable CPU's thread):
+    output tok/s over the prompts one after another, the reference the embedded server's
+    concurrency-1 rows are compared with."""
+    import torch
+
+    from eaglenest.models.target import load_target
+
+    torch.set_num_threads(len(os.sched_getaffinity(0)))
+    target = load_target(target_dir)
+    tok, model = target.tokenizer, target.model
+    produced, elapsed = 0, 0.0
+    warm = tok(prompts[0], return_tensors="pt", add_special_tokens=False).input_ids
+    with torch.no_grad():  # first call: allocations and kernel choice, not timed
+        model.generate(warm, attention_mask=torch.ones_like(warm), do_sample=False,
+                       max_new_tokens=2, pad_token_id=tok.eos_token_id)
+    for text in prompts:
+        ids = tok(text, return_tensors="pt", add_special_tokens=False).input_ids  # [1, seq]
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                 max_new_tokens=max_tokens, pad_token_id=tok.eos_token_id)
+        elapsed += time.perf_counter() - t0
+        produced += out.shape[1] - ids.shape[1]
+    return produced / max(elapsed, 1e-9)
+
+
 def thread_report(servers: dict[tuple[str, str], ServerProcess]) -> dict[str, str]:
     out = {}
     for (backend, config), server in servers.items():
@@ -234,6 +261,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--backends", default=None, help="default: embedded, and vllm if installed")
     p.add_argument("--busy", type=int, default=0, help="busy processes for the load rows")
     p.add_argument("--busy-concurrency", default="1,4")
+    p.add_argument("--hf-generate", action="store_true",
+                   help="also measure HF generate at batch 1 on the same prompts, after the "
+                        "idle rows")
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--startup-timeout", type=float, default=1200.0)
     p.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "load-sweep")
@@ -271,6 +301,7 @@ def main(argv: list[str] | None = None) -> int:
         threads = thread_report(servers)
         print("threads:", json.dumps(threads), flush=True)
         rows = sweep(args, servers, prompts, args.levels, "")
+        hf = hf_generate(args.target, prompts, args.max_tokens) if args.hf_generate else None
         if args.busy:
             with Busy(args.busy):
                 rows += sweep(args, servers, prompts, args.busy_levels, f"busy {args.busy}")
@@ -279,12 +310,17 @@ def main(argv: list[str] | None = None) -> int:
             server.pause(False)
             server.stop()
     print(markdown(rows))
+    if hf is not None:
+        ones = {r.backend + " " + r.config: r.level.output_throughput for r in rows
+                if r.concurrency == 1 and not r.load}
+        print(f"HF generate, batch 1, same prompts: {hf:.1f} tok/s; concurrency 1 vs it: "
+              + ", ".join(f"{k} {v / hf:.2f}x" for k, v in ones.items()))
     print(f"threads: {json.dumps(threads)}; wall {time.perf_counter() - t0:.0f} s; load "
           f"average after {os.getloadavg()[0]:.1f}")
     if args.json:
         args.json.write_text(json.dumps({"schedules": {b: s.to_list()
                                                        for b, s in schedules.items()},
-                                         "threads": threads,
+                                         "threads": threads, "hf_generate_tok_s": hf,
                                          "rows": [{**{k: v for k, v in asdict(r).items()
                                                       if k != "texts"}} for r in rows]},
                                         indent=1))
