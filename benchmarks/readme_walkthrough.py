@@ -1,6 +1,7 @@
 """README.md's examples, run as a new user runs them, with a transcript and the time of each.
 
     python -m benchmarks.readme_walkthrough [--work DIR] [--port 8080] [--out FILE.md]
+        [--first N]
 
 Everything runs from a fresh shell state in --work (a new temporary folder by default): HOME
 is <work>/home, so the data dir is the README's default (~/.local/share/eaglenest) and nothing
@@ -175,6 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work", type=Path, default=None, help="folder to run in (default: new)")
     p.add_argument("--port", type=int, default=8080)
     p.add_argument("--out", type=Path, default=None, help="also write the transcript here")
+    p.add_argument("--first", type=int, default=None,
+                   help="run only the first N examples (default: all)")
     args = p.parse_args(argv)
     work = args.work or Path(tempfile.mkdtemp(prefix="eaglenest-readme-"))
     walk = Walk(work, args.port)
@@ -183,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
               f"load average {os.getloadavg()[0]:.1f}\n"]
     t0, ok = time.perf_counter(), True
     try:
-        for ex in examples(readme()):
+        for ex in examples(readme())[: args.first]:
             start = time.perf_counter()
             printed, ran = walk.run(ex)
             took = time.perf_counter() - start
