@@ -91,7 +91,7 @@ def _run(ctx: WorkerContext, ref: ResourceRef) -> str:
             broken = None
     if broken is not None:
         return _fail(ctx, ref, broken)
-    log.info("job %s claimed by worker %s", ref.arn, ctx.owner)
+    log.info("job %s claimed by worker %s", ref.name, ctx.owner)
     max_runtime = job.StoppingCondition.MaxRuntimeInSeconds
     try:
         with JobControl(ctx, ref.arn, max_runtime, started) as control:
@@ -101,13 +101,13 @@ def _run(ctx: WorkerContext, ref: ResourceRef) -> str:
     except _user_errors() as exc:
         return _fail(ctx, ref, str(exc))
     except Exception as exc:  # a bug or an environment fault: still never left stuck
-        log.exception("job %s failed", ref.arn)
+        log.exception("job %s failed", ref.name)
         return _fail(ctx, ref, f"Internal error: {type(exc).__name__}: {exc}")
     if not _complete(ctx, ref, output, output_model):
         log.warning("job %s is no longer this worker's (lease lost); result discarded",
-                    ref.arn)
+                    ref.name)
         return "lease-lost"
-    log.info("job %s COMPLETED", ref.arn)
+    log.info("job %s COMPLETED", ref.name)
     shutil.rmtree(work_dir(ctx, ref), ignore_errors=True)
     return jobs.COMPLETED
 
@@ -128,7 +128,7 @@ def _complete(ctx: WorkerContext, ref: ResourceRef, output: dict[str, Any],
             try:
                 models_repo.create(s, account, output_model)
             except ValidationException as exc:  # taken since CreateOptimizationJob
-                log.warning("job %s: output model not registered: %s", ref.arn, exc)
+                log.warning("job %s: output model not registered: %s", ref.name, exc)
     return True
 
 
@@ -198,7 +198,7 @@ def _s3_prefix(uri: str) -> S3ModelDataSource:
 
 
 def _fail(ctx: WorkerContext, ref: ResourceRef, reason: str) -> str:
-    log.warning("job %s FAILED: %s", ref.arn, reason)
+    log.warning("job %s FAILED: %s", ref.name, reason)
     with ctx.db.session() as s:
         if not jobs.fail(s, ref.arn, ctx.owner, reason[:1024]):
             return "lease-lost"
@@ -214,7 +214,7 @@ def _stopped(ctx: WorkerContext, ref: ResourceRef, reason: str, max_runtime: int
             released = jobs.release(s, ref.arn, ctx.owner)
         if released:
             log.warning("job %s handed back at shutdown; it resumes from its checkpoint",
-                        ref.arn)
+                        ref.name)
             ctx.queue.send(OPTIMIZE_TASK, ref.arn, TRAIN_QUEUE)
         return "released"
     if reason == "stopped":

@@ -147,7 +147,7 @@ def _reason(ep: ResourceRef, exc: Exception) -> str:
     anything else as an internal error (logged with its traceback)."""
     if isinstance(exc, (DeployError, ServingError)):
         return str(exc)
-    log.exception("endpoint %s: task failed", ep.arn)
+    log.exception("endpoint %s: task failed", ep.name)
     return f"Internal error: {type(exc).__name__}: {exc}"
 
 

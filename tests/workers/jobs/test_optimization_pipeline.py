@@ -38,12 +38,12 @@ def test_job_trains_benchmarks_and_publishes(stack):
     assert d["OptimizationStartTime"] <= d["OptimizationEndTime"]
     progress = re.findall(r"INFO eaglenest.optimize job tiny-eagle3: (step \d+/4 \(\d+%\)  "
                           r"loss [\d.]+  accuracy [\d./]+  [\d,]+ tokens/s  ETA \w+) "
-                          r"\[job=tiny-eagle3\]", stack.log())
+                          rf"\[job={ACCOUNT}/tiny-eagle3\]", stack.log())
     assert [p.split()[1] for p in progress] == ["2/4", "4/4"], stack.log()[-3000:]
     # tqdm (transformers' "Loading weights" bar) goes through logging at INFO
     assert "celery.redirected" not in stack.log()
-    assert re.search(r"INFO eaglenest.stderr Loading weights: 100%.* \[job=tiny-eagle3\]$",
-                     stack.log(), re.M), stack.log()[-3000:]
+    assert re.search(rf"INFO eaglenest.stderr Loading weights: 100%.* "
+                     rf"\[job={ACCOUNT}/tiny-eagle3\]$", stack.log(), re.M), stack.log()[-3000:]
     assert d["OptimizationOutput"] == {"RecommendedInferenceImage": "vllm"}
     out = stack.data_dir / "s3" / "output" / "jobs" / "tiny-eagle3"
     manifest = json.loads((out / "_MANIFEST.json").read_text())["files"]
