@@ -87,16 +87,17 @@ class Stack:
         path = self.data_dir / "stack.log"
         return path.read_text(errors="replace") if path.exists() else ""
 
-    def deployment(self, endpoint: str) -> dict:
-        """The endpoint row's deployment as the worker stored it (`Servers`: per variant the
-        record with its `instances`, each with url and pid)."""
+    def deployment(self, endpoint: str, account: str = ACCOUNT) -> dict:
+        """The deployment of `account`'s endpoint as the worker stored it (`Servers`: per
+        variant the record with its `instances`, each with url and pid)."""
         from eaglenest.db.session import Database
         from eaglenest.db.tables import EndpointRow
 
         db = Database(self.database_url)
         try:
             with db.session() as s:
-                return dict(s.query(EndpointRow).filter_by(name=endpoint).one().deployment)
+                return dict(s.query(EndpointRow).filter_by(
+                    name=endpoint, account_id=account).one().deployment)
         finally:
             db.dispose()
 

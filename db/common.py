@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 
 from eaglenest.db.pagination import PageRequest, fingerprint, paginate
 from eaglenest.db.tables import Base
+from eaglenest.foundation.accounts import ResourceRef
 from eaglenest.foundation.errors import ValidationException
 from eaglenest.foundation.storage import StorageError, check_characters
 
@@ -49,22 +50,43 @@ def check_s3_uris(spec: Any, at: str = "") -> None:
             raise ValidationException(f"{at}: {exc}") from None
 
 
-def find(session: Session, table: type[RowT], name: str, *, lock: bool = False,
-         account_id: str | None = None) -> RowT | None:
-    """The row named `name` (ignoring case); with `account_id`, only that account's (the
-    API always passes the caller's: another account's resource is not found)."""
-    stmt = select(table).where(table.name_key == name.lower())  # type: ignore[attr-defined]
-    if account_id is not None:
-        stmt = stmt.where(table.account_id == account_id)  # type: ignore[attr-defined]
+def find(session: Session, table: type[RowT], name: str, *, account_id: str,
+         lock: bool = False) -> RowT | None:
+    """`account_id`'s row named `name` (ignoring case). The API passes the caller's account
+    (another account's resource is not found); a worker, the account of the row it works on."""
+    t: Any = table
+    stmt = select(table).where(t.account_id == account_id, t.name_key == name.lower())
     if lock:
         stmt = stmt.with_for_update()
     return session.scalars(stmt).first()
 
 
-def heartbeat(session: Session, table: type[Any], name: str, owner: str) -> str | None:
-    """Refresh `owner`'s lease on the row named `name` (a table with owner, heartbeat_time
+def locate(session: Session, table: type[RowT], ref: str, *, lock: bool = False
+           ) -> RowT | None:
+    """The row a worker task names: `ref` is the row's ARN (which holds the account). A bare
+    name (a task queued before names were per account) is accepted only while exactly one
+    row of any account has it; otherwise None, as for a row that is gone."""
+    t: Any = table
+    if ResourceRef.parse(ref) is not None:
+        stmt = select(table).where(t.arn == ref)
+    else:
+        stmt = select(table).where(t.name_key == ref.lower()).limit(2)
+    if lock:
+        stmt = stmt.with_for_update()
+    rows = session.scalars(stmt).all()
+    return rows[0] if len(rows) == 1 else None
+
+
+def resolve(session: Session, table: type[Any], ref: str) -> ResourceRef | None:
+    """What a task's argument names (see `locate`), by ARN; None when no single row."""
+    row = locate(session, table, ref)
+    return ResourceRef.parse(row.arn) if row is not None else None
+
+
+def heartbeat(session: Session, table: type[Any], ref: str, owner: str) -> str | None:
+    """Refresh `owner`'s lease on the row `ref` names (a table with owner, heartbeat_time
     and status: jobs, endpoints); the row's status, or None when gone or no longer ours."""
-    row = find(session, table, name, lock=True)
+    row = locate(session, table, ref, lock=True)
     if row is None or row.owner != owner:
         return None
     row.heartbeat_time = now()

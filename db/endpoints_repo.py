@@ -16,7 +16,8 @@ for a lease is presumed dead and the task is sent again (workers/reconcile.py). 
 change clears the owner. No endpoint stays transitional longer than the worker's
 EAGLENEST_ENDPOINT_TRANSITION_SECONDS: `time_out` ends it with a FailureReason.
 
-The web layer calls the request_* functions; serving workers call the others.
+The web layer calls the request_* functions, by the caller's account and a name; serving
+workers call the others by the endpoint's ARN (`ref`: db/common.locate).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from sqlalchemy.orm import Session
 
 from eaglenest.db import common, endpoint_configs_repo, quotas, tags_repo, traffic_policy
 from eaglenest.db import endpoint_retention as retention
-from eaglenest.db.common import find, insert_unique, now
+from eaglenest.db.common import find, insert_unique, locate, now
 from eaglenest.db.tables import EndpointConfigRow, EndpointRow
 from eaglenest.foundation.accounts import Account
 from eaglenest.foundation.errors import ResourceLimitExceeded, ValidationException
@@ -95,7 +96,7 @@ def request_update(
     row = get(session, account, name, lock=True)
     config = endpoint_configs_repo.get(session, account, config_name)
     deploy_config = retention.deployment_config(row.spec, spec)
-    old = find(session, EndpointConfigRow, row.config_name)
+    old = find(session, EndpointConfigRow, row.config_name, account_id=row.account_id)
     pending = retention.retained(row.spec, row.deployment, old.spec if old else None,
                                  config.spec, spec)
     traffic_policy.check(spec.get(retention.DEPLOYMENT_CONFIG),
@@ -125,12 +126,12 @@ def _fleet_size(config_spec: dict[str, Any], overrides: dict[str, dict[str, Any]
 SHIFT = "Shift"
 
 
-def shift_traffic(session: Session, name: str, new: dict[str, Any], fraction: float,
+def shift_traffic(session: Session, ref: str, new: dict[str, Any], fraction: float,
                   message: str) -> bool:
     """A blue/green step: `fraction` of the traffic goes to the new fleet (`new`, its
     deployment record) and the rest to the old one; the endpoint stays Updating. False if
     it no longer is (deleted, rolled back, timed out): the caller stops the new fleet."""
-    row = find(session, EndpointRow, name, lock=True)
+    row = locate(session, EndpointRow, ref, lock=True)
     if row is None or row.status != UPDATING or not row.pending_config_name:
         return False
     status = {"Status": "Baking", "StatusMessage": message, "StartTime": now()}
@@ -154,9 +155,9 @@ def pending_summary(row: EndpointRow) -> dict[str, Any] | None:
     return out
 
 
-def updating_to(session: Session, name: str, config_name: str) -> bool:
+def updating_to(session: Session, ref: str, config_name: str) -> bool:
     """Whether the endpoint is still Updating to `config_name` (a worker's update goes on)."""
-    row = find(session, EndpointRow, name)
+    row = locate(session, EndpointRow, ref)
     return row is not None and row.status == UPDATING and row.pending_config_name == config_name
 
 
@@ -214,7 +215,8 @@ def request_weights(session: Session, account: Account, name: str,
                                   if k in d} for d in desired}
     if limits is not None:
         after = effective_overrides({**row.spec, PENDING_WEIGHTS: pending})
-        config = find(session, EndpointConfigRow, row.config_name)
+        config = find(session, EndpointConfigRow, row.config_name,
+                      account_id=row.account_id)
         quotas.check_instances(session, account, row, quotas.config_instances(
             config.spec if config else {}, after), limits.instances)
     summaries = [{**v, **pending.get(v["VariantName"], {})}
@@ -225,10 +227,10 @@ def request_weights(session: Session, account: Account, name: str,
     return row
 
 
-def finish_weights(session: Session, name: str, deployment: dict[str, Any]) -> bool:
+def finish_weights(session: Session, ref: str, deployment: dict[str, Any]) -> bool:
     """False if the endpoint was deleted or changed meanwhile (the caller stops what it
     started)."""
-    row = find(session, EndpointRow, name, lock=True)
+    row = locate(session, EndpointRow, ref, lock=True)
     if row is None or row.status != UPDATING or PENDING_WEIGHTS not in row.spec:
         return False
     spec = {k: v for k, v in row.spec.items() if k != PENDING_WEIGHTS}
@@ -238,10 +240,10 @@ def finish_weights(session: Session, name: str, deployment: dict[str, Any]) -> b
     return True
 
 
-def rollback_weights(session: Session, name: str, reason: str) -> None:
+def rollback_weights(session: Session, ref: str, reason: str) -> None:
     """The change could not be applied: Desired* back to Current*, InService, the reason
     in FailureReason."""
-    row = find(session, EndpointRow, name, lock=True)
+    row = locate(session, EndpointRow, ref, lock=True)
     if row is None or row.status != UPDATING or PENDING_WEIGHTS not in row.spec:
         return
     row.spec = {k: v for k, v in row.spec.items() if k != PENDING_WEIGHTS}
@@ -251,19 +253,20 @@ def rollback_weights(session: Session, name: str, reason: str) -> None:
     _set(row, IN_SERVICE, reason)
 
 
-def request_delete(session: Session, account: Account, name: str) -> bool:
-    """Return True if a worker must stop serving processes (status Deleting)."""
+def request_delete(session: Session, account: Account, name: str) -> str | None:
+    """The endpoint's ARN if a worker must stop serving processes (status Deleting); None
+    when nothing was ever started and the row is gone already."""
     row = get(session, account, name, lock=True)
     if not row.deployment:  # nothing was ever started: nothing to tear down
         session.delete(row)
-        return False
+        return None
     _set(row, DELETING)
-    return True
+    return row.arn
 
 
-def mark_in_service(session: Session, name: str, deployment: dict[str, Any]) -> bool:
+def mark_in_service(session: Session, ref: str, deployment: dict[str, Any]) -> bool:
     """False if the endpoint was deleted (or changed) meanwhile: the caller must tear down."""
-    row = find(session, EndpointRow, name, lock=True)
+    row = locate(session, EndpointRow, ref, lock=True)
     if row is None or row.status != CREATING:
         return False
     row.deployment = deployment
@@ -271,15 +274,15 @@ def mark_in_service(session: Session, name: str, deployment: dict[str, Any]) -> 
     return True
 
 
-def mark_failed(session: Session, name: str, reason: str) -> None:
-    row = find(session, EndpointRow, name, lock=True)
+def mark_failed(session: Session, ref: str, reason: str) -> None:
+    row = locate(session, EndpointRow, ref, lock=True)
     if row is not None and row.status in (CREATING, IN_SERVICE, SYSTEM_UPDATING, DELETING):
         _set(row, FAILED, reason)
 
 
-def begin_recovery(session: Session, name: str, owner: str) -> bool:
+def begin_recovery(session: Session, ref: str, owner: str) -> bool:
     """A worker found an InService endpoint's processes dead and will restart them."""
-    row = find(session, EndpointRow, name, lock=True)
+    row = locate(session, EndpointRow, ref, lock=True)
     if row is None or row.status != IN_SERVICE:
         return False
     _set(row, SYSTEM_UPDATING)
@@ -287,9 +290,12 @@ def begin_recovery(session: Session, name: str, owner: str) -> bool:
     return True
 
 
-def claim(session: Session, name: str, status: str, owner: str, lease_seconds: float) -> bool:
+def claim(session: Session, ref: str, status: str, owner: str, lease_seconds: float) -> bool:
     """Worker side: own the endpoint's `status` transition. False when it is in another
     status, gone, or owned by a worker that heartbeated within `lease_seconds`."""
+    row = locate(session, EndpointRow, ref)
+    if row is None:
+        return False
     t = now()
     free = (EndpointRow.owner.is_(None) | (EndpointRow.owner == owner)
             | EndpointRow.heartbeat_time.is_(None)
@@ -297,29 +303,29 @@ def claim(session: Session, name: str, status: str, owner: str, lease_seconds: f
     # compare-and-set (SQLite ignores FOR UPDATE): of two deliveries, one UPDATE matches
     won = session.execute(
         update(EndpointRow)
-        .where(EndpointRow.name_key == name.lower(), EndpointRow.status == status, free)
+        .where(EndpointRow.id == row.id, EndpointRow.status == status, free)
         .values(owner=owner, heartbeat_time=t)
         .execution_options(synchronize_session=False))
     return bool(won.rowcount == 1)  # type: ignore[attr-defined]
 
 
-def heartbeat(session: Session, name: str, owner: str) -> str | None:
+def heartbeat(session: Session, ref: str, owner: str) -> str | None:
     """Refresh the owner's lease; the status, or None when gone or no longer ours."""
-    return common.heartbeat(session, EndpointRow, name, owner)
+    return common.heartbeat(session, EndpointRow, ref, owner)
 
 
-def release(session: Session, name: str, owner: str) -> None:
+def release(session: Session, ref: str, owner: str) -> None:
     """The owner's task ended without changing the status: the next task may claim it."""
-    row = find(session, EndpointRow, name, lock=True)
+    row = locate(session, EndpointRow, ref, lock=True)
     if row is not None and row.owner == owner:
         row.owner, row.heartbeat_time = None, None
 
 
 def unattended(session: Session, lease_seconds: float) -> list[tuple[str, str]]:
-    """(name, status) of transitional endpoints nobody works on: no owner for a lease since
+    """(ARN, status) of transitional endpoints nobody works on: no owner for a lease since
     the status was set (its task message may be lost), or an owner silent for a lease."""
     cutoff = now() - lease_seconds
-    stmt = select(EndpointRow.name, EndpointRow.status).where(
+    stmt = select(EndpointRow.arn, EndpointRow.status).where(
         EndpointRow.status.in_(TRANSITIONAL),
         (EndpointRow.owner.is_(None) & (EndpointRow.last_modified_time < cutoff))
         | (EndpointRow.owner.is_not(None) & (EndpointRow.heartbeat_time < cutoff)))
@@ -328,10 +334,10 @@ def unattended(session: Session, lease_seconds: float) -> list[tuple[str, str]]:
 
 def time_out(session: Session, bound_seconds: float) -> list[str]:
     """End every transition older than `bound_seconds`: an update rolls back to the config
-    that serves, anything else becomes Failed; the reason says which bound. Their names."""
+    that serves, anything else becomes Failed; the reason says which bound. Their ARNs."""
     stmt = select(EndpointRow).where(EndpointRow.status.in_(TRANSITIONAL),
                                      EndpointRow.last_modified_time < now() - bound_seconds)
-    names = []
+    arns = []
     for row in session.scalars(stmt.with_for_update()):
         why = (f"The endpoint stayed {row.status} longer than {bound_seconds:.0f} s "
                "(EAGLENEST_ENDPOINT_TRANSITION_SECONDS)")
@@ -340,12 +346,12 @@ def time_out(session: Session, bound_seconds: float) -> list[str]:
                            f"back: {why}.")
         else:
             _set(row, FAILED, f"{why}; it was marked Failed.")
-        names.append(row.name)
-    return names
+        arns.append(row.arn)
+    return arns
 
 
-def finish_recovery(session: Session, name: str, deployment: dict[str, Any]) -> bool:
-    row = find(session, EndpointRow, name, lock=True)
+def finish_recovery(session: Session, ref: str, deployment: dict[str, Any]) -> bool:
+    row = locate(session, EndpointRow, ref, lock=True)
     if row is None or row.status != SYSTEM_UPDATING:
         return False
     row.deployment = deployment
@@ -353,8 +359,8 @@ def finish_recovery(session: Session, name: str, deployment: dict[str, Any]) -> 
     return True
 
 
-def finish_update(session: Session, name: str, deployment: dict[str, Any]) -> bool:
-    row = find(session, EndpointRow, name, lock=True)
+def finish_update(session: Session, ref: str, deployment: dict[str, Any]) -> bool:
+    row = locate(session, EndpointRow, ref, lock=True)
     if row is None or row.status != UPDATING or not row.pending_config_name:
         return False
     row.config_name = row.pending_config_name
@@ -365,8 +371,8 @@ def finish_update(session: Session, name: str, deployment: dict[str, Any]) -> bo
     return True
 
 
-def rollback_update(session: Session, name: str, reason: str) -> None:
-    row = find(session, EndpointRow, name, lock=True)
+def rollback_update(session: Session, ref: str, reason: str) -> None:
+    row = locate(session, EndpointRow, ref, lock=True)
     if row is not None and row.status == UPDATING:
         _rollback(row, reason)
 
@@ -378,7 +384,7 @@ def _rollback(row: EndpointRow, reason: str) -> None:
     _set(row, IN_SERVICE, reason)
 
 
-def finish_delete(session: Session, name: str) -> None:
-    row = find(session, EndpointRow, name, lock=True)
+def finish_delete(session: Session, ref: str) -> None:
+    row = locate(session, EndpointRow, ref, lock=True)
     if row is not None and row.status == DELETING:
         session.delete(row)

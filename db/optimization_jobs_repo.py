@@ -9,6 +9,9 @@ A job is "owned" by a worker while that worker heartbeats it; an owner silent fo
 than `lease_seconds` is presumed dead (see `reclaim_lost`). Only the owner ends a running
 job (`complete`, `fail`, `acknowledge_stop` take the owner and change nothing otherwise):
 a worker that lost its lease while paused cannot finish a job another worker now runs.
+
+The API calls create / get / request_* by the caller's account and a name; workers call the
+others by the job's ARN (`ref`: db/common.locate).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from eaglenest.db import common, models_repo, quotas, tags_repo
-from eaglenest.db.common import check_s3_uris, find, insert_unique, now
+from eaglenest.db.common import check_s3_uris, find, insert_unique, locate, now
 from eaglenest.db.tables import ModelRow, OptimizationJobRow
 from eaglenest.foundation import environment
 from eaglenest.foundation.accounts import Account
@@ -70,7 +73,7 @@ def _check_spec(session: Session, account: Account, spec: dict[str, Any]) -> lis
                          account_id=account.account_id) is None:
         raise models_repo.not_found(account, sm_model["ModelName"])
     output = (spec["OutputConfig"].get("SageMakerModel") or {}).get("ModelName")
-    if output and find(session, ModelRow, output) is not None:
+    if output and find(session, ModelRow, output, account_id=account.account_id) is not None:
         raise ValidationException(
             f"OutputConfig.SageMakerModel.ModelName: cannot create already existing model "
             f'"{account.arn("model", output)}"; name a model that does not exist yet.'
@@ -109,9 +112,12 @@ def create(session: Session, account: Account, spec: dict[str, Any],
 
 def get(session: Session, name: str, *, lock: bool = False,
         account: Account | None = None) -> OptimizationJobRow:
-    """The job; with `account` (the API: the caller's), only that account's."""
-    row = find(session, OptimizationJobRow, name, lock=lock,
-               account_id=account.account_id if account else None)
+    """The API's: `account`'s job named `name`. Without `account` (a worker's), the job
+    `name` refers to as db/common.locate reads it (its ARN)."""
+    if account is not None:
+        row = find(session, OptimizationJobRow, name, lock=lock, account_id=account.account_id)
+    else:
+        row = locate(session, OptimizationJobRow, name, lock=lock)
     if row is None:
         raise not_found(name)
     return row
@@ -154,9 +160,9 @@ def request_delete(session: Session, name: str, lease_seconds: float,
     session.delete(row)
 
 
-def claim(session: Session, name: str, owner: str) -> OptimizationJobRow | None:
+def claim(session: Session, ref: str, owner: str) -> OptimizationJobRow | None:
     """Worker side: take a STARTING job. None if it is gone, stopped or owned elsewhere."""
-    row = find(session, OptimizationJobRow, name, lock=True)
+    row = locate(session, OptimizationJobRow, ref, lock=True)
     if row is None or row.status != STARTING:
         return None
     # Compare-and-set: SQLite ignores FOR UPDATE, so two deliveries of the same job (a
@@ -176,32 +182,32 @@ def claim(session: Session, name: str, owner: str) -> OptimizationJobRow | None:
     return row
 
 
-def heartbeat(session: Session, name: str, owner: str) -> str | None:
+def heartbeat(session: Session, ref: str, owner: str) -> str | None:
     """Refresh the lease; return the job's status (None if deleted or not ours)."""
-    return common.heartbeat(session, OptimizationJobRow, name, owner)
+    return common.heartbeat(session, OptimizationJobRow, ref, owner)
 
 
-def record_progress(session: Session, name: str, owner: str, progress: dict[str, Any]) -> bool:
+def record_progress(session: Session, ref: str, owner: str, progress: dict[str, Any]) -> bool:
     """Worker side: the running job's stage and training progress (`eaglenest status`).
     Changes neither status nor LastModifiedTime; False if the job is not ours or not running."""
-    row = find(session, OptimizationJobRow, name)
+    row = locate(session, OptimizationJobRow, ref)
     if row is None or row.owner != owner or row.status not in (INPROGRESS, STOPPING):
         return False
     row.progress = progress
     return True
 
 
-def _owned(session: Session, name: str, owner: str,
+def _owned(session: Session, ref: str, owner: str,
            statuses: tuple[str, ...]) -> OptimizationJobRow | None:
-    row = find(session, OptimizationJobRow, name, lock=True)
+    row = locate(session, OptimizationJobRow, ref, lock=True)
     if row is None or row.owner != owner or row.status not in statuses:
         return None
     return row
 
 
-def complete(session: Session, name: str, owner: str, output: dict[str, Any]) -> bool:
+def complete(session: Session, ref: str, owner: str, output: dict[str, Any]) -> bool:
     """INPROGRESS -> COMPLETED by its owner; False (nothing changed) for anyone else."""
-    row = _owned(session, name, owner, (INPROGRESS,))
+    row = _owned(session, ref, owner, (INPROGRESS,))
     if row is None:
         return False
     row.output = output
@@ -209,27 +215,27 @@ def complete(session: Session, name: str, owner: str, output: dict[str, Any]) ->
     return True
 
 
-def fail(session: Session, name: str, owner: str, reason: str) -> bool:
+def fail(session: Session, ref: str, owner: str, reason: str) -> bool:
     """INPROGRESS -> FAILED by its owner; False (nothing changed) for anyone else."""
-    row = _owned(session, name, owner, (INPROGRESS,))
+    row = _owned(session, ref, owner, (INPROGRESS,))
     if row is None:
         return False
     _set(row, FAILED, reason)
     return True
 
 
-def acknowledge_stop(session: Session, name: str, owner: str) -> bool:
-    row = _owned(session, name, owner, (STOPPING,))
+def acknowledge_stop(session: Session, ref: str, owner: str) -> bool:
+    row = _owned(session, ref, owner, (STOPPING,))
     if row is None:
         return False
     _set(row, STOPPED)
     return True
 
 
-def release(session: Session, name: str, owner: str) -> bool:
+def release(session: Session, ref: str, owner: str) -> bool:
     """A worker shutting down hands its job back: INPROGRESS -> STARTING (resumed from its
     checkpoint by the next worker). False if the job is not ours or not running."""
-    row = find(session, OptimizationJobRow, name, lock=True)
+    row = locate(session, OptimizationJobRow, ref, lock=True)
     if row is None or row.owner != owner or row.status != INPROGRESS:
         return False
     row.owner, row.heartbeat_time = None, None
@@ -238,8 +244,9 @@ def release(session: Session, name: str, owner: str) -> bool:
 
 
 def stale_starting(session: Session, older_than: float) -> list[str]:
-    """STARTING jobs untouched for `older_than` seconds (their message may have been lost)."""
-    stmt = select(OptimizationJobRow.name).where(
+    """The ARNs of STARTING jobs untouched for `older_than` seconds (their message may
+    have been lost)."""
+    stmt = select(OptimizationJobRow.arn).where(
         OptimizationJobRow.status == STARTING,
         OptimizationJobRow.last_modified_time < now() - older_than,
     )
@@ -247,26 +254,26 @@ def stale_starting(session: Session, older_than: float) -> list[str]:
 
 
 def pending(session: Session) -> list[str]:
-    """Every STARTING job (re-enqueued by a worker that starts)."""
-    stmt = select(OptimizationJobRow.name).where(OptimizationJobRow.status == STARTING)
+    """The ARN of every STARTING job (re-enqueued by a worker that starts)."""
+    stmt = select(OptimizationJobRow.arn).where(OptimizationJobRow.status == STARTING)
     return sorted(session.scalars(stmt))
 
 
 def reclaim_lost(session: Session, lease_seconds: float) -> list[str]:
     """Jobs whose owner stopped heartbeating: STOPPING ones become STOPPED, INPROGRESS ones
-    go back to STARTING so the next worker resumes them. Returns the reclaimed names."""
+    go back to STARTING so the next worker resumes them. Returns the reclaimed ARNs."""
     cutoff = now() - lease_seconds
     stmt = select(OptimizationJobRow).where(
         OptimizationJobRow.status.in_((INPROGRESS, STOPPING)),
         (OptimizationJobRow.heartbeat_time.is_(None))
         | (OptimizationJobRow.heartbeat_time < cutoff),
     )
-    names = []
+    arns = []
     for row in session.scalars(stmt.with_for_update()):
         if row.status == STOPPING:
             _set(row, STOPPED)
             continue
         row.owner, row.heartbeat_time = None, None
         _set(row, STARTING)
-        names.append(row.name)
-    return sorted(names)
+        arns.append(row.arn)
+    return sorted(arns)

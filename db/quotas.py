@@ -61,7 +61,7 @@ def config_instances(config: dict[str, Any],
 def endpoint_instances(session: Session, row: EndpointRow) -> int:
     from eaglenest.db.endpoints_repo import effective_overrides
 
-    config = find(session, EndpointConfigRow, row.config_name)
+    config = find(session, EndpointConfigRow, row.config_name, account_id=row.account_id)
     return config_instances(config.spec, effective_overrides(row.spec)) if config else 0
 
 

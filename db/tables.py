@@ -2,14 +2,16 @@
 
 Each row keeps the caller's request members verbatim in `spec` (JSON) so Describe returns
 every member botocore defines, and the columns the API filters or sorts on alongside.
-`name_key` is the lower-cased name: ARNs are lower-cased, so names are unique ignoring case.
+`name_key` is the lower-cased name: ARNs are lower-cased, so names are unique ignoring case
+within an account (two accounts may use one name, as in AWS); `arn` names the account too
+and is unique, which is how workers find a row.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import JSON, Float, Index, Integer, String, Text
+from sqlalchemy import JSON, Float, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -20,7 +22,7 @@ class Base(DeclarativeBase):
 class _Named:
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     name: Mapped[str] = mapped_column(String(63), nullable=False)
-    name_key: Mapped[str] = mapped_column(String(63), nullable=False, unique=True)
+    name_key: Mapped[str] = mapped_column(String(63), nullable=False)
     #: the account of the key that created it: only that account's requests find it
     account_id: Mapped[str] = mapped_column(String(12), nullable=False)
     arn: Mapped[str] = mapped_column(String(256), nullable=False)
@@ -29,22 +31,30 @@ class _Named:
     tags: Mapped[list[dict[str, str]]] = mapped_column(JSON, nullable=False, default=list)
 
 
+def _named_args(table: str, *more: Index) -> tuple[Any, ...]:
+    """Every resource table's constraints and indexes (migrations 0001, 0004, 0005)."""
+    return (
+        UniqueConstraint("account_id", "name_key", name=f"uq_{table}_account_name"),
+        Index(f"ux_{table}_arn", "arn", unique=True),
+        Index(f"ix_{table}_account", "account_id", "creation_time", "id"),
+        Index(f"ix_{table}_ctime", "creation_time", "id"),
+        *more,
+    )
+
+
 class ModelRow(_Named, Base):
     __tablename__ = "models"
-    __table_args__ = (Index("ix_models_ctime", "creation_time", "id"),)
+    __table_args__ = _named_args("models")
 
 
 class EndpointConfigRow(_Named, Base):
     __tablename__ = "endpoint_configs"
-    __table_args__ = (Index("ix_endpoint_configs_ctime", "creation_time", "id"),)
+    __table_args__ = _named_args("endpoint_configs")
 
 
 class EndpointRow(_Named, Base):
     __tablename__ = "endpoints"
-    __table_args__ = (
-        Index("ix_endpoints_ctime", "creation_time", "id"),
-        Index("ix_endpoints_status", "status", "id"),
-    )
+    __table_args__ = _named_args("endpoints", Index("ix_endpoints_status", "status", "id"))
 
     status: Mapped[str] = mapped_column(String(32), nullable=False)
     config_name: Mapped[str] = mapped_column(String(63), nullable=False)
@@ -61,10 +71,8 @@ class EndpointRow(_Named, Base):
 
 class OptimizationJobRow(_Named, Base):
     __tablename__ = "optimization_jobs"
-    __table_args__ = (
-        Index("ix_optimization_jobs_ctime", "creation_time", "id"),
-        Index("ix_optimization_jobs_status", "status", "id"),
-    )
+    __table_args__ = _named_args(
+        "optimization_jobs", Index("ix_optimization_jobs_status", "status", "id"))
 
     status: Mapped[str] = mapped_column(String(32), nullable=False)
     failure_reason: Mapped[str | None] = mapped_column(Text, nullable=True)

@@ -1,4 +1,4 @@
-"""Publishing tasks by name. The API never imports task code: it sends names and ARNs."""
+"""Publishing tasks by name. The API never imports task code: it sends task names and ARNs."""
 
 from __future__ import annotations
 
@@ -37,14 +37,16 @@ class TaskQueue:
             },
         )
 
-    def send(self, task: str, name: str, queue: str) -> bool:
+    def send(self, task: str, arn: str, queue: str) -> bool:
+        """Publish `task` for the resource `arn` (its one argument: the ARN names the
+        account, so a worker never mistakes another account's resource of the same name)."""
         try:
             self.app.send_task(
-                task, args=[name], queue=queue, retry=True,
+                task, args=[arn], queue=queue, retry=True,
                 retry_policy={"max_retries": 2, "interval_start": 0.1, "interval_step": 0.2},
             )
         except Exception as exc:  # broker down: the reconciler picks it up later
-            log.warning("could not publish %s(%s) to %s: %s", task, name, queue, exc)
+            log.warning("could not publish %s(%s) to %s: %s", task, arn, queue, exc)
             return False
         return True
 

@@ -1,7 +1,8 @@
 """CreateEndpoint, DescribeEndpoint, ListEndpoints, UpdateEndpoint,
 UpdateEndpointWeightsAndCapacities, DeleteEndpoint.
 
-Status changes happen in db.endpoints_repo; the serving work is a Celery task by name.
+Status changes happen in db.endpoints_repo; the serving work is a Celery task sent with the
+endpoint's ARN (it names the account).
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ from eaglenest.foundation.shapes.endpoints import (
 def create_endpoint(ctx: Context, req: CreateEndpointInput) -> dict[str, Any]:
     with ctx.db.session() as s:
         row = endpoints_repo.create(s, ctx.account, spec_of(req), Limits.of(ctx.settings))
-        arn, name = row.arn, row.name
-    ctx.queue.send(q.ENDPOINT_CREATE_TASK, name, q.SERVE_QUEUE)
+        arn = row.arn
+    ctx.queue.send(q.ENDPOINT_CREATE_TASK, arn, q.SERVE_QUEUE)
     return {"EndpointArn": arn}
 
 
@@ -63,7 +64,8 @@ def describe_endpoint(ctx: Context, req: DescribeEndpointInput) -> dict[str, Any
             "FailureReason": row.failure_reason,
             "ProductionVariants": row.deployment.get("ProductionVariants"),
             "DataCaptureConfig": _capture_summary(retention.capture_config(
-                row.spec, _spec_of(find(s, EndpointConfigRow, row.config_name)))),
+                row.spec, _spec_of(find(s, EndpointConfigRow, row.config_name,
+                                        account_id=row.account_id)))),
             "LastDeploymentConfig": row.spec.get("DeploymentConfig"),
         }
         out["PendingDeploymentSummary"] = endpoints_repo.pending_summary(row)
@@ -89,8 +91,8 @@ def update_endpoint(ctx: Context, req: UpdateEndpointInput) -> dict[str, Any]:
         row = endpoints_repo.request_update(
             s, ctx.account, req.EndpointName, req.EndpointConfigName, spec_of(req),
             Limits.of(ctx.settings))
-        arn, name = row.arn, row.name
-    ctx.queue.send(q.ENDPOINT_UPDATE_TASK, name, q.SERVE_QUEUE)
+        arn = row.arn
+    ctx.queue.send(q.ENDPOINT_UPDATE_TASK, arn, q.SERVE_QUEUE)
     return {"EndpointArn": arn}
 
 
@@ -102,14 +104,14 @@ def update_endpoint_weights_and_capacities(
         row = endpoints_repo.request_weights(
             s, ctx.account, req.EndpointName, spec_of(req)["DesiredWeightsAndCapacities"],
             ctx.settings.max_instances_per_variant, Limits.of(ctx.settings))
-        arn, name = row.arn, row.name
-    ctx.queue.send(q.ENDPOINT_UPDATE_TASK, name, q.SERVE_QUEUE)  # applies weights too
+        arn = row.arn
+    ctx.queue.send(q.ENDPOINT_UPDATE_TASK, arn, q.SERVE_QUEUE)  # applies weights too
     return {"EndpointArn": arn}
 
 
 @operation("DeleteEndpoint")
 def delete_endpoint(ctx: Context, req: DeleteEndpointInput) -> None:
     with ctx.db.session() as s:
-        needs_worker = endpoints_repo.request_delete(s, ctx.account, req.EndpointName)
-    if needs_worker:
-        ctx.queue.send(q.ENDPOINT_DELETE_TASK, req.EndpointName, q.SERVE_QUEUE)
+        arn = endpoints_repo.request_delete(s, ctx.account, req.EndpointName)
+    if arn is not None:  # a worker must stop its serving processes
+        ctx.queue.send(q.ENDPOINT_DELETE_TASK, arn, q.SERVE_QUEUE)

@@ -1,6 +1,7 @@
 """Create/Describe/List/Stop/DeleteOptimizationJob.
 
-Status changes happen in db.optimization_jobs_repo; training is a Celery task by name.
+Status changes happen in db.optimization_jobs_repo; training is a Celery task sent with the
+job's ARN (it names the account).
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ from eaglenest.foundation.shapes.optimization_jobs import (
 def create_optimization_job(ctx: Context, req: CreateOptimizationJobRequest) -> dict[str, Any]:
     with ctx.db.session() as s:
         row = jobs.create(s, ctx.account, spec_of(req), Limits.of(ctx.settings))
-        arn, name = row.arn, row.name
-    ctx.queue.send(q.OPTIMIZE_TASK, name, q.TRAIN_QUEUE)
+        arn = row.arn
+    ctx.queue.send(q.OPTIMIZE_TASK, arn, q.TRAIN_QUEUE)
     return {"OptimizationJobArn": arn}
 
 

@@ -3,7 +3,8 @@ by time and size under `DestinationS3Uri/<endpoint>/<variant>/YYYY/MM/DD/HH/`.
 
 Durability contract:
 - `add()` appends the record's line to a spool file on local disk
-  (``<spool>/<api-process>/<file>.jsonl``, one per destination, endpoint and variant) and
+  (``<spool>/<api-process>/<file>.jsonl``, one per destination, endpoint (by ARN: two
+  accounts' endpoints of one name never share a file) and variant) and
   flushes it to the operating system before it returns. The runtime proxy calls it before
   the reply's last byte is sent, so every record of a request answered 200 is on disk when
   the caller has its answer: a SIGKILL of the API loses at most the requests in flight.
@@ -51,17 +52,19 @@ class CaptureWriter:
         me = Identity.of(os.getpid())
         self.own_dir = spool_dir / f"{os.getpid()}-{me.start if me else 0}"
         self.own_dir.mkdir(parents=True, exist_ok=True)
-        self._open: dict[tuple[str, str, str], _Spool] = {}
+        self._open: dict[tuple[str, str, str, str], _Spool] = {}
         self._lock = threading.Lock()
         self._upload_lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="capture-flush", daemon=True)
         self._thread.start()
 
-    def add(self, destination: str, endpoint: str, variant: str, record: dict[str, Any]) -> None:
-        """Append and flush one record (see the module docstring); never raises."""
+    def add(self, destination: str, endpoint: str, variant: str, record: dict[str, Any],
+            arn: str = "") -> None:
+        """Append and flush one record of endpoint `endpoint` (its name, as the S3 prefix
+        has it; `arn`: its ARN) (see the module docstring); never raises."""
         line = json.dumps(record) + "\n"
-        key = (destination, endpoint, variant)
+        key = (destination, arn, endpoint, variant)
         try:
             with self._lock:
                 spool = self._open.get(key) or self._start(key)
@@ -75,10 +78,10 @@ class CaptureWriter:
         if full:
             self.flush([key])
 
-    def _start(self, key: tuple[str, str, str]) -> _Spool:
+    def _start(self, key: tuple[str, str, str, str]) -> _Spool:
         stem = self.own_dir / uuid.uuid4().hex[:12]
         started = time.time()
-        meta = {"destination": key[0], "endpoint": key[1], "variant": key[2],
+        meta = {"destination": key[0], "arn": key[1], "endpoint": key[2], "variant": key[3],
                 "started": started}
         stem.with_suffix(".json").write_text(json.dumps(meta))
         spool = _Spool(stem.with_suffix(".jsonl"),
@@ -87,7 +90,7 @@ class CaptureWriter:
         self._open[key] = spool
         return spool
 
-    def flush(self, keys: list[tuple[str, str, str]] | None = None) -> None:
+    def flush(self, keys: list[tuple[str, str, str, str]] | None = None) -> None:
         """Close the spool files of `keys` (all when None) and upload every closed one."""
         with self._lock:
             for k in list(self._open) if keys is None else keys:

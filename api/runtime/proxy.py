@@ -62,6 +62,7 @@ from eaglenest.api.runtime.relay import FrameRelay
 from eaglenest.api.runtime.routes import Route, Routes
 from eaglenest.api.sigv4 import IncomingRequest, check_header, check_signature
 from eaglenest.foundation import queue as q
+from eaglenest.foundation.accounts import ResourceRef
 from eaglenest.foundation.errors import ServiceError
 from eaglenest.foundation.storage import make_store
 
@@ -92,18 +93,21 @@ class ModelError(ServiceError):
         return out
 
 
-def container_error(ctx: Context, name: str, status: int, text: str) -> ModelError:
-    """SageMaker's ModelError for a container's non-2xx answer. The log group is named as
-    SageMaker's; here the model servers' logs are the files under `endpoints/<name>/` in the
-    data directory."""
+def container_error(ctx: Context, name: str, status: int, text: str,
+                    arn: str = "") -> ModelError:
+    """SageMaker's ModelError for a container's non-2xx answer from endpoint `arn` (default:
+    `name` of the context's account). The log group is named as SageMaker's; here the model
+    servers' logs are the files under `endpoints/<account>/<name>/` in the data directory."""
+    ref = ResourceRef.parse(arn)
+    account = ref.account_id if ref else ctx.account.account_id
     group = f"/aws/sagemaker/Endpoints/{name}"
     kind = "client" if 400 <= status < 500 else "server"
     return ModelError(
         f'Received {kind} error ({status}) from primary with message "{text[:500]}". '
-        f"See the log group {group} (model server logs: endpoints/{name}/ in the EagleNest "
-        f"data directory) in account {ctx.account.account_id} for more information.",
-        status, text,
-        f"arn:aws:logs:{ctx.account.region}:{ctx.account.account_id}:log-group:{group}")
+        f"See the log group {group} (model server logs: endpoints/{account}/"
+        f"{ref.name if ref else name.lower()}/ in the EagleNest data directory) in account "
+        f"{account} for more information.",
+        status, text, f"arn:aws:logs:{ctx.account.region}:{account}:log-group:{group}")
 
 
 class Clock:
@@ -158,20 +162,21 @@ def _sampled(route: Route) -> bool:
 def _capture(px: Proxy, route: Route, endpoint: str, tr: Translated, text: str) -> None:
     assert route.capture is not None
     px.capture.add(route.capture["DestinationS3Uri"], endpoint, route.variant,
-                   capture_record(tr, text, endpoint, route.variant))
+                   capture_record(tr, text, endpoint, route.variant), arn=route.arn)
 
 
 def _ask_recovery(ctx: Context, name: str, route: Route) -> None:
     """A model server did not answer: have a serve worker check and restart it (unless a
     recovery is already under way)."""
     if route.status != "SystemUpdating":
-        ctx.queue.send(q.ENDPOINT_RECOVER_TASK, name, q.SERVE_QUEUE)
+        ctx.queue.send(q.ENDPOINT_RECOVER_TASK, route.arn, q.SERVE_QUEUE)
 
 
 def _backend_failed(ctx: Context, name: str, route: Route, exc: Exception) -> ModelError:
     _ask_recovery(ctx, name, route)
     return container_error(ctx, name, 500, f"The model server of variant {route.variant} did "
-                                           f"not answer ({exc.__class__.__name__}: {exc}).")
+                                           f"not answer ({exc.__class__.__name__}: {exc}).",
+                           route.arn)
 
 
 async def _send(ctx: Context, client: BackendClient, route: Route, name: str,
@@ -224,7 +229,7 @@ class Proxy:
         try:
             return translate(raw, route.served, stream, headers.get("content-type"))
         except ContainerRejected as exc:  # the container's 4xx, as SageMaker reports it
-            raise container_error(self.ctx, name, exc.status, exc.body) from None
+            raise container_error(self.ctx, name, exc.status, exc.body, route.arn) from None
 
 
 async def _read(px: Proxy, name: str, route: Route, r: BackendResponse) -> bytes:
@@ -250,7 +255,8 @@ async def _invoke(px: Proxy, send: Send, headers: Mapping[str, str], name: str,
     clock.sent(r)
     body = await _read(px, name, route, r)
     if not 200 <= r.status_code < 300:
-        raise container_error(px.ctx, name, r.status_code, body.decode(errors="replace"))
+        raise container_error(px.ctx, name, r.status_code, body.decode(errors="replace"),
+                              route.arn)
     reply = json.loads(body)
     if _sampled(route):
         _capture(px, route, name, tr, completion_text(reply))
@@ -278,7 +284,8 @@ async def _stream(px: Proxy, receive: Receive, send: Send,
     clock.sent(r)
     if not 200 <= r.status_code < 300:
         body = await _read(px, name, route, r)
-        raise container_error(px.ctx, name, r.status_code, body.decode(errors="replace"))
+        raise container_error(px.ctx, name, r.status_code, body.decode(errors="replace"),
+                              route.arn)
     captured = _sampled(route)
     parts: list[str] | None = [] if captured or tr.style == LMI else None
     await send({"type": "http.response.start", "status": 200, "headers": [

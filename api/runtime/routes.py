@@ -39,10 +39,12 @@ SERVING = ("InService", "Updating", "SystemUpdating")
 class Route:
     def __init__(self, variant: str, urls: list[str], served: str,
                  capture: dict[str, Any] | None, status: str, cached: bool = False,
-                 secrets: dict[str, str] | None = None):
+                 secrets: dict[str, str] | None = None, arn: str = ""):
         #: the variant's instances, the one whose turn it is first
         self.variant, self.urls, self.served, self.capture = variant, urls, served, capture
         self.status, self.cached = status, cached
+        #: the endpoint's ARN: what a recovery task is sent with
+        self.arn = arn
         #: url -> the instance's secret (foundation/instance_auth.py)
         self.secrets = secrets or {}
 
@@ -51,10 +53,10 @@ class _Snapshot:
     """What an invocation needs from an endpoint's rows, read in one session."""
 
     def __init__(self, servers: dict[str, Any], status: str,
-                 capture: dict[str, Any] | None, expires: float, account_id: str,
+                 capture: dict[str, Any] | None, expires: float, arn: str,
                  shift: dict[str, Any] | None = None) -> None:
         self.servers, self.status, self.capture = servers, status, capture
-        self.expires, self.account_id = expires, account_id
+        self.expires, self.arn = expires, arn
         #: the new fleet's servers and its share of traffic during a blue/green update
         self.shift = shift
 
@@ -63,10 +65,10 @@ _turns: dict[tuple[str, str], itertools.count[int]] = {}
 _turns_lock = threading.Lock()
 
 
-def _rotation(name: str, variant: str, urls: list[str]) -> list[str]:
+def _rotation(arn: str, variant: str, urls: list[str]) -> list[str]:
     """Round-robin over a variant's instances: each call starts one further along."""
     with _turns_lock:
-        turn = next(_turns.setdefault((name, variant), itertools.count()))
+        turn = next(_turns.setdefault((arn, variant), itertools.count()))
     start = turn % len(urls)
     return urls[start:] + urls[:start]
 
@@ -84,16 +86,20 @@ def _load(ctx: Context, name: str, ttl: float, account_id: str) -> _Snapshot:
         if row.status not in SERVING or not row.deployment.get("Servers"):
             raise RuntimeValidationError(
                 f"Endpoint {name} is not in service (status {row.status}).")
-        config = find(s, EndpointConfigRow, row.config_name)
+        config = find(s, EndpointConfigRow, row.config_name, account_id=account_id)
         capture = capture_config(row.spec, config.spec if config else None)
         shift = row.deployment.get(SHIFT)
         return _Snapshot(dict(row.deployment["Servers"]), row.status, capture,
-                         time.monotonic() + ttl, row.account_id, dict(shift) if shift else None)
+                         time.monotonic() + ttl, row.arn, dict(shift) if shift else None)
+
+
+#: a cached endpoint: (account, lower-cased name); two accounts may each have one name
+Key = tuple[str, str]
 
 
 class Routes:
-    """Endpoint name -> its serving snapshot, at most `ttl` seconds old; `fresh=True` (after
-    an instance refused a connection) reads it again.
+    """(Account, endpoint name) -> its serving snapshot, at most `ttl` seconds old;
+    `fresh=True` (after an instance refused a connection) reads it again.
 
     The snapshots of endpoints invoked in the last `idle_after` seconds are re-read in the
     background about every `3/4 ttl` seconds, so an invocation does not wait for the database
@@ -104,9 +110,8 @@ class Routes:
 
     def __init__(self, ctx: Context, ttl: float, idle_after: float = 300.0) -> None:
         self.ctx, self.ttl, self.idle_after = ctx, ttl, idle_after
-        self._snapshots: dict[str, _Snapshot] = {}
-        self._used: dict[str, float] = {}  # endpoint -> time.monotonic() of its last request
-        self._accounts: dict[str, str] = {}  # endpoint -> its account (what _reload reads)
+        self._snapshots: dict[Key, _Snapshot] = {}
+        self._used: dict[Key, float] = {}  # endpoint -> time.monotonic() of its last request
         self._refresher: asyncio.Task[None] | None = None
         self._read_s = 0.0  # how long the refresher's last database read took
 
@@ -115,19 +120,17 @@ class Routes:
         """The route of `account_id`'s endpoint `name` (another account's: not found;
         default: the context's account)."""
         account_id = account_id or self.ctx.account.account_id
+        key = (account_id, name.lower())
         now = time.monotonic()
-        snap = self._snapshots.get(name)
-        if snap is not None and snap.account_id != account_id:
-            raise not_found(name, account_id)
+        snap = self._snapshots.get(key)
         cached = not fresh and snap is not None and snap.expires > now
         if not cached:
-            self._snapshots.pop(name, None)
+            self._snapshots.pop(key, None)
             snap = await run_in_threadpool(_load, self.ctx, name, self.ttl, account_id)
             if self.ttl > 0:
-                self._snapshots[name] = snap
+                self._snapshots[key] = snap
         if self.ttl > 0:
-            self._used[name] = now
-            self._accounts[name] = account_id
+            self._used[key] = now
             if self._refresher is None:
                 self._refresher = asyncio.create_task(self._refresh())
         assert snap is not None
@@ -147,30 +150,31 @@ class Routes:
             while self._used:
                 await asyncio.sleep(quarter)
                 now = time.monotonic()
-                for name, last in list(self._used.items()):
+                for key, last in list(self._used.items()):
                     if now - last > self.idle_after:
-                        del self._used[name]
-                        self._snapshots.pop(name, None)
+                        del self._used[key]
+                        self._snapshots.pop(key, None)
                         continue
-                    snap = self._snapshots.get(name)
+                    snap = self._snapshots.get(key)
                     if snap is None or snap.expires - now <= 1.5 * quarter + self._read_s:
-                        await self._reload(name)
+                        await self._reload(key)
         finally:
             self._refresher = None
 
-    async def _reload(self, name: str) -> None:
+    async def _reload(self, key: Key) -> None:
         t0 = time.monotonic()
+        account_id, name = key
         try:
-            account_id = self._accounts[name]  # set with _used[name] by resolve
-            self._snapshots[name] = await run_in_threadpool(_load, self.ctx, name, self.ttl,
-                                                            account_id)
+            self._snapshots[key] = await run_in_threadpool(_load, self.ctx, name, self.ttl,
+                                                           account_id)
             self._read_s = time.monotonic() - t0
         except RuntimeValidationError:  # gone or not serving: the next request says so
-            self._snapshots.pop(name, None)
-            self._used.pop(name, None)
+            self._snapshots.pop(key, None)
+            self._used.pop(key, None)
         except Exception as exc:  # the database is unreachable: requests read it themselves
-            log.warning("could not refresh the routes of endpoint %s: %s", name, exc)
-            self._snapshots.pop(name, None)
+            log.warning("could not refresh the routes of endpoint %s of account %s: %s", name,
+                        account_id, exc)
+            self._snapshots.pop(key, None)
 
     async def close(self) -> None:
         if self._refresher is not None:
@@ -204,7 +208,7 @@ def _choose(name: str, snap: _Snapshot, target_variant: str | None, cached: bool
         chosen = random.choices(names, weights=weights if sum(weights) > 0 else None)[0]
     srv = servers[chosen]
     instances = instances_of(srv)
-    urls = _rotation(name, chosen, [str(i["url"]) for i in instances])
+    urls = _rotation(snap.arn, chosen, [str(i["url"]) for i in instances])
     secrets = {str(i["url"]): str(i["secret"]) for i in instances if i.get("secret")}
     return Route(chosen, urls, srv.get("served_name", name), snap.capture, snap.status,
-                 cached, secrets)
+                 cached, secrets, snap.arn)

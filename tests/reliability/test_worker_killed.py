@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from benchmarks.stack import Stack
+from benchmarks.stack import ACCOUNT, Stack
 from tests.reliability.reliability_helpers import (
     assert_no_strays,
     job_args,
@@ -46,7 +46,7 @@ def test_worker_killed_during_data_parallel_training(stack):
     sm.create_optimization_job(OptimizationJobName="ddp-killed", **job_args(
         "s3://models/tiny-llama/", EAGLENEST_TRAIN_PROCESSES="2", EAGLENEST_BENCHMARK="0",
         EAGLENEST_MAX_STEPS=str(steps), EAGLENEST_CHECKPOINT_EVERY="10"))
-    latest = stack.data_dir / "jobs" / "ddp-killed" / "train" / "checkpoints" / "latest"
+    latest = stack.data_dir / "jobs" / ACCOUNT / "ddp-killed" / "train" / "checkpoints" / "latest"
     running = _kill_worker_when(
         stack, lambda: latest.exists() and len(strays(stack)) >= 3,
         "torchrun and two ranks never ran with a checkpoint written")

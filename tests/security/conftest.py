@@ -4,14 +4,17 @@ Each test performs an attack through boto3 or raw HTTP and checks it fails safel
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from benchmarks.stack import Stack
-from tests.support.jobs import upload
+from benchmarks.stack import ACCOUNT, Stack
+from tests.support.jobs import ROOT, upload
 
 ROLE = "arn:aws:iam::123456789012:role/EagleNestRole"
 #: set in the worker's environment only: a model server that sees it got the worker's own
@@ -64,3 +67,30 @@ def instances(stack: Stack, endpoint: str) -> list[dict[str, Any]]:
 def error_of(exc_info: pytest.ExceptionInfo[Any]) -> tuple[str, str]:
     err = exc_info.value.response["Error"]
     return err["Code"], err["Message"]
+
+
+def keys_cli(stack: Stack, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "EAGLENEST_DATA_DIR": str(stack.data_dir)}
+    return subprocess.run([sys.executable, "-m", "eaglenest.workers.cli", "keys", *args],
+                          env=env, capture_output=True, text=True, cwd=ROOT, check=False)
+
+
+class Caller:
+    """One account's clients."""
+
+    def __init__(self, stack: Stack, account: str, **creds: str) -> None:
+        self.account = account
+        self.sm = stack.client(**creds)
+        self.rt = stack.client("sagemaker-runtime", **creds)
+        self.tagging = stack.client("resourcegroupstaggingapi", **creds)
+
+
+def new_account(stack: Stack, name: str) -> Caller:
+    """A key of a new account (`eaglenest keys create --new-account`) and its clients."""
+    r = keys_cli(stack, "create", "--name", name, "--new-account")
+    assert r.returncode == 0, r.stderr
+    out = dict(line.split(": ", 1) for line in r.stdout.splitlines() if ": " in line)
+    caller = Caller(stack, out["account"], key=out["access key id"],
+                    secret=out["secret access key"])
+    assert caller.account != ACCOUNT and len(caller.account) == 12 and caller.account.isdigit()
+    return caller

@@ -6,9 +6,6 @@ restart."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,24 +14,7 @@ import pytest
 from botocore.exceptions import ClientError
 
 from benchmarks.stack import ACCOUNT, Stack
-from tests.security.conftest import ROLE, container, error_of
-from tests.support.jobs import ROOT
-
-
-def keys_cli(stack: Stack, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "EAGLENEST_DATA_DIR": str(stack.data_dir)}
-    return subprocess.run([sys.executable, "-m", "eaglenest.workers.cli", "keys", *args],
-                          env=env, capture_output=True, text=True, cwd=ROOT, check=False)
-
-
-class Caller:
-    """One account's clients."""
-
-    def __init__(self, stack: Stack, account: str, **creds: str) -> None:
-        self.account = account
-        self.sm = stack.client(**creds)
-        self.rt = stack.client("sagemaker-runtime", **creds)
-        self.tagging = stack.client("resourcegroupstaggingapi", **creds)
+from tests.security.conftest import ROLE, Caller, container, error_of, keys_cli, new_account
 
 
 @pytest.fixture(scope="module")
@@ -42,12 +22,7 @@ def two(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Stack, Calle
     # API and broker only: endpoints stay Creating, jobs STARTING (nothing to serve/train)
     stack = Stack(tmp_path_factory.mktemp("isolation"),
                   extra_env={"EAGLENEST_WORKER_QUEUES": ""}).start()
-    r = keys_cli(stack, "create", "--name", "bob", "--new-account")
-    assert r.returncode == 0, r.stderr
-    out = dict(line.split(": ", 1) for line in r.stdout.splitlines() if ": " in line)
-    bob = Caller(stack, out["account"], key=out["access key id"],
-                 secret=out["secret access key"])
-    assert bob.account != ACCOUNT and len(bob.account) == 12 and bob.account.isdigit()
+    bob = new_account(stack, "bob")
     yield stack, Caller(stack, ACCOUNT), bob
     stack.stop()
 

@@ -58,10 +58,10 @@ def _rows(s: Any, table: Any) -> list[Any]:
 
     recent = list(s.scalars(select(table).order_by(table.last_modified_time.desc()).limit(10)))
     if table is OptimizationJobRow:
-        names = {r.name for r in recent}
+        shown = {r.id for r in recent}  # not names: two accounts may use one
         running = s.scalars(select(table).where(table.status.in_(ACTIVE))
                             .order_by(table.last_modified_time.desc()))
-        recent += [r for r in running if r.name not in names]
+        recent += [r for r in running if r.id not in shown]
     return recent
 
 

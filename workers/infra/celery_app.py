@@ -17,6 +17,7 @@ from celery.signals import (
 
 from eaglenest.db.session import Database
 from eaglenest.foundation import children
+from eaglenest.foundation.accounts import ResourceRef
 from eaglenest.foundation.queue import OPTIMIZE_TASK, SERVE_QUEUE, TRAIN_QUEUE, TaskQueue
 from eaglenest.foundation.settings import Settings
 from eaglenest.workers.infra.context import WorkerContext
@@ -38,13 +39,16 @@ _log_tokens: dict[str, Any] = {}
 
 def task_log_fields(task_name: str, args: Any) -> dict[str, str]:
     """What a task's log lines say they are about: `job` for the optimization task,
-    `endpoint` for endpoint tasks (every task takes the resource name first)."""
+    `endpoint` for endpoint tasks, as `<account>/<name>` (every task takes the resource's
+    ARN; a bare name, queued by an older version, as it stands)."""
     if not args:
         return {}
+    ref = ResourceRef.parse(str(args[0]))
+    about = ref.local_key if ref else str(args[0])
     if task_name == OPTIMIZE_TASK:
-        return {"job": str(args[0])}
+        return {"job": about}
     if task_name.startswith("eaglenest.endpoint."):
-        return {"endpoint": str(args[0])}
+        return {"endpoint": about}
     return {}
 
 

@@ -14,7 +14,8 @@ While the worker runs, its watchdog thread
   (owner silent for a lease), and ends endpoint transitions older than
   EAGLENEST_ENDPOINT_TRANSITION_SECONDS (db/endpoints_repo.time_out), and reaps the
   children of dead owners on this host (foundation/children.py).
-Duplicates are harmless: a job or endpoint transition is claimed by one worker only.
+Duplicates are harmless: a job or endpoint transition is claimed by one worker only. Every
+task is sent with the resource's ARN (it names the account: db/common.locate).
 """
 
 from __future__ import annotations
@@ -47,69 +48,70 @@ _ENDPOINT_TASKS = {
 def reconcile(ctx: WorkerContext) -> dict[str, int]:
     with ctx.db.session() as s:
         reclaimed = jobs.reclaim_lost(s, ctx.lease_seconds)
-        job_names = sorted(set(reclaimed) | set(jobs.pending(s)))
-        pending = select(EndpointRow.name, EndpointRow.status).where(
+        job_arns = sorted(set(reclaimed) | set(jobs.pending(s)))
+        pending = select(EndpointRow.arn, EndpointRow.status).where(
             EndpointRow.status.in_(list(_ENDPOINT_TASKS))
         )
         endpoints = list(s.execute(pending))
-    for name in reclaimed:
-        log.warning("job %s lost its worker; re-enqueued to resume from its checkpoint", name)
-    for name in job_names:
-        ctx.queue.send(q.OPTIMIZE_TASK, name, q.TRAIN_QUEUE)
-    for name, status in endpoints:
-        ctx.queue.send(_ENDPOINT_TASKS[status], name, q.SERVE_QUEUE)
-    counts = {"jobs": len(job_names), "endpoints": len(endpoints)}
+    for arn in reclaimed:
+        log.warning("job %s lost its worker; re-enqueued to resume from its checkpoint", arn)
+    for arn in job_arns:
+        ctx.queue.send(q.OPTIMIZE_TASK, arn, q.TRAIN_QUEUE)
+    for arn, status in endpoints:
+        ctx.queue.send(_ENDPOINT_TASKS[status], arn, q.SERVE_QUEUE)
+    counts = {"jobs": len(job_arns), "endpoints": len(endpoints)}
     log.info("reconciled: re-enqueued %(jobs)d jobs and %(endpoints)d endpoints", counts)
     return counts
 
 
 def reclaim_once(ctx: WorkerContext) -> list[str]:
+    """Resume the jobs whose worker died, re-send lost STARTING ones; the resumed ARNs."""
     with ctx.db.session() as s:
-        names = jobs.reclaim_lost(s, ctx.lease_seconds)
+        arns = jobs.reclaim_lost(s, ctx.lease_seconds)
         stale = jobs.stale_starting(s, ctx.lease_seconds)
-    for name in names:
-        log.warning("job %s lost its worker; re-enqueued to resume from its checkpoint", name)
-        ctx.queue.send(q.OPTIMIZE_TASK, name, q.TRAIN_QUEUE)
+    for arn in arns:
+        log.warning("job %s lost its worker; re-enqueued to resume from its checkpoint", arn)
+        ctx.queue.send(q.OPTIMIZE_TASK, arn, q.TRAIN_QUEUE)
     # A job accepted while the broker was down has no message anywhere. When the queue is
     # empty, STARTING jobs older than a lease are re-sent (a duplicate is a no-op: claiming
     # a job is atomic).
     if stale and ctx.queue.waiting(q.TRAIN_QUEUE) == 0:
-        for name in stale:
-            if name not in names:
-                log.warning("job %s was never picked up; re-enqueued", name)
-                ctx.queue.send(q.OPTIMIZE_TASK, name, q.TRAIN_QUEUE)
-    return names
+        for arn in stale:
+            if arn not in arns:
+                log.warning("job %s was never picked up; re-enqueued", arn)
+                ctx.queue.send(q.OPTIMIZE_TASK, arn, q.TRAIN_QUEUE)
+    return arns
 
 
 def sweep_endpoints(ctx: WorkerContext) -> list[str]:
     """Re-send the tasks of unattended transitional endpoints, time out overdue ones; the
-    names re-sent."""
+    ARNs re-sent."""
     with ctx.db.session() as s:
         overdue = endpoints_repo.time_out(s, ctx.settings.endpoint_transition_seconds)
         unattended = endpoints_repo.unattended(s, ctx.lease_seconds)
-    for name in overdue:
-        log.warning("endpoint %s stayed in transition past %.0f s; ended", name,
+    for arn in overdue:
+        log.warning("endpoint %s stayed in transition past %.0f s; ended", arn,
                     ctx.settings.endpoint_transition_seconds)
     if unattended and ctx.queue.waiting(q.SERVE_QUEUE) == 0:
-        for name, status in unattended:
-            log.warning("endpoint %s (%s) has no live worker; its task is sent again", name,
+        for arn, status in unattended:
+            log.warning("endpoint %s (%s) has no live worker; its task is sent again", arn,
                         status)
-            ctx.queue.send(_ENDPOINT_TASKS[status], name, q.SERVE_QUEUE)
-        return [name for name, _ in unattended]
+            ctx.queue.send(_ENDPOINT_TASKS[status], arn, q.SERVE_QUEUE)
+        return [arn for arn, _ in unattended]
     return []
 
 
 def resend_pending(ctx: WorkerContext) -> None:
     """Every STARTING job and every unowned transitional endpoint, sent again."""
     with ctx.db.session() as s:
-        job_names = jobs.pending(s)
-        endpoints = list(s.execute(select(EndpointRow.name, EndpointRow.status).where(
+        job_arns = jobs.pending(s)
+        endpoints = list(s.execute(select(EndpointRow.arn, EndpointRow.status).where(
             EndpointRow.status.in_(endpoints_repo.TRANSITIONAL), EndpointRow.owner.is_(None))))
-    for name in job_names:
-        ctx.queue.send(q.OPTIMIZE_TASK, name, q.TRAIN_QUEUE)
-    for name, status in endpoints:
-        ctx.queue.send(_ENDPOINT_TASKS[status], name, q.SERVE_QUEUE)
-    log.warning("the broker answers again: re-sent %d jobs and %d endpoints", len(job_names),
+    for arn in job_arns:
+        ctx.queue.send(q.OPTIMIZE_TASK, arn, q.TRAIN_QUEUE)
+    for arn, status in endpoints:
+        ctx.queue.send(_ENDPOINT_TASKS[status], arn, q.SERVE_QUEUE)
+    log.warning("the broker answers again: re-sent %d jobs and %d endpoints", len(job_arns),
                 len(endpoints))
 
 

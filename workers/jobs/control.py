@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 from eaglenest.db import optimization_jobs_repo as jobs
+from eaglenest.foundation.accounts import ResourceRef
 from eaglenest.workers.infra.context import WorkerContext
 
 log = logging.getLogger("eaglenest.optimize")
@@ -25,14 +26,17 @@ class JobStopped(Exception):
 
 
 class JobControl:
-    def __init__(self, ctx: WorkerContext, name: str, max_runtime: float | None,
+    def __init__(self, ctx: WorkerContext, ref: str, max_runtime: float | None,
                  started_at: float, interval: float | None = None) -> None:
-        self.ctx, self.name = ctx, name
+        self.ctx, self.ref = ctx, ref  # the job's ARN
+        parsed = ResourceRef.parse(ref)
+        #: what its log lines say they are about (as workers/infra/celery_app.py's)
+        self.about = parsed.local_key if parsed else ref
         self.interval = interval or ctx.lease_seconds / 3
         self.deadline = started_at + max_runtime if max_runtime else None
         self.reason: str | None = None
         self._done = threading.Event()
-        self._thread = threading.Thread(target=self._beat, name=f"heartbeat-{name}",
+        self._thread = threading.Thread(target=self._beat, name=f"heartbeat-{ref}",
                                         daemon=True)
 
     def __enter__(self) -> JobControl:
@@ -50,9 +54,9 @@ class JobControl:
     def poll(self) -> None:
         try:
             with self.ctx.db.session() as s:
-                status = jobs.heartbeat(s, self.name, self.ctx.owner)
+                status = jobs.heartbeat(s, self.ref, self.ctx.owner)
         except Exception as exc:  # database blip: keep working, try again next beat
-            log.warning("heartbeat for %s failed: %s", self.name, exc, extra={"job": self.name})
+            log.warning("heartbeat for %s failed: %s", self.about, exc, extra={"job": self.about})
             return
         if status is None:
             self.reason = self.reason or "deleted"
@@ -66,10 +70,10 @@ class JobControl:
         status`. A database blip loses one report, never the job."""
         try:
             with self.ctx.db.session() as s:
-                jobs.record_progress(s, self.name, self.ctx.owner, progress)
+                jobs.record_progress(s, self.ref, self.ctx.owner, progress)
         except Exception as exc:
-            log.warning("progress of %s not recorded: %s", self.name, exc,
-                        extra={"job": self.name})
+            log.warning("progress of %s not recorded: %s", self.about, exc,
+                        extra={"job": self.about})
 
     def should_stop(self) -> bool:
         if self.deadline is not None and time.time() > self.deadline:

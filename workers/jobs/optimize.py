@@ -1,4 +1,4 @@
-"""The optimization-job task: takes a job name, reloads state, runs the pipeline, and
+"""The optimization-job task: takes a job's ARN, reloads state, runs the pipeline, and
 leaves the job in exactly one terminal state with a reason a user can act on.
 
 A job that was stopped or deleted before a worker claims it is left alone; a worker that
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+from pathlib import Path
 from typing import Any
 
 from celery import Celery
@@ -22,9 +23,9 @@ from sqlalchemy.orm import Session
 
 from eaglenest.db import models_repo
 from eaglenest.db import optimization_jobs_repo as jobs
-from eaglenest.db.common import find
-from eaglenest.db.tables import ModelRow
-from eaglenest.foundation.accounts import Account
+from eaglenest.db.common import find, resolve
+from eaglenest.db.tables import ModelRow, OptimizationJobRow
+from eaglenest.foundation.accounts import Account, ResourceRef
 from eaglenest.foundation.errors import ValidationException
 from eaglenest.foundation.queue import OPTIMIZE_TASK, TRAIN_QUEUE
 from eaglenest.foundation.shapes import StoredShapeError, rebuild, to_wire
@@ -65,12 +66,23 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     return tuple(errors)
 
 
-def run_job(ctx: WorkerContext, job_name: str) -> str:
+def run_job(ctx: WorkerContext, ref: str) -> str:
+    """The task: `ref` is the job's ARN (a bare name from before names were per account is
+    taken only while one account has a job of that name)."""
     with ctx.db.session() as s:
-        row = jobs.claim(s, job_name, ctx.owner)
+        job_ref = resolve(s, OptimizationJobRow, ref)
+    if job_ref is None:
+        log.warning("optimization task %s: no single job has this ARN or name; skipped", ref)
+        return "not-found"
+    return _run(ctx, job_ref)
+
+
+def _run(ctx: WorkerContext, ref: ResourceRef) -> str:
+    with ctx.db.session() as s:
+        row = jobs.claim(s, ref.arn, ctx.owner)
         if row is None:
             return "not-claimed"
-        started = row.start_time or 0.0
+        started, name = row.start_time or 0.0, row.name
         try:
             job, model = _requests(s, row.spec, row.account_id)
         except StoredShapeError as exc:
@@ -78,40 +90,45 @@ def run_job(ctx: WorkerContext, job_name: str) -> str:
         else:
             broken = None
     if broken is not None:
-        return _fail(ctx, job_name, broken)
-    log.info("job %s claimed by worker %s", job_name, ctx.owner)
+        return _fail(ctx, ref, broken)
+    log.info("job %s claimed by worker %s", ref.name, ctx.owner)
     max_runtime = job.StoppingCondition.MaxRuntimeInSeconds
     try:
-        with JobControl(ctx, job_name, max_runtime, started) as control:
-            output, output_model = _execute(ctx, job_name, job, model, control)
+        with JobControl(ctx, ref.arn, max_runtime, started) as control:
+            output, output_model = _execute(ctx, ref, name, job, model, control)
     except JobStopped as stop:
-        return _stopped(ctx, job_name, stop.reason, max_runtime)
+        return _stopped(ctx, ref, stop.reason, max_runtime)
     except _user_errors() as exc:
-        return _fail(ctx, job_name, str(exc))
+        return _fail(ctx, ref, str(exc))
     except Exception as exc:  # a bug or an environment fault: still never left stuck
-        log.exception("job %s failed", job_name)
-        return _fail(ctx, job_name, f"Internal error: {type(exc).__name__}: {exc}")
-    if not _complete(ctx, job_name, output, output_model):
+        log.exception("job %s failed", ref.name)
+        return _fail(ctx, ref, f"Internal error: {type(exc).__name__}: {exc}")
+    if not _complete(ctx, ref, output, output_model):
         log.warning("job %s is no longer this worker's (lease lost); result discarded",
-                    job_name)
+                    ref.name)
         return "lease-lost"
-    log.info("job %s COMPLETED", job_name)
-    shutil.rmtree(ctx.settings.data_dir / "jobs" / job_name, ignore_errors=True)
+    log.info("job %s COMPLETED", ref.name)
+    shutil.rmtree(work_dir(ctx, ref), ignore_errors=True)
     return jobs.COMPLETED
 
 
-def _complete(ctx: WorkerContext, name: str, output: dict[str, Any],
+def work_dir(ctx: WorkerContext, ref: ResourceRef) -> Path:
+    """The job's files on this host: `<data dir>/jobs/<account>/<name>`."""
+    return ctx.settings.data_dir / "jobs" / ref.local_key
+
+
+def _complete(ctx: WorkerContext, ref: ResourceRef, output: dict[str, Any],
               output_model: dict[str, Any] | None) -> bool:
     """COMPLETED and the output model registered, in one transaction; False if not ours."""
     with ctx.db.session() as s:
-        if not jobs.complete(s, name, ctx.owner, output):
+        if not jobs.complete(s, ref.arn, ctx.owner, output):
             return False
         if output_model is not None:
-            account = Account(ctx.settings.region, jobs.get(s, name).account_id)
+            account = Account(ctx.settings.region, ref.account_id)
             try:
                 models_repo.create(s, account, output_model)
             except ValidationException as exc:  # taken since CreateOptimizationJob
-                log.warning("job %s: output model not registered: %s", name, exc)
+                log.warning("job %s: output model not registered: %s", ref.name, exc)
     return True
 
 
@@ -127,9 +144,9 @@ def _requests(s: Session, stored: dict[str, Any], account_id: str
     return job, rebuild(CreateModelInput, row.spec) if row else None
 
 
-def _execute(ctx: WorkerContext, name: str, job: CreateOptimizationJobRequest,
-             model: CreateModelInput | None, control: JobControl
-             ) -> tuple[dict[str, Any], dict[str, Any] | None]:
+def _execute(ctx: WorkerContext, ref: ResourceRef, name: str,
+             job: CreateOptimizationJobRequest, model: CreateModelInput | None,
+             control: JobControl) -> tuple[dict[str, Any], dict[str, Any] | None]:
     try:
         from eaglenest.workers.jobs.pipeline import Pipeline
     except ImportError as exc:
@@ -138,9 +155,8 @@ def _execute(ctx: WorkerContext, name: str, job: CreateOptimizationJobRequest,
     if options.train_processes is None:
         options = options.model_copy(update={"train_processes": ctx.settings.train_processes})
     sources = resolve_sources(job, model)
-    work = ctx.settings.data_dir / "jobs" / name
-    pipeline = Pipeline(name, job, options, sources, make_store(ctx.settings), work, control,
-                        ctx.children_dir)
+    pipeline = Pipeline(name, job, options, sources, make_store(ctx.settings),
+                        work_dir(ctx, ref), control, ctx.children_dir, ref.local_key)
     result = pipeline.run()
     output = {"OptimizationOutput": {"RecommendedInferenceImage": "vllm"},
               "ArtifactUri": result.output_uri, "HeadUri": result.head_uri, "Head": result.head,
@@ -181,35 +197,36 @@ def _s3_prefix(uri: str) -> S3ModelDataSource:
     return S3ModelDataSource(S3Uri=uri, S3DataType="S3Prefix", CompressionType="None")
 
 
-def _fail(ctx: WorkerContext, name: str, reason: str) -> str:
-    log.warning("job %s FAILED: %s", name, reason)
+def _fail(ctx: WorkerContext, ref: ResourceRef, reason: str) -> str:
+    log.warning("job %s FAILED: %s", ref.name, reason)
     with ctx.db.session() as s:
-        if not jobs.fail(s, name, ctx.owner, reason[:1024]):
+        if not jobs.fail(s, ref.arn, ctx.owner, reason[:1024]):
             return "lease-lost"
     return jobs.FAILED
 
 
-def _stopped(ctx: WorkerContext, name: str, reason: str, max_runtime: int | None) -> str:
+def _stopped(ctx: WorkerContext, ref: ResourceRef, reason: str, max_runtime: int | None) -> str:
     if reason == "max-runtime":
-        return _fail(ctx, name, f"The job ran longer than StoppingCondition.MaxRuntimeInSeconds "
-                                f"({max_runtime} s) and was stopped.")
+        return _fail(ctx, ref, f"The job ran longer than StoppingCondition.MaxRuntimeInSeconds "
+                               f"({max_runtime} s) and was stopped.")
     if reason == "shutdown":
         with ctx.db.session() as s:
-            released = jobs.release(s, name, ctx.owner)
+            released = jobs.release(s, ref.arn, ctx.owner)
         if released:
-            log.warning("job %s handed back at shutdown; it resumes from its checkpoint", name)
-            ctx.queue.send(OPTIMIZE_TASK, name, TRAIN_QUEUE)
+            log.warning("job %s handed back at shutdown; it resumes from its checkpoint",
+                        ref.name)
+            ctx.queue.send(OPTIMIZE_TASK, ref.arn, TRAIN_QUEUE)
         return "released"
     if reason == "stopped":
         with ctx.db.session() as s:
-            if not jobs.acknowledge_stop(s, name, ctx.owner):
+            if not jobs.acknowledge_stop(s, ref.arn, ctx.owner):
                 return "lease-lost"
-        shutil.rmtree(ctx.settings.data_dir / "jobs" / name, ignore_errors=True)
+        shutil.rmtree(work_dir(ctx, ref), ignore_errors=True)
         return jobs.STOPPED
     return "deleted"
 
 
 def register(app: Celery, ctx: WorkerContext) -> None:
     @app.task(name=OPTIMIZE_TASK, acks_late=True, reject_on_worker_lost=True)
-    def optimize(job_name: str) -> str:
-        return run_job(ctx, job_name)
+    def optimize(ref: str) -> str:
+        return run_job(ctx, ref)

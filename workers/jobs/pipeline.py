@@ -69,6 +69,9 @@ class Pipeline:
     control: JobControl
     #: where the job's child processes are recorded (foundation/children.py)
     registry: Path | None = None
+    #: `<account>/<name>` (foundation/accounts.ResourceRef.local_key): what tells this job's
+    #: processes apart from another account's job of the same name on this host
+    key: str = ""
 
     def stage(self, label: str) -> None:
         self.control.check()
@@ -178,7 +181,7 @@ class Pipeline:
                                             threads.sharing)
         else:
             apply_torch(threads)
-            with registry.entry("training", threads, key=self.name):
+            with registry.entry("training", threads, key=self._key.replace("/", "-")):
                 result = train(config, TrainData(target, samples, source=self._data_label()),
                                self._device())
             summary = {"steps": result.steps, "loss": result.loss,
@@ -205,10 +208,14 @@ class Pipeline:
         run = write_run(self.work / "ddp", config, Path(target.folder), self._device(),
                         self._data_label(), samples)
         summary = launch(run, procs, self.control.should_stop, config.on_checkpoint,
-                         self.registry, f"job:{self.name}", on_row=progress.row,
+                         self.registry, f"job:{self._key}", on_row=progress.row,
                          env={SHARING_ENV: str(sharing)})
         summary["processes"] = procs
         return summary
+
+    @property
+    def _key(self) -> str:
+        return self.key or self.name
 
     @property
     def output_base(self) -> str:
@@ -237,7 +244,7 @@ class Pipeline:
                              default_backend(), self.options.concurrency,
                              self.options.bench_max_tokens, self.options.num_speculative_tokens,
                              mode=HEADS[head].default_mode,
-                             registry=self.registry, resource=f"job:{self.name}",
+                             registry=self.registry, resource=f"job:{self._key}",
                              ks=self.options.measured_ks(), schedule_dir=head_dir)
             bench = run_benchmark(plan, out, self.control.should_stop)
         self.stage("upload outputs")

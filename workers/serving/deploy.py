@@ -72,14 +72,16 @@ class VariantPlan:
     env: dict[str, str] = field(default_factory=dict)
 
 
-def plan_variants(session: Session, config_name: str) -> list[VariantPlan]:
-    config = find(session, EndpointConfigRow, config_name)
+def plan_variants(session: Session, account_id: str, config_name: str) -> list[VariantPlan]:
+    """The variants of `account_id`'s endpoint config `config_name` (the endpoint's account:
+    another account's config or model of the same name is never used)."""
+    config = find(session, EndpointConfigRow, config_name, account_id=account_id)
     if config is None:
         raise DeployError(f"Endpoint configuration {config_name} no longer exists.")
     plans = []
     for v in _rebuild(CreateEndpointConfigInput, config.spec).ProductionVariants:
         name = str(v.ModelName)  # endpoint_configs_repo refuses a variant without one
-        row = find(session, ModelRow, name, account_id=config.account_id)  # the config's
+        row = find(session, ModelRow, name, account_id=account_id)
         if row is None:
             raise DeployError(f"Model {name} of variant {v.VariantName} no longer exists.")
         container = model_container(_rebuild(CreateModelInput, row.spec))
@@ -176,12 +178,14 @@ def _expected_load(plan: VariantPlan) -> int:
 
 
 def start_variant(store: ArtifactStore, workdir: Path, endpoint: str, plan: VariantPlan,
-                  advertise_host: str = "127.0.0.1",
-                  registry: Path | None = None) -> dict[str, Any]:
+                  advertise_host: str = "127.0.0.1", registry: Path | None = None,
+                  resource: str | None = None) -> dict[str, Any]:
     """Fetch the model (and head), start `plan.instance_count` servers side by side, wait
     for each /health. Returns the variant's record stored in the endpoint's deployment:
     `instances` lists every process (url, pid, and `child`: its ChildRecord, what stopping
-    it checks); `url`/`pid` repeat the first one."""
+    it checks); `url`/`pid` repeat the first one. `endpoint` is the model name the servers
+    answer to; `resource` labels their process records (default `endpoint:<endpoint>`)."""
+    resource = resource or f"endpoint:{endpoint}"
     gen = uuid.uuid4().hex[:8]
     base = workdir / f"{plan.variant}-{gen}"
     try:
@@ -192,8 +196,9 @@ def start_variant(store: ArtifactStore, workdir: Path, endpoint: str, plan: Vari
     _check_model(model_dir, plan.variant)
     specs, started = _start_instances(plan, base, model_dir, head_dir, endpoint,
                                       advertise_host, list(range(plan.instance_count)),
-                                      registry)
-    return {**started[0], "served_name": endpoint, "backend": specs[0].backend,
+                                      registry, resource)
+    return {**started[0], "served_name": endpoint, "resource": resource,
+            "backend": specs[0].backend,
             "weight": plan.weight, "dir": str(base), "speculative": head_dir is not None,
             "k": specs[0].num_speculative_tokens, "instances": started,
             "schedule": specs[0].schedule.to_list() if specs[0].schedule else None}
@@ -201,7 +206,8 @@ def start_variant(store: ArtifactStore, workdir: Path, endpoint: str, plan: Vari
 
 def _start_instances(plan: VariantPlan, base: Path, model_dir: Path, head_dir: Path | None,
                      endpoint: str, advertise_host: str, indexes: list[int],
-                     registry: Path | None) -> tuple[list[ServerSpec], list[dict[str, Any]]]:
+                     registry: Path | None, resource: str
+                     ) -> tuple[list[ServerSpec], list[dict[str, Any]]]:
     """Launch one server per index (log `server-<i>.log`), then wait for all of them under
     one deadline; if any fails, stop every one of them and raise."""
     specs: list[ServerSpec] = []
@@ -214,7 +220,7 @@ def _start_instances(plan: VariantPlan, base: Path, model_dir: Path, head_dir: P
         if advertise_host != "127.0.0.1":
             spec.bind_host = "0.0.0.0"
         specs.append(spec)
-    servers = [ServerProcess(spec, base / f"server-{i}.log", registry, f"endpoint:{endpoint}",
+    servers = [ServerProcess(spec, base / f"server-{i}.log", registry, resource,
                              "serving-instance")
                for i, spec in zip(indexes, specs, strict=True)]
     deadline = time.monotonic() + plan.health_timeout
@@ -245,7 +251,7 @@ def restart_instances(plan: VariantPlan, record: dict[str, Any], dead: list[int]
     old = instances_of(record)
     stop_servers({str(i): old[i] for i in dead}, registry)  # one that hangs must not linger
     _, started = _start_instances(plan, base, base / "model", head_dir, record["served_name"],
-                                  advertise_host, dead, registry)
+                                  advertise_host, dead, registry, _resource(record))
     new = list(old)
     for i, inst in zip(dead, started, strict=True):
         new[i] = inst
@@ -263,8 +269,13 @@ def add_instances(plan: VariantPlan, record: dict[str, Any], count: int,
         raise DeployError(f"Variant {plan.variant}: its model files are gone from {base}.")
     old = instances_of(record)
     _, started = _start_instances(plan, base, base / "model", head_dir, record["served_name"],
-                                  advertise_host, list(range(len(old), count)), registry)
+                                  advertise_host, list(range(len(old), count)), registry,
+                                  _resource(record))
     return {**record, "instances": old + started}, started
+
+
+def _resource(record: dict[str, Any]) -> str:
+    return str(record.get("resource") or f"endpoint:{record['served_name']}")
 
 
 def _check_model(model_dir: Path, variant: str) -> None:

@@ -1,6 +1,6 @@
 """A worker's hold on one endpoint transition (db/endpoints_repo.py: claim / heartbeat).
 
-`EndpointLease(ctx, name, status)` claims the transition on entry (`held` is False when the
+`EndpointLease(ctx, arn, status)` claims the transition on entry (`held` is False when the
 endpoint is in another status or a live worker owns it: the task then does nothing) and
 heartbeats it every third of the lease until exit, when an owner that did not change the
 status releases it. A worker that dies stops heartbeating; after a lease the watchdog sends
@@ -19,16 +19,16 @@ log = logging.getLogger("eaglenest.endpoints")
 
 
 class EndpointLease:
-    def __init__(self, ctx: WorkerContext, name: str, status: str) -> None:
-        self.ctx, self.name, self.status = ctx, name, status
+    def __init__(self, ctx: WorkerContext, arn: str, status: str) -> None:
+        self.ctx, self.arn, self.status = ctx, arn, status
         self.held = False
         self._done = threading.Event()
-        self._thread = threading.Thread(target=self._beat, name=f"endpoint-lease-{name}",
+        self._thread = threading.Thread(target=self._beat, name=f"endpoint-lease-{arn}",
                                         daemon=True)
 
     def __enter__(self) -> EndpointLease:
         with self.ctx.db.session() as s:
-            self.held = eps.claim(s, self.name, self.status, self.ctx.owner,
+            self.held = eps.claim(s, self.arn, self.status, self.ctx.owner,
                                   self.ctx.lease_seconds)
         if self.held:
             self._thread.start()
@@ -41,14 +41,14 @@ class EndpointLease:
         self._thread.join(timeout=10)
         try:
             with self.ctx.db.session() as s:
-                eps.release(s, self.name, self.ctx.owner)
+                eps.release(s, self.arn, self.ctx.owner)
         except Exception as err:  # database blip: the lease expires on its own
-            log.warning("could not release endpoint %s: %s", self.name, err)
+            log.warning("could not release endpoint %s: %s", self.arn, err)
 
     def _beat(self) -> None:
         while not self._done.wait(self.ctx.lease_seconds / 3):
             try:
                 with self.ctx.db.session() as s:
-                    eps.heartbeat(s, self.name, self.ctx.owner)
+                    eps.heartbeat(s, self.arn, self.ctx.owner)
             except Exception as err:  # database blip: try again next beat
-                log.warning("heartbeat for endpoint %s failed: %s", self.name, err)
+                log.warning("heartbeat for endpoint %s failed: %s", self.arn, err)

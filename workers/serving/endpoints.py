@@ -1,4 +1,4 @@
-"""Endpoint lifecycle tasks, by endpoint name (queue `serve`).
+"""Endpoint lifecycle tasks, by endpoint ARN (queue `serve`).
 
 create: start InitialInstanceCount serving processes per production variant; InService when
 every /health answers, else Failed with the reason (bad model files, process exited, health
@@ -15,22 +15,31 @@ task is sent again). Any exception ends the transition: Failed with the reason (
 delete, recover) or a rollback to the config that serves (update); never left transitional.
 Serving processes are owned children of the worker (foundation/children.py): they die with it,
 and its next start restarts InService endpoints.
+
+A task's argument is the endpoint's ARN: every row it reads (the endpoint, its configs, their
+models) is of that ARN's account, and its files are under `endpoints/<account>/<name>/`, so
+two accounts' endpoints of one name run side by side. A bare name (queued before names were
+per account) is taken only while one account has an endpoint of that name.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import shutil
 import threading
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from celery import Celery
 
 from eaglenest.db import endpoint_retention as retention
 from eaglenest.db import endpoints_repo as eps
-from eaglenest.db.common import find
+from eaglenest.db.common import locate, resolve
 from eaglenest.db.tables import EndpointRow
 from eaglenest.foundation import instance_auth
+from eaglenest.foundation.accounts import ResourceRef
 from eaglenest.foundation.deployment import instances_of
 from eaglenest.foundation.queue import (
     ENDPOINT_CREATE_TASK,
@@ -57,20 +66,41 @@ from eaglenest.workers.serving.process import ServingError
 log = logging.getLogger("eaglenest.endpoints")
 
 
-def _row(ctx: WorkerContext, name: str) -> tuple[str, str, str | None, dict[str, Any]] | None:
+def _by_arn(run: Callable[[WorkerContext, ResourceRef], str]
+            ) -> Callable[[WorkerContext, str], str]:
+    """A task body called with what the task was sent (db/common.resolve): the endpoint's
+    ARN, or a bare name that one endpoint alone has; anything else is logged and skipped."""
+    @functools.wraps(run)
+    def task(ctx: WorkerContext, ref: str) -> str:
+        with ctx.db.session() as s:
+            ep = resolve(s, EndpointRow, ref)
+        if ep is None:
+            log.warning("endpoint task %s(%s): no single endpoint has this ARN or name; "
+                        "skipped", run.__name__, ref)
+            return "skipped (no such endpoint)"
+        return run(ctx, ep)
+    return task
+
+
+def work_dir(ctx: WorkerContext, ep: ResourceRef) -> Path:
+    """The endpoint's files on this host (model copies, server logs)."""
+    return ctx.settings.data_dir / "endpoints" / ep.local_key
+
+
+def _row(ctx: WorkerContext, ep: ResourceRef) -> tuple[str, str, str | None, dict[str, Any]] | None:
     with ctx.db.session() as s:
-        row = find(s, EndpointRow, name)
+        row = locate(s, EndpointRow, ep.arn)
         if row is None:
             return None
         return row.status, row.config_name, row.pending_config_name, dict(row.deployment)
 
 
-def _overrides(ctx: WorkerContext, name: str,
+def _overrides(ctx: WorkerContext, ep: ResourceRef,
                new_config: bool = False) -> dict[str, dict[str, Any]]:
     """The endpoint's weights and counts that replace its config's (a pending change
     included), or with `new_config` those retained for a pending UpdateEndpoint's."""
     with ctx.db.session() as s:
-        row = find(s, EndpointRow, name)
+        row = locate(s, EndpointRow, ep.arn)
         if row is None:
             return {}
         if new_config:
@@ -78,10 +108,10 @@ def _overrides(ctx: WorkerContext, name: str,
         return eps.effective_overrides(row.spec)
 
 
-def _plans(ctx: WorkerContext, config_name: str,
+def _plans(ctx: WorkerContext, ep: ResourceRef, config_name: str,
            overrides: dict[str, dict[str, Any]] | None = None) -> list[VariantPlan]:
     with ctx.db.session() as s:
-        plans = plan_variants(s, config_name)
+        plans = plan_variants(s, ep.account_id, config_name)
     cap = ctx.settings.max_instances_per_variant
     for plan in plans:
         o = (overrides or {}).get(plan.variant, {})
@@ -95,84 +125,86 @@ def _plans(ctx: WorkerContext, config_name: str,
     return plans
 
 
-def _launch(ctx: WorkerContext, name: str, config_name: str,
+def _launch(ctx: WorkerContext, ep: ResourceRef, config_name: str,
             overrides: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     """Start every variant of `config_name` (weights and counts from `overrides` where it
     has them); on any failure stop what started and raise."""
-    plans = _plans(ctx, config_name, overrides)
+    plans = _plans(ctx, ep, config_name, overrides)
     store, servers = make_store(ctx.settings), {}
-    workdir = ctx.settings.data_dir / "endpoints" / name
     try:
         for plan in plans:
-            servers[plan.variant] = start_variant(store, workdir, name, plan,
-                                                  ctx.settings.advertise_host, ctx.children_dir)
+            servers[plan.variant] = start_variant(
+                store, work_dir(ctx, ep), ep.name, plan, ctx.settings.advertise_host,
+                ctx.children_dir, resource=f"endpoint:{ep.local_key}")
     except BaseException:
         stop_servers(servers, ctx.children_dir)
         raise
     return deployment(plans, servers)
 
 
-def _reason(name: str, exc: Exception) -> str:
+def _reason(ep: ResourceRef, exc: Exception) -> str:
     """A failed task's FailureReason: the message of a deploy/serving error as it stands,
     anything else as an internal error (logged with its traceback)."""
     if isinstance(exc, (DeployError, ServingError)):
         return str(exc)
-    log.exception("endpoint %s: task failed", name)
+    log.exception("endpoint %s: task failed", ep.name)
     return f"Internal error: {type(exc).__name__}: {exc}"
 
 
-def create(ctx: WorkerContext, name: str) -> str:
-    with EndpointLease(ctx, name, eps.CREATING) as lease:
-        state = _row(ctx, name) if lease.held else None
+@_by_arn
+def create(ctx: WorkerContext, ep: ResourceRef) -> str:
+    with EndpointLease(ctx, ep.arn, eps.CREATING) as lease:
+        state = _row(ctx, ep) if lease.held else None
         if state is None:
             return "skipped (not Creating, or another worker has it)"
         try:
-            dep = _launch(ctx, name, state[1])
+            dep = _launch(ctx, ep, state[1])
         except Exception as exc:
             with ctx.db.session() as s:
-                eps.mark_failed(s, name, _reason(name, exc)[:1024])
+                eps.mark_failed(s, ep.arn, _reason(ep, exc)[:1024])
             return eps.FAILED
         with ctx.db.session() as s:
-            ok = eps.mark_in_service(s, name, dep)
+            ok = eps.mark_in_service(s, ep.arn, dep)
         if not ok:  # deleted (or timed out) while starting: nothing may keep running
             stop_servers(dep["Servers"], ctx.children_dir)
             return "deleted-while-creating"
         return eps.IN_SERVICE
 
 
-def update(ctx: WorkerContext, name: str) -> str:
+@_by_arn
+def update(ctx: WorkerContext, ep: ResourceRef) -> str:
     """UpdateEndpoint (a pending config) or UpdateEndpointWeightsAndCapacities (none)."""
-    with EndpointLease(ctx, name, eps.UPDATING) as lease:
-        state = _row(ctx, name) if lease.held else None
+    with EndpointLease(ctx, ep.arn, eps.UPDATING) as lease:
+        state = _row(ctx, ep) if lease.held else None
         if state is None:
             return "skipped (not Updating, or another worker has it)"
         if not state[2]:
-            return _scale(ctx, name, state[1], state[3].get("Servers", {}))
-        return _replace_fleet(ctx, name, state[2], state[3].get("Servers", {}))
+            return _scale(ctx, ep, state[1], state[3].get("Servers", {}))
+        return _replace_fleet(ctx, ep, state[2], state[3].get("Servers", {}))
 
 
-def _replace_fleet(ctx: WorkerContext, name: str, config_name: str,
+def _replace_fleet(ctx: WorkerContext, ep: ResourceRef, config_name: str,
                    old: dict[str, Any]) -> str:
     """UpdateEndpoint: the new fleet beside the old one, traffic shifted to it as the
     deployment configuration says (workers/serving/shift.py), then the old one stopped; any
     failure stops the new fleet and keeps the old one serving."""
     dep: dict[str, Any] | None = None
     try:
-        dep = _launch(ctx, name, config_name, _overrides(ctx, name, new_config=True))
-        plan = shift.plan_of(ctx, name, dep)
-        if plan.gradual and not shift.run(ctx, name, config_name, dep, plan, _dead):
+        dep = _launch(ctx, ep, config_name, _overrides(ctx, ep, new_config=True))
+        plan = shift.plan_of(ctx, ep.arn, dep)
+        if plan.gradual and not shift.run(ctx, ep.arn, config_name, dep, plan, _dead):
             stop_servers(dep["Servers"], ctx.children_dir)
             return "superseded"
     except Exception as exc:
-        why = str(exc) if isinstance(exc, shift.ShiftFailed) else _reason(name, exc)
+        why = str(exc) if isinstance(exc, shift.ShiftFailed) else _reason(ep, exc)
         with ctx.db.session() as s:
-            eps.rollback_update(s, name, f"Update to {config_name} failed and was rolled "
+            eps.rollback_update(s, ep.arn, f"Update to {config_name} failed and was rolled "
                                          f"back: {why}"[:1024])
         if dep is not None:
             stop_servers(dep["Servers"], ctx.children_dir)
         return "rolled-back"
     with ctx.db.session() as s:
-        ok = eps.finish_update(s, name, dep)
+        ok = eps.finish_update(s, ep.arn, dep)
     stop_servers(old if ok else dep["Servers"], ctx.children_dir)
     return eps.IN_SERVICE if ok else "superseded"
 
@@ -196,41 +228,43 @@ def _resize(ctx: WorkerContext, plans: dict[str, VariantPlan], servers: dict[str
     return new_servers, surplus
 
 
-def _scale(ctx: WorkerContext, name: str, config_name: str, servers: dict[str, Any]) -> str:
+def _scale(ctx: WorkerContext, ep: ResourceRef, config_name: str,
+           servers: dict[str, Any]) -> str:
     """Apply UpdateEndpointWeightsAndCapacities live: instances are added or stopped, the
     others keep serving; the new weights take effect when the endpoint is InService."""
     started: list[dict[str, Any]] = []
     try:
-        plans = {p.variant: p for p in _plans(ctx, config_name, _overrides(ctx, name))}
+        plans = {p.variant: p for p in _plans(ctx, ep, config_name, _overrides(ctx, ep))}
         if set(plans) != set(servers):
             raise DeployError(f"The variants of {config_name} no longer match the running ones.")
         new_servers, surplus = _resize(ctx, plans, servers, started)
     except Exception as exc:
         stop_servers({"new": {"instances": started}}, ctx.children_dir)
         with ctx.db.session() as s:
-            eps.rollback_weights(s, name, "Weights and capacities update failed: "
-                                          f"{_reason(name, exc)}"[:1024])
+            eps.rollback_weights(s, ep.arn, "Weights and capacities update failed: "
+                                          f"{_reason(ep, exc)}"[:1024])
         return "rolled-back"
     with ctx.db.session() as s:
-        ok = eps.finish_weights(s, name, deployment(list(plans.values()), new_servers))
+        ok = eps.finish_weights(s, ep.arn, deployment(list(plans.values()), new_servers))
     stop_servers(surplus if ok else {"new": {"instances": started}}, ctx.children_dir)
     return eps.IN_SERVICE if ok else "superseded"
 
 
-def delete(ctx: WorkerContext, name: str) -> str:
-    with EndpointLease(ctx, name, eps.DELETING) as lease:
-        state = _row(ctx, name) if lease.held else None
+@_by_arn
+def delete(ctx: WorkerContext, ep: ResourceRef) -> str:
+    with EndpointLease(ctx, ep.arn, eps.DELETING) as lease:
+        state = _row(ctx, ep) if lease.held else None
         if state is None:
             return "skipped (not Deleting, or another worker has it)"
         try:
             stop_servers(state[3].get("Servers", {}), ctx.children_dir)
-            shutil.rmtree(ctx.settings.data_dir / "endpoints" / name, ignore_errors=True)
+            shutil.rmtree(work_dir(ctx, ep), ignore_errors=True)
         except Exception as exc:
             with ctx.db.session() as s:
-                eps.mark_failed(s, name, f"Deleting failed: {_reason(name, exc)}"[:1024])
+                eps.mark_failed(s, ep.arn, f"Deleting failed: {_reason(ep, exc)}"[:1024])
             return eps.FAILED
         with ctx.db.session() as s:
-            eps.finish_delete(s, name)
+            eps.finish_delete(s, ep.arn)
         return "deleted"
 
 
@@ -247,12 +281,12 @@ def _dead(servers: dict[str, Any]) -> dict[str, list[int]]:
     return {v: idx for v, idx in dead.items() if idx}
 
 
-def _replace_dead(ctx: WorkerContext, config_name: str, servers: dict[str, Any],
+def _replace_dead(ctx: WorkerContext, ep: ResourceRef, config_name: str, servers: dict[str, Any],
                   dead: dict[str, list[int]], overrides: dict[str, dict[str, Any]]
                   ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Restart only the dead instances. Returns the new deployment and, to stop if it cannot
     be stored, the new instances alone (as variant records)."""
-    plans = {p.variant: p for p in _plans(ctx, config_name, overrides)}
+    plans = {p.variant: p for p in _plans(ctx, ep, config_name, overrides)}
     if set(plans) != set(servers):
         raise DeployError(f"The variants of {config_name} no longer match the running ones.")
     new_servers, started = dict(servers), {}
@@ -275,20 +309,21 @@ _recovering: set[str] = set()
 _recovering_lock = threading.Lock()
 
 
-def recover(ctx: WorkerContext, name: str) -> str:
+@_by_arn
+def recover(ctx: WorkerContext, ep: ResourceRef) -> str:
     with _recovering_lock:
-        if name in _recovering:
+        if ep.arn in _recovering:
             return "already-recovering"
-        _recovering.add(name)
+        _recovering.add(ep.arn)
     try:
-        return _recover(ctx, name)
+        return _recover(ctx, ep)
     finally:
         with _recovering_lock:
-            _recovering.discard(name)
+            _recovering.discard(ep.arn)
 
 
-def _recover(ctx: WorkerContext, name: str) -> str:
-    state = _row(ctx, name)
+def _recover(ctx: WorkerContext, ep: ResourceRef) -> str:
+    state = _row(ctx, ep)
     if state is None or state[0] not in (eps.IN_SERVICE, eps.SYSTEM_UPDATING):
         return "skipped"
     servers: dict[str, Any] = state[3].get("Servers", {})
@@ -297,51 +332,51 @@ def _recover(ctx: WorkerContext, name: str) -> str:
         if servers and not dead:
             return "healthy"
         with ctx.db.session() as s:
-            if not eps.begin_recovery(s, name, ctx.owner):
+            if not eps.begin_recovery(s, ep.arn, ctx.owner):
                 return "skipped"
-    with EndpointLease(ctx, name, eps.SYSTEM_UPDATING) as lease:
+    with EndpointLease(ctx, ep.arn, eps.SYSTEM_UPDATING) as lease:
         if not lease.held:
             return "skipped (another worker recovers it)"
-        return _restart(ctx, name, state[1], servers, dead)
+        return _restart(ctx, ep, state[1], servers, dead)
 
 
-def _restart(ctx: WorkerContext, name: str, config_name: str, servers: dict[str, Any],
+def _restart(ctx: WorkerContext, ep: ResourceRef, config_name: str, servers: dict[str, Any],
              dead: dict[str, list[int]]) -> str:
     total = sum(len(instances_of(rec)) for rec in servers.values())
-    overrides = _overrides(ctx, name)  # the weights and counts the endpoint was given
+    overrides = _overrides(ctx, ep)  # the weights and counts the endpoint was given
     try:
         if servers and sum(map(len, dead.values())) < total:  # some still serve: keep them
-            dep, started = _replace_dead(ctx, config_name, servers, dead, overrides)
+            dep, started = _replace_dead(ctx, ep, config_name, servers, dead, overrides)
         else:
             stop_servers(servers, ctx.children_dir)
-            dep = _launch(ctx, name, config_name, overrides)
+            dep = _launch(ctx, ep, config_name, overrides)
             started = dep["Servers"]
     except Exception as exc:
         # a Failed endpoint serves nothing, not even its live instances
         stop_servers(servers, ctx.children_dir)
         with ctx.db.session() as s:
-            eps.mark_failed(s, name, f"Serving processes died and could not be restarted: "
-                                     f"{_reason(name, exc)}"[:1024])
+            eps.mark_failed(s, ep.arn, f"Serving processes died and could not be restarted: "
+                                     f"{_reason(ep, exc)}"[:1024])
         return eps.FAILED
     with ctx.db.session() as s:
-        if not eps.finish_recovery(s, name, dep):
+        if not eps.finish_recovery(s, ep.arn, dep):
             stop_servers(started, ctx.children_dir)
     return "restarted"
 
 
 def register(app: Celery, ctx: WorkerContext) -> None:
     @app.task(name=ENDPOINT_CREATE_TASK, acks_late=True)
-    def create_endpoint(name: str) -> str:
-        return create(ctx, name)
+    def create_endpoint(ref: str) -> str:
+        return create(ctx, ref)
 
     @app.task(name=ENDPOINT_UPDATE_TASK, acks_late=True)
-    def update_endpoint(name: str) -> str:
-        return update(ctx, name)
+    def update_endpoint(ref: str) -> str:
+        return update(ctx, ref)
 
     @app.task(name=ENDPOINT_DELETE_TASK, acks_late=True)
-    def delete_endpoint(name: str) -> str:
-        return delete(ctx, name)
+    def delete_endpoint(ref: str) -> str:
+        return delete(ctx, ref)
 
     @app.task(name=ENDPOINT_RECOVER_TASK, acks_late=True)
-    def recover_endpoint(name: str) -> str:
-        return recover(ctx, name)
+    def recover_endpoint(ref: str) -> str:
+        return recover(ctx, ref)

@@ -15,7 +15,7 @@ from typing import Any
 from eaglenest.db import endpoint_retention as retention
 from eaglenest.db import endpoints_repo as eps
 from eaglenest.db import traffic_policy
-from eaglenest.db.common import find
+from eaglenest.db.common import locate
 from eaglenest.db.tables import EndpointRow
 from eaglenest.foundation.deployment import instances_of
 from eaglenest.workers.infra.context import WorkerContext
@@ -28,15 +28,15 @@ class ShiftFailed(Exception):
     """The shift must be rolled back; the message says why."""
 
 
-def plan_of(ctx: WorkerContext, name: str, dep: dict[str, Any]) -> traffic_policy.Plan:
+def plan_of(ctx: WorkerContext, arn: str, dep: dict[str, Any]) -> traffic_policy.Plan:
     with ctx.db.session() as s:
-        row = find(s, EndpointRow, name)
+        row = locate(s, EndpointRow, arn)
         config = row.spec.get(retention.DEPLOYMENT_CONFIG) if row is not None else None
     size = sum(len(instances_of(rec)) for rec in dep["Servers"].values())
     return traffic_policy.plan(config, size)
 
 
-def run(ctx: WorkerContext, name: str, config_name: str, dep: dict[str, Any],
+def run(ctx: WorkerContext, arn: str, config_name: str, dep: dict[str, Any],
         plan: traffic_policy.Plan, dead: Callable[[dict[str, Any]], dict[str, list[int]]],
         ) -> bool:
     """Every step of `plan`; False when the endpoint left this update meanwhile (deleted,
@@ -46,13 +46,13 @@ def run(ctx: WorkerContext, name: str, config_name: str, dep: dict[str, Any],
         message = (f"{share:.0%} of traffic on the new fleet (step {i + 1} of "
                    f"{len(plan.steps)}), baking for {wait:.0f} s")
         with ctx.db.session() as s:
-            if not eps.shift_traffic(s, name, dep, share, message):
+            if not eps.shift_traffic(s, arn, dep, share, message):
                 return False
         deadline = time.monotonic() + wait
         while (left := deadline - time.monotonic()) > 0:
             time.sleep(min(POLL_SECONDS, left))
             with ctx.db.session() as s:
-                if not eps.updating_to(s, name, config_name):
+                if not eps.updating_to(s, arn, config_name):
                     return False
             _watch(plan, start, dep, dead)
     return True

@@ -26,14 +26,17 @@ class FakeDb:
     def __init__(self, delay: float = 0.05) -> None:
         self.delay, self.calls, self.gone = delay, 0, False
         self.url = "http://127.0.0.1:1"
+        self.urls: dict[str, str] = {}  # account -> its endpoint's url, where set
 
     def load(self, ctx: Any, name: str, ttl: float, account_id: str) -> rr._Snapshot:
         self.calls += 1
         time.sleep(self.delay)
         if self.gone:
             raise RuntimeValidationError(f"Endpoint {name} of account 0 not found.")
-        return rr._Snapshot({"AllTraffic": {"instances": [{"url": self.url}]}}, "InService",
-                            None, time.monotonic() + ttl, account_id)
+        url = self.urls.get(account_id, self.url)
+        return rr._Snapshot({"AllTraffic": {"instances": [{"url": url}]}}, "InService",
+                            None, time.monotonic() + ttl,
+                            f"arn:aws:sagemaker:us-east-1:{account_id}:endpoint/{name}")
 
 
 @pytest.fixture
@@ -99,7 +102,7 @@ def test_a_deleted_endpoint_is_dropped_by_the_refresh(db: FakeDb) -> None:
         await routes.resolve("ep", None, account_id=ACCOUNT)
         db.gone = True
         await asyncio.sleep(0.4)
-        assert "ep" not in routes._snapshots
+        assert (ACCOUNT, "ep") not in routes._snapshots
         with pytest.raises(RuntimeValidationError, match="not found"):
             await routes.resolve("ep", None, account_id=ACCOUNT)
         await routes.close()
@@ -122,6 +125,26 @@ def test_the_refresh_reads_an_endpoint_in_use_about_once_per_three_quarters_ttl(
             assert (await routes.resolve("ep", None, account_id=ACCOUNT)).cached
         reads = db.calls - calls0
         assert 6 <= reads <= 16, reads  # every ttl/2 would be 20
+        await routes.close()
+
+    asyncio.run(main())
+
+
+def test_two_accounts_endpoints_of_one_name_are_cached_apart(db: FakeDb) -> None:
+    """Each account's endpoint `ep` routes to its own instances, cached or not, and a
+    recovery would be asked for by its own ARN."""
+    other = "222222222222"
+    db.urls = {ACCOUNT: "http://127.0.0.1:1", other: "http://127.0.0.1:2"}
+
+    async def main() -> None:
+        routes = rr.Routes(None, ttl=5)  # type: ignore[arg-type]
+        for cached in (False, True):
+            mine = await routes.resolve("ep", None, account_id=ACCOUNT)
+            theirs = await routes.resolve("EP", None, account_id=other)
+            assert (mine.cached, theirs.cached) == (cached, cached)
+            assert (mine.urls, theirs.urls) == (["http://127.0.0.1:1"], ["http://127.0.0.1:2"])
+            assert (mine.arn.split(":")[4], theirs.arn.split(":")[4]) == (ACCOUNT, other)
+        assert db.calls == 2
         await routes.close()
 
     asyncio.run(main())

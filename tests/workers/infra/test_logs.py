@@ -152,6 +152,9 @@ def test_celery_tasks_log_with_their_job_or_endpoint(tmp_path):
     assert current_context() == {}
     assert task_log_fields("eaglenest.optimize", ["job-3"]) == {"job": "job-3"}
     assert task_log_fields("eaglenest.endpoint.delete", ("ep",)) == {"endpoint": "ep"}
+    # tasks are sent with ARNs: the lines say account/name (two accounts may use one name)
+    arn = "arn:aws:sagemaker:us-east-1:123456789012:optimization-job/job-3"
+    assert task_log_fields("eaglenest.optimize", [arn]) == {"job": "123456789012/job-3"}
 
 
 def test_worker_process_logs_json_lines(tmp_path):

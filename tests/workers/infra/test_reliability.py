@@ -11,7 +11,7 @@ import time
 import psutil
 import pytest
 
-from benchmarks.stack import Stack
+from benchmarks.stack import ACCOUNT, Stack
 from tests.support.jobs import job, upload, wait_status
 
 
@@ -39,7 +39,7 @@ def worker_pid(stack: Stack) -> int:
 
 
 def wait_checkpoint(stack: Stack, name: str, timeout: float = 120) -> None:
-    latest = stack.data_dir / "jobs" / name / "train" / "checkpoints" / "latest"
+    latest = stack.data_dir / "jobs" / ACCOUNT / name / "train" / "checkpoints" / "latest"
     deadline = time.monotonic() + timeout
     while not latest.exists():
         assert time.monotonic() < deadline, stack.log()[-3000:]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.stack import Stack
+from benchmarks.stack import ACCOUNT, Stack
 from tests.support.jobs import job, upload, wait_status
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -38,12 +38,12 @@ def test_job_trains_benchmarks_and_publishes(stack):
     assert d["OptimizationStartTime"] <= d["OptimizationEndTime"]
     progress = re.findall(r"INFO eaglenest.optimize job tiny-eagle3: (step \d+/4 \(\d+%\)  "
                           r"loss [\d.]+  accuracy [\d./]+  [\d,]+ tokens/s  ETA \w+) "
-                          r"\[job=tiny-eagle3\]", stack.log())
+                          rf"\[job={ACCOUNT}/tiny-eagle3\]", stack.log())
     assert [p.split()[1] for p in progress] == ["2/4", "4/4"], stack.log()[-3000:]
     # tqdm (transformers' "Loading weights" bar) goes through logging at INFO
     assert "celery.redirected" not in stack.log()
-    assert re.search(r"INFO eaglenest.stderr Loading weights: 100%.* \[job=tiny-eagle3\]$",
-                     stack.log(), re.M), stack.log()[-3000:]
+    assert re.search(rf"INFO eaglenest.stderr Loading weights: 100%.* "
+                     rf"\[job={ACCOUNT}/tiny-eagle3\]$", stack.log(), re.M), stack.log()[-3000:]
     assert d["OptimizationOutput"] == {"RecommendedInferenceImage": "vllm"}
     out = stack.data_dir / "s3" / "output" / "jobs" / "tiny-eagle3"
     manifest = json.loads((out / "_MANIFEST.json").read_text())["files"]
@@ -86,7 +86,7 @@ def test_job_trains_benchmarks_and_publishes(stack):
     assert extra == [{"ChannelName": "eagle_model", "S3DataSource": {
         "S3Uri": "s3://output/jobs/tiny-eagle3/eagle_model/", "S3DataType": "S3Prefix",
         "CompressionType": "None"}}]
-    assert not (stack.data_dir / "jobs" / "tiny-eagle3").exists()  # work dir cleaned
+    assert not (stack.data_dir / "jobs" / ACCOUNT / "tiny-eagle3").exists()  # work dir cleaned
 
 
 def _step_losses(stack: Stack, name: str) -> list[float]:
@@ -184,7 +184,7 @@ def test_stop_reaches_data_parallel_processes(stack):
                EAGLENEST_MAX_STEPS="100000")
     sm.create_optimization_job(OptimizationJobName="ddp-stop", **args)
     wait_status(sm, "ddp-stop", {"INPROGRESS"})
-    ranks_log = stack.data_dir / "jobs" / "ddp-stop" / "ddp" / "ranks.log"
+    ranks_log = stack.data_dir / "jobs" / ACCOUNT / "ddp-stop" / "ddp" / "ranks.log"
     deadline = time.monotonic() + 120
     while not ranks_log.exists():
         assert time.monotonic() < deadline, stack.log()[-3000:]

@@ -1,6 +1,8 @@
 """Endpoint tasks (workers/endpoints.py) on a real SQLite database, without serving: any
 exception while starting servers ends the transition (Failed with the reason, or an
-update's rollback), and a transition another live worker holds is left alone."""
+update's rollback), a transition another live worker holds is left alone, and a task works
+on the endpoint its ARN names (its account's config, model and files), a bare name only
+while one account has it."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from eaglenest.foundation.queue import TaskQueue
 from eaglenest.foundation.settings import Settings
 from eaglenest.workers.infra.context import WorkerContext
 from eaglenest.workers.serving import endpoints
-from tests.support.endpoint_rows import ACCOUNT, seed_endpoint
+from tests.support.endpoint_rows import ACCOUNT, EP, OTHER, OTHER_EP, seed_endpoint
 
 
 @pytest.fixture
@@ -31,9 +33,9 @@ def ctx(tmp_path: Path):  # type: ignore[no-untyped-def]
     c.db.dispose()
 
 
-def row(ctx: WorkerContext) -> EndpointRow:
+def row(ctx: WorkerContext, account: str = ACCOUNT.account_id) -> EndpointRow:
     with ctx.db.session() as s:
-        r = s.query(EndpointRow).filter_by(name="ep").one()
+        r = s.query(EndpointRow).filter_by(name="ep", account_id=account).one()
         s.expunge(r)
         return r
 
@@ -44,7 +46,7 @@ def boom(*_: object) -> dict:
 
 def test_an_unexpected_error_fails_the_creation_with_the_reason(ctx, monkeypatch):
     monkeypatch.setattr(endpoints, "_launch", boom)
-    assert endpoints.create(ctx, "ep") == endpoints_repo.FAILED
+    assert endpoints.create(ctx, EP) == endpoints_repo.FAILED
     r = row(ctx)
     assert (r.status, r.failure_reason, r.owner) == (
         endpoints_repo.FAILED, "Internal error: RuntimeError: boom", None)
@@ -52,10 +54,10 @@ def test_an_unexpected_error_fails_the_creation_with_the_reason(ctx, monkeypatch
 
 def test_an_unexpected_error_rolls_an_update_back(ctx, monkeypatch):
     with ctx.db.session() as s:
-        endpoints_repo.mark_in_service(s, "ep", {"Servers": {}})
+        endpoints_repo.mark_in_service(s, EP, {"Servers": {}})
         endpoints_repo.request_update(s, ACCOUNT, "ep", "c2", {"EndpointConfigName": "c2"})
     monkeypatch.setattr(endpoints, "_launch", boom)
-    assert endpoints.update(ctx, "ep") == "rolled-back"
+    assert endpoints.update(ctx, EP) == "rolled-back"
     r = row(ctx)
     assert (r.status, r.config_name, r.pending_config_name) == (
         endpoints_repo.IN_SERVICE, "c1", None)
@@ -65,8 +67,39 @@ def test_an_unexpected_error_rolls_an_update_back(ctx, monkeypatch):
 
 def test_a_transition_another_live_worker_holds_is_left_alone(ctx, monkeypatch):
     with ctx.db.session() as s:
-        assert endpoints_repo.claim(s, "ep", endpoints_repo.CREATING, "other:2", 60)
+        assert endpoints_repo.claim(s, EP, endpoints_repo.CREATING, "other:2", 60)
     monkeypatch.setattr(endpoints, "_launch", boom)
-    assert endpoints.create(ctx, "ep").startswith("skipped")
+    assert endpoints.create(ctx, EP).startswith("skipped")
     r = row(ctx)
     assert (r.status, r.owner) == (endpoints_repo.CREATING, "other:2")
+
+
+def test_a_bare_name_is_taken_only_while_one_account_has_it(ctx, monkeypatch):
+    """A task queued before names were per account carries a bare name."""
+    monkeypatch.setattr(endpoints, "_launch", boom)
+    assert endpoints.create(ctx, "ep") == endpoints_repo.FAILED
+    assert row(ctx).status == endpoints_repo.FAILED
+    with ctx.db.session() as s:
+        seed_endpoint(s, OTHER)
+    assert endpoints.delete(ctx, "ep") == "skipped (no such endpoint)"
+    assert endpoints.create(ctx, "EP") == "skipped (no such endpoint)"
+    assert row(ctx, OTHER.account_id).status == endpoints_repo.CREATING
+
+
+def test_the_arn_picks_the_account_of_config_model_and_files(ctx, monkeypatch):
+    """Two accounts' endpoints `ep` on configs `c1` of models `m`: the other account's task
+    deploys its own model into its own folder and leaves the first endpoint alone."""
+    with ctx.db.session() as s:
+        seed_endpoint(s, OTHER, model_uri="s3://other-models/m/")
+    started = []
+
+    def start_variant(store, workdir, endpoint, plan, *args, **kwargs):  # type: ignore[no-untyped-def]
+        started.append((workdir, endpoint, plan.model_uri, kwargs.get("resource")))
+        return {"instances": [{"url": "http://127.0.0.1:1"}]}
+
+    monkeypatch.setattr(endpoints, "start_variant", start_variant)
+    assert endpoints.create(ctx, OTHER_EP) == endpoints_repo.IN_SERVICE
+    assert started == [(ctx.settings.data_dir / "endpoints" / OTHER.account_id / "ep", "ep",
+                        "s3://other-models/m/", f"endpoint:{OTHER.account_id}/ep")]
+    assert row(ctx, OTHER.account_id).status == endpoints_repo.IN_SERVICE
+    assert (row(ctx).status, row(ctx).deployment) == (endpoints_repo.CREATING, {})
