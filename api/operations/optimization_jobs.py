@@ -26,7 +26,7 @@ from eaglenest.foundation.shapes.optimization_jobs import (
 @operation("CreateOptimizationJob")
 def create_optimization_job(ctx: Context, req: CreateOptimizationJobRequest) -> dict[str, Any]:
     with ctx.db.session() as s:
-        row = jobs.create(s, ctx.account, spec_of(req), Limits.of(ctx.settings))
+        row = jobs.create(s, ctx.account, spec_of(req), Limits.of(ctx.settings), ctx.store)
         arn, name = row.arn, row.name
     ctx.queue.send(q.OPTIMIZE_TASK, name, q.TRAIN_QUEUE)
     return {"OptimizationJobArn": arn}
