@@ -25,6 +25,7 @@ from eaglenest.db import optimization_jobs_repo as jobs
 from eaglenest.db.common import find
 from eaglenest.db.tables import ModelRow
 from eaglenest.foundation.accounts import Account
+from eaglenest.foundation.buckets import AccountStore
 from eaglenest.foundation.errors import ValidationException
 from eaglenest.foundation.queue import OPTIMIZE_TASK, TRAIN_QUEUE
 from eaglenest.foundation.shapes import StoredShapeError, rebuild, to_wire
@@ -70,7 +71,7 @@ def run_job(ctx: WorkerContext, job_name: str) -> str:
         row = jobs.claim(s, job_name, ctx.owner)
         if row is None:
             return "not-claimed"
-        started = row.start_time or 0.0
+        started, account_id = row.start_time or 0.0, row.account_id
         try:
             job, model = _requests(s, row.spec, row.account_id)
         except StoredShapeError as exc:
@@ -83,7 +84,7 @@ def run_job(ctx: WorkerContext, job_name: str) -> str:
     max_runtime = job.StoppingCondition.MaxRuntimeInSeconds
     try:
         with JobControl(ctx, job_name, max_runtime, started) as control:
-            output, output_model = _execute(ctx, job_name, job, model, control)
+            output, output_model = _execute(ctx, job_name, account_id, job, model, control)
     except JobStopped as stop:
         return _stopped(ctx, job_name, stop.reason, max_runtime)
     except _user_errors() as exc:
@@ -127,9 +128,12 @@ def _requests(s: Session, stored: dict[str, Any], account_id: str
     return job, rebuild(CreateModelInput, row.spec) if row else None
 
 
-def _execute(ctx: WorkerContext, name: str, job: CreateOptimizationJobRequest,
-             model: CreateModelInput | None, control: JobControl
-             ) -> tuple[dict[str, Any], dict[str, Any] | None]:
+def _execute(ctx: WorkerContext, name: str, account_id: str,
+             job: CreateOptimizationJobRequest, model: CreateModelInput | None,
+             control: JobControl) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """Run the pipeline; every store access (inputs, checkpoints, progress, outputs) goes
+    through the job account's view: another account's bucket fails the job (AccessDenied
+    naming the URI), even one that changed owner after CreateOptimizationJob."""
     try:
         from eaglenest.workers.jobs.pipeline import Pipeline
     except ImportError as exc:
@@ -139,8 +143,8 @@ def _execute(ctx: WorkerContext, name: str, job: CreateOptimizationJobRequest,
         options = options.model_copy(update={"train_processes": ctx.settings.train_processes})
     sources = resolve_sources(job, model)
     work = ctx.settings.data_dir / "jobs" / name
-    pipeline = Pipeline(name, job, options, sources, make_store(ctx.settings), work, control,
-                        ctx.children_dir)
+    store = AccountStore(make_store(ctx.settings), account_id)
+    pipeline = Pipeline(name, job, options, sources, store, work, control, ctx.children_dir)
     result = pipeline.run()
     output = {"OptimizationOutput": {"RecommendedInferenceImage": "vllm"},
               "ArtifactUri": result.output_uri, "HeadUri": result.head_uri, "Head": result.head,

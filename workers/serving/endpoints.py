@@ -31,6 +31,7 @@ from eaglenest.db import endpoints_repo as eps
 from eaglenest.db.common import find
 from eaglenest.db.tables import EndpointRow
 from eaglenest.foundation import instance_auth
+from eaglenest.foundation.buckets import AccountStore
 from eaglenest.foundation.deployment import instances_of
 from eaglenest.foundation.queue import (
     ENDPOINT_CREATE_TASK,
@@ -103,9 +104,10 @@ def _launch(ctx: WorkerContext, name: str, config_name: str,
     store, servers = make_store(ctx.settings), {}
     workdir = ctx.settings.data_dir / "endpoints" / name
     try:
-        for plan in plans:
-            servers[plan.variant] = start_variant(store, workdir, name, plan,
-                                                  ctx.settings.advertise_host, ctx.children_dir)
+        for plan in plans:  # the model and head as the config's account may read them
+            servers[plan.variant] = start_variant(AccountStore(store, plan.account_id), workdir,
+                                                  name, plan, ctx.settings.advertise_host,
+                                                  ctx.children_dir)
     except BaseException:
         stop_servers(servers, ctx.children_dir)
         raise
