@@ -2,11 +2,18 @@
 key, bob: a key of a new account). A Create request of bob's naming one of alice's buckets
 anywhere (model data, job input, output, training data, Data Capture, core dumps, async
 outputs) is refused with SageMaker's error and creates nothing, claims nothing; alice's own
-requests work and claim the buckets they name."""
+requests work and claim the buckets they name. `eaglenest s3` acts for one account and is
+refused the other's buckets; a job whose bucket changed owner after Create fails with
+AccessDenied."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,6 +22,7 @@ from botocore.exceptions import ClientError
 from benchmarks.stack import ACCOUNT, Stack
 from tests.security.conftest import ROLE, container, error_of
 from tests.security.test_isolation import Caller, keys_cli
+from tests.support.jobs import ROOT, wait_status
 
 MODEL_DATA = ("Could not access model data at {uri}. Please ensure that the role \"" + ROLE +
               "\" exists and that its trust relationship policy allows the action "
@@ -161,3 +169,71 @@ def test_the_first_account_to_name_a_bucket_owns_it(pair: tuple[Stack, Caller, C
     bob.sm.create_endpoint_config(**config("b-second", "b-model",
                                            **capture("s3://b-capture/again")))
 
+
+
+def s3_cli(stack: Stack, *args: str) -> subprocess.CompletedProcess[str]:
+    """`eaglenest s3 ...` on the stack's data dir; by default for the stack's account."""
+    env = {**os.environ, "EAGLENEST_DATA_DIR": str(stack.data_dir),
+           "EAGLENEST_ACCOUNT_ID": ACCOUNT}
+    env.pop("EAGLENEST_S3_ENDPOINT_URL", None)
+    return subprocess.run([sys.executable, "-m", "eaglenest.workers.cli", "s3", *args],
+                          env=env, capture_output=True, text=True, cwd=ROOT, check=False)
+
+
+def test_s3_cli_acts_for_one_account(pair: tuple[Stack, Caller, Caller], tmp_path: Path) -> None:
+    stack, _, bob = pair
+    mine, theirs = tmp_path / "alice.json", tmp_path / "bob.json"
+    mine.write_text('{"by": "alice"}')
+    theirs.write_text('{"by": "bob"}')
+    stored = stack.data_dir / "s3" / "a-files" / "x.json"
+    r = s3_cli(stack, "cp", str(mine), "s3://a-files/x.json")  # the default account: alice's
+    assert r.returncode == 0, r.stderr
+    assert owner(stack, "a-files") == ACCOUNT
+    as_bob = f"(acting for account {bob.account} (key bob))"
+    for args in (["cp", str(theirs), "s3://a-files/x.json", "--profile", "bob"],
+                 ["cp", str(theirs), "s3://a-files/y.json", "--access-key", bob.key],
+                 ["cp", "s3://a-files/", str(tmp_path / "stolen"), "--profile", "bob"],
+                 ["ls", "s3://a-files/", "--access-key", bob.key]):
+        r = s3_cli(stack, *args)
+        assert r.returncode == 1, (args, r.stdout, r.stderr)
+        assert "error: AccessDenied: s3://a-files/" in r.stderr and as_bob in r.stderr, args
+        assert "s3://a-files/x.json" not in r.stdout
+    assert stored.read_text() == '{"by": "alice"}' and not (tmp_path / "stolen").exists()
+    assert not (stack.data_dir / "s3" / "a-files" / "y.json").exists()
+    # bob's own bucket is his, and closed to alice's default key the same way
+    r = s3_cli(stack, "cp", str(theirs), "s3://b-files/x.json", "--profile", "bob")
+    assert r.returncode == 0, r.stderr
+    assert owner(stack, "b-files") == bob.account
+    r = s3_cli(stack, "ls", "s3://b-files/")
+    assert r.returncode == 1 and "AccessDenied: s3://b-files/" in r.stderr
+    assert f"acting for account {ACCOUNT} (the default" in r.stderr
+    assert s3_cli(stack, "ls", "s3://a-files/").stdout == "s3://a-files/x.json\n"
+    r = s3_cli(stack, "ls", "s3://a-files/", "--profile", "nobody")
+    assert r.returncode != 0 and "--profile nobody: no such key" in r.stderr
+
+
+def start_train_worker(stack: Stack) -> subprocess.Popen[bytes]:
+    log = open(stack.data_dir / "worker-train.log", "ab")  # noqa: SIM115 (the child's)
+    return subprocess.Popen([sys.executable, "-m", "eaglenest.workers.cli", "worker",
+                             "--queues", "train"], env=stack.env(), cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=log)
+
+
+def test_a_job_whose_bucket_changed_owner_fails(pair: tuple[Stack, Caller, Caller],
+                                                tmp_path: Path) -> None:
+    stack, alice, bob = pair
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text("{}")
+    assert s3_cli(stack, "cp", str(tmp_path / "m"), "s3://a-moved/m/").returncode == 0
+    alice.sm.create_optimization_job(**job("a-moved", "s3://a-moved/m/", "s3://a-moved/out/"))
+    # after CreateOptimizationJob, before any worker ran it, the bucket becomes bob's
+    (stack.data_dir / "s3" / ".owners" / "a-moved").write_text(bob.account)
+    worker = start_train_worker(stack)
+    try:
+        d = wait_status(alice.sm, "a-moved", {"FAILED", "COMPLETED"}, timeout=300)
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(timeout=60)
+    assert d["OptimizationJobStatus"] == "FAILED"
+    assert d["FailureReason"].startswith("AccessDenied: s3://a-moved/m/"), d["FailureReason"]
+    assert not (stack.data_dir / "s3" / "a-moved" / "out").exists()
