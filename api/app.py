@@ -15,6 +15,7 @@ from eaglenest.db.session import Database
 from eaglenest.foundation.accounts import Account
 from eaglenest.foundation.queue import TaskQueue
 from eaglenest.foundation.settings import Settings
+from eaglenest.foundation.storage import make_store
 
 
 def create_app(settings: Settings, broker_url: str | None = None) -> FastAPI:
@@ -27,7 +28,7 @@ def create_app(settings: Settings, broker_url: str | None = None) -> FastAPI:
     ctx = Context(
         settings=settings, db=db, queue=queue,
         account=Account(settings.region, settings.account_id),
-        lease_seconds=settings.job_lease_seconds,
+        store=make_store(settings), lease_seconds=settings.job_lease_seconds,
     )
 
     @asynccontextmanager

@@ -11,16 +11,19 @@ from eaglenest.foundation.accounts import Account
 from eaglenest.foundation.queue import TaskQueue
 from eaglenest.foundation.settings import Settings
 from eaglenest.foundation.shapes import INPUT_SHAPES, AwsShape
+from eaglenest.foundation.storage import BucketStore
 
 
 @dataclass
 class Context:
-    """What a handler may use: settings, the database and the task queue."""
+    """What a handler may use: settings, the database, the task queue and the artifact
+    store (Create requests check and claim the buckets they name in it)."""
 
     settings: Settings
     db: Database
     queue: TaskQueue
     account: Account
+    store: BucketStore | None = None
     #: seconds after which a job owner that stopped heartbeating counts as dead
     lease_seconds: float = 60.0
 

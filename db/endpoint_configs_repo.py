@@ -6,7 +6,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from eaglenest.db import models_repo, tags_repo
+from eaglenest.db import buckets, models_repo, tags_repo
 from eaglenest.db.common import check_s3_uris, find, insert_unique, now
 from eaglenest.db.tables import EndpointConfigRow, ModelRow
 from eaglenest.foundation.accounts import Account
@@ -15,6 +15,7 @@ from eaglenest.foundation.errors import (
     ValidationException,
     constraint_message,
 )
+from eaglenest.foundation.storage import BucketStore
 
 
 def not_found(account: Account, name: str) -> ValidationException:
@@ -89,7 +90,10 @@ def _check_variants(session: Session, account: Account, spec: dict[str, Any]) ->
 
 
 def create(session: Session, account: Account, spec: dict[str, Any],
-           max_instances: int | None = None) -> EndpointConfigRow:
+           max_instances: int | None = None,
+           store: BucketStore | None = None) -> EndpointConfigRow:
+    """With `store` (the API: always), every bucket the request names (DataCapture,
+    AsyncInference outputs) must be the account's or nobody's, and becomes the account's."""
     if max_instances is not None:
         _check_instance_counts(spec, max_instances)
     _check_serverless(spec)
@@ -97,6 +101,7 @@ def create(session: Session, account: Account, spec: dict[str, Any],
     name = spec["EndpointConfigName"]
     tags = tags_repo.check_new_tags(spec.pop("Tags", None) or [])
     check_s3_uris(spec)  # the store would refuse them later: refuse them now
+    refs = buckets.check(store, account, spec) if store else []
     row = EndpointConfigRow(
         name=name, name_key=name.lower(), arn=account.arn("endpoint-config", name),
         account_id=account.account_id,
@@ -105,6 +110,8 @@ def create(session: Session, account: Account, spec: dict[str, Any],
     duplicate = ValidationException(
         f'Cannot create already existing endpoint configuration "{row.arn}".')
     insert_unique(session, row, duplicate)
+    if store:
+        buckets.claim(store, account, spec, refs)
     return row
 
 

@@ -6,12 +6,13 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from eaglenest.db import tags_repo
+from eaglenest.db import buckets, tags_repo
 from eaglenest.db.common import check_s3_uris, find, insert_unique, now
 from eaglenest.db.tables import ModelRow
 from eaglenest.foundation import environment
 from eaglenest.foundation.accounts import Account
 from eaglenest.foundation.errors import ValidationException
+from eaglenest.foundation.storage import BucketStore
 
 
 def not_found(account: Account, name: str) -> ValidationException:
@@ -44,12 +45,16 @@ def _check_environment(spec: dict[str, Any]) -> None:
             raise ValidationException(str(exc)) from None
 
 
-def create(session: Session, account: Account, spec: dict[str, Any]) -> ModelRow:
+def create(session: Session, account: Account, spec: dict[str, Any],
+           store: BucketStore | None = None) -> ModelRow:
+    """With `store` (the API: always), every bucket the request names must be the
+    account's or nobody's, and becomes the account's (db/buckets.py)."""
     _check_containers(spec)
     _check_environment(spec)
     name = spec["ModelName"]
     tags = tags_repo.check_new_tags(spec.pop("Tags", None) or [])
     check_s3_uris(spec)  # the store would refuse them later: refuse them now
+    refs = buckets.check(store, account, spec) if store else []
     row = ModelRow(
         name=name, name_key=name.lower(), arn=account.arn("model", name),
         account_id=account.account_id,
@@ -57,6 +62,8 @@ def create(session: Session, account: Account, spec: dict[str, Any]) -> ModelRow
     )
     duplicate = ValidationException(f'Cannot create already existing model "{row.arn}".')
     insert_unique(session, row, duplicate)
+    if store:
+        buckets.claim(store, account, spec, refs)
     return row
 
 

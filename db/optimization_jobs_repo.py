@@ -21,12 +21,13 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from eaglenest.db import common, models_repo, quotas, tags_repo
+from eaglenest.db import buckets, common, models_repo, quotas, tags_repo
 from eaglenest.db.common import check_s3_uris, find, insert_unique, locate, now
 from eaglenest.db.tables import ModelRow, OptimizationJobRow
 from eaglenest.foundation import environment
 from eaglenest.foundation.accounts import Account
 from eaglenest.foundation.errors import ResourceInUse, ResourceNotFound, ValidationException
+from eaglenest.foundation.storage import BucketStore
 
 STARTING, INPROGRESS, COMPLETED = "STARTING", "INPROGRESS", "COMPLETED"
 FAILED, STOPPING, STOPPED = "FAILED", "STOPPING", "STOPPED"
@@ -92,13 +93,17 @@ def _check_spec(session: Session, account: Account, spec: dict[str, Any]) -> lis
 
 
 def create(session: Session, account: Account, spec: dict[str, Any],
-           limits: quotas.Limits | None = None) -> OptimizationJobRow:
+           limits: quotas.Limits | None = None,
+           store: BucketStore | None = None) -> OptimizationJobRow:
+    """With `store` (the API: always), every bucket the request names (model, data, head,
+    output) must be the account's or nobody's, and becomes the account's."""
     types = _check_spec(session, account, spec)
     if limits is not None:
         quotas.check_new_job(session, account, limits.jobs)
     name = spec["OptimizationJobName"]
     tags = tags_repo.check_new_tags(spec.pop("Tags", None) or [])
     check_s3_uris(spec)  # the store would refuse them later: refuse them now
+    refs = buckets.check(store, account, spec) if store else []
     t = now()
     row = OptimizationJobRow(
         name=name, name_key=name.lower(), arn=account.arn("optimization-job", name),
@@ -107,6 +112,8 @@ def create(session: Session, account: Account, spec: dict[str, Any],
         optimization_types=",".join(types), output={},
     )
     insert_unique(session, row, ResourceInUse(f"Optimization job {name} already exists."))
+    if store:
+        buckets.claim(store, account, spec, refs)
     return row
 
 

@@ -5,6 +5,13 @@ Both implement the same small interface; callers never branch on which one they 
 Multi-file outputs are published file by file with a `_MANIFEST.json` written last, so a
 reader that sees the manifest sees every file it lists (single PUTs are atomic in S3; the
 local store writes to a temporary name and renames).
+
+Buckets belong to accounts: each store keeps, per bucket, the 12-digit account that owns it
+(`owner`), set once by the first `claim` (race-safe: of two accounts claiming a new bucket at
+once exactly one wins, and both are told which). The record lives in the store itself, out
+of every bucket's key space: `<root>/.owners/<bucket>` in the local store, the reserved key
+`.eaglenest/owner` in S3 (refused by `parse_uri`, hidden from listings). Every access made
+for an account goes through its view, `foundation.buckets.AccountStore`.
 """
 
 from __future__ import annotations
@@ -21,11 +28,16 @@ from typing import Any, Protocol
 from eaglenest.foundation.settings import Settings
 
 MANIFEST = "_MANIFEST.json"
+#: the key prefix that holds a bucket's owner record in S3; no URI may name it
+RESERVED_PREFIX = ".eaglenest/"
+OWNER_KEY = RESERVED_PREFIX + "owner"
 _URI = re.compile(r"^s3://(?P<bucket>[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9])(?:/(?P<key>.*))?$")
 
 
 class StorageError(Exception):
     """A user-actionable storage failure (bad URI, missing object)."""
+
+
 
 
 @dataclass(frozen=True)
@@ -55,6 +67,8 @@ def parse_uri(uri: str) -> S3Uri:
     parts = PurePosixPath(key).parts
     if key.startswith("/") or "\\" in key or any(p in ("..", ".") for p in parts):
         raise StorageError(f"'{uri}': keys may not contain '.', '..', '\\' or a leading '/'")
+    if key == RESERVED_PREFIX.rstrip("/") or key.startswith(RESERVED_PREFIX):
+        raise StorageError(f"'{uri}': keys under {RESERVED_PREFIX} are reserved for the store")
     return S3Uri(m["bucket"], key)
 
 
@@ -90,9 +104,58 @@ class ArtifactStore(Protocol):
     def delete(self, uri: S3Uri) -> None: ...
 
 
+class BucketStore(ArtifactStore, Protocol):
+    """A whole store (LocalStore, S3Store): objects plus the owner of each bucket."""
+
+    def owner(self, bucket: str) -> str | None:
+        """The account that owns `bucket`, or None while no account does."""
+        ...
+
+    def claim(self, bucket: str, account_id: str) -> str:
+        """Make `account_id` the owner of `bucket` unless an account already is (atomic:
+        of concurrent claims exactly one wins); the owner after the call."""
+        ...
+
+
+def _check_bucket(bucket: str) -> str:
+    if _URI.match(f"s3://{bucket}") is None:
+        raise StorageError(f"'{bucket}' is not a bucket name")
+    return bucket
+
+
 class LocalStore:
+    """Buckets are the folders of `root`; the owner of bucket b is the file
+    `root/.owners/b` (no bucket name starts with '.'), made by a hard link so it appears
+    at once, whole, and only once."""
+
     def __init__(self, root: Path) -> None:
         self.root = root.resolve()
+
+    def _owner_path(self, bucket: str) -> Path:
+        return self.root / ".owners" / _check_bucket(bucket)
+
+    def owner(self, bucket: str) -> str | None:
+        try:
+            return self._owner_path(bucket).read_text().strip() or None
+        except FileNotFoundError:
+            return None
+
+    def claim(self, bucket: str, account_id: str) -> str:
+        path = self._owner_path(bucket)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+        try:
+            with os.fdopen(fd, "w") as fh:
+                fh.write(account_id)
+            os.link(tmp, path)  # fails if the record exists: the first link wins
+        except FileExistsError:
+            pass
+        finally:
+            os.unlink(tmp)
+        owner = self.owner(bucket)
+        if owner is None:
+            raise StorageError(f"the owner record of bucket '{bucket}' is empty ({path})")
+        return owner
 
     def _path(self, uri: S3Uri) -> Path:
         path = (self.root / uri.bucket / uri.key).resolve()
@@ -141,16 +204,51 @@ class LocalStore:
         self._path(uri).unlink(missing_ok=True)
 
 
+def _code(exc: Exception) -> str:
+    return str(getattr(exc, "response", {}).get("Error", {}).get("Code", ""))
+
+
+_MISSING = ("NoSuchKey", "404", "NoSuchBucket", "NotFound")
+
+
 class S3Store:
+    """Real S3. The owner of a bucket is its object `.eaglenest/owner`, written with
+    `If-None-Match: *` (a conditional write: AWS S3, MinIO) so that only the first claim
+    creates it; listings leave it out and `parse_uri` refuses its key."""
+
     def __init__(self, endpoint_url: str | None, region: str, **client_kw: Any) -> None:
         import boto3
 
         self.client = boto3.client("s3", endpoint_url=endpoint_url, region_name=region,
                                    **client_kw)
 
+    def owner(self, bucket: str) -> str | None:
+        try:
+            obj = self.client.get_object(Bucket=_check_bucket(bucket), Key=OWNER_KEY)
+        except Exception as exc:
+            if _code(exc) in _MISSING:
+                return None
+            raise
+        return bytes(obj["Body"].read()).decode().strip() or None
+
+    def claim(self, bucket: str, account_id: str) -> str:
+        for _ in range(5):  # 409: a concurrent conditional write was in flight; ask again
+            try:
+                self.client.put_object(Bucket=_check_bucket(bucket), Key=OWNER_KEY,
+                                       Body=account_id.encode(), IfNoneMatch="*")
+            except Exception as exc:
+                if _code(exc) == "NoSuchBucket":
+                    raise StorageError(f"s3://{bucket}/ does not exist") from exc
+                if _code(exc) not in ("PreconditionFailed", "412",
+                                      "ConditionalRequestConflict", "409"):
+                    raise
+            owner = self.owner(bucket)
+            if owner is not None:
+                return owner
+        raise StorageError(f"s3://{bucket}/: could not record the bucket's owner")
+
     def _missing(self, exc: Exception, uri: S3Uri) -> Exception:
-        code = getattr(exc, "response", {}).get("Error", {}).get("Code", "")
-        if code in ("NoSuchKey", "404", "NoSuchBucket", "NotFound"):
+        if _code(exc) in _MISSING:
             return StorageError(f"{uri} does not exist")
         return exc
 
@@ -170,7 +268,8 @@ class S3Store:
             pages = self.client.get_paginator("list_objects_v2").paginate(
                 Bucket=prefix.bucket, Prefix=prefix.key)
             for page in pages:
-                keys += [o["Key"] for o in page.get("Contents", [])]
+                keys += [o["Key"] for o in page.get("Contents", [])
+                         if not o["Key"].startswith(RESERVED_PREFIX)]
         except Exception as exc:
             raise self._missing(exc, prefix) from exc
         return sorted(keys)
@@ -189,7 +288,7 @@ class S3Store:
         self.client.delete_object(Bucket=uri.bucket, Key=uri.key)
 
 
-def make_store(settings: Settings) -> ArtifactStore:
+def make_store(settings: Settings) -> BucketStore:
     """S3 when EAGLENEST_S3_ENDPOINT_URL is set, else the local directory store."""
     if settings.s3_endpoint_url:
         return S3Store(settings.s3_endpoint_url, settings.region)

@@ -21,7 +21,7 @@ from eaglenest.foundation.shapes.endpoint_configs import (
 def create_endpoint_config(ctx: Context, req: CreateEndpointConfigInput) -> dict[str, Any]:
     with ctx.db.session() as s:
         row = endpoint_configs_repo.create(s, ctx.account, spec_of(req),
-                                           ctx.settings.max_instances_per_variant)
+                                           ctx.settings.max_instances_per_variant, ctx.store)
         return {"EndpointConfigArn": row.arn}
 
 

@@ -20,7 +20,7 @@ from eaglenest.foundation.shapes.models import (
 @operation("CreateModel")
 def create_model(ctx: Context, req: CreateModelInput) -> dict[str, Any]:
     with ctx.db.session() as s:
-        row = models_repo.create(s, ctx.account, spec_of(req))
+        row = models_repo.create(s, ctx.account, spec_of(req), ctx.store)
         return {"ModelArn": row.arn}
 
 

@@ -27,7 +27,7 @@ from eaglenest.foundation.shapes.optimization_jobs import (
 @operation("CreateOptimizationJob")
 def create_optimization_job(ctx: Context, req: CreateOptimizationJobRequest) -> dict[str, Any]:
     with ctx.db.session() as s:
-        row = jobs.create(s, ctx.account, spec_of(req), Limits.of(ctx.settings))
+        row = jobs.create(s, ctx.account, spec_of(req), Limits.of(ctx.settings), ctx.store)
         arn = row.arn
     ctx.queue.send(q.OPTIMIZE_TASK, arn, q.TRAIN_QUEUE)
     return {"OptimizationJobArn": arn}

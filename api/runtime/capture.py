@@ -15,6 +15,9 @@ Durability contract:
   at the next roll (capture never fails a request).
 - Spool files an API process left behind (killed, or its upload failed) are uploaded by the
   next CaptureWriter on the same spool directory once that process is gone.
+- Each record is written for the endpoint's account, through its view of the store
+  (foundation/buckets.py): a destination bucket another account owns (one that changed
+  owner after CreateEndpointConfig) is refused, and its spool file dropped with a warning.
 """
 
 from __future__ import annotations
@@ -30,8 +33,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from eaglenest.foundation.buckets import AccessDenied, AccountStore
 from eaglenest.foundation.children import Identity
-from eaglenest.foundation.storage import ArtifactStore, parse_uri
+from eaglenest.foundation.storage import BucketStore, parse_uri
 
 log = logging.getLogger("eaglenest.capture")
 
@@ -45,14 +49,14 @@ class _Spool:
 
 
 class CaptureWriter:
-    def __init__(self, store: ArtifactStore, spool_dir: Path, flush_seconds: float = 60.0,
+    def __init__(self, store: BucketStore, spool_dir: Path, flush_seconds: float = 60.0,
                  max_bytes: int = 4 * 1024 * 1024) -> None:
         self.store, self.flush_seconds, self.max_bytes = store, flush_seconds, max_bytes
         self.spool_dir = spool_dir
         me = Identity.of(os.getpid())
         self.own_dir = spool_dir / f"{os.getpid()}-{me.start if me else 0}"
         self.own_dir.mkdir(parents=True, exist_ok=True)
-        self._open: dict[tuple[str, str, str, str], _Spool] = {}
+        self._open: dict[tuple[str, str, str, str, str], _Spool] = {}
         self._lock = threading.Lock()
         self._upload_lock = threading.Lock()
         self._stop = threading.Event()
@@ -60,11 +64,11 @@ class CaptureWriter:
         self._thread.start()
 
     def add(self, destination: str, endpoint: str, variant: str, record: dict[str, Any],
-            arn: str = "") -> None:
-        """Append and flush one record of endpoint `endpoint` (its name, as the S3 prefix
-        has it; `arn`: its ARN) (see the module docstring); never raises."""
+            account_id: str, arn: str = "") -> None:
+        """Append and flush one record of `account_id`'s endpoint `endpoint` (its name, as
+        the S3 prefix has it; `arn`: its ARN) (see the module docstring); never raises."""
         line = json.dumps(record) + "\n"
-        key = (destination, arn, endpoint, variant)
+        key = (destination, arn, endpoint, variant, account_id)
         try:
             with self._lock:
                 spool = self._open.get(key) or self._start(key)
@@ -78,11 +82,11 @@ class CaptureWriter:
         if full:
             self.flush([key])
 
-    def _start(self, key: tuple[str, str, str, str]) -> _Spool:
+    def _start(self, key: tuple[str, str, str, str, str]) -> _Spool:
         stem = self.own_dir / uuid.uuid4().hex[:12]
         started = time.time()
         meta = {"destination": key[0], "arn": key[1], "endpoint": key[2], "variant": key[3],
-                "started": started}
+                "account": key[4], "started": started}
         stem.with_suffix(".json").write_text(json.dumps(meta))
         spool = _Spool(stem.with_suffix(".jsonl"),
                        open(stem.with_suffix(".jsonl"), "a", encoding="utf-8"),  # noqa: SIM115
@@ -90,7 +94,7 @@ class CaptureWriter:
         self._open[key] = spool
         return spool
 
-    def flush(self, keys: list[tuple[str, str, str, str]] | None = None) -> None:
+    def flush(self, keys: list[tuple[str, str, str, str, str]] | None = None) -> None:
         """Close the spool files of `keys` (all when None) and upload every closed one."""
         with self._lock:
             for k in list(self._open) if keys is None else keys:
@@ -123,7 +127,12 @@ class CaptureWriter:
                 f"{meta['endpoint']}/{meta['variant']}/{time.strftime('%Y/%m/%d/%H', stamp)}/"
                 f"{name}.jsonl")
             try:
-                self.store.put_bytes(uri, body)
+                if "account" not in meta:  # spooled before buckets had owners
+                    raise AccessDenied(str(uri), uri.bucket, "(unknown)")
+                AccountStore(self.store, meta["account"]).put_bytes(uri, body)
+            except AccessDenied as exc:  # not this account's bucket: never will be by retrying
+                log.warning("data capture to %s refused, %d records dropped: %s", uri,
+                            body.count(b"\n"), exc)
             except Exception as exc:  # kept on disk: retried at the next roll
                 log.warning("data capture to %s failed (%d records kept for a retry): %s",
                             uri, body.count(b"\n"), exc)

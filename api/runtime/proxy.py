@@ -159,10 +159,13 @@ def _sampled(route: Route) -> bool:
     return random.uniform(0, 100) < float(cfg.get("InitialSamplingPercentage", 100))
 
 
-def _capture(px: Proxy, route: Route, endpoint: str, tr: Translated, text: str) -> None:
+def _capture(px: Proxy, route: Route, endpoint: str, tr: Translated, text: str,
+             account_id: str) -> None:
+    """Capture for the endpoint's account (`account_id`: only its own endpoints resolve)."""
     assert route.capture is not None
     px.capture.add(route.capture["DestinationS3Uri"], endpoint, route.variant,
-                   capture_record(tr, text, endpoint, route.variant), arn=route.arn)
+                   capture_record(tr, text, endpoint, route.variant), account_id,
+                   arn=route.arn)
 
 
 def _ask_recovery(ctx: Context, name: str, route: Route) -> None:
@@ -259,7 +262,7 @@ async def _invoke(px: Proxy, send: Send, headers: Mapping[str, str], name: str,
                               route.arn)
     reply = json.loads(body)
     if _sampled(route):
-        _capture(px, route, name, tr, completion_text(reply))
+        _capture(px, route, name, tr, completion_text(reply), account_id)
     out = lmi_reply(reply) if tr.style == LMI else reply
     await _reply(send, 200, json.dumps(out).encode(), b"application/json",
                  _reply_headers(headers, route))
@@ -314,7 +317,7 @@ async def _stream(px: Proxy, receive: Receive, send: Send,
             await send({"type": "http.response.body", "more_body": True,
                         "body": eventstream.payload_part(final.encode())})
         if captured:
-            _capture(px, route, name, tr, text)
+            _capture(px, route, name, tr, text, account_id)
     await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 

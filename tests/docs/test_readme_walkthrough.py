@@ -109,6 +109,9 @@ def test_readme_examples_run_in_order(tmp_path, tiny_llama_dir, monkeypatch):
         monkeypatch.setenv(name, value)  # stands in for the README's exports
     env = {k: v for k, v in os.environ.items() if not k.startswith("EAGLENEST_")}
     env["EAGLENEST_DATA_DIR"] = str(stack.data_dir)
+    # `eaglenest s3` acts for the default account of the EagleNest it uploads to, which
+    # `up` takes from EAGLENEST_ACCOUNT_ID: the stack's (the README's is the default's)
+    env["EAGLENEST_ACCOUNT_ID"] = ACCOUNT
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     try:
         for ex in examples(readme()):

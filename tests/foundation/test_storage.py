@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +16,7 @@ import boto3
 import httpx
 import pytest
 
+from eaglenest.foundation.buckets import AccessDenied, AccountStore
 from eaglenest.foundation.processes import free_port
 from eaglenest.foundation.storage import (
     LocalStore,
@@ -54,8 +56,10 @@ def store(request, tmp_path, moto_url, monkeypatch):
         return LocalStore(tmp_path / "store")
     for k, v in {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test"}.items():
         monkeypatch.setenv(k, v)
-    boto3.client("s3", endpoint_url=moto_url, region_name="us-east-1").create_bucket(
-        Bucket="bucket")
+    client = boto3.client("s3", endpoint_url=moto_url, region_name="us-east-1")
+    client.create_bucket(Bucket="bucket")
+    for obj in client.list_objects_v2(Bucket="bucket").get("Contents", []):  # moto is shared
+        client.delete_object(Bucket="bucket", Key=obj["Key"])
     return S3Store(moto_url, "us-east-1")
 
 
@@ -112,3 +116,83 @@ def test_cli_cp_into_local_store(tmp_path):
     r = subprocess.run([sys.executable, "-m", "eaglenest.workers.cli", "s3", "cp", str(src),
                         "s3://datasets/../x"], env=env, capture_output=True, text=True, cwd=root)
     assert r.returncode != 0
+
+
+# -- buckets belong to accounts ------------------------------------------------------------
+
+A, B = "111111111111", "222222222222"
+
+
+def new_bucket(store, name: str) -> str:
+    """A bucket no account owns yet (S3: created first, as an operator would)."""
+    if isinstance(store, S3Store):
+        store.client.create_bucket(Bucket=name)
+    return name
+
+
+def test_claim_race_has_exactly_one_winner(store):
+    for i in range(8):
+        bucket = new_bucket(store, f"race-{i}")
+        barrier, results = threading.Barrier(2), {}
+
+        def claim(account: str, bucket: str = bucket, barrier=barrier, results=results) -> None:
+            barrier.wait()
+            results[account] = store.claim(bucket, account)
+
+        threads = [threading.Thread(target=claim, args=(a,)) for a in (A, B)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert results[A] == results[B] in (A, B)  # both told the same single winner
+        assert store.owner(bucket) == results[A]
+
+
+def test_first_writer_owns_the_bucket_and_others_are_denied(store, tmp_path):
+    alice, bob = AccountStore(store, A), AccountStore(store, B)
+    assert store.owner("bucket") is None
+    alice.put_bytes(parse_uri("s3://bucket/head/w.bin"), b"alice")  # claims it
+    assert store.owner("bucket") == A
+    src = tmp_path / "f.bin"
+    src.write_bytes(b"bob")
+    attempts = [
+        lambda: bob.put_bytes(parse_uri("s3://bucket/head/w.bin"), b"bob"),
+        lambda: bob.put_file(parse_uri("s3://bucket/head/w.bin"), src),
+        lambda: bob.get_bytes(parse_uri("s3://bucket/head/w.bin")),
+        lambda: bob.get_file(parse_uri("s3://bucket/head/w.bin"), tmp_path / "out"),
+        lambda: bob.list_keys(parse_uri("s3://bucket/")),
+        lambda: bob.delete(parse_uri("s3://bucket/head/w.bin")),
+        lambda: download_prefix(bob, "s3://bucket/head/", tmp_path / "dl"),
+        lambda: publish_dir(AccountStore(store, B), tmp_path, "s3://bucket/head/"),
+    ]
+    for attempt in attempts:
+        with pytest.raises(AccessDenied, match="AccessDenied: s3://bucket/") as info:
+            attempt()
+        assert isinstance(info.value, StorageError) and info.value.account_id == B
+    assert alice.get_bytes(parse_uri("s3://bucket/head/w.bin")) == b"alice"  # unchanged
+    assert alice.list_keys(parse_uri("s3://bucket/")) == ["head/w.bin"]  # record hidden
+    assert store.owner("bucket") == A
+
+
+def test_reading_an_unowned_bucket_claims_nothing(store, tmp_path):
+    store.put_bytes(parse_uri("s3://bucket/data.jsonl"), b"{}\n")  # the operator's upload
+    assert AccountStore(store, B).get_bytes(parse_uri("s3://bucket/data.jsonl")) == b"{}\n"
+    assert store.owner("bucket") is None
+    AccountStore(store, A).put_bytes(parse_uri("s3://bucket/out.json"), b"{}")
+    with pytest.raises(AccessDenied):
+        AccountStore(store, B).get_bytes(parse_uri("s3://bucket/data.jsonl"))
+
+
+def test_a_view_notices_an_owner_change_made_before_it_was_made(tmp_path):
+    store = LocalStore(tmp_path / "store")
+    AccountStore(store, A).put_bytes(parse_uri("s3://bucket/x"), b"x")
+    (tmp_path / "store" / ".owners" / "bucket").write_text(B)  # the operator hands it over
+    with pytest.raises(AccessDenied):
+        AccountStore(store, A).get_bytes(parse_uri("s3://bucket/x"))
+    assert AccountStore(store, B).get_bytes(parse_uri("s3://bucket/x")) == b"x"
+
+
+@pytest.mark.parametrize("uri", ["s3://bucket/.eaglenest/owner", "s3://bucket/.eaglenest"])
+def test_the_owner_record_cannot_be_named(uri):
+    with pytest.raises(StorageError, match="reserved"):
+        parse_uri(uri)

@@ -28,29 +28,31 @@ def two(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Stack, Calle
 
 
 def populate(c: Caller, p: str) -> dict[str, str]:
-    """A model, endpoint config, endpoint and job named after `p`, each tagged; their ARNs."""
+    """A model, endpoint config, endpoint and job named after `p`, each tagged, in buckets of
+    `p`'s own (buckets belong to accounts: tests/security/test_buckets.py); their ARNs."""
     tags = [{"Key": "owner", "Value": p}]
     arns = {"model": c.sm.create_model(ModelName=f"{p}-m", ExecutionRoleArn=ROLE, Tags=tags,
-                                       PrimaryContainer=container())["ModelArn"]}
+                                       PrimaryContainer=container(uri=f"s3://{p}-models/m/"))[
+        "ModelArn"]}
     arns["config"] = c.sm.create_endpoint_config(
         EndpointConfigName=f"{p}-c", Tags=tags, ProductionVariants=[{
             "VariantName": "AllTraffic", "ModelName": f"{p}-m",
             "InstanceType": "ml.g5.2xlarge", "InitialInstanceCount": 1}])["EndpointConfigArn"]
     arns["endpoint"] = c.sm.create_endpoint(EndpointName=f"{p}-e", EndpointConfigName=f"{p}-c",
                                             Tags=tags)["EndpointArn"]
-    arns["job"] = c.sm.create_optimization_job(**job(f"{p}-j", f"{p}-m"), Tags=tags)[
-        "OptimizationJobArn"]
+    arns["job"] = c.sm.create_optimization_job(**job(f"{p}-j", f"{p}-m", f"{p}-out"),
+                                               Tags=tags)["OptimizationJobArn"]
     for arn in arns.values():
         assert f":{c.account}:" in arn, arn
     return arns
 
 
-def job(name: str, model: str) -> dict[str, Any]:
+def job(name: str, model: str, bucket: str = "out") -> dict[str, Any]:
     return {"OptimizationJobName": name, "RoleArn": ROLE,
             "ModelSource": {"SageMakerModel": {"ModelName": model}},
             "DeploymentInstanceType": "ml.g5.2xlarge",
             "OptimizationConfigs": [{"ModelSpeculativeDecodingConfig": {"Technique": "EAGLE"}}],
-            "OutputConfig": {"S3OutputLocation": f"s3://out/{name}/"},
+            "OutputConfig": {"S3OutputLocation": f"s3://{bucket}/{name}/"},
             "StoppingCondition": {"MaxRuntimeInSeconds": 60}}
 
 

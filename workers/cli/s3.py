@@ -1,6 +1,12 @@
 """`eaglenest s3 cp SRC DST` and `eaglenest s3 ls URI`: move model folders and datasets into
 (or out of) the artifact store the workers read: the local store by default, real S3 when
-EAGLENEST_S3_ENDPOINT_URL is set."""
+EAGLENEST_S3_ENDPOINT_URL is set.
+
+Each command acts for one account, through its view of the store (foundation/buckets.py):
+by default the account of the credentials file's first-start profile (`eaglenest`), else
+EAGLENEST_ACCOUNT_ID; `--profile NAME` or `--access-key ID` picks another key of the data
+dir (`eaglenest keys`). An upload claims a bucket no account owns; another account's bucket
+is refused (exit 1, the error naming the URI and the account acted for)."""
 
 from __future__ import annotations
 
@@ -8,8 +14,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from eaglenest.foundation.settings import Settings
+from eaglenest.foundation.buckets import AccessDenied, AccountStore
+from eaglenest.foundation.settings import CREDENTIALS_PROFILE, Settings
 from eaglenest.foundation.storage import (
+    ArtifactStore,
     StorageError,
     download_prefix,
     make_store,
@@ -28,8 +36,36 @@ def _settings(args: argparse.Namespace) -> Settings:
     return settings
 
 
+def _store(args: argparse.Namespace) -> tuple[AccountStore, str]:
+    """The store as the chosen key's account sees it, and who that is (for messages)."""
+    settings = _settings(args)
+    keys = settings.keys()
+    if args.access_key or args.profile:
+        found = [k for k in keys.values()
+                 if args.access_key in (None, k.access_key_id) and args.profile in (None, k.name)]
+        if not found:
+            which = f"--access-key {args.access_key}" if args.access_key else \
+                f"--profile {args.profile}"
+            raise SystemExit(f"eaglenest s3 {args.s3_command}: {which}: no such key in "
+                             f"{settings.credentials_file} (see `eaglenest keys list`)")
+        key = found[0]
+        return AccountStore(make_store(settings), key.account_id), \
+            f"account {key.account_id} (key {key.name})"
+    default = next((k for k in keys.values() if k.name == CREDENTIALS_PROFILE), None)
+    account = default.account_id if default else settings.account_id
+    return AccountStore(make_store(settings), account), \
+        f"account {account} (the default; pick another with --profile or --access-key)"
+
+
+def _failed(exc: StorageError, who: str) -> int:
+    print(f"error: {exc}", file=sys.stderr)
+    if isinstance(exc, AccessDenied):
+        print(f"(acting for {who})", file=sys.stderr)
+    return 1
+
+
 def cmd_cp(args: argparse.Namespace) -> int:
-    store = make_store(_settings(args))
+    store, who = _store(args)
     src, dst = args.src, args.dst
     try:
         if src.startswith("s3://") and not dst.startswith("s3://"):
@@ -39,13 +75,12 @@ def cmd_cp(args: argparse.Namespace) -> int:
         if dst.startswith("s3://") and not src.startswith("s3://"):
             return _upload(store, Path(src), dst)
     except StorageError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return _failed(exc, who)
     print("error: exactly one of SRC and DST must be an s3:// URI", file=sys.stderr)
     return 2
 
 
-def _upload(store: object, src: Path, dst: str) -> int:
+def _upload(store: ArtifactStore, src: Path, dst: str) -> int:
     if not src.exists():
         print(f"error: {src} does not exist", file=sys.stderr)
         return 1
@@ -58,26 +93,37 @@ def _upload(store: object, src: Path, dst: str) -> int:
             uri = base if not dst.endswith("/") else base.child(path.name)
         else:
             uri = base.child(path.relative_to(src).as_posix())
-        store.put_file(uri, path)  # type: ignore[attr-defined]
+        store.put_file(uri, path)
         print(f"upload: {path} -> {uri}")
     return 0
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
-    store = make_store(_settings(args))
+    store, who = _store(args)
     try:
         for key in store.list_keys(parse_uri(args.uri)):
             print(f"s3://{parse_uri(args.uri).bucket}/{key}")
     except StorageError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return _failed(exc, who)
     return 0
+
+
+def _add_key_options(parser: argparse.ArgumentParser) -> None:
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--profile", metavar="NAME",
+                       help="act for the account of this profile of the data dir's "
+                            "credentials file (default: profile eaglenest's, else "
+                            "EAGLENEST_ACCOUNT_ID)")
+    which.add_argument("--access-key", metavar="ID",
+                       help="act for the account of this access key (`eaglenest keys list`; "
+                            "default: as --profile's)")
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     s3 = sub.add_parser("s3", help="copy files into or out of the artifact store",
                         description="the artifact store the workers read: the data dir's "
-                                    "s3/ folder, or EAGLENEST_S3_ENDPOINT_URL when set")
+                                    "s3/ folder, or EAGLENEST_S3_ENDPOINT_URL when set; "
+                                    "buckets belong to the account that first wrote them")
     s3sub = s3.add_subparsers(dest="s3_command", required=True)
     cp = s3sub.add_parser("cp", help="cp SRC DST (a file or a folder, recursively)",
                           description="copy a file or a folder (recursively) into the store "
@@ -86,9 +132,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     cp.add_argument("dst", help="an s3:// URI to upload to (ending in /: a prefix), or a "
                                 "local folder")
     add_data_dir_option(cp)
+    _add_key_options(cp)
     cp.set_defaults(func=cmd_cp)
     ls = s3sub.add_parser("ls", help="list the keys under an s3:// prefix",
                           description="list the keys under an s3:// prefix")
     ls.add_argument("uri", help="s3://bucket/prefix")
     add_data_dir_option(ls)
+    _add_key_options(ls)
     ls.set_defaults(func=cmd_ls)

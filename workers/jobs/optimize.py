@@ -26,6 +26,7 @@ from eaglenest.db import optimization_jobs_repo as jobs
 from eaglenest.db.common import find, resolve
 from eaglenest.db.tables import ModelRow, OptimizationJobRow
 from eaglenest.foundation.accounts import Account, ResourceRef
+from eaglenest.foundation.buckets import AccountStore
 from eaglenest.foundation.errors import ValidationException
 from eaglenest.foundation.queue import OPTIMIZE_TASK, TRAIN_QUEUE
 from eaglenest.foundation.shapes import StoredShapeError, rebuild, to_wire
@@ -147,6 +148,9 @@ def _requests(s: Session, stored: dict[str, Any], account_id: str
 def _execute(ctx: WorkerContext, ref: ResourceRef, name: str,
              job: CreateOptimizationJobRequest, model: CreateModelInput | None,
              control: JobControl) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """Run the pipeline; every store access (inputs, checkpoints, progress, outputs) goes
+    through the job account's view: another account's bucket fails the job (AccessDenied
+    naming the URI), even one that changed owner after CreateOptimizationJob."""
     try:
         from eaglenest.workers.jobs.pipeline import Pipeline
     except ImportError as exc:
@@ -155,8 +159,9 @@ def _execute(ctx: WorkerContext, ref: ResourceRef, name: str,
     if options.train_processes is None:
         options = options.model_copy(update={"train_processes": ctx.settings.train_processes})
     sources = resolve_sources(job, model)
-    pipeline = Pipeline(name, job, options, sources, make_store(ctx.settings),
-                        work_dir(ctx, ref), control, ctx.children_dir, ref.local_key)
+    store = AccountStore(make_store(ctx.settings), ref.account_id)
+    pipeline = Pipeline(name, job, options, sources, store, work_dir(ctx, ref), control,
+                        ctx.children_dir, ref.local_key)
     result = pipeline.run()
     output = {"OptimizationOutput": {"RecommendedInferenceImage": "vllm"},
               "ArtifactUri": result.output_uri, "HeadUri": result.head_uri, "Head": result.head,

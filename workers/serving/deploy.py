@@ -70,6 +70,8 @@ class VariantPlan:
     model_uri: str
     head_uri: str | None
     env: dict[str, str] = field(default_factory=dict)
+    #: the account of the endpoint config: the model is fetched through its view of the store
+    account_id: str = ""
 
 
 def plan_variants(session: Session, account_id: str, config_name: str) -> list[VariantPlan]:
@@ -95,7 +97,7 @@ def plan_variants(session: Session, account_id: str, config_name: str) -> list[V
             instance_count=int(1 if v.InitialInstanceCount is None else v.InitialInstanceCount),
             health_timeout=int(DEFAULT_HEALTH_TIMEOUT if timeout is None else timeout),
             model_uri=model_uri, head_uri=head_uri,
-            env=dict(container.Environment or {}),
+            env=dict(container.Environment or {}), account_id=config.account_id,
         ))
     return plans
 

@@ -40,6 +40,7 @@ from eaglenest.db.common import locate, resolve
 from eaglenest.db.tables import EndpointRow
 from eaglenest.foundation import instance_auth
 from eaglenest.foundation.accounts import ResourceRef
+from eaglenest.foundation.buckets import AccountStore
 from eaglenest.foundation.deployment import instances_of
 from eaglenest.foundation.queue import (
     ENDPOINT_CREATE_TASK,
@@ -132,10 +133,11 @@ def _launch(ctx: WorkerContext, ep: ResourceRef, config_name: str,
     plans = _plans(ctx, ep, config_name, overrides)
     store, servers = make_store(ctx.settings), {}
     try:
-        for plan in plans:
+        for plan in plans:  # the model and head as the config's account may read them
             servers[plan.variant] = start_variant(
-                store, work_dir(ctx, ep), ep.name, plan, ctx.settings.advertise_host,
-                ctx.children_dir, resource=f"endpoint:{ep.local_key}")
+                AccountStore(store, plan.account_id), work_dir(ctx, ep), ep.name, plan,
+                ctx.settings.advertise_host, ctx.children_dir,
+                resource=f"endpoint:{ep.local_key}")
     except BaseException:
         stop_servers(servers, ctx.children_dir)
         raise

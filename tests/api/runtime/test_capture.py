@@ -1,5 +1,6 @@
 """Data Capture durability (api/capture.py): a record is on disk when `add()` returns, a
-SIGKILLed API's records are uploaded by the next one, a failed upload is kept and retried."""
+SIGKILLed API's records are uploaded by the next one, a failed upload is kept and retried;
+records go only into a bucket of the endpoint's account."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from eaglenest.api.runtime.capture import CaptureWriter
 from eaglenest.foundation.storage import LocalStore, S3Uri
 
 DEST = "s3://capture/traffic"
+ACCT = "111111111111"  # the endpoint's account
 
 
 def stored(root: Path) -> list[dict]:
@@ -34,7 +36,7 @@ def test_a_record_is_on_disk_when_add_returns(tmp_path: Path) -> None:
     writer = CaptureWriter(LocalStore(tmp_path / "s3"), tmp_path / "spool", flush_seconds=3600)
     try:
         for i in range(3):
-            writer.add(DEST, "ep", "v", {"n": i})
+            writer.add(DEST, "ep", "v", {"n": i}, ACCT)
             (spooled,) = writer.own_dir.glob("*.jsonl")
             assert [json.loads(x)["n"] for x in spooled.read_text().splitlines()] == \
                 list(range(i + 1))
@@ -53,7 +55,7 @@ KILLED = textwrap.dedent("""
     from eaglenest.foundation.storage import LocalStore
     w = CaptureWriter(LocalStore(Path({root!r}) / "s3"), Path({root!r}) / "spool", 3600)
     for i in range(20):
-        w.add("s3://capture/traffic", "ep", "v", {{"n": i}})
+        w.add("s3://capture/traffic", "ep", "v", {{"n": i}}, "111111111111")
     os.kill(os.getpid(), signal.SIGKILL)
 """)
 
@@ -87,12 +89,29 @@ def test_a_failed_upload_is_kept_and_retried(tmp_path: Path) -> None:
     store = FlakyStore(tmp_path / "s3")
     writer = CaptureWriter(store, tmp_path / "spool", flush_seconds=0.2)
     try:
-        writer.add(DEST, "ep", "v", {"n": 1})
+        writer.add(DEST, "ep", "v", {"n": 1}, ACCT)
         writer.flush()
         assert stored(tmp_path / "s3") == [] and list(writer.own_dir.glob("*.jsonl"))
         store.down = False
-        writer.add(DEST, "ep", "v", {"n": 2})
+        writer.add(DEST, "ep", "v", {"n": 2}, ACCT)
         wait(lambda: sorted(r["n"] for r in stored(tmp_path / "s3")) == [1, 2])
     finally:
         writer.close()
     assert os.listdir(tmp_path / "spool") == []
+
+
+def test_capture_into_another_accounts_bucket_is_refused(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "s3")
+    assert store.claim("capture", "222222222222") == "222222222222"  # owner changed
+    writer = CaptureWriter(store, tmp_path / "spool", flush_seconds=3600)
+    try:
+        writer.add(DEST, "ep", "v", {"n": 1}, ACCT)
+        writer.flush()
+        assert stored(tmp_path / "s3") == []  # nothing written into the other's bucket
+        assert not list(writer.own_dir.glob("*.json*"))  # dropped, not retried forever
+        writer.add("s3://mine/traffic", "ep", "v", {"n": 2}, ACCT)
+        writer.flush()
+    finally:
+        writer.close()
+    assert store.owner("mine") == ACCT  # the first capture claimed its bucket
+    assert list((tmp_path / "s3" / "mine" / "traffic" / "ep" / "v").rglob("*.jsonl"))
