@@ -15,6 +15,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from eaglenest.db.common import find
+from eaglenest.db.endpoint_retention import PENDING_OVERRIDES
 from eaglenest.db.tables import EndpointConfigRow, EndpointRow, OptimizationJobRow
 from eaglenest.foundation.accounts import Account
 from eaglenest.foundation.errors import ResourceLimitExceeded
@@ -59,10 +60,18 @@ def config_instances(config: dict[str, Any],
 
 
 def endpoint_instances(session: Session, row: EndpointRow) -> int:
+    """The instances an endpoint holds: its config's, a pending weights change included,
+    and while an UpdateEndpoint is pending the larger of its old and its new fleet."""
     from eaglenest.db.endpoints_repo import effective_overrides
 
     config = find(session, EndpointConfigRow, row.config_name, account_id=row.account_id)
-    return config_instances(config.spec, effective_overrides(row.spec)) if config else 0
+    held = config_instances(config.spec, effective_overrides(row.spec)) if config else 0
+    if row.pending_config_name:
+        new = find(session, EndpointConfigRow, row.pending_config_name,
+                   account_id=row.account_id)
+        if new is not None:
+            held = max(held, config_instances(new.spec, row.spec.get(PENDING_OVERRIDES)))
+    return held
 
 
 def check_new_endpoint(session: Session, account: Account, config: dict[str, Any],

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # docker compose for real (issue #24): build the images without a registry, bring the stack up
-# from docker-compose.yml + docker/compose.ci.yml with two train workers, drive it through
-# boto3 (tests/docker/compose_drive.py: a job, an endpoint, a worker killed mid-training,
-# postgres and redis restarted mid-job), then take everything down again.
+# from docker-compose.yml + docker/compose.ci.yml with two train workers, check the security
+# model holds (tests/docker/compose_security.py: unsigned requests, Environment injection, a
+# second account, Redis), drive it through boto3 (tests/docker/compose_drive.py: a job, an
+# endpoint, a worker killed mid-training, postgres and redis restarted mid-job), then take
+# everything down again.
 #   bash scripts/compose_check.sh
 # Needs root: it installs the engine with apt-get when missing (docker.io, docker-compose,
 # debootstrap) and runs its own dockerd on its own socket, data root and exec root under
@@ -333,6 +335,9 @@ done
 "${COMPOSE[@]}" ps
 
 # ---- drive it -------------------------------------------------------------------------------
+stage "security: unsigned, environment, accounts, redis"
+"$PY" tests/docker/compose_security.py --project "$PROJECT" "${COMPOSE_FILES[@]}"
+
 stage "drive: job, endpoint, kill, restarts"
 "$PY" tests/docker/compose_drive.py --project "$PROJECT" "${COMPOSE_FILES[@]}"
 end_stage

@@ -104,7 +104,8 @@ def _lmi(body: dict[str, Any], served_name: str, stream: bool) -> dict[str, Any]
     for src, dst in (("top_p", "top_p"), ("stop", "stop"), ("seed", "seed")):
         if src in params:
             out[dst] = params[src]
-    if not isinstance(out["max_tokens"], int) or out["max_tokens"] < 1:
+    wanted = out["max_tokens"]
+    if isinstance(wanted, bool) or not isinstance(wanted, int) or wanted < 1:
         raise ContainerRejected(400, "'parameters.max_new_tokens' must be a positive integer.")
     if stream:
         out["stream"] = True

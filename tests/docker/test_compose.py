@@ -224,3 +224,15 @@ def test_docker_compose_accepts_the_files(override):
     r = subprocess.run(["docker-compose", "-f", "docker-compose.yml", "-f", override, "config",
                         "-q"], cwd=ROOT, env=env, capture_output=True, text=True)
     assert r.returncode != 0 and "set POSTGRES_PASSWORD" in r.stderr
+
+
+def test_compose_check_proves_the_security_model_before_the_drive():
+    """scripts/compose_check.sh runs tests/docker/compose_security.py (unsigned requests,
+    Environment injection, a second account, Redis) on the stack, before the long drive."""
+    script = (ROOT / "scripts" / "compose_check.sh").read_text()
+    security = script.index('"$PY" tests/docker/compose_security.py --project "$PROJECT"')
+    assert security < script.index('"$PY" tests/docker/compose_drive.py')
+    checks = (ROOT / "tests" / "docker" / "compose_security.py").read_text()
+    for name in ("check_unsigned()", "check_environment(sm)", "check_accounts(sm, ",
+                 "check_redis()"):
+        assert name in checks.split("def main")[1], name

@@ -1,9 +1,11 @@
 """Quotas per account: endpoints, instances across endpoints and concurrent optimization
-jobs beyond the limits are ResourceLimitExceeded, and the refused resource is not created."""
+jobs beyond the limits are ResourceLimitExceeded, and the refused resource is not created;
+an update that would raise the instances past the limit changes nothing."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,6 +13,7 @@ from botocore.exceptions import ClientError
 
 from benchmarks.stack import Stack
 from tests.security.conftest import ROLE, container, error_of
+from tests.support.jobs import upload
 
 LIMITS = {"EAGLENEST_MAX_ENDPOINTS": "3", "EAGLENEST_MAX_INSTANCES": "3",
           "EAGLENEST_MAX_CONCURRENT_OPTIMIZATION_JOBS": "1"}
@@ -83,3 +86,64 @@ def test_concurrent_optimization_jobs(limited: Stack) -> None:
         sm.describe_optimization_job(OptimizationJobName="j2")
     sm.stop_optimization_job(OptimizationJobName="j1")  # no worker owns it: STOPPED at once
     sm.create_optimization_job(**job("j2"))
+
+
+@pytest.fixture(scope="module")
+def serving(tmp_path_factory: pytest.TempPathFactory, tiny_llama_dir: Path) -> Iterator[Stack]:
+    """A stack with a serve worker, room for 3 instances, and two endpoints of one
+    instance each InService (`a`, `b`); configs of 1, 2 and 3 instances."""
+    s = Stack(tmp_path_factory.mktemp("update-quotas"), extra_env={
+        "EAGLENEST_WORKER_QUEUES": "serve", "EAGLENEST_MAX_INSTANCES": "3"}).start()
+    upload(s, tiny_llama_dir, "s3://models/tiny/")
+    sm = s.client()
+    sm.create_model(ModelName="m", ExecutionRoleArn=ROLE, PrimaryContainer=container())
+    for count in (1, 2, 3):
+        sm.create_endpoint_config(EndpointConfigName=f"cfg-{count}", ProductionVariants=[{
+            "VariantName": "AllTraffic", "ModelName": "m", "InstanceType": "ml.g5.2xlarge",
+            "InitialInstanceCount": count, "ContainerStartupHealthCheckTimeoutInSeconds": 120}])
+    for name in ("a", "b"):
+        sm.create_endpoint(EndpointName=name, EndpointConfigName="cfg-1")
+    for name in ("a", "b"):
+        sm.get_waiter("endpoint_in_service").wait(
+            EndpointName=name, WaiterConfig={"Delay": 1, "MaxAttempts": 240})
+    yield s
+    s.stop()
+
+
+def describe(sm: Any, name: str) -> dict[str, Any]:
+    d = sm.describe_endpoint(EndpointName=name)
+    d.pop("ResponseMetadata")
+    return d
+
+
+def test_updates_past_the_instance_limit_change_nothing(serving: Stack) -> None:
+    """UpdateEndpoint and UpdateEndpointWeightsAndCapacities that would run more instances
+    than the account may: ResourceLimitExceeded, and the endpoint stays InService on its
+    old config, its description unchanged."""
+    sm = serving.client()
+    before = describe(sm, "a")
+    assert before["EndpointStatus"] == "InService"
+    message = refused(sm.update_endpoint, EndpointName="a", EndpointConfigName="cfg-3")
+    assert message.startswith("The account-level service limit 'instances across all "
+                              "endpoints' is 3 Instances, with current utilization of 1 "
+                              "Instances and a request delta of 3 Instances.")
+    message = refused(sm.update_endpoint_weights_and_capacities, EndpointName="a",
+                      DesiredWeightsAndCapacities=[{"VariantName": "AllTraffic",
+                                                    "DesiredInstanceCount": 3}])
+    assert "current utilization of 1 Instances and a request delta of 3" in message
+    assert describe(sm, "a") == before
+    assert describe(sm, "a")["EndpointConfigName"] == "cfg-1"
+
+
+def test_a_pending_update_holds_its_new_fleet(serving: Stack) -> None:
+    """While `a` is Updating to 2 instances, those 2 count: `b` may not grow to 2 as well
+    (1 + 2 instances of the 3 is all there is). Refused without any change to `b`."""
+    sm = serving.client()
+    sm.update_endpoint(EndpointName="a", EndpointConfigName="cfg-2")
+    before = describe(sm, "b")
+    message = refused(sm.update_endpoint, EndpointName="b", EndpointConfigName="cfg-2")
+    assert "current utilization of 2 Instances and a request delta of 2" in message
+    assert describe(sm, "b") == before
+    sm.get_waiter("endpoint_in_service").wait(
+        EndpointName="a", WaiterConfig={"Delay": 1, "MaxAttempts": 240})
+    assert describe(sm, "a")["EndpointConfigName"] == "cfg-2"

@@ -116,7 +116,9 @@ def test_bad_requests(servers):
     r = httpx.post(f"{url}/v1/completions", json={"model": "tiny", "prompt": "x",
                                                    "max_tokens": 0})
     assert r.status_code == 400
-    assert r.json()["object"] == "error"
+    assert r.json()["error"] == {
+        "message": "max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)",
+        "type": "BadRequestError", "param": "max_tokens", "code": 400}
 
 
 def test_benchmark_against_both(servers):

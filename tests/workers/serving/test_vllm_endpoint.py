@@ -15,6 +15,7 @@ both streamed, all at temperature 0. Checked:
 - speculation really ran: the backend's ``vllm:spec_decode_num_drafts_total`` and
   ``..._num_accepted_tokens_total`` moved above zero over these requests plus one for each
   other held-out prompt;
+- requests over the model's limits are refused as the embedded server refuses them;
 - DeleteEndpoint stops the vLLM process group.
 
 One vLLM server start for the whole file (several minutes on a loaded 2-core CPU).
@@ -174,6 +175,17 @@ def test_vllm_endpoint_serves_head_losslessly_with_speculation(served, smol) -> 
     expected = _greedy(smol, list(choice["prompt_token_ids"]))
     assert list(choice["token_ids"]) == expected
     assert text == smol.tokenizer.decode(expected, skip_special_tokens=True)
+
+
+def test_vllm_refuses_over_the_limits_as_the_embedded_server(served,  # type: ignore[no-untyped-def]
+                                                            smollm2_dir: Path) -> None:
+    """Prompt length and max_tokens over the model's limits: the same ModelError and
+    message as the embedded server (tests/security/test_limits.py runs the same checks
+    against it), for InvokeEndpoint and the stream."""
+    from tests.security.test_limits import chars_per_token, check_limits
+
+    stack, _ = served
+    check_limits(stack, ENDPOINT, 1024, chars_per_token(smollm2_dir))
 
 
 def test_delete_stops_the_vllm_process(served) -> None:  # type: ignore[no-untyped-def]

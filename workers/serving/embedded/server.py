@@ -16,6 +16,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from eaglenest.workers.serving.embedded import limits
 from eaglenest.workers.serving.embedded.generation import Engine, Runner
 from eaglenest.workers.serving.embedded.generation import Request as GenRequest
 from eaglenest.workers.serving.embedded.metrics import ServerMetrics
@@ -24,7 +25,7 @@ from eaglenest.workers.serving.embedded.metrics import ServerMetrics
 class _Common(BaseModel):
     model_config = ConfigDict(extra="ignore")
     model: str | None = None
-    max_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: int | None = None  # checked as vLLM checks it (embedded/limits.py)
     temperature: float = Field(default=1.0, ge=0.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     stop: str | list[str] | None = None
@@ -39,13 +40,14 @@ class CompletionBody(_Common):
 
 class ChatBody(_Common):
     messages: list[dict[str, Any]] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = None
 
 
-def error(message: str, status: int = 400) -> JSONResponse:
+def error(message: str, status: int = 400, param: str | None = None) -> JSONResponse:
+    """vLLM's error body (0.32: `{"error": {message, type, param, code}}`)."""
     kind = "BadRequestError" if status == 400 else "NotFoundError"
-    return JSONResponse({"object": "error", "message": message, "type": kind, "code": status},
-                        status_code=status)
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param,
+                                   "code": status}}, status_code=status)
 
 
 class EmbeddedServer:
@@ -53,31 +55,35 @@ class EmbeddedServer:
                  max_model_len: int = 4096, default_max_tokens: int = 256) -> None:
         self.tokenizer, self.model_name = tokenizer, model_name
         self.max_model_len, self.default_max_tokens = max_model_len, default_max_tokens
+        self.chars_per_token = limits.max_chars_per_token(tokenizer)
         self.metrics = ServerMetrics(model_name)
         eos = getattr(tokenizer, "eos_token_id", None)
         self.runner = Runner(engine, tokenizer, self.metrics, (eos,) if eos is not None else ())
 
     def _request(self, body: _Common, prompt_ids: list[int], max_tokens: int | None) -> GenRequest:
-        room = self.max_model_len - len(prompt_ids)
-        if room < 1:
-            raise ValueError(f"prompt has {len(prompt_ids)} tokens; this model's maximum "
-                             f"context length is {self.max_model_len}")
+        """The engine request, once the prompt passed `limits` (rules 3 and 4)."""
+        limits.check_tokens(len(prompt_ids), self.max_model_len)
+        budget = limits.output_budget(len(prompt_ids), max_tokens, self.default_max_tokens,
+                                      self.max_model_len)
         stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
-        wanted = max_tokens or min(self.default_max_tokens, room)
-        return GenRequest(prompt_ids, min(wanted, room), body.temperature, body.top_p, stop,
-                          body.seed)
+        return GenRequest(prompt_ids, budget, body.temperature, body.top_p, stop, body.seed)
+
+    def _encode(self, text: str) -> list[int]:
+        """At most max_model_len + 1 tokens of `text` (rule 2 first: a text no prompt of
+        max_model_len tokens can be is refused untokenized)."""
+        limits.check_text(text, self.max_model_len, self.chars_per_token)
+        return list(self.tokenizer(text, add_special_tokens=False, truncation=True,
+                                   max_length=self.max_model_len + 1)["input_ids"])
 
     def completion_ids(self, body: CompletionBody) -> list[int]:
         if isinstance(body.prompt, list):
             return list(body.prompt)
-        return list(self.tokenizer(body.prompt, add_special_tokens=False)["input_ids"])
+        return self._encode(body.prompt)
 
     def chat_ids(self, body: ChatBody) -> list[int]:
-        ids = self.tokenizer.apply_chat_template(body.messages, add_generation_prompt=True,
-                                                 tokenize=True)
-        if isinstance(ids, dict) or hasattr(ids, "keys"):
-            ids = ids["input_ids"]
-        return list(ids)
+        text = self.tokenizer.apply_chat_template(body.messages, add_generation_prompt=True,
+                                                  tokenize=False)
+        return self._encode(str(text))
 
 
 def _envelope(kind: str, rid: str, model: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
@@ -149,6 +155,7 @@ def create_server_app(srv: EmbeddedServer) -> FastAPI:
         return PlainTextResponse(srv.metrics.render(), media_type="text/plain; version=0.0.4")
 
     async def handle(request: Request, chat: bool) -> Any:
+        """Validate, check the limits (embedded/limits.py), then hand to the engine."""
         try:
             raw = await request.json()
             body: _Common = (ChatBody if chat else CompletionBody).model_validate(raw)
@@ -156,10 +163,17 @@ def create_server_app(srv: EmbeddedServer) -> FastAPI:
                 return error(f"The model `{body.model}` does not exist.", 404)
             if chat:
                 cb = ChatBody.model_validate(raw)
-                req = srv._request(cb, srv.chat_ids(cb), cb.max_completion_tokens or cb.max_tokens)
+                wanted, param = ((cb.max_completion_tokens, "max_completion_tokens")
+                                 if cb.max_completion_tokens is not None
+                                 else (cb.max_tokens, "max_tokens"))
+                limits.check_output(wanted, param, srv.max_model_len)
+                req = srv._request(cb, srv.chat_ids(cb), wanted)
             else:
                 pb = CompletionBody.model_validate(raw)
+                limits.check_output(pb.max_tokens, "max_tokens", srv.max_model_len)
                 req = srv._request(pb, srv.completion_ids(pb), pb.max_tokens)
+        except limits.LimitError as exc:
+            return error(str(exc), param=exc.param)
         except ValueError as exc:  # pydantic's ValidationError is a ValueError
             return error(str(exc).splitlines()[0] if "validation error" not in str(exc)
                          else str(exc).replace("\n", " "))
