@@ -43,7 +43,7 @@ def pair(tmp_path_factory: pytest.TempPathFactory, tiny_llama_dir: Path
                               seed=1)
     bob = new_account(stack, "bob")
     upload(stack, tiny_llama_dir, "s3://alice-models/tiny/")
-    upload(stack, other, "s3://bob-models/tiny/")
+    upload(stack, other, "s3://bob-models/tiny/", account=bob.account)
     yield stack, Caller(stack, ACCOUNT), bob
     stack.stop()
 

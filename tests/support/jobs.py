@@ -15,10 +15,10 @@ ROLE = "arn:aws:iam::123456789012:role/EagleNestRole"
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def upload(stack: Stack, src: Path, dst: str) -> None:
-    """`eaglenest s3 cp` as the stack's default account (the one its test key acts for)."""
+def upload(stack: Stack, src: Path, dst: str, account: str | None = None) -> None:
+    """`eaglenest s3 cp` as `account`, by default the stack's (the one its test key acts for)."""
     env = {**os.environ, "EAGLENEST_DATA_DIR": str(stack.data_dir),
-           "EAGLENEST_ACCOUNT_ID": stack.env()["EAGLENEST_ACCOUNT_ID"]}
+           "EAGLENEST_ACCOUNT_ID": account or stack.env()["EAGLENEST_ACCOUNT_ID"]}
     env.pop("EAGLENEST_S3_ENDPOINT_URL", None)
     r = subprocess.run([sys.executable, "-m", "eaglenest.workers.cli", "s3", "cp", str(src), dst],
                        env=env, capture_output=True, text=True, cwd=ROOT)
