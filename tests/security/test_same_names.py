@@ -140,6 +140,13 @@ def test_same_job_names_complete_into_their_own_outputs(
         assert not (stack.data_dir / "jobs" / c.account / NAME).exists()  # work dir cleaned
 
 
+def own_job(c: Caller, model: str) -> dict[str, Any]:
+    """CreateOptimizationJob arguments writing to a bucket of `c`'s own account."""
+    args = job(model)
+    args["OutputConfig"]["S3OutputLocation"] = model_uri(c).replace("-models/tiny/", "-out/dup/")
+    return args
+
+
 def test_one_account_cannot_reuse_a_name(pair: tuple[Stack, Caller, Caller]) -> None:
     """Both accounts have a model, config, endpoint and job `dup` (on a model that does not
     exist: they fail fast); a second one of any case in one account is refused with AWS's
@@ -149,12 +156,12 @@ def test_one_account_cannot_reuse_a_name(pair: tuple[Stack, Caller, Caller]) -> 
         c.sm.create_model(ModelName="dup", ExecutionRoleArn=ROLE,
                           PrimaryContainer=container(uri=gone(c)))
         deploy(c.sm, "dup", "dup")
-        c.sm.create_optimization_job(OptimizationJobName="dup", **job(gone(c)))
+        c.sm.create_optimization_job(OptimizationJobName="dup", **own_job(c, gone(c)))
     arn = f"arn:aws:sagemaker:us-east-1:{bob.account}"
     variant = {"VariantName": "AllTraffic", "ModelName": "dup", "InstanceType": "ml.g5.2xlarge"}
     refused: list[tuple[Any, dict[str, Any], str, str]] = [
         (bob.sm.create_model, {"ModelName": "DUP", "ExecutionRoleArn": ROLE,
-                               "PrimaryContainer": container()},
+                               "PrimaryContainer": container(uri=gone(bob))},
          "ValidationException", f'Cannot create already existing model "{arn}:model/dup".'),
         (bob.sm.create_endpoint_config, {"EndpointConfigName": "Dup",
                                          "ProductionVariants": [variant]},
@@ -163,7 +170,7 @@ def test_one_account_cannot_reuse_a_name(pair: tuple[Stack, Caller, Caller]) -> 
         (bob.sm.create_endpoint, {"EndpointName": "dUP", "EndpointConfigName": "dup"},
          "ValidationException", f'Cannot create already existing endpoint "{arn}:endpoint/dup".'),
         (bob.sm.create_optimization_job, {"OptimizationJobName": "dup",
-                                          **job("s3://bob-models/tiny/")},
+                                          **own_job(bob, "s3://bob-models/tiny/")},
          "ResourceInUse", "Optimization job dup already exists."),
     ]
     for call, kw, code, message in refused:
