@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
-from benchmarks.stack import Stack
+from benchmarks.stack import ACCOUNT, REGION, Stack
 
 ROLE = "arn:aws:iam::123456789012:role/EagleNestRole"
 LEAKS = ("Traceback", 'File "', "psycopg", "sqlalchemy", "OperationalError")
@@ -115,7 +115,8 @@ def test_redis_outage_keeps_the_job_and_the_running_worker_runs_it(outage_stack:
         publish_seconds = time.monotonic() - start
         job = sm.describe_optimization_job(OptimizationJobName="outage-job")
         assert job["OptimizationJobStatus"] == "STARTING"
-        _wait_for(lambda: "could not publish eaglenest.optimize(outage-job)" in outage_stack.log(),
+        arn = f"arn:aws:sagemaker:{REGION}:{ACCOUNT}:optimization-job/outage-job"
+        _wait_for(lambda: f"could not publish eaglenest.optimize({arn})" in outage_stack.log(),
                   10, "the failed publish was not logged", outage_stack)
     finally:
         redis_server.start()

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.stack import Stack
+from benchmarks.stack import ACCOUNT, Stack
 
 ROOT = Path(__file__).resolve().parents[2]
 ROLE = "arn:aws:iam::123456789012:role/EagleNestRole"
@@ -155,12 +155,13 @@ def test_train_and_serve_workers_split_the_work(cluster):
     train, serve = workers["train"], workers["serve"]
     assert train.proc.poll() is None and serve.proc.poll() is None
     train_log, serve_log = train.entries(), serve.entries()
-    assert any(e.get("job") == JOB and e["message"] ==
+    job_ref, endpoint_ref = f"{ACCOUNT}/{JOB}", f"{ACCOUNT}/{ENDPOINT}"  # <account>/<name>
+    assert any(e.get("job") == job_ref and e["message"] ==
                f"job {JOB} claimed by worker {HOST}:{train.proc.pid}" for e in train_log)
-    assert any(e.get("job") == JOB and "eaglenest.optimize" in e["message"]
+    assert any(e.get("job") == job_ref and "eaglenest.optimize" in e["message"]
                and "succeeded" in e["message"] and "COMPLETED" in e["message"]
                for e in train_log), train_log[-5:]
-    assert any(e.get("endpoint") == ENDPOINT and "eaglenest.endpoint.create" in e["message"]
+    assert any(e.get("endpoint") == endpoint_ref and "eaglenest.endpoint.create" in e["message"]
                and "succeeded" in e["message"] and "InService" in e["message"]
                for e in serve_log), serve_log[-5:]
     # ... and neither touched the other's queue

@@ -13,7 +13,7 @@ import httpx
 import pytest
 import redis
 
-from benchmarks.stack import Stack, free_port
+from benchmarks.stack import ACCOUNT, REGION, Stack, free_port
 from eaglenest.workers.infra.broker import redis_server_binary
 from tests.reliability.reliability_helpers import (
     endpoint_status,
@@ -88,7 +88,8 @@ def test_calls_made_while_the_broker_is_down_run_within_seconds_of_its_return(
         make_endpoint(sm, "while-down", "s3://models/missing/", serving_env())
         assert job_status(sm, "while-down")["OptimizationJobStatus"] == "STARTING"
         assert endpoint_status(sm, "while-down")["EndpointStatus"] == "Creating"
-        assert "could not publish eaglenest.endpoint.create(while-down)" in stack.log()
+        assert ("could not publish eaglenest.endpoint.create(arn:aws:sagemaker:"
+                f"{REGION}:{ACCOUNT}:endpoint/while-down)") in stack.log()
         broker.start()  # empty: both messages are gone
         back = time.monotonic()
         wait_for(lambda: job_status(sm, "while-down")["OptimizationJobStatus"] == "FAILED"
