@@ -28,6 +28,7 @@ import io
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import tempfile
@@ -139,11 +140,13 @@ class Walk:
 
     def stop(self) -> None:
         if self.server is not None and self.server.poll() is None:
-            os.killpg(self.server.pid, 2)  # Ctrl-C, as the README says
+            # SIGTERM, which `up` treats as Ctrl-C: a runner started in the background from
+            # a shell inherits SIGINT ignored, and so would `up`
+            os.killpg(self.server.pid, signal.SIGTERM)
             try:
-                self.server.wait(timeout=60)
+                self.server.wait(timeout=300)  # a running job is handed back first
             except subprocess.TimeoutExpired:
-                os.killpg(self.server.pid, 9)
+                os.killpg(self.server.pid, signal.SIGKILL)
                 self.server.wait()
 
     def run(self, ex: Example) -> tuple[str, bool]:
