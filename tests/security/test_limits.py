@@ -88,12 +88,21 @@ def check_limits(stack: Stack, endpoint: str, max_model_len: int, chars: int) ->
             original = json.loads(r["OriginalMessage"])["error"]
             assert original["code"] == 400 and original["type"] == "BadRequestError", what
             assert original["message"].startswith(message), (what, original)
-    out = rt.invoke_endpoint(EndpointName=endpoint, ContentType="application/json",
-                             Body=json.dumps({"prompt": "hello", "max_tokens": max_model_len,
-                                              "temperature": 0, "ignore_eos": True}))
-    usage = json.loads(out["Body"].read())["usage"]
-    assert usage["prompt_tokens"] + usage["completion_tokens"] <= max_model_len, usage
-    assert usage["completion_tokens"] >= 1
+
+    def usage(prompt: str, max_tokens: int) -> dict[str, int]:
+        out = rt.invoke_endpoint(EndpointName=endpoint, ContentType="application/json",
+                                 Body=json.dumps({"prompt": prompt, "max_tokens": max_tokens,
+                                                  "temperature": 0, "ignore_eos": True}))
+        return dict(json.loads(out["Body"].read())["usage"])
+
+    # a prompt about 16 tokens short of the context (sized from a 20-word probe), so the
+    # clamped output is short enough for a CPU to produce within the proxy's read timeout
+    per_word = usage("hello " * 20, 1)["prompt_tokens"] / 20
+    words = int((max_model_len - 16) / per_word)
+    got = usage("hello " * words, max_model_len)
+    # max_tokens clamped to what the context has left, every token of it produced
+    assert got["prompt_tokens"] < max_model_len, got
+    assert got["completion_tokens"] == max_model_len - got["prompt_tokens"], got
 
 
 def test_over_the_limits_is_the_containers_400(secure: Stack, served: str,
