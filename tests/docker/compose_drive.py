@@ -253,6 +253,14 @@ def pace(stack: Compose, sm: Any) -> float:
     return steps / max(seconds, 0.01)
 
 
+def lost_worker(job: str, message: str) -> bool:
+    """A reconciler's "job <ARN> lost its worker; ..." line about `job` (the ARN ends in
+    `optimization-job/<name>`)."""
+    words = message.split(" ")
+    return (len(words) > 4 and words[0] == "job" and words[1].rsplit("/", 1)[-1] == job
+            and message.startswith(f"job {words[1]} lost its worker"))
+
+
 def resume_after_kill(stack: Compose, sm: Any, s3: Any, rate: float) -> None:
     """The restarts while one train container trains the job, then that container killed:
     the other resumes it from its last checkpoint and completes it, exactly once."""
@@ -288,7 +296,7 @@ def resume_after_kill(stack: Compose, sm: Any, s3: Any, rate: float) -> None:
     after = wait_for(f"a checkpoint after the restarts (last: {before})",
                      lambda: (c := checkpoint()) != before and c, 120, 0.5)
     lost = [c for c in stack.containers("worker-train")
-            if any(m.startswith(f"job {job} lost its worker") for m in stack.messages(c))]
+            if any(lost_worker(job, m) for m in stack.messages(c))]
     assert not lost, f"{job} was taken from {victim} during the restarts ({lost})"
     say(f"{job}: {victim} trained on through both restarts (checkpoint {after})")
 
@@ -306,7 +314,7 @@ def resume_after_kill(stack: Compose, sm: Any, s3: Any, rate: float) -> None:
     # any worker's watchdog (train or serve) may be the one that found the job ownerless
     workers = [*stack.containers("worker-train"), *stack.containers("worker-serve")]
     noticed = [c for c in workers if c != victim and any(
-        m.startswith(f"job {job} lost its worker") for m in stack.messages(c))]
+        lost_worker(job, m) for m in stack.messages(c))]
     assert noticed, f"no worker logged that {job} lost its worker"
     say(f"{job}: {noticed[0]} found it ownerless; resumed by {survivor} {resumed_after:.0f} s "
         f"after the kill")
