@@ -2,7 +2,8 @@
 
     python -m benchmarks.load_sweep [--target DIR | --tiny] [--head DIR]
         [--schedule [BACKEND=]'[[1,5],[4,3],[16,0]]' ...] [--concurrency 1,2,4,8,16]
-        [--max-tokens 64] [--prompts 8] [--backends embedded,vllm] [--busy 2 --busy-concurrency 1,4]
+        [--max-tokens 64] [--prompts 8] [--rounds 1] [--backends embedded,vllm]
+        [--busy 2 --busy-concurrency 1,4]
         [--out DIR] [--json PATH]
 
 Per backend two OpenAI servers run side by side, started once: ``baseline`` (the target
@@ -38,7 +39,7 @@ from pathlib import Path
 import httpx
 
 from eaglenest.foundation.processes import free_port
-from eaglenest.workers.jobs.loadgen import BenchConfig, LevelResult, run_level_texts
+from eaglenest.workers.jobs.loadgen import BenchConfig, LevelResult, pool, run_level_texts
 from eaglenest.workers.serving.embedded.metrics import parse_torch_threads
 from eaglenest.workers.serving.process import (
     EMBEDDED,
@@ -61,6 +62,8 @@ class Row:
     level: LevelResult
     differ: int = 0
     texts: list[str] = field(default_factory=list, repr=False)
+    by_round: list[float] = field(default_factory=list)  # output tok/s of each round
+    ratios: list[float] = field(default_factory=list)  # by_round / the baseline's, round by round
 
 
 def _spin() -> None:
@@ -120,21 +123,34 @@ def measure(server: ServerProcess, prompts: list[str], c: int, n: int,
 
 def sweep(args: argparse.Namespace, servers: dict[tuple[str, str], ServerProcess],
           prompts: list[str], levels: list[int], load: str) -> list[Row]:
+    """Every server at every level, ``args.rounds`` times in a row per level, the order
+    reversed from one pass to the next (A B C D, D C B A, A B ...); a row is its rounds
+    pooled (loadgen.pool), and keeps each round's output tok/s for the per-round ratios."""
     rows: list[Row] = []
     keys = list(servers)
-    for i, c in enumerate(levels):
+    passes = 0
+    for c in levels:
         n = max(len(prompts), args.requests_per_slot * c)
-        for key in keys if i % 2 == 0 else keys[::-1]:
-            level, texts = measure(servers[key], prompts, c, n, args.max_tokens)
-            rows.append(Row(key[0], key[1], load, c, level, texts=texts))
-            print(f"{load or 'idle':7} {key[0]:8} {key[1]:9} c={c:<3} "
-                  f"{level.output_throughput:7.1f} tok/s  TTFT p50/p99 "
-                  f"{level.ttft_ms_p50:6.0f}/{level.ttft_ms_p99:6.0f} ms  TPOT p50/p99 "
-                  f"{level.tpot_ms_p50:5.1f}/{level.tpot_ms_p99:5.1f} ms", flush=True)
-    base = {(r.backend, r.load, r.concurrency): r.texts for r in rows if r.config == "baseline"}
+        found: dict[tuple[str, str], list[tuple[LevelResult, list[str]]]] = {k: [] for k in keys}
+        for _ in range(args.rounds):
+            for key in keys if passes % 2 == 0 else keys[::-1]:
+                level, texts = measure(servers[key], prompts, c, n, args.max_tokens)
+                found[key].append((level, texts))
+                print(f"{load or 'idle':7} {key[0]:8} {key[1]:9} c={c:<3} "
+                      f"{level.output_throughput:7.1f} tok/s  TTFT p50/p99 "
+                      f"{level.ttft_ms_p50:6.0f}/{level.ttft_ms_p99:6.0f} ms  TPOT p50/p99 "
+                      f"{level.tpot_ms_p50:5.1f}/{level.tpot_ms_p99:5.1f} ms", flush=True)
+            passes += 1
+        for key in keys:
+            results = found[key]
+            rows.append(Row(key[0], key[1], load, c, pool([lv for lv, _ in results]),
+                            texts=[t for _, texts in results for t in texts],
+                            by_round=[lv.output_throughput for lv, _ in results]))
+    base = {(r.backend, r.load, r.concurrency): r for r in rows if r.config == "baseline"}
     for r in rows:
         ref = base[(r.backend, r.load, r.concurrency)]
-        r.differ = sum(a != b for a, b in zip(r.texts, ref, strict=True))
+        r.differ = sum(a != b for a, b in zip(r.texts, ref.texts, strict=True))
+        r.ratios = [a / max(b, 1e-9) for a, b in zip(r.by_round, ref.by_round, strict=True)]
     return rows
 
 
@@ -183,20 +199,24 @@ def thread_report(servers: dict[tuple[str, str], ServerProcess]) -> dict[str, st
 
 
 def markdown(rows: list[Row]) -> str:
-    lines = ["| backend | load | concurrency | config | output tok/s | vs baseline | "
+    """One line per row; "vs baseline" is pooled tok/s over the baseline's, "per round" the
+    lowest and highest of the round-by-round ratios (rounds measured back to back)."""
+    lines = ["| backend | load | concurrency | config | output tok/s | vs baseline | per round | "
              "TTFT p50 / p99 ms | TPOT p50 / p99 ms | tau | texts differing |",
-             "|" + "---|" * 10]
+             "|" + "---|" * 11]
     base = {(r.backend, r.load, r.concurrency): r.level.output_throughput
             for r in rows if r.config == "baseline"}
     order = sorted(rows, key=lambda r: (r.backend, r.load, r.concurrency, r.config))
     for r in order:
         lv = r.level
         ratio = lv.output_throughput / max(base[(r.backend, r.load, r.concurrency)], 1e-9)
+        spread = (f"{min(r.ratios):.2f}-{max(r.ratios):.2f}x"
+                  if r.config != "baseline" and r.ratios else "-")
         tau = f"{lv.acceptance_length:.2f}" if lv.acceptance_length else "-"
         lines.append(f"| {r.backend} | {r.load or 'idle'} | {r.concurrency} | {r.config} | "
-                     f"{lv.output_throughput:.1f} | {ratio:.2f}x | {lv.ttft_ms_p50:.0f} / "
-                     f"{lv.ttft_ms_p99:.0f} | {lv.tpot_ms_p50:.1f} / {lv.tpot_ms_p99:.1f} | "
-                     f"{tau} | {r.differ} |")
+                     f"{lv.output_throughput:.1f} | {ratio:.2f}x | {spread} | "
+                     f"{lv.ttft_ms_p50:.0f} / {lv.ttft_ms_p99:.0f} | {lv.tpot_ms_p50:.1f} / "
+                     f"{lv.tpot_ms_p99:.1f} | {tau} | {r.differ} |")
     return "\n".join(lines)
 
 
@@ -259,6 +279,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--requests-per-slot", type=int, default=2,
                    help="requests per level = max(prompts, this x concurrency)")
     p.add_argument("--backends", default=None, help="default: embedded, and vllm if installed")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="passes over each level, back to back, order reversed each pass")
     p.add_argument("--busy", type=int, default=0, help="busy processes for the load rows")
     p.add_argument("--busy-concurrency", default="1,4")
     p.add_argument("--hf-generate", action="store_true",

@@ -40,7 +40,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     plan = BenchPlan(Path(args.target), Path(args.head), _prompts(args),
                      args.backend or default_backend(), levels, args.max_tokens,
                      args.num_speculative_tokens, mode=args.mode,
-                     ks=tuple(int(k) for k in args.ks.split(",")) if args.ks else ())
+                     ks=tuple(int(k) for k in args.ks.split(",")) if args.ks else (),
+                     rounds=args.rounds)
     report = run_benchmark(plan, out, should_stop=lambda: False)
     print((out / "benchmark.md").read_text())
     print("speedup (EAGLE / baseline output throughput):",
@@ -65,6 +66,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="K: drafted tokens per step")
     p.add_argument("--ks", default="", help="K values to measure, e.g. 1,3,5 (default: "
                    "--num-speculative-tokens); the schedule picks among them")
+    p.add_argument("--rounds", type=int, default=2, help="measurements of each row at each "
+                   "level; a K is scheduled only if it beats the baseline in every one")
     p.add_argument("--mode", default=DecodeMode.CHAIN.value, choices=SPECULATIVE_MODES,
                    help="drafting (embedded backend): chain, EAGLE-2 tree or P-EAGLE parallel")
     p.add_argument("--backend", default=None, choices=["vllm", "embedded"],

@@ -1,5 +1,6 @@
 """The benchmark stage: baseline (target alone) vs speculative at each K, same load, same
-backend, and the speculation schedule derived from it (workers/serving/schedule.py)."""
+backend, each level measured in ``rounds`` rounds, and the speculation schedule derived from
+it (workers/serving/schedule.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,14 @@ from eaglenest.foundation.instance_auth import new_secret
 from eaglenest.foundation.processes import free_port
 from eaglenest.foundation.threads import SHARING_ENV, Registry
 from eaglenest.models.decode.modes import DecodeMode
-from eaglenest.workers.jobs.loadgen import BenchConfig, LevelResult, run, to_json, to_markdown
+from eaglenest.workers.jobs.loadgen import (
+    BenchConfig,
+    LevelResult,
+    pool,
+    run,
+    to_json,
+    to_markdown,
+)
 from eaglenest.workers.serving.process import ServerProcess, ServerSpec
 from eaglenest.workers.serving.schedule import FILE_NAME, MARGIN, Schedule, derive
 
@@ -37,6 +45,7 @@ class BenchPlan:
     resource: str = ""
     ks: tuple[int, ...] = ()  # the K values measured; () = (num_speculative_tokens,)
     schedule_dir: Path | None = None  # where speculation_schedule.json goes (None: out)
+    rounds: int = 2  # measurements of each row at each level; a K must win in every one
 
     @property
     def measured_ks(self) -> tuple[int, ...]:
@@ -67,20 +76,23 @@ def _measure(server: ServerProcess, plan: BenchPlan, c: int) -> LevelResult:
         server.pause(True)
 
 
-def measure_rows(plan: BenchPlan, logs: Path, should_stop: Any) -> dict[str, list[LevelResult]]:
-    """Every row (baseline, then one per K) at every concurrency, rows interleaved: all
-    servers are loaded up front and paused (SIGSTOP), and at each level each is resumed in
-    turn for its measurement, the order reversed from level to level. A host whose speed
-    drifts (other work starting or ending) then shifts every row of a level alike instead
-    of whichever row ran last. Each server is sized for the CPUs as if it ran alone (it does,
-    while measured)."""
+Rounds = dict[str, list[list[LevelResult]]]  # row name -> per level -> per round
+
+
+def measure_rows(plan: BenchPlan, logs: Path, should_stop: Any) -> Rounds:
+    """Every row (baseline, then one per K) at every concurrency, ``plan.rounds`` times, rows
+    interleaved: all servers are loaded up front and paused (SIGSTOP); at each level each is
+    resumed in turn for its measurement, the order reversed from round to round (rows A B C
+    then C B A: a host whose speed drifts shifts every row of a level alike instead of
+    whichever row ran last). Each server is sized for the CPUs as if it ran alone (it does,
+    while measured). Stopped early: the levels measured so far, the last maybe partial."""
     sharing = Registry().running() + 1
     servers = {"baseline": _server(plan, None, plan.num_speculative_tokens,
                                    logs / "baseline-server.log", sharing)}
     for k in plan.measured_ks:
         servers[row_name(k)] = _server(plan, plan.head_dir, k,
                                        logs / f"eagle-k{k}-server.log", sharing)
-    rows: dict[str, list[LevelResult]] = {name: [] for name in servers}
+    rows: Rounds = {name: [] for name in servers}
     try:
         for server in servers.values():  # one at a time: start-up is CPU-heavy
             if should_stop():
@@ -88,15 +100,26 @@ def measure_rows(plan: BenchPlan, logs: Path, should_stop: Any) -> dict[str, lis
             server.start(plan.startup_timeout)
             server.pause(True)
         names = list(servers)
-        for i, c in enumerate(plan.concurrency):
-            for name in names if i % 2 == 0 else names[::-1]:
-                if should_stop():
-                    return rows
-                rows[name].append(_measure(servers[name], plan, c))
+        for c in plan.concurrency:
+            for levels in rows.values():
+                levels.append([])
+            for r in range(max(1, plan.rounds)):
+                for name in names if r % 2 == 0 else names[::-1]:
+                    if should_stop():
+                        return rows
+                    rows[name][-1].append(_measure(servers[name], plan, c))
         return rows
     finally:
         for server in servers.values():
             server.stop()
+
+
+def _pooled(rows: Rounds) -> dict[str, list[LevelResult]]:
+    return {name: [pool(rounds) for rounds in levels] for name, levels in rows.items()}
+
+
+def _round_rates(levels: list[list[LevelResult]]) -> dict[int, list[float]]:
+    return {rounds[0].concurrency: [r.output_throughput for r in rounds] for rounds in levels}
 
 
 def _rates(levels: list[LevelResult]) -> dict[int, float]:
@@ -105,14 +128,23 @@ def _rates(levels: list[LevelResult]) -> dict[int, float]:
 
 def run_benchmark(plan: BenchPlan, out: Path, should_stop: Any) -> dict[str, Any]:
     """Measure every row, derive the schedule, write benchmark.json/.md/.png into ``out`` and
-    speculation_schedule.json into ``plan.schedule_dir``. Returns the report."""
-    rows = measure_rows(plan, out / "logs", should_stop)
-    schedule, chosen = derive(_rates(rows["baseline"]),
-                              {k: _rates(rows[row_name(k)]) for k in plan.measured_ks})
+    speculation_schedule.json into ``plan.schedule_dir``. Returns the report ({} when stopped
+    before the end: the caller's next check stops the job)."""
+    measured_rounds = measure_rows(plan, out / "logs", should_stop)
+    if should_stop():
+        return {}
+    rows = _pooled(measured_rounds)
+    schedule, chosen = derive(_round_rates(measured_rounds["baseline"]),
+                              {k: _round_rates(measured_rounds[row_name(k)])
+                               for k in plan.measured_ks})
     measured = {"concurrency": list(plan.concurrency), "ks": list(plan.measured_ks),
-                "margin": MARGIN, "chosen": {str(c): k for c, k in chosen.items()},
+                "margin": MARGIN, "rounds": plan.rounds,
+                "chosen": {str(c): k for c, k in chosen.items()},
                 "output_throughput": {name: {str(c): v for c, v in _rates(levels).items()}
-                                      for name, levels in rows.items()}}
+                                      for name, levels in rows.items()},
+                "output_throughput_by_round": {
+                    name: {str(c): v for c, v in _round_rates(levels).items()}
+                    for name, levels in measured_rounds.items()}}
     doc = {"thresholds": schedule.to_list(), "backend": plan.backend, "mode": plan.mode,
            "measured": measured}
     (plan.schedule_dir or out).mkdir(parents=True, exist_ok=True)
@@ -159,9 +191,10 @@ def markdown(plan: BenchPlan, rows: dict[str, list[LevelResult]], schedule: Sche
     ks = ", ".join(str(k) for k in plan.measured_ks)
     md = (f"Serving backend: **{plan.backend}**; K measured: {ks}; {len(plan.prompts)} "
           f"held-out prompts; {plan.max_tokens} tokens each.\n\n"
-          f"Speculation schedule: **{describe(schedule)}** (`{schedule.to_env()}`: the K with "
-          f"the highest output tok/s at each concurrency, chosen only when it beats the "
-          f"baseline by more than {MARGIN:.0%}).\n\n")
+          f"Speculation schedule: **{describe(schedule)}** (`{schedule.to_env()}`: at each "
+          f"concurrency the K with the highest output tok/s among those that beat the "
+          f"baseline by more than {MARGIN:.0%} in each of {plan.rounds} rounds, never deeper "
+          f"than the level below's; once off, off above). Figures: all rounds pooled.\n\n")
     head = "| concurrency | baseline tok/s | " + " | ".join(
         f"K={k} tok/s" for k in plan.measured_ks) + " | chosen |"
     lines = [head, "|" + "---|" * (len(plan.measured_ks) + 3)]

@@ -164,6 +164,37 @@ def summarise(concurrency: int, results: list[RequestResult], duration: float,
     )
 
 
+def pool(rounds: list[LevelResult]) -> LevelResult:
+    """One level measured in several rounds, as one row: counts and times add up (throughput =
+    all tokens / all time), p50s are the rounds' median, p90/p99 their maximum (a tail seen in
+    any round counts), acceptance from the summed counters."""
+    if len(rounds) == 1:
+        return rounds[0]
+    duration = sum(r.duration_s for r in rounds)
+    tokens = sum(r.output_tokens for r in rounds)
+    drafts = sum(r.drafts for r in rounds)
+    accepted = sum(r.accepted for r in rounds)
+    requests = sum(r.requests for r in rounds)
+
+    def med(name: str) -> float:
+        return float(statistics.median(getattr(r, name) for r in rounds))
+
+    def top(name: str) -> float:
+        return max(float(getattr(r, name)) for r in rounds)
+
+    return LevelResult(
+        concurrency=rounds[0].concurrency, requests=requests, duration_s=duration,
+        ttft_ms_p50=med("ttft_ms_p50"), ttft_ms_p90=top("ttft_ms_p90"),
+        tpot_ms_p50=med("tpot_ms_p50"), itl_ms_p50=med("itl_ms_p50"),
+        e2e_ms_p50=med("e2e_ms_p50"), request_throughput=requests / duration,
+        output_throughput=tokens / duration,
+        otps_per_request=statistics.mean(r.otps_per_request for r in rounds),
+        output_tokens=tokens,
+        acceptance_length=(1 + accepted / drafts) if drafts > 0 else None,
+        drafts=drafts, accepted=accepted,
+        ttft_ms_p99=top("ttft_ms_p99"), tpot_ms_p99=top("tpot_ms_p99"))
+
+
 async def run(cfg: BenchConfig) -> list[LevelResult]:
     auth = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
     async with httpx.AsyncClient(timeout=cfg.timeout_s, headers=auth) as client:

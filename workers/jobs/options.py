@@ -135,6 +135,8 @@ class JobOptions(BaseModel):
                         Field(alias="EAGLENEST_BENCH_KS")] = None
     bench_max_tokens: Annotated[int, _between(1, 100_000),
                                 Field(alias="EAGLENEST_BENCH_MAX_TOKENS")] = 64
+    #: rounds each row is measured at each level; a K is scheduled only if it wins in every one
+    bench_rounds: Annotated[int, _between(1, 10), Field(alias="EAGLENEST_BENCH_ROUNDS")] = 2
     #: K
     num_speculative_tokens: Annotated[int, _between(1, 64),
                                       Field(alias="EAGLENEST_NUM_SPECULATIVE_TOKENS")] = 5

@@ -245,7 +245,8 @@ class Pipeline:
                              self.options.bench_max_tokens, self.options.num_speculative_tokens,
                              mode=HEADS[head].default_mode,
                              registry=self.registry, resource=f"job:{self._key}",
-                             ks=self.options.measured_ks(), schedule_dir=head_dir)
+                             ks=self.options.measured_ks(), schedule_dir=head_dir,
+                             rounds=self.options.bench_rounds)
             bench = run_benchmark(plan, out, self.control.should_stop)
         self.stage("upload outputs")
         (out / "provenance.json").write_text(json.dumps(

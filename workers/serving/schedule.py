@@ -6,8 +6,9 @@ last entry's K beyond it. Example ``[[1, 5], [4, 3], [16, 0]]``: K=5 alone, K=3 
 requests running, plain decoding from 5 on.
 
 The optimization job derives it from its own benchmark (``derive``): at each measured
-concurrency c, the K whose output tok/s is highest, if it beats the baseline's by more than
-``MARGIN`` (else 0); a load between two measured levels gets the K of the level above it.
+concurrency c, the K whose output tok/s is highest among those that beat the baseline's by
+more than ``MARGIN`` in every measurement round, never deeper than the level below's (else
+0; once off, off above); a load between two measured levels gets the K of the level above it.
 It travels as ``speculation_schedule.json`` in the head's folder (the ``eagle_model``
 channel) and as the container Environment entry ``EAGLENEST_SPECULATION_SCHEDULE`` (the
 thresholds as compact JSON); both backends follow it (docs/speculation-schedule.md).
@@ -16,6 +17,7 @@ thresholds as compact JSON); both backends follow it (docs/speculation-schedule.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -113,19 +115,46 @@ def read_schedule(head_dir: Path | None) -> Schedule | None:
     return schedule_from(value, FILE_NAME)
 
 
-def derive(baseline: dict[int, float], by_k: dict[int, dict[int, float]],
+Rates = Mapping[int, float | Sequence[float]]  # concurrency -> tok/s, one per round
+
+
+def _rounds(value: float | Sequence[float]) -> list[float]:
+    return [float(value)] if isinstance(value, (int, float)) else [float(v) for v in value]
+
+
+def _qualifies(rates: list[float], base: list[float], margin: float) -> bool:
+    """Beats the baseline by more than ``margin`` in every round (round i against round i)."""
+    pairs = list(zip(rates, base, strict=False))
+    return bool(pairs) and all(r > b * (1 + margin) for r, b in pairs)
+
+
+def derive(baseline: Rates, by_k: Mapping[int, Rates],
            margin: float = MARGIN) -> tuple[Schedule, dict[int, int]]:
     """(schedule, chosen K per measured concurrency) from output tok/s: ``baseline[c]`` and
-    ``by_k[K][c]``. Example: baseline {1: 10, 4: 30}, K=3 {1: 18, 4: 31.2} -> {1: 3, 4: 0}
-    (31.2 is within the 5% margin) -> thresholds [[1, 3], [4, 0]]."""
+    ``by_k[K][c]``, each one rate or one per measurement round (rounds paired by index).
+
+    At each level, ascending: the K with the highest mean rate among those that beat the
+    baseline by more than ``margin`` in every round and are no deeper than the level
+    below's K; none: 0. So K never grows with load and, once off, stays off: a level where
+    speculation wins only by chance above a level where it lost is not trusted.
+    Example: baseline {1: 10, 4: 30, 8: 40}, K=3 {1: 18, 4: 31.2, 8: 48} -> {1: 3, 4: 0,
+    8: 0} (31.2 is within the 5% margin; 48 at 8 is above a level that was off)
+    -> thresholds [[1, 3], [8, 0]]. With two rounds, K=3 {1: [18, 10.4]} -> 0 at 1: the
+    second round's 10.4 is within 5% of its baseline."""
     chosen: dict[int, int] = {}
+    cap = MAX_K
     for c in sorted(baseline):
-        best_k, best = 0, baseline[c] * (1 + margin)
+        base = _rounds(baseline[c])
+        best_k, best = 0, 0.0
         for k in sorted(by_k):
-            rate = by_k[k].get(c)
-            if rate is not None and rate > best:
-                best_k, best = k, rate
-        chosen[c] = best_k
+            value = by_k[k].get(c)
+            if value is None or k > cap:
+                continue
+            rates = _rounds(value)
+            mean = sum(rates) / len(rates)
+            if _qualifies(rates, base, margin) and mean > best:
+                best_k, best = k, mean
+        chosen[c] = cap = best_k
     if not chosen:
         raise ScheduleError("no measured concurrency level to derive a schedule from")
     pairs: list[tuple[int, int]] = []

@@ -1,4 +1,5 @@
-"""The speculation schedule: derived from measured tok/s with a 5% margin, looked up by the
+"""The speculation schedule: derived from measured tok/s with a 5% margin in every round,
+never deeper with load, looked up by the
 number of running requests, parsed with errors naming their source, mapped onto vLLM's
 batch-size ranges."""
 
@@ -7,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from eaglenest.workers.jobs.bench_stage import describe
+from eaglenest.workers.jobs.loadgen import LevelResult, pool
 from eaglenest.workers.serving.schedule import (
     Schedule,
     ScheduleError,
@@ -26,6 +28,50 @@ def test_derive_picks_the_best_k_only_beyond_the_margin() -> None:
     assert schedule.thresholds == ((1, 5), (2, 3), (4, 1), (16, 0))
     by_k[1][4] = 31.4  # within the margin now: off at 4
     assert derive(baseline, by_k)[0].thresholds == ((1, 5), (2, 3), (16, 0))
+
+
+def test_derive_keeps_speculation_off_above_a_level_where_it_lost() -> None:
+    # measured on the embedded server (2026-11-26): K=1 wins at 8, K=3 at 16 by 20%; a
+    # schedule never goes deeper with load, so 16 may only use K <= 1, which loses there
+    baseline = {1: 11.6, 2: 18.8, 4: 34.0, 8: 43.2, 16: 48.3}
+    by_k = {1: {1: 17.0, 2: 33.2, 4: 42.7, 8: 51.3, 16: 49.6},
+            3: {1: 26.7, 2: 39.3, 4: 47.6, 8: 50.5, 16: 58.2},
+            5: {1: 26.8, 2: 35.1, 4: 39.1, 8: 46.1, 16: 52.9}}
+    schedule, chosen = derive(baseline, by_k)
+    assert chosen == {1: 5, 2: 3, 4: 3, 8: 1, 16: 0}
+    assert schedule.thresholds == ((1, 5), (4, 3), (8, 1), (16, 0))
+    # off at 4 (every K within the margin) keeps 8 and 16 off whatever they measured
+    by_k[1][4] = by_k[3][4] = by_k[5][4] = 35.0
+    assert derive(baseline, by_k)[1] == {1: 5, 2: 3, 4: 0, 8: 0, 16: 0}
+
+
+def test_derive_needs_the_win_in_every_round() -> None:
+    baseline = {1: [10.0, 12.0], 4: [30.0, 26.0]}
+    by_k = {1: {1: [14.0, 15.0], 4: [33.0, 31.0]},
+            3: {1: [19.0, 12.5], 4: [40.0, 27.0]}}
+    # K=3 at 1: 12.5 in round 2 is within 5% of that round's 12.0 -> K=1 (mean 14.5);
+    # at 4: K=3 loses round 2 (27 <= 27.3), K=1 wins both (33 > 31.5, 31 > 27.3)
+    schedule, chosen = derive(baseline, by_k)
+    assert chosen == {1: 1, 4: 1} and schedule.thresholds == ((4, 1),)
+    by_k[3][1] = [19.0, 13.0]  # wins both rounds now, with the higher mean
+    assert derive(baseline, by_k)[1] == {1: 3, 4: 1}
+    assert derive({1: [10.0]}, {3: {1: [10.4]}})[1] == {1: 0}
+
+
+def test_pooled_rounds_add_up_counts_and_keep_the_worst_tail() -> None:
+    def level(tokens: int, seconds: float, p50: float, p99: float) -> LevelResult:
+        return LevelResult(concurrency=4, requests=8, duration_s=seconds, ttft_ms_p50=p50,
+                           ttft_ms_p90=p99, tpot_ms_p50=p50, itl_ms_p50=p50, e2e_ms_p50=p50,
+                           request_throughput=8 / seconds, output_throughput=tokens / seconds,
+                           otps_per_request=10.0, output_tokens=tokens, acceptance_length=2.0,
+                           drafts=10.0, accepted=10.0, ttft_ms_p99=p99, tpot_ms_p99=p99)
+
+    pooled = pool([level(100, 2.0, 50.0, 80.0), level(100, 3.0, 70.0, 90.0),
+                   level(100, 5.0, 60.0, 300.0)])
+    assert pooled.output_throughput == 30.0  # 300 tokens in 10 s, not the mean of 50/33/20
+    assert pooled.requests == 24 and pooled.request_throughput == 2.4
+    assert pooled.ttft_ms_p50 == 60.0 and pooled.ttft_ms_p99 == 300.0
+    assert pooled.acceptance_length == 2.0 and pooled.drafts == 30.0
 
 
 def test_lookup_between_and_beyond_the_measured_levels() -> None:
