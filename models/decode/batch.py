@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -146,9 +146,19 @@ class BatchEngine(SpeculativeEngine):
         self.active, self.kv = [], None
 
     @torch.no_grad()
-    def step(self) -> list[Event]:
-        """Admit, draft, verify all active requests in one target forward, retire."""
+    def step(self, on_admitted: Callable[[list[Event]], None] | None = None) -> list[Event]:
+        """Admit, draft, verify all active requests in one target forward, retire.
+
+        ``on_admitted`` receives the newly admitted requests' first tokens (from their
+        prefill) before the batched forward, and those events are then left out of the
+        returned list: a caller that sends them at once gives a request a time to first token
+        of its prefill, not its prefill plus a whole draft-and-verify step of the batch. The
+        callback must not call ``cancel`` (the step is in progress): cancel after it returns.
+        """
         events = self._admit()
+        if on_admitted is not None and events:
+            on_admitted(events)
+            events = []
         if not self.active:
             return events
         assert self.kv is not None

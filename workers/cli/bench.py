@@ -66,8 +66,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="K: drafted tokens per step")
     p.add_argument("--ks", default="", help="K values to measure, e.g. 1,3,5 (default: "
                    "--num-speculative-tokens); the schedule picks among them")
-    p.add_argument("--rounds", type=int, default=2, help="measurements of each row at each "
-                   "level; a K is scheduled only if it beats the baseline in every one")
+    p.add_argument("--rounds", type=int, default=2, help="rounds each row is measured in at each "
+                   "level (the level's requests split over them); a K is scheduled only if "
+                   "it beats the baseline in every one")
     p.add_argument("--mode", default=DecodeMode.CHAIN.value, choices=SPECULATIVE_MODES,
                    help="drafting (embedded backend): chain, EAGLE-2 tree or P-EAGLE parallel")
     p.add_argument("--backend", default=None, choices=["vllm", "embedded"],

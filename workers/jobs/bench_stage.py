@@ -65,10 +65,18 @@ def _server(plan: BenchPlan, head: Path | None, k: int, log_path: Path,
     return ServerProcess(spec, log_path, plan.registry, plan.resource, "benchmark-server")
 
 
+def requests_per_round(prompts: int, c: int, rounds: int) -> int:
+    """A level's requests (every prompt once, and at least 2 per concurrent slot) split over
+    the rounds, at least one per slot: the stage takes as long with 2 rounds as with 1.
+    Example: 8 prompts, 2 rounds: c=1 -> 4 a round, c=4 -> 4, c=16 -> 16 (32 in all)."""
+    return max(c, -(-max(prompts, 2 * c) // max(1, rounds)))
+
+
 def _measure(server: ServerProcess, plan: BenchPlan, c: int) -> LevelResult:
     cfg = BenchConfig(base_url=server.base_url, model="bench", prompts=plan.prompts,
                       api_key=server.spec.secret, concurrencies=(c,),
-                      max_tokens=plan.max_tokens)
+                      max_tokens=plan.max_tokens,
+                      requests_per_level=requests_per_round(len(plan.prompts), c, plan.rounds))
     server.pause(False)
     try:
         return asyncio.run(run(cfg))[0]

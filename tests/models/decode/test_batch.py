@@ -127,6 +127,47 @@ def test_queue_cancel_and_empty_requests(llama) -> None:  # noqa: ANN001
         engine.submit([], 4)
 
 
+def test_first_tokens_go_out_before_the_batched_forward(llama, make_head) -> None:  # noqa: ANN001
+    """on_admitted gets each admitted request's first token before the step's target forward
+    (the forward is not entered yet when it is called) and the step leaves those events
+    out; every request's tokens are still exactly its batch-1 output."""
+    head = make_head(llama, "eagle3")
+    engine = BatchEngine(llama, head, "chain", k=3, schedule=[(1, 3), (8, 0)])
+    jobs = [(p, n, {}) for p, n in zip(PROMPTS[:4], LENGTHS[:4], strict=True)]
+    expect = batch1(SpeculativeEngine(llama, head, "chain", k=3), jobs)
+    forwards: list[int] = []
+    original = BatchKV.forward
+
+    def counted(self, *a, **kw):  # noqa: ANN001, ANN002, ANN003, ANN202
+        forwards.append(1)
+        return original(self, *a, **kw)
+
+    early: list[tuple[int, int]] = []  # (rid, forwards done when its first token came)
+    outs: dict[int, list[int]] = {}
+
+    def admitted(events):  # noqa: ANN001, ANN202
+        for rid, new, _ in events:
+            early.append((rid, len(forwards)))
+            outs[rid] = list(new)
+
+    ids = [engine.submit(p, n) for p, n, _ in jobs[:2]]
+    BatchKV.forward = counted  # type: ignore[method-assign]
+    try:
+        first = engine.step(admitted)  # admits 0 and 1, then one batched forward
+        assert early == [(ids[0], 0), (ids[1], 0)]
+        assert len(first) == 2  # one decode event per row; the prefill tokens went early
+        for rid, new, _ in first:
+            outs[rid].extend(new)
+        ids += [engine.submit(p, n) for p, n, _ in jobs[2:]]
+        while engine.has_work:
+            for rid, new, _ in engine.step(admitted):
+                outs[rid].extend(new)
+    finally:
+        BatchKV.forward = original  # type: ignore[method-assign]
+    assert [rid for rid, _ in early] == ids and early[2][1] == early[3][1] == 1
+    assert [outs[rid] for rid in ids] == expect
+
+
 def test_compact_gathers_valid_columns(llama) -> None:  # noqa: ANN001
     kv = BatchKV(llama.model, [])
     kv.valid = torch.tensor([[1, 0, 1, 1], [0, 1, 0, 0]], dtype=torch.bool)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from eaglenest.workers.jobs.bench_stage import describe
+from eaglenest.workers.jobs.bench_stage import describe, requests_per_round
 from eaglenest.workers.jobs.loadgen import LevelResult, pool
 from eaglenest.workers.serving.schedule import (
     Schedule,
@@ -56,6 +56,13 @@ def test_derive_needs_the_win_in_every_round() -> None:
     by_k[3][1] = [19.0, 13.0]  # wins both rounds now, with the higher mean
     assert derive(baseline, by_k)[1] == {1: 3, 4: 1}
     assert derive({1: [10.0]}, {3: {1: [10.4]}})[1] == {1: 0}
+
+
+def test_rounds_split_a_levels_requests() -> None:
+    # 8 prompts: a level is max(8, 2c) requests in all, split over the rounds, >= c a round
+    assert [requests_per_round(8, c, 2) for c in (1, 2, 4, 8, 16)] == [4, 4, 4, 8, 16]
+    assert [requests_per_round(8, c, 1) for c in (1, 4, 16)] == [8, 8, 32]
+    assert requests_per_round(3, 1, 2) == 2
 
 
 def test_pooled_rounds_add_up_counts_and_keep_the_worst_tail() -> None:

@@ -20,6 +20,7 @@ import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Protocol
 
 from eaglenest.workers.serving.embedded.metrics import ServerMetrics
@@ -178,25 +179,34 @@ class Runner:
                 self._end(jobs, job, None, ok=False)
             if not engine.has_work:
                 continue
-            try:
-                events = engine.step()
+            cancels: list[int] = []
+            try:  # first tokens go out as soon as their prefill is done (on_admitted)
+                events = engine.step(partial(self._deliver, jobs, cancels=cancels))
             except Exception as exc:  # fail every request in flight, keep serving
                 engine.abort_all()
                 for job in list(jobs.values()):
                     self._end(jobs, job, exc, ok=False)
                 continue
-            for rid, new, done in events:
-                found = jobs.get(rid)
-                if found is None:
-                    continue  # already ended earlier in this step (a stop string)
-                job = found
-                for delta in job.detok.feed(new):
-                    job.sink(delta)
-                if job.detok.done or done:
-                    if not done:
-                        engine.cancel(rid)
-                    self._end(jobs, job, job.detok.close())
+            self._deliver(jobs, events, cancels)
+            for rid in cancels:
+                engine.cancel(rid)
             self._sync_spec()
+
+    def _deliver(self, jobs: dict[int, _Job], events: list[tuple[int, list[int], bool]],
+                 cancels: list[int]) -> None:
+        """Send each event's text; end the requests that finished. One stopped by a stop
+        string before the engine finished it goes into ``cancels`` (cancel after the step)."""
+        for rid, new, done in events:
+            found = jobs.get(rid)
+            if found is None:
+                continue  # already ended earlier in this step (a stop string)
+            job = found
+            for delta in job.detok.feed(new):
+                job.sink(delta)
+            if job.detok.done or done:
+                if not done:
+                    cancels.append(rid)
+                self._end(jobs, job, job.detok.close())
 
     def _take(self, jobs: dict[int, _Job], block: bool) -> None:
         """Submit the jobs waiting in the inbox (waiting for one if ``block``)."""
