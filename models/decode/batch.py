@@ -100,7 +100,9 @@ class BatchEngine(SpeculativeEngine):
         self._cap: int | None = None  # the scheduled K of the last step
         self.rounds_by_k: dict[int, int] = {}  # steps run at each K (0 = plain steps)
         self.last_k: int | None = None
-        self._admitting = False  # inside _admit: a prompt's head slots may be deferred
+        # inside _admit: the rows the batch will have once this step's admissions are in (a
+        # prompt's head slots are deferred when the schedule is off at that load); else None
+        self._admit_load: int | None = None
         if "linear_attention" in (getattr(self.model.config, "layer_types", None) or []):
             raise ValueError("batched decoding needs an attention-only target")
         self.max_num_seqs = max(1, max_num_seqs)
@@ -218,8 +220,8 @@ class BatchEngine(SpeculativeEngine):
         return min(self.current_k, cap)
 
     def _commit_head(self, drafter: HeadDrafter, tokens: list[int], feats: torch.Tensor) -> None:
-        if (self._admitting and type(drafter) is HeadDrafter
-                and self.scheduled_k(len(self.active) + 1) == 0):
+        if (self._admit_load is not None and type(drafter) is HeadDrafter
+                and self.scheduled_k(self._admit_load) == 0):
             drafter.defer(tokens, feats)  # the schedule says plain at this load: later
         else:
             drafter.extend(tokens, feats)
@@ -240,11 +242,14 @@ class BatchEngine(SpeculativeEngine):
 
     # ---- joining and leaving -------------------------------------------------------------
     def _admit(self) -> list[Event]:
-        self._admitting = True
+        # Example: schedule [[4, 3], [16, 0]], 2 running, 6 waiting -> 8 rows after this
+        # step's admissions: the 6 prompts defer their head prefill (the step runs plain),
+        # where counting them one by one would have run it for the first 2.
+        self._admit_load = min(self.max_num_seqs, len(self.active) + len(self.waiting))
         try:
             return self._admit_waiting()
         finally:
-            self._admitting = False
+            self._admit_load = None
 
     def _admit_waiting(self) -> list[Event]:
         events: list[Event] = []

@@ -93,3 +93,23 @@ def test_schedule_sets_k_per_step_by_rows_running(kind, mode, adaptive, llama, m
     assert sum(engine.rounds_by_k.values()) == len(seen)
     assert not any(r.drafter is not None and r.drafter.backlog for r in
                    (s.req for s in engine.active))
+
+
+def test_prompts_admitted_together_defer_by_the_load_they_make(llama, make_head) -> None:  # noqa: ANN001
+    """Three prompts joining an empty batch in one step make 3 rows, where the schedule is off:
+    none of them runs its prompt through the head (the first one alone would be at load 1,
+    where the schedule drafts); the output is still the plain decoder's."""
+    head = make_head(llama, "eagle3")
+    engine = BatchEngine(llama, head, "chain", k=3, max_num_seqs=4, schedule=[(1, 3), (8, 0)])
+    ids = [engine.submit(p, 6) for p in PROMPTS[:3]]
+    outs: dict[int, list[int]] = {rid: [] for rid in ids}
+    for rid, new, _ in engine.step():
+        outs[rid].extend(new)
+    drafters = [s.req.drafter for s in engine.active]
+    assert len(drafters) == 3 and engine.last_k == 0
+    assert all(d is not None and d.past is None and d.backlog for d in drafters)
+    while engine.has_work:
+        for rid, new, _ in engine.step():
+            outs[rid].extend(new)
+    plain = SpeculativeEngine(llama, None)
+    assert [outs[rid] for rid in ids] == [plain.generate_ids(p, 6) for p in PROMPTS[:3]]
