@@ -30,6 +30,17 @@ def _prompts(args: argparse.Namespace) -> list[str]:
     return prompts
 
 
+def _rounds(raw: str) -> int:
+    """--rounds: an integer from 1 to 10 (as EAGLENEST_BENCH_ROUNDS)."""
+    try:
+        value = int(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{raw!r} is not an integer") from None
+    if not 1 <= value <= 10:
+        raise argparse.ArgumentTypeError(f"{value} must be between 1 and 10")
+    return value
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from eaglenest.workers.jobs.bench_stage import BenchPlan, run_benchmark
     from eaglenest.workers.serving.process import default_backend
@@ -66,9 +77,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="K: drafted tokens per step")
     p.add_argument("--ks", default="", help="K values to measure, e.g. 1,3,5 (default: "
                    "--num-speculative-tokens); the schedule picks among them")
-    p.add_argument("--rounds", type=int, default=2, help="rounds each row is measured in at each "
-                   "level (the level's requests split over them); a K is scheduled only if "
-                   "it beats the baseline in every one")
+    p.add_argument("--rounds", type=_rounds, default=2, help="rounds each row is measured in "
+                   "at each level, 1-10 (the level's requests split over them); a K is "
+                   "scheduled only if it beats the baseline in every one")
     p.add_argument("--mode", default=DecodeMode.CHAIN.value, choices=SPECULATIVE_MODES,
                    help="drafting (embedded backend): chain, EAGLE-2 tree or P-EAGLE parallel")
     p.add_argument("--backend", default=None, choices=["vllm", "embedded"],

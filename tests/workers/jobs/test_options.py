@@ -47,3 +47,14 @@ def test_bench_ks_default_follows_k_and_is_configurable() -> None:
     with pytest.raises(OptionError) as exc:
         parse_options({"EAGLENEST_BENCH_KS": ","})
     assert str(exc.value) == "EAGLENEST_BENCH_KS must list K values, e.g. 1,3,5"
+
+
+def test_bench_rounds_defaults_to_two_and_names_the_variable() -> None:
+    assert parse_options({}).bench_rounds == 2
+    assert parse_options({"EAGLENEST_BENCH_ROUNDS": "1"}).bench_rounds == 1
+    for raw, message in (("0", "EAGLENEST_BENCH_ROUNDS=0 must be between 1 and 10"),
+                         ("11", "EAGLENEST_BENCH_ROUNDS=11 must be between 1 and 10"),
+                         ("x", "EAGLENEST_BENCH_ROUNDS='x' is not an integer")):
+        with pytest.raises(OptionError) as exc:
+            parse_options({"EAGLENEST_BENCH_ROUNDS": raw})
+        assert str(exc.value) == message
