@@ -139,8 +139,8 @@ def derive(baseline: Rates, by_k: Mapping[int, Rates],
     speculation wins only by chance above a level where it lost is not trusted.
     Example: baseline {1: 10, 4: 30, 8: 40}, K=3 {1: 18, 4: 31.2, 8: 48} -> {1: 3, 4: 0,
     8: 0} (31.2 is within the 5% margin; 48 at 8 is above a level that was off)
-    -> thresholds [[1, 3], [8, 0]]. With two rounds, K=3 {1: [18, 10.4]} -> 0 at 1: the
-    second round's 10.4 is within 5% of its baseline."""
+    -> thresholds [[1, 3], [8, 0]]. With two rounds, baseline {1: [10, 10]} and K=3
+    {1: [18, 10.4]} -> 0 at 1: the second round's 10.4 is within 5% of its baseline's 10."""
     chosen: dict[int, int] = {}
     cap = MAX_K
     for c in sorted(baseline):
