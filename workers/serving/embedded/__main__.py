@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
+import threading
+from typing import Any
 
 from eaglenest.foundation.threads import apply_torch, plan_threads, sharing_from_env
 from eaglenest.models.decode.modes import SPECULATIVE_MODES, DecodeMode
@@ -84,6 +87,39 @@ def build_server(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     return server
 
 
+def serve(runner: Any, web: Any) -> int:
+    """HTTP on a thread, the engine on this one (the main thread, which loaded the model).
+
+    Why the engine may not run on any other thread: torch's CPU kernels run their parallel
+    regions on OpenMP (libgomp), which keeps a pool of worker threads per thread that ever
+    started a region. Two such threads in one process (say, the main thread loading the model
+    and a second thread decoding) mean more OpenMP workers than CPUs, and libgomp then stops
+    its workers spinning between regions: every parallel op pays a futex wake-up, which cost
+    the server about a third of its batch-1 speed on 2 cores. So torch runs here only.
+    A signal asks uvicorn to stop (a second one forces it); in-flight requests finish first,
+    then the engine loop returns. 1 if the HTTP server never started (a port in use).
+    """
+    def http() -> None:
+        try:
+            web.run()
+        except SystemExit:  # uvicorn's startup failure, logged by it: web.started stays False
+            pass
+        finally:
+            runner.stop()
+
+    def on_signal(signum: int, frame: object) -> None:
+        web.force_exit = web.should_exit
+        web.should_exit = True
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_signal)
+    thread = threading.Thread(target=http, name="http", daemon=True)
+    thread.start()
+    runner.serve()
+    thread.join(timeout=5)
+    return 0 if web.started else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
@@ -94,9 +130,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     server = build_server(args)
     # every request carries the instance's secret (EAGLENEST_INSTANCE_SECRET, when set)
-    uvicorn.run(InstanceGuard(create_server_app(server)), host=args.host, port=args.port,
-                log_level="warning", access_log=False)
-    return 0
+    config = uvicorn.Config(InstanceGuard(create_server_app(server)), host=args.host,
+                            port=args.port, log_level="warning", access_log=False)
+    return serve(server.runner, uvicorn.Server(config))
 
 
 if __name__ == "__main__":

@@ -3,13 +3,15 @@
 Two ways to drive the engine, chosen by what it offers:
 
 * a batching engine (``submit`` / ``step`` / ``cancel`` / ``abort_all`` / ``has_work``, i.e.
-  models.decode.batch.BatchEngine): one background thread runs the step loop; requests join
-  between steps and every step decodes all of them in one target forward, so concurrent
-  requests are not serialised;
-* a batch-1 engine (``generate`` only): requests run one at a time on a dedicated thread.
+  models.decode.batch.BatchEngine): the step loop; requests join between steps and every step
+  decodes all of them in one target forward, so concurrent requests are not serialised;
+* a batch-1 engine (``generate`` only): requests run one at a time.
 
-Either way each request's token ids go through a ``Detokenizer`` (text deltas, stop strings,
-hold-back) and a streaming request receives its deltas through an asyncio queue.
+Either way the engine runs on the thread that calls ``Runner.serve`` (the process's main
+thread, the one that loaded the model: see __main__.py for why no other thread may run torch)
+and the HTTP side hands requests over through a queue. Each request's token ids go through a
+``Detokenizer`` (text deltas, stop strings, hold-back) and a streaming request receives its
+deltas through an asyncio queue.
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ import asyncio
 import queue
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Protocol
@@ -51,6 +52,7 @@ class Delta:
 
 
 Sink = Callable[[Delta | BaseException | None], None]  # None = end of the stream
+_WAKE_SECONDS = 0.5  # an idle engine thread looks at the stop flag this often
 
 
 def spec_counters(engine: Any) -> tuple[int, int, int, list[int]]:
@@ -118,14 +120,24 @@ class Runner:
                  stop_token_ids: tuple[int, ...]) -> None:
         self.engine, self.tokenizer, self.metrics = engine, tokenizer, metrics
         self.stop_token_ids = stop_token_ids
-        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
-        self.lock = threading.Lock()
         self.batched = all(callable(getattr(engine, name, None))
                            for name in ("submit", "step", "cancel", "abort_all"))
+        # jobs from the HTTP side; None only wakes the engine thread (a cancel, a stop)
         self._inbox: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._stop = threading.Event()
         self._spec_seen = spec_counters(engine)
+
+    def serve(self) -> None:
+        """Run the engine on the calling thread until ``stop()``."""
         if self.batched:
-            threading.Thread(target=self._loop, name="engine-loop", daemon=True).start()
+            self._loop()
+        else:
+            self._loop_one_at_a_time()
+
+    def stop(self) -> None:
+        """Make ``serve`` return (between steps); requests still in flight are not answered."""
+        self._stop.set()
+        self._inbox.put(None)
 
     # ---- metrics ---------------------------------------------------------------------------
     def _started(self) -> None:
@@ -151,28 +163,44 @@ class Runner:
             self.metrics.set_rounds(rounds, getattr(self.engine, "last_k", None))
 
     # ---- batch-1 engine: one request at a time ----------------------------------------------
-    def run_sync(self, req: Request, sink: Callable[[Delta], None]) -> None:
-        """Generate on the engine thread, handing each Delta to `sink` (a callable)."""
-        with self.lock:
-            self._started()
-            detok = Detokenizer(self.tokenizer, req, self.stop_token_ids)
+    def _loop_one_at_a_time(self) -> None:
+        while not self._stop.is_set():
             try:
-                for step in self.engine.generate(req.prompt_ids, req.max_tokens, req.temperature,
-                                                 req.top_p, self.stop_token_ids, req.seed):
-                    for delta in detok.feed(step):
-                        sink(delta)
-                    if detok.done:
-                        break
-                sink(detok.close())
+                job = self._inbox.get(timeout=_WAKE_SECONDS)
+            except queue.Empty:
+                continue
+            if job is None:
+                continue
+            try:
+                if not job.cancelled:  # a client gone before its turn costs nothing
+                    self._run_one(job)
+            except Exception as exc:  # surfaced to the HTTP layer
+                job.sink(exc)
             finally:
-                self._sync_spec()
-                self._finished(req, len(detok.ids))
+                job.finished = True
+                job.sink(None)
+
+    def _run_one(self, job: _Job) -> None:
+        """Generate one request, handing each Delta to its sink; stops early if cancelled."""
+        req, detok = job.req, job.detok
+        self._started()
+        try:
+            for step in self.engine.generate(req.prompt_ids, req.max_tokens, req.temperature,
+                                             req.top_p, self.stop_token_ids, req.seed):
+                for delta in detok.feed(step):
+                    job.sink(delta)
+                if detok.done or job.cancelled:
+                    break
+            job.sink(detok.close())
+        finally:
+            self._sync_spec()
+            self._finished(req, len(detok.ids), ok=not job.cancelled)
 
     # ---- batching engine: the step loop --------------------------------------------------------
     def _loop(self) -> None:
         engine: Any = self.engine
         jobs: dict[int, _Job] = {}
-        while True:
+        while not self._stop.is_set():
             self._take(jobs, block=not engine.has_work)
             for job in [j for j in jobs.values() if j.cancelled]:
                 engine.cancel(job.rid)
@@ -211,7 +239,7 @@ class Runner:
     def _take(self, jobs: dict[int, _Job], block: bool) -> None:
         """Submit the jobs waiting in the inbox (waiting for one if ``block``)."""
         try:
-            job = self._inbox.get(block=block)
+            job = self._inbox.get(timeout=_WAKE_SECONDS) if block else self._inbox.get_nowait()
             while True:
                 if job is not None:
                     self._started()
@@ -244,34 +272,17 @@ class Runner:
         def put(item: Delta | BaseException | None) -> None:
             loop.call_soon_threadsafe(inbox.put_nowait, item)
 
-        if self.batched:
-            job = _Job(req, put, Detokenizer(self.tokenizer, req, self.stop_token_ids))
-            self._inbox.put(job)
-            try:
-                while (item := await inbox.get()) is not None:
-                    if isinstance(item, BaseException):
-                        raise item
-                    yield item
-            finally:
-                if not job.finished:  # the client went away: free the batch slot
-                    job.cancelled = True
-                    self._inbox.put(None)
-            return
-
-        def work() -> None:
-            try:
-                self.run_sync(req, put)
-            except BaseException as exc:  # surfaced to the HTTP layer
-                put(exc)
-            finally:
-                put(None)
-
-        fut = loop.run_in_executor(self.pool, work)
-        while (item := await inbox.get()) is not None:
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-        await fut
+        job = _Job(req, put, Detokenizer(self.tokenizer, req, self.stop_token_ids))
+        self._inbox.put(job)
+        try:
+            while (item := await inbox.get()) is not None:
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            if not job.finished:  # the client went away: free the batch slot
+                job.cancelled = True
+                self._inbox.put(None)
 
     async def complete(self, req: Request) -> tuple[str, str, int]:
         parts, finish, tokens = [], "length", 0
