@@ -100,9 +100,7 @@ class BatchEngine(SpeculativeEngine):
         self._cap: int | None = None  # the scheduled K of the last step
         self.rounds_by_k: dict[int, int] = {}  # steps run at each K (0 = plain steps)
         self.last_k: int | None = None
-        # inside _admit: the rows the batch will have once this step's admissions are in (a
-        # prompt's head slots are deferred when the schedule is off at that load); else None
-        self._admit_load: int | None = None
+        self._admitting = False  # inside _admit: prompts' head prefills are deferred
         if "linear_attention" in (getattr(self.model.config, "layer_types", None) or []):
             raise ValueError("batched decoding needs an attention-only target")
         self.max_num_seqs = max(1, max_num_seqs)
@@ -220,9 +218,12 @@ class BatchEngine(SpeculativeEngine):
         return min(self.current_k, cap)
 
     def _commit_head(self, drafter: HeadDrafter, tokens: list[int], feats: torch.Tensor) -> None:
-        if (self._admit_load is not None and type(drafter) is HeadDrafter
-                and self.scheduled_k(self._admit_load) == 0):
-            drafter.defer(tokens, feats)  # the schedule says plain at this load: later
+        """A prompt admitted in ``step`` defers its head prefill to the step's drafting
+        (``_catch_up``, batched with the other rows behind), so its first token goes out
+        (``on_admitted``) after the target's prefill alone; while the schedule is off at the
+        batch's load it waits until drafting resumes, and costs nothing if it never does."""
+        if self._admitting and type(drafter) is HeadDrafter:
+            drafter.defer(tokens, feats)
         else:
             drafter.extend(tokens, feats)
 
@@ -242,14 +243,11 @@ class BatchEngine(SpeculativeEngine):
 
     # ---- joining and leaving -------------------------------------------------------------
     def _admit(self) -> list[Event]:
-        # Example: schedule [[4, 3], [16, 0]], 2 running, 6 waiting -> 8 rows after this
-        # step's admissions: the 6 prompts defer their head prefill (the step runs plain),
-        # where counting them one by one would have run it for the first 2.
-        self._admit_load = min(self.max_num_seqs, len(self.active) + len(self.waiting))
+        self._admitting = True
         try:
             return self._admit_waiting()
         finally:
-            self._admit_load = None
+            self._admitting = False
 
     def _admit_waiting(self) -> list[Event]:
         events: list[Event] = []

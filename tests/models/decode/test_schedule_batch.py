@@ -113,3 +113,29 @@ def test_prompts_admitted_together_defer_by_the_load_they_make(llama, make_head)
             outs[rid].extend(new)
     plain = SpeculativeEngine(llama, None)
     assert [outs[rid] for rid in ids] == [plain.generate_ids(p, 6) for p in PROMPTS[:3]]
+
+
+def test_first_token_goes_out_before_the_head_prefill(llama, make_head) -> None:  # noqa: ANN001
+    """At a load where the schedule drafts, a prompt's first token reaches ``on_admitted``
+    before its prompt has run through the head; the step's drafting runs it (so the head has
+    the whole prompt when it drafts), and the output is the plain decoder's."""
+    head = make_head(llama, "eagle3")
+    engine = BatchEngine(llama, head, "chain", k=3, max_num_seqs=4, schedule=[(4, 3)])
+    rid = engine.submit(PROMPTS[0], 8)
+    seen: list[tuple[int, int]] = []
+    out: list[int] = []
+
+    def on_admitted(events: list[tuple[int, list[int], bool]]) -> None:
+        drafter = engine.active[0].req.drafter
+        assert drafter is not None and drafter.past is None and drafter.slots == 0
+        seen.append((events[0][0], len(drafter.backlog)))
+        out.extend(events[0][1])  # the first token, sent before the step's forward
+
+    out += [t for _, new, _ in engine.step(on_admitted) for t in new]
+    assert seen == [(rid, 1)] and engine.last_k == 3
+    drafter = engine.active[0].req.drafter  # at most 1 + 4 of 8 tokens: still running
+    assert drafter is not None and drafter.backlog == [] and drafter.slots >= len(PROMPTS[0])
+    while engine.has_work:
+        out += [t for _, new, _ in engine.step(on_admitted) for t in new]
+    plain = SpeculativeEngine(llama, None)
+    assert out == plain.generate_ids(PROMPTS[0], 8)
