@@ -217,15 +217,15 @@ class BatchEngine(SpeculativeEngine):
         self._cap = cap
         return min(self.current_k, cap)
 
-    def _commit_head(self, drafter: HeadDrafter, tokens: list[int], feats: torch.Tensor) -> None:
+    def _commit_head(self, drafter: HeadDrafter, tokens: list[int], out: StepOutput) -> None:
         """A prompt admitted in ``step`` defers its head prefill to the step's drafting
         (``_catch_up``, batched with the other rows behind), so its first token goes out
         (``on_admitted``) after the target's prefill alone; while the schedule is off at the
         batch's load it waits until drafting resumes, and costs nothing if it never does."""
         if self._admitting and type(drafter) is HeadDrafter:
-            drafter.defer(tokens, feats)
+            drafter.defer(tokens, drafter.inputs(out, slice(None)))
         else:
-            drafter.extend(tokens, feats)
+            super()._commit_head(drafter, tokens, out)
 
     def _catch_up(self, reqs: list[_Request]) -> None:
         """Run the slots that plain steps deferred through the head (batched where the rows
@@ -318,7 +318,7 @@ class BatchEngine(SpeculativeEngine):
         if type(drafter) is HeadDrafter and self.last_k == 0 and self._deferred is not None:
             emitted = self._emit(req, new)  # a plain step: the head catches up when it drafts
             if not req.done:
-                drafter.defer(new, drafter.features(out, rows))
+                drafter.defer(new, drafter.inputs(out, rows))
             return emitted
         if self._deferred is None or not self.batched_drafting or type(drafter) is not HeadDrafter:
             return super()._finish_round(req, drafter, new, out, rows)

@@ -53,10 +53,18 @@ class HeadDrafter:
     # ---- committed context ---------------------------------------------------------------
     def features(self, out: StepOutput, rows: list[int] | slice) -> torch.Tensor:
         """[m, hidden] head input features for the chosen target rows."""
-        if self.uses_aux:
-            assert out.aux is not None
-            return cast(AuxHead, self.head).combine(out.aux[rows].to(self.device, self.dtype))
-        return out.last_hidden[rows].to(self.device, self.dtype)
+        return self.combine(self.inputs(out, rows))
+
+    def inputs(self, out: StepOutput, rows: list[int] | slice) -> torch.Tensor:
+        """What ``features`` is made of, before the head's combining layer: [m, 3 * hidden]
+        aux-layer states (EAGLE-3, P-EAGLE) or [m, hidden] last hidden states."""
+        src = out.aux if self.uses_aux else out.last_hidden
+        assert src is not None
+        return src[rows].to(self.device, self.dtype)
+
+    def combine(self, inputs: torch.Tensor) -> torch.Tensor:
+        """[m, in] ``inputs`` -> [m, hidden] features (identity for EAGLE-1/2 heads)."""
+        return cast(AuxHead, self.head).combine(inputs) if self.uses_aux else inputs
 
     @torch.no_grad()
     def extend(self, tokens: list[int], feats: torch.Tensor) -> None:
@@ -76,17 +84,18 @@ class HeadDrafter:
         assert self.last_logits is not None and self.last_out is not None, "extend() first"
         return self.last_logits, self.last_out
 
-    def defer(self, tokens: list[int], feats: torch.Tensor) -> None:
+    def defer(self, tokens: list[int], inputs: torch.Tensor) -> None:
         """As ``extend``, but run later (``take_backlog``): a plain round drafts nothing, so
-        its slots need not enter the head until the next drafting round."""
-        self.backlog.append((list(tokens), feats))
+        its slots need not enter the head until the next drafting round. ``inputs`` as
+        ``inputs()`` gives them: not even the combining layer runs until then."""
+        self.backlog.append((list(tokens), inputs))
 
     def take_backlog(self) -> tuple[list[int], torch.Tensor] | None:
-        """The deferred slots as one (tokens, feats) to extend with, and forget them."""
+        """The deferred slots as one (tokens, features) to extend with, and forget them."""
         if not self.backlog:
             return None
         tokens = [t for chunk, _ in self.backlog for t in chunk]
-        feats = torch.cat([f for _, f in self.backlog])
+        feats = self.combine(torch.cat([x for _, x in self.backlog]))  # [m, hidden]
         self.backlog = []
         return tokens, feats
 

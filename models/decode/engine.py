@@ -203,13 +203,12 @@ class SpeculativeEngine:
         first = self._pick(req, out.logits[-1])
         emitted = self._emit(req, [first])
         if not req.done and req.drafter is not None:
-            self._commit_head(req.drafter, prompt[1:] + [first],
-                              req.drafter.features(out, slice(None)))
+            self._commit_head(req.drafter, prompt[1:] + [first], out)
         return emitted
 
-    def _commit_head(self, drafter: HeadDrafter, tokens: list[int], feats: torch.Tensor) -> None:
-        """The prompt's head slots (BatchEngine defers them while its schedule says off)."""
-        drafter.extend(tokens, feats)
+    def _commit_head(self, drafter: HeadDrafter, tokens: list[int], out: StepOutput) -> None:
+        """The prompt's head slots (BatchEngine defers them to its step's drafting)."""
+        drafter.extend(tokens, drafter.features(out, slice(None)))
 
     def _pick(self, req: _Request, logits: torch.Tensor) -> int:
         if req.params.greedy:

@@ -22,7 +22,7 @@ def _prefill(target, head, prompt):  # noqa: ANN001, ANN202
     runner = TargetRunner(target.model, drafter.aux_layer_ids)
     step = runner.forward(prompt)
     first = int(step.logits[-1].argmax())
-    return drafter, prompt[1:] + [first], drafter.features(step, slice(None))
+    return drafter, prompt[1:] + [first], drafter.inputs(step, slice(None))
 
 
 def _state(d: HeadDrafter) -> list[torch.Tensor]:
@@ -36,13 +36,13 @@ def test_deferred_slots_catch_up_to_step_by_step_extension(kind, llama, make_hea
     chunks = [[11, 12], [13], [14, 15, 16]]
     rows = []
     for prompt in (PROMPTS[0], PROMPTS[3]):
-        step_by_step, tokens, feats = _prefill(llama, head, prompt)
-        step_by_step.extend(tokens, feats)
+        step_by_step, tokens, inputs = _prefill(llama, head, prompt)
+        step_by_step.extend(tokens, step_by_step.combine(inputs))
         deferred = HeadDrafter(head)
-        deferred.defer(tokens, feats)
-        for chunk in chunks:  # stand-in features: any [m, hidden] rows do
-            f = torch.randn(len(chunk), feats.shape[1], generator=torch.Generator().manual_seed(len(chunk)))
-            step_by_step.extend(chunk, f)
+        deferred.defer(tokens, inputs)  # combined only when taken
+        for chunk in chunks:  # stand-in inputs: any [m, in] rows do
+            f = torch.randn(len(chunk), inputs.shape[1], generator=torch.Generator().manual_seed(len(chunk)))
+            step_by_step.extend(chunk, step_by_step.combine(f))
             deferred.defer(chunk, f)
         assert deferred.past is None and len(deferred.backlog) == 4
         deferred.extend(*deferred.take_backlog())  # type: ignore[misc]
@@ -52,7 +52,7 @@ def test_deferred_slots_catch_up_to_step_by_step_extension(kind, llama, make_hea
         rows.append((deferred, step_by_step))
     # two rows behind by different amounts catch up in one batched forward
     for deferred, _ in rows:
-        deferred.defer([21, 22, 23][: 1 + len(rows)], torch.randn(1 + len(rows), feats.shape[1]))
+        deferred.defer([21, 22, 23][: 1 + len(rows)], torch.randn(1 + len(rows), inputs.shape[1]))
     behind = [d for d, _ in rows]
     work = [d.take_backlog() for d in behind]
     batch_draft.extend(behind, [w[0] for w in work], [w[1] for w in work])  # type: ignore[index]
