@@ -21,7 +21,8 @@ with N processes spinning on the CPU during the level (``--busy-concurrency``).
 
 ``--tiny`` runs a tiny random Llama with an untrained EAGLE-3 head (acceptance ~0: it checks
 the machinery, not speed). Each server's torch threads (embedded: its /metrics; vLLM: its
-OpenMP binding) are printed with the table.
+OpenMP binding) are printed with the table, and an embedded server's after each round (its
+thread governor lowers them while other programs keep the CPUs busy).
 """
 
 from __future__ import annotations
@@ -106,7 +107,9 @@ def start_servers(args: argparse.Namespace, head: Path, schedules: dict[str, Sch
 
 
 def measure(server: ServerProcess, prompts: list[str], c: int, n: int,
-            max_tokens: int) -> tuple[LevelResult, list[str]]:
+            max_tokens: int) -> tuple[LevelResult, list[str], str]:
+    """One round at concurrency ``c``: the level, the texts, and (embedded) the torch threads
+    the server ended it with (its thread governor may have changed them: contention.py)."""
     cfg = BenchConfig(base_url=server.base_url, model="sweep", prompts=prompts,
                       concurrencies=(c,), max_tokens=max_tokens, requests_per_level=n)
 
@@ -116,7 +119,12 @@ def measure(server: ServerProcess, prompts: list[str], c: int, n: int,
 
     server.pause(False)
     try:
-        return asyncio.run(go())
+        level, texts = asyncio.run(go())
+        threads = ""
+        if server.spec.backend == EMBEDDED:
+            metrics = httpx.get(f"{server.base_url}/metrics", timeout=30).text
+            threads = f"  threads {parse_torch_threads(metrics)}"
+        return level, texts, threads
     finally:
         server.pause(True)
 
@@ -134,12 +142,13 @@ def sweep(args: argparse.Namespace, servers: dict[tuple[str, str], ServerProcess
         found: dict[tuple[str, str], list[tuple[LevelResult, list[str]]]] = {k: [] for k in keys}
         for _ in range(args.rounds):
             for key in keys if passes % 2 == 0 else keys[::-1]:
-                level, texts = measure(servers[key], prompts, c, n, args.max_tokens)
+                level, texts, threads = measure(servers[key], prompts, c, n, args.max_tokens)
                 found[key].append((level, texts))
                 print(f"{load or 'idle':7} {key[0]:8} {key[1]:9} c={c:<3} "
                       f"{level.output_throughput:7.1f} tok/s  TTFT p50/p99 "
                       f"{level.ttft_ms_p50:6.0f}/{level.ttft_ms_p99:6.0f} ms  TPOT p50/p99 "
-                      f"{level.tpot_ms_p50:5.1f}/{level.tpot_ms_p99:5.1f} ms", flush=True)
+                      f"{level.tpot_ms_p50:5.1f}/{level.tpot_ms_p99:5.1f} ms{threads}",
+                      flush=True)
             passes += 1
         for key in keys:
             results = found[key]

@@ -13,6 +13,7 @@ import sys
 import threading
 from typing import Any
 
+from eaglenest.foundation.contention import governor_for
 from eaglenest.foundation.threads import apply_torch, plan_threads, sharing_from_env
 from eaglenest.models.decode.modes import SPECULATIVE_MODES, DecodeMode
 
@@ -84,6 +85,13 @@ def build_server(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     name = args.served_model_name or args.model
     server = EmbeddedServer(engine, target.tokenizer, name, max_model_len=args.max_model_len)
     server.metrics.torch_threads = threads.threads
+
+    def use_threads(n: int) -> None:
+        torch.set_num_threads(n)
+        server.metrics.torch_threads = n
+
+    governor = governor_for(threads, use_threads)  # others' load on the host, between steps
+    server.runner.between_steps = governor.tick if governor is not None else None
     return server
 
 

@@ -126,6 +126,8 @@ class Runner:
         self._inbox: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._stop = threading.Event()
         self._spec_seen = spec_counters(engine)
+        #: called on the engine thread before every step (the thread governor's tick)
+        self.between_steps: Callable[[], object] | None = None
 
     def serve(self) -> None:
         """Run the engine on the calling thread until ``stop()``."""
@@ -187,6 +189,8 @@ class Runner:
         try:
             for step in self.engine.generate(req.prompt_ids, req.max_tokens, req.temperature,
                                              req.top_p, self.stop_token_ids, req.seed):
+                if self.between_steps is not None:
+                    self.between_steps()
                 for delta in detok.feed(step):
                     job.sink(delta)
                 if detok.done or job.cancelled:
@@ -208,6 +212,8 @@ class Runner:
             if not engine.has_work:
                 continue
             cancels: list[int] = []
+            if self.between_steps is not None:
+                self.between_steps()
             try:  # first tokens go out as soon as their prefill is done (on_admitted)
                 events = engine.step(partial(self._deliver, jobs, cancels=cancels))
             except Exception as exc:  # fail every request in flight, keep serving

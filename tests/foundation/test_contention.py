@@ -1,0 +1,112 @@
+"""foundation/contention.py: the thread governor lowers a model server's threads while other
+threads keep the host's CPUs busy and restores them when they stop; it reads real /proc."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+from eaglenest.foundation.contention import HostLoad, ThreadGovernor, governor_for
+from eaglenest.foundation.threads import ThreadPlan
+
+
+class _Load(HostLoad):
+    def __init__(self) -> None:
+        super().__init__()
+        object.__setattr__(self, "counts", [3, 1])  # host runnable, own runnable
+
+    def runnable_total(self) -> int:
+        return self.counts[0]  # type: ignore[attr-defined,no-any-return]
+
+    def runnable_own(self) -> int:
+        return self.counts[1]  # type: ignore[attr-defined,no-any-return]
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _window(gov: ThreadGovernor, clock: _Clock, load: _Load, counts: list[tuple[int, int]]
+            ) -> None:
+    """One window of samples, 0.125 s apart (exact in binary), cycling through ``counts``."""
+    for i in range(8):
+        clock.t += 0.125
+        load.counts = list(counts[i % len(counts)])  # type: ignore[attr-defined]
+        gov.sample()
+
+
+def test_busy_neighbours_lower_the_threads_and_their_leaving_restores_them():
+    load, clock, applied = _Load(), _Clock(), list[int]()
+    gov = ThreadGovernor(2, 2, applied.append, load=load, clock=clock, sample_s=0.125)
+    _window(gov, clock, load, [(4, 2)])  # two other threads always runnable
+    assert gov.want == 1 and applied == []  # nothing applied until the torch thread ticks
+    assert gov.tick() == 1 and applied == [1] and gov.threads == 1
+    assert gov.tick() is None and applied == [1]
+    _window(gov, clock, load, [(2, 1), (1, 1), (1, 1), (1, 1)])  # others 0.25
+    assert gov.tick() == 2 and applied == [1, 2]
+
+
+def test_a_part_time_neighbour_rounds_away_and_the_plan_is_a_ceiling():
+    load, clock, applied = _Load(), _Clock(), list[int]()
+    gov = ThreadGovernor(2, 4, applied.append, load=load, clock=clock, sample_s=0.125)
+    _window(gov, clock, load, [(3, 2), (2, 2), (2, 2), (2, 2)])  # others 0.25: rounds to 0
+    _window(gov, clock, load, [(3, 2)])  # others 1 of 4 CPUs: 3 free, the plan says 2
+    assert gov.tick() is None and applied == []
+    _window(gov, clock, load, [(7, 2)])  # others 5: more than the CPUs -> at least 1
+    assert gov.tick() == 1
+
+
+def test_a_pause_starts_a_new_window():
+    load, clock, applied = _Load(), _Clock(), list[int]()
+    gov = ThreadGovernor(2, 2, applied.append, load=load, clock=clock, sample_s=0.125)
+    for _ in range(7):  # most of a window of busy samples, then a SIGSTOP of 60 s
+        clock.t += 0.125
+        load.counts = [4, 2]  # type: ignore[attr-defined]
+        gov.sample()
+    clock.t += 60
+    _window(gov, clock, load, [(2, 2)])  # after the pause nothing else runs
+    assert gov.want == 2 and gov.tick() is None
+
+
+def test_governor_only_for_its_own_plan_over_the_whole_host():
+    def apply(n: int) -> None:
+        pass
+
+    assert governor_for(ThreadPlan(2, 2, 1, "EAGLENEST_TORCH_THREADS"), apply, 2) is None
+    assert governor_for(ThreadPlan(1, 2, 2, "auto"), apply, 2) is None
+    assert governor_for(ThreadPlan(2, 2, 1, "auto"), apply, 8) is None  # confined to 2 of 8
+    gov = governor_for(ThreadPlan(2, 2, 1, "auto"), apply, 2)
+    assert gov is not None and gov.planned == 2 and gov.cpus == 2
+    assert any(t.name == "thread-governor" for t in threading.enumerate())
+
+
+def test_host_load_reads_proc_and_counts_a_spinning_thread(tmp_path: Path):
+    load = HostLoad()
+    stop = threading.Event()
+
+    def spin() -> None:
+        while not stop.is_set():
+            pass
+
+    spinner = threading.Thread(target=spin, daemon=True)
+    spinner.start()
+    try:
+        time.sleep(0.05)
+        seen = max(load.runnable_own() for _ in range(20))
+    finally:
+        stop.set()
+        spinner.join()
+    assert seen >= 1 and load.runnable_total() >= 1
+    fake = tmp_path / "loadavg"
+    fake.write_text("0.52 0.58 0.59 3/812 4711\n")
+    tasks = tmp_path / "task"
+    for tid, stat in (("1", "1 (py) R 0"), ("2", "2 (a) b) S 0"), ("3", "3 (x) R 1")):
+        (tasks / tid).mkdir(parents=True)
+        (tasks / tid / "stat").write_text(stat)
+    fake_load = HostLoad(loadavg=fake, tasks=tasks)
+    assert fake_load.runnable_total() == 3 and fake_load.runnable_own() == 2
