@@ -32,6 +32,8 @@ import asyncio
 import json
 import multiprocessing
 import os
+import signal
+import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
@@ -327,6 +329,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.max_tokens} tokens; cpus {len(os.sched_getaffinity(0))}, load average "
           f"{os.getloadavg()[0]:.1f}", flush=True)
     t0 = time.perf_counter()
+    # SIGTERM unwinds through the finally below: paused servers are continued and stopped
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     servers = start_servers(args, args.head, schedules)
     try:
         threads = thread_report(servers)

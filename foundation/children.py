@@ -246,7 +246,8 @@ def _signal(pids: list[int], leader: int | None, sig: signal.Signals) -> None:
 
 def stop(record: ChildRecord, timeout: float = 20,
          proc: subprocess.Popen[bytes] | None = None) -> bool:
-    """SIGTERM the child's tree, SIGKILL what is left after `timeout`; wait until it is gone.
+    """SIGTERM (then SIGCONT, for a paused one) the child's tree, SIGKILL what is left after
+    `timeout`; wait until it is gone.
     False (and nothing signalled) when the record is not of this host and boot."""
     return bool(stop_all([record], timeout, [proc] if proc is not None else []))
 
@@ -266,7 +267,10 @@ def stop_all(recs: list[ChildRecord], timeout: float = 20,
             break
         for r, pids in running.items():
             if pids:
-                _signal(pids, r.pid if r.identity.alive() else None, sig)
+                leader = r.pid if r.identity.alive() else None
+                _signal(pids, leader, sig)
+                if sig == signal.SIGTERM:  # a paused (SIGSTOP) process acts on it once continued
+                    _signal(pids, leader, signal.SIGCONT)
         deadline = time.monotonic() + wait
         while any(r.running() for r in local) and time.monotonic() < deadline:
             for p in procs or []:

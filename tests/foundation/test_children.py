@@ -112,3 +112,26 @@ def test_a_prefork_worker_refuses_the_serve_queue(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert "--pool prefork cannot consume the serve queue" in done.stderr
     assert not (tmp_path / "eaglenest.db").exists()  # refused before touching anything
+
+
+def test_a_paused_child_gets_its_sigterm_not_the_sigkill(tmp_path: Path) -> None:
+    """A child paused with SIGSTOP (the benchmark stage pauses the servers it is not
+    measuring) is continued after its SIGTERM, so it exits through its handler at once
+    rather than being SIGKILLed when the timeout runs out."""
+    ready, bye = tmp_path / "ready", tmp_path / "bye"
+    code = textwrap.dedent(f"""
+        import signal, sys, time
+        def handler(*_):
+            open({str(bye)!r}, "w").write("bye")
+            sys.exit(0)
+        signal.signal(signal.SIGTERM, handler)
+        open({str(ready)!r}, "w").write("ready")
+        time.sleep(300)
+    """)
+    proc, record = children.spawn([sys.executable, "-c", code], role="test", resource="t")
+    _wait(ready.exists)
+    os.killpg(proc.pid, signal.SIGSTOP)
+    t0 = time.monotonic()
+    assert children.stop(record, timeout=10, proc=proc)
+    assert bye.read_text() == "bye" and time.monotonic() - t0 < 5
+    assert proc.returncode == 0
