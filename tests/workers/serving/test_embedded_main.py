@@ -5,7 +5,6 @@ process ends (a signal: 0 after in-flight work; a port in use: 1)."""
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import socket
@@ -23,6 +22,7 @@ from fastapi import FastAPI
 
 from eaglenest.foundation.processes import free_port
 from eaglenest.workers.serving.embedded.__main__ import serve
+from tests.workers.serving.test_embedded_server import completion_text
 
 PROMPTS = ["Natalia sold 48 clips", "def add(a, b):", "The quick brown fox"]
 
@@ -145,19 +145,7 @@ def test_one_at_a_time_server_serves_concurrent_clients_and_ends_on_sigterm(one_
 
     async def together() -> list[str]:
         async with httpx.AsyncClient(timeout=120) as client:
-            async def one(prompt: str, stream: bool) -> str:
-                body = {"model": "tiny", "prompt": prompt, "max_tokens": 12, "temperature": 0,
-                        "stream": stream}
-                if not stream:
-                    return (await client.post(f"{url}/v1/completions", json=body)).json()[
-                        "choices"][0]["text"]
-                text = ""
-                async with client.stream("POST", f"{url}/v1/completions", json=body) as r:
-                    async for line in r.aiter_lines():
-                        if line.startswith("data: ") and line != "data: [DONE]":
-                            text += "".join(c["text"] for c in json.loads(line[6:])["choices"])
-                return text
-            return list(await asyncio.gather(*[one(p, i % 2 == 0)
+            return list(await asyncio.gather(*[completion_text(client, url, p, 12, i % 2 == 0)
                                                for i, p in enumerate(PROMPTS)]))
 
     assert asyncio.run(together()) == want

@@ -51,6 +51,22 @@ def complete(url: str, prompt: str, **kw: object) -> dict:
     return r.json()
 
 
+async def completion_text(client: httpx.AsyncClient, url: str, prompt: str, n: int,
+                          stream: bool) -> str:
+    """A greedy completion's text, from the JSON reply or put together from the SSE chunks."""
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": n, "temperature": 0,
+            "stream": stream}
+    if not stream:
+        r = await client.post(f"{url}/v1/completions", json=body)
+        return str(r.json()["choices"][0]["text"])
+    text = ""
+    async with client.stream("POST", f"{url}/v1/completions", json=body) as r:
+        async for line in r.aiter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                text += "".join(c["text"] for c in json.loads(line[6:])["choices"])
+    return text
+
+
 def test_health_and_models(servers):
     for url in servers.values():
         assert httpx.get(f"{url}/health").status_code == 200
@@ -142,19 +158,8 @@ def test_concurrent_requests_equal_sequential(servers):
     streaming or not, and the spec-decode counters keep adding up."""
     async def together(url: str) -> list[str]:
         async with httpx.AsyncClient(timeout=120) as client:
-            async def one(prompt: str, n: int, stream: bool) -> str:
-                body = {"model": "tiny", "prompt": prompt, "max_tokens": n, "temperature": 0,
-                        "stream": stream}
-                if not stream:
-                    r = await client.post(f"{url}/v1/completions", json=body)
-                    return r.json()["choices"][0]["text"]
-                text = ""
-                async with client.stream("POST", f"{url}/v1/completions", json=body) as r:
-                    async for line in r.aiter_lines():
-                        if line.startswith("data: ") and line != "data: [DONE]":
-                            text += "".join(c["text"] for c in json.loads(line[6:])["choices"])
-                return text
-            jobs = [one(p, n, i % 2 == 1) for i, (p, n) in enumerate(zip(PROMPTS * 2, LENGTHS, strict=True))]
+            jobs = [completion_text(client, url, p, n, i % 2 == 1)
+                    for i, (p, n) in enumerate(zip(PROMPTS * 2, LENGTHS, strict=True))]
             return list(await asyncio.gather(*jobs))
 
     for name, url in servers.items():
