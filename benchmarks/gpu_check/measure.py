@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import statistics
 import time
 from functools import partial
 from typing import Any
@@ -168,47 +169,60 @@ def verify_cost(bench: Bench) -> dict[str, Any]:
             "formula": CEILING_FORMULA}
 
 
-def _rate(fn: Any, bench: Bench) -> tuple[float, list[int]]:
-    """(tokens/s, output) of ``fn(n)`` after a short warm-up; median of the repeats."""
-    spec = bench.spec
-    fn(8)
-    runs = []
-    for _ in range(spec.bench_repeats):
-        sync(bench.device)
-        t0 = time.perf_counter()
-        out = fn(spec.bench_tokens)
-        sync(bench.device)
-        runs.append((len(out) / (time.perf_counter() - t0), out))
-    runs.sort(key=lambda r: r[0])
-    return runs[len(runs) // 2]
+def _timed(fn: Any, n: int, bench: Bench) -> tuple[float, list[int]]:
+    """(tokens/s, output) of one ``fn(n)``, the device synchronised on both sides."""
+    sync(bench.device)
+    t0 = time.perf_counter()
+    out = fn(n)
+    sync(bench.device)
+    return len(out) / (time.perf_counter() - t0), out
+
+
+def _interleaved(fns: dict[str, Any], bench: Bench) -> dict[str, tuple[float, list[int]]]:
+    """Per row: (median tokens/s of ``fn(bench_tokens)`` over ``bench_repeats`` rounds, the last
+    output). Every round runs every row once in turn, so a slow spell of the host lands on all
+    rows rather than on one; each row's last call is its last timed one."""
+    for fn in fns.values():
+        fn(8)  # warm-up: kernels, allocator, caches
+    rates: dict[str, list[float]] = {name: [] for name in fns}
+    last: dict[str, list[int]] = {}
+    for _ in range(bench.spec.bench_repeats):
+        for name, fn in fns.items():
+            rate, last[name] = _timed(fn, bench.spec.bench_tokens, bench)
+            rates[name].append(rate)
+    return {name: (statistics.median(r), last[name]) for name, r in rates.items()}
 
 
 def throughput(bench: Bench) -> dict[str, Any]:
-    """Batch-1 tokens/s on one prompt: HF generate and the engine's modes."""
+    """Batch-1 tokens/s on one prompt: HF generate and the engine's modes, rows interleaved."""
     spec = bench.spec
     target = bench.target(bench.perf_dtype)
     prompt = random_ids(spec.bench_prompt, _vocab(bench), 7)
-    hf_rate, _ = _rate(lambda n: hf_greedy(target.model, prompt, n), bench)
+    plain_engine = _engine(bench, DecodeMode.PLAIN, None, bench.perf_dtype)
+    # the oracle drafts what plain decoding emits, so plain's output is read once, untimed
+    plain = plain_engine.generate_ids(prompt, spec.bench_tokens, stop_token_ids=[EOS])
+    engines = {
+        "ours plain": plain_engine,
+        f"ours chain K={K}": _engine(bench, DecodeMode.CHAIN, EAGLE3.kind, bench.perf_dtype),
+        f"ours parallel K={K}": _engine(bench, DecodeMode.PARALLEL, PEAGLE.kind, bench.perf_dtype),
+        f"ours chain K={K} oracle": _engine(bench, DecodeMode.CHAIN, None, bench.perf_dtype,
+                                            drafter_factory=oracle_factory(prompt + plain)),
+    }
+    fns: dict[str, Any] = {"hf generate": lambda n: hf_greedy(target.model, prompt, n)}
+    for name, engine in engines.items():
+        fns[name] = partial(engine.generate_ids, prompt, stop_token_ids=[EOS])
+    timed = _interleaved(fns, bench)
+    hf_rate = timed["hf generate"][0]
     rows: list[dict[str, Any]] = [
         {"name": "hf generate", "tokens_per_s": hf_rate, "tau": None, "tokens": None}]
-    plain: list[int] = []
-    for name, mode, kind in (("ours plain", DecodeMode.PLAIN, None),
-                             (f"ours chain K={K}", DecodeMode.CHAIN, EAGLE3.kind),
-                             (f"ours parallel K={K}", DecodeMode.PARALLEL, PEAGLE.kind),
-                             (f"ours chain K={K} oracle", DecodeMode.CHAIN, "oracle")):
-        if kind == "oracle":
-            engine = _engine(bench, mode, None, bench.perf_dtype,
-                             drafter_factory=oracle_factory(prompt + plain))
-        else:
-            engine = _engine(bench, mode, kind, bench.perf_dtype)
-        rate, out = _rate(lambda n, e=engine: e.generate_ids(prompt, n, stop_token_ids=[EOS]),
-                          bench)
-        plain = plain or out
-        tau = engine.request_stats.acceptance_length if mode.spec.drafts else None
-        rows.append({"name": name, "tokens_per_s": rate, "tau": tau, "tokens": len(out)})
+    for name, engine in engines.items():
+        rate, out = timed[name]  # request_stats: that last timed call's
+        tau = engine.request_stats.acceptance_length if engine.mode.spec.drafts else None
+        rows.append({"name": name, "tokens_per_s": rate, "tau": tau, "tokens": len(out),
+                     "equal_to_plain": out == plain})
     for row in rows:
         row["speedup_vs_hf"] = row["tokens_per_s"] / hf_rate
-    return {"dtype": str(bench.perf_dtype).removeprefix("torch."),
+    return {"dtype": str(bench.perf_dtype).removeprefix("torch."), "rounds": spec.bench_repeats,
             "prompt_tokens": spec.bench_prompt, "new_tokens": spec.bench_tokens, "rows": rows}
 
 

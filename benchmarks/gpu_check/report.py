@@ -63,10 +63,14 @@ def _verify(sections: dict[str, dict[str, Any]]) -> list[str]:
 
 
 def _throughput(sections: dict[str, dict[str, Any]]) -> list[str]:
-    rows = [[m, e["dtype"], r["name"], r["tokens_per_s"], r["tau"], r["speedup_vs_hf"]]
+    rows = [[m, e["dtype"], r["name"], r["tokens_per_s"], r["tau"], r["speedup_vs_hf"],
+             r.get("equal_to_plain")]
             for m, e in _ok(sections, "throughput") for r in e["rows"]]
-    return ["### Batch-1 decoding (random heads; oracle = drafts read from the plain output)",
-            "", *_table(["model", "dtype", "row", "tokens/s", "tau", "x HF"], rows)]
+    rounds = {e.get("rounds") for _, e in _ok(sections, "throughput")}
+    return ["### Batch-1 decoding (random heads; oracle = drafts read from the plain output; "
+            f"median of {'/'.join(str(r) for r in sorted(rounds, key=str))} rounds, rows "
+            "interleaved)", "",
+            *_table(["model", "dtype", "row", "tokens/s", "tau", "x HF", "= plain"], rows)]
 
 
 def _verdict(ok: bool | None) -> str:

@@ -95,6 +95,9 @@ def test_throughput_rows(doc: dict[str, Any]) -> None:
     assert rows["hf generate"]["speedup_vs_hf"] == 1.0
     oracle = next(row for name, row in rows.items() if name.endswith("oracle"))
     assert oracle["tau"] > 3  # drafts read from the target's own output are accepted
+    # fp32: every engine row emitted exactly what plain decoding did in its last timed run
+    assert all(row["equal_to_plain"] is True for name, row in rows.items() if name != "hf generate")
+    assert tiny(doc, "throughput")["rounds"] == 1
 
 
 def test_markdown_table(tiny_run: tuple[subprocess.CompletedProcess, Path],
