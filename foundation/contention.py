@@ -14,8 +14,15 @@ Contract:
   minus this process's runnable threads (state R in ``/proc/self/task/*/stat``), sampled
   every ``sample_s`` on a thread of its own and averaged over ``window_s``; the average is
   rounded to the nearest whole thread, so an occasional client or log writer does not count;
-- the thread count changes at most once a window, in either direction, never above the
-  plan, and only between steps (``tick``, on the thread that runs torch);
+- it goes down at once, up slowly: fewer threads as soon as other threads were runnable in
+  every sample of the last ``fast_s`` (busy neighbours are; a client that wakes per step is
+  not), more only from a whole window's average. Running one thread short for a second
+  costs at most its share; a region waiting on a contended CPU costs many times over;
+- a stall of the sampler (no sample for 5 periods: the process was paused, or starved of
+  CPU) drops to 1 thread until the next ``fast_s`` of samples says otherwise, in either
+  direction: the count from before the stall says nothing about the host after it;
+- the count never exceeds the plan and changes only between steps (``tick``, on the thread
+  that runs torch);
 - only for a plan of its own making (``source == "auto"``, more than 1 thread) over every
   CPU of the host: ``/proc/loadavg`` counts the whole host, so a process confined to some of
   its CPUs (affinity, cpuset, a cgroup quota) would count strangers on other CPUs; there the
@@ -70,12 +77,14 @@ class ThreadGovernor:
 
     def __init__(self, planned: int, cpus: int, apply: Callable[[int], None],
                  load: HostLoad | None = None, clock: Callable[[], float] = time.monotonic,
-                 sample_s: float = 0.05, window_s: float = 1.0) -> None:
+                 sample_s: float = 0.05, window_s: float = 1.0, fast_s: float = 0.2) -> None:
         self.planned, self.cpus, self.apply = planned, cpus, apply
         self.load, self.clock = load or HostLoad(), clock
         self.sample_s, self.window_s = sample_s, window_s
+        self.fast_n = max(1, round(fast_s / sample_s))  # samples in the short window
         self.threads = self.want = planned
         self._samples: list[int] = []
+        self._settling = False  # after a stall: the short window decides both ways
         self._last_sample = self._window_start = clock()
 
     def start(self) -> ThreadGovernor:
@@ -87,24 +96,35 @@ class ThreadGovernor:
         return self
 
     def sample(self) -> None:
-        """One sample; at the end of a window, set ``want`` from the window's average."""
+        """One sample: the short window may lower ``want`` (or set it, after a stall); the
+        end of a window sets it from the window's average."""
         now = self.clock()
-        if now - self._last_sample > 5 * self.sample_s:  # paused (SIGSTOP) or stalled
+        if now - self._last_sample > 5 * self.sample_s:  # paused (SIGSTOP) or starved
             self._samples, self._window_start = [], now
+            self._settling, self.want = True, 1
         self._last_sample = now
         try:
             self._samples.append(max(0, self.load.runnable_total() - self.load.runnable_own()))
         except (OSError, ValueError, IndexError):
             return
+        if len(self._samples) >= self.fast_n:
+            # others runnable in every recent sample: a neighbour that stays, not a client
+            # that wakes when tokens go out (min over [0, 2, 0, 1] is 0; over [2, 3, 2, 2] 2)
+            steady = self._threads_for(min(self._samples[-self.fast_n:]))
+            if self._settling or steady < self.want:
+                self.want, self._settling = steady, False
         if now - self._window_start < self.window_s:
             return
         others = sum(self._samples) / len(self._samples)
-        # Example: 2 CPUs, plan 2; two busy processes (others 2.0) -> max(1, 2 - 2) = 1;
-        # a client runnable a fifth of the time (others 0.2) rounds to 0 -> 2.
-        self.want = max(1, min(self.planned, self.cpus - int(others + 0.5)))
+        # the average rounds: a client runnable a fifth of the time (0.2) counts 0
+        self.want = self._threads_for(int(others + 0.5))
         log.debug("%.2f other threads runnable (%d samples): %d threads", others,
                   len(self._samples), self.want)
         self._samples, self._window_start = [], now
+
+    def _threads_for(self, others: int) -> int:
+        # Example: 2 CPUs, plan 2; two busy processes (others 2) -> max(1, 2 - 2) = 1
+        return max(1, min(self.planned, self.cpus - others))
 
     def tick(self) -> int | None:
         """Apply the wanted count if it changed (on the torch thread). The new count, or None."""

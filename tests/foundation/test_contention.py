@@ -61,16 +61,62 @@ def test_a_part_time_neighbour_rounds_away_and_the_plan_is_a_ceiling():
     assert gov.tick() == 1
 
 
+def _samples(gov: ThreadGovernor, clock: _Clock, load: _Load, counts: list[tuple[int, int]]
+             ) -> list[int]:
+    """One sample per entry of ``counts``, 0.125 s apart; ``want`` after each."""
+    wants = []
+    for c in counts:
+        clock.t += 0.125
+        load.counts = list(c)  # type: ignore[attr-defined]
+        gov.sample()
+        wants.append(gov.want)
+    return wants
+
+
 def test_a_pause_starts_a_new_window():
     load, clock, applied = _Load(), _Clock(), list[int]()
     gov = ThreadGovernor(2, 2, applied.append, load=load, clock=clock, sample_s=0.125)
-    for _ in range(7):  # most of a window of busy samples, then a SIGSTOP of 60 s
-        clock.t += 0.125
-        load.counts = [4, 2]  # type: ignore[attr-defined]
-        gov.sample()
+    # most of a window of samples with a client waking every other one, then a SIGSTOP
+    _samples(gov, clock, load, [(3, 2), (2, 2)] * 3 + [(3, 2)])
+    assert gov.want == 2
     clock.t += 60
     _window(gov, clock, load, [(2, 2)])  # after the pause nothing else runs
     assert gov.want == 2 and gov.tick() is None
+
+
+def test_steady_neighbours_lower_the_threads_within_the_short_window():
+    load, clock, applied = _Load(), _Clock(), list[int]()
+    gov = ThreadGovernor(2, 2, applied.append, load=load, clock=clock, sample_s=0.125,
+                         fast_s=0.25)  # 2 samples
+    # two busy processes start: the second sample that sees them lowers want, long before
+    # the window (8 samples) ends
+    assert _samples(gov, clock, load, [(2, 2), (4, 2), (4, 2)]) == [2, 2, 1]
+    assert gov.tick() == 1
+    # they leave: back up only at the end of a whole window
+    assert _samples(gov, clock, load, [(2, 2)] * 5) == [1] * 5
+    assert gov.tick() is None
+
+
+def test_a_client_waking_per_step_does_not_lower_the_threads():
+    load, clock, applied = _Load(), _Clock(), list[int]()
+    gov = ThreadGovernor(2, 2, applied.append, load=load, clock=clock, sample_s=0.125,
+                         fast_s=0.25)
+    wants = _samples(gov, clock, load, [(3, 2), (2, 2), (2, 2), (2, 2)] * 4)  # 2 windows
+    assert wants == [2] * 16 and gov.tick() is None  # min of any 2 in a row: 0; mean 0.25
+
+
+def test_a_stall_drops_to_one_thread_until_the_short_window_reads_the_host():
+    load, clock, applied = _Load(), _Clock(), list[int]()
+    gov = ThreadGovernor(2, 2, applied.append, load=load, clock=clock, sample_s=0.125,
+                         fast_s=0.25)
+    _window(gov, clock, load, [(2, 2)])
+    clock.t += 30  # paused, or starved of CPU
+    assert _samples(gov, clock, load, [(2, 2)]) == [1]  # the stall itself: 1 thread
+    assert gov.tick() == 1
+    assert _samples(gov, clock, load, [(2, 2)]) == [2]  # an idle host: the plan, at once
+    assert gov.tick() == 2
+    clock.t += 30
+    assert _samples(gov, clock, load, [(4, 2), (4, 2), (2, 2)]) == [1, 1, 1]  # busy: stays
 
 
 def test_governor_only_for_its_own_plan_over_the_whole_host():

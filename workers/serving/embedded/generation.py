@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
@@ -53,6 +54,7 @@ class Delta:
 
 Sink = Callable[[Delta | BaseException | None], None]  # None = end of the stream
 _WAKE_SECONDS = 0.5  # an idle engine thread looks at the stop flag this often
+_HANDOFF_SECONDS = 0.05  # the most a step waits for its first tokens to leave (_hand_off)
 
 
 def spec_counters(engine: Any) -> tuple[int, int, int, list[int]]:
@@ -113,6 +115,9 @@ class _Job:
     rid: int = -1
     cancelled: bool = False  # set by the HTTP side when the client goes away
     finished: bool = False
+    #: set by the HTTP side once its consumer has taken a delta (for a streamed response:
+    #: once the chunk was handed to the socket); the engine waits on it for first tokens
+    taken: threading.Event = field(default_factory=threading.Event)
 
 
 class Runner:
@@ -215,7 +220,7 @@ class Runner:
             if self.between_steps is not None:
                 self.between_steps()
             try:  # first tokens go out as soon as their prefill is done (on_admitted)
-                events = engine.step(partial(self._deliver, jobs, cancels=cancels))
+                events = engine.step(partial(self._hand_off, jobs, cancels))
             except Exception as exc:  # fail every request in flight, keep serving
                 engine.abort_all()
                 for job in list(jobs.values()):
@@ -241,6 +246,21 @@ class Runner:
                 if not done:
                     cancels.append(rid)
                 self._end(jobs, job, job.detok.close())
+
+    def _hand_off(self, jobs: dict[int, _Job], cancels: list[int],
+                  events: list[tuple[int, list[int], bool]]) -> None:
+        """Deliver the admitted requests' first tokens, then wait (at most _HANDOFF_SECONDS)
+        until the HTTP thread has taken each one. The step's batched forward comes next and
+        holds the CPU and, between its ops, the GIL: on a busy host the HTTP thread could
+        otherwise send the first token only after that whole step."""
+        waiting = [jobs[rid] for rid, _, _ in events if rid in jobs]
+        for job in waiting:
+            job.taken.clear()
+        self._deliver(jobs, events, cancels)
+        deadline = time.monotonic() + _HANDOFF_SECONDS
+        for job in waiting:
+            if job.detok.sent and not job.finished and not job.cancelled:
+                job.taken.wait(max(0.0, deadline - time.monotonic()))
 
     def _take(self, jobs: dict[int, _Job], block: bool) -> None:
         """Submit the jobs waiting in the inbox (waiting for one if ``block``)."""
@@ -285,6 +305,7 @@ class Runner:
                 if isinstance(item, BaseException):
                     raise item
                 yield item
+                job.taken.set()  # the consumer came back for more: it has dealt with item
         finally:
             if not job.finished:  # the client went away: free the batch slot
                 job.cancelled = True
