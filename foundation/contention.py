@@ -14,15 +14,15 @@ Contract:
   minus this process's runnable threads (state R in ``/proc/self/task/*/stat``), sampled
   every ``sample_s`` on a thread of its own and averaged over ``window_s``; the average is
   rounded to the nearest whole thread, so an occasional client or log writer does not count;
-- it goes down at once, up slowly: fewer threads as soon as other threads were runnable in
-  every sample of the last ``fast_s`` (busy neighbours are; a client that wakes per step is
-  not), more only from a whole window's average. Running one thread short for a second
-  costs at most its share; a region waiting on a contended CPU costs many times over;
-- a stall of the sampler (no sample for 5 periods: the process was paused, or starved of
-  CPU) drops to 1 thread until the next ``fast_s`` of samples says otherwise, in either
-  direction: the count from before the stall says nothing about the host after it;
-- the count never exceeds the plan and changes only between steps (``tick``, on the thread
-  that runs torch);
+- the thread count changes at most once a window, in either direction, never above the
+  plan, and only between steps (``tick``, on the thread that runs torch); a shorter window
+  would take a busy client or relay on the same host, runnable for a few samples in a row
+  now and then, for a neighbour;
+- except after a stall of the sampler (no sample for 5 periods: the process was paused, or
+  starved of CPU): the count from before says nothing about the host now, so it drops to 1
+  thread at once and the first ``fast_s`` of samples set it, up or down, from the fewest
+  other threads any of them saw (a whole prefill at 2 threads beside two busy processes,
+  before the next window, took 5.7 s);
 - only for a plan of its own making (``source == "auto"``, more than 1 thread) over every
   CPU of the host: ``/proc/loadavg`` counts the whole host, so a process confined to some of
   its CPUs (affinity, cpuset, a cgroup quota) would count strangers on other CPUs; there the
@@ -84,7 +84,7 @@ class ThreadGovernor:
         self.fast_n = max(1, round(fast_s / sample_s))  # samples in the short window
         self.threads = self.want = planned
         self._samples: list[int] = []
-        self._settling = False  # after a stall: the short window decides both ways
+        self._settling = False  # after a stall, until fast_n samples have set want
         self._last_sample = self._window_start = clock()
 
     def start(self) -> ThreadGovernor:
@@ -96,8 +96,8 @@ class ThreadGovernor:
         return self
 
     def sample(self) -> None:
-        """One sample: the short window may lower ``want`` (or set it, after a stall); the
-        end of a window sets it from the window's average."""
+        """One sample; after a stall the first ``fast_n`` set ``want``; the end of a window
+        sets it from the window's average."""
         now = self.clock()
         if now - self._last_sample > 5 * self.sample_s:  # paused (SIGSTOP) or starved
             self._samples, self._window_start = [], now
@@ -107,12 +107,10 @@ class ThreadGovernor:
             self._samples.append(max(0, self.load.runnable_total() - self.load.runnable_own()))
         except (OSError, ValueError, IndexError):
             return
-        if len(self._samples) >= self.fast_n:
-            # others runnable in every recent sample: a neighbour that stays, not a client
+        if self._settling and len(self._samples) >= self.fast_n:
+            # the fewest others of the first samples: a neighbour that stays, not a client
             # that wakes when tokens go out (min over [0, 2, 0, 1] is 0; over [2, 3, 2, 2] 2)
-            steady = self._threads_for(min(self._samples[-self.fast_n:]))
-            if self._settling or steady < self.want:
-                self.want, self._settling = steady, False
+            self.want, self._settling = self._threads_for(min(self._samples)), False
         if now - self._window_start < self.window_s:
             return
         others = sum(self._samples) / len(self._samples)
