@@ -69,6 +69,9 @@ class Row:
     ratios: list[float] = field(default_factory=list)  # by_round / the baseline's, round by round
 
 
+RESUME_SETTLE_S = 0.3  # > the governor's post-stall window (foundation/contention.py)
+
+
 def _spin() -> None:
     while True:
         pass
@@ -120,6 +123,10 @@ def measure(server: ServerProcess, prompts: list[str], c: int, n: int,
             return await run_level_texts(client, cfg, c)
 
     server.pause(False)
+    # A continued server's thread governor has just seen a stall (contention.py): it runs 1
+    # thread until 0.2 s of samples have read the host. A server that was never paused would
+    # not be in that state, so the round starts once that has passed.
+    time.sleep(RESUME_SETTLE_S)
     try:
         level, texts = asyncio.run(go())
         threads = ""

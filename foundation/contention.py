@@ -18,11 +18,13 @@ Contract:
   plan, and only between steps (``tick``, on the thread that runs torch); a shorter window
   would take a busy client or relay on the same host, runnable for a few samples in a row
   now and then, for a neighbour;
-- except after a stall of the sampler (no sample for 5 periods: the process was paused, or
-  starved of CPU): the count from before says nothing about the host now, so it drops to 1
-  thread at once and the first ``fast_s`` of samples set it, up or down, from the fewest
-  other threads any of them saw (a whole prefill at 2 threads beside two busy processes,
-  before the next window, took 5.7 s);
+- a gap in the samples longer than 5 periods starts a new window; one longer than
+  ``stall_s`` (2 s) is a stall: the process was paused, or starved for longer than its own
+  busy steps delay the sampler (past 250 ms at times, with 8 streams on 2 CPUs). After a
+  stall the count from before says nothing about the host, so it drops to 1 thread at once
+  and the first ``fast_s`` of samples set it, up or down, from the fewest other threads any
+  of them saw (a whole prefill at 2 threads beside two busy processes, before the next
+  window, took 5.7 s);
 - only for a plan of its own making (``source == "auto"``, more than 1 thread) over every
   CPU of the host: ``/proc/loadavg`` counts the whole host, so a process confined to some of
   its CPUs (affinity, cpuset, a cgroup quota) would count strangers on other CPUs; there the
@@ -77,10 +79,11 @@ class ThreadGovernor:
 
     def __init__(self, planned: int, cpus: int, apply: Callable[[int], None],
                  load: HostLoad | None = None, clock: Callable[[], float] = time.monotonic,
-                 sample_s: float = 0.05, window_s: float = 1.0, fast_s: float = 0.2) -> None:
+                 sample_s: float = 0.05, window_s: float = 1.0, fast_s: float = 0.2,
+                 stall_s: float = 2.0) -> None:
         self.planned, self.cpus, self.apply = planned, cpus, apply
         self.load, self.clock = load or HostLoad(), clock
-        self.sample_s, self.window_s = sample_s, window_s
+        self.sample_s, self.window_s, self.stall_s = sample_s, window_s, stall_s
         self.fast_n = max(1, round(fast_s / sample_s))  # samples in the short window
         self.threads = self.want = planned
         self._samples: list[int] = []
@@ -99,8 +102,10 @@ class ThreadGovernor:
         """One sample; after a stall the first ``fast_n`` set ``want``; the end of a window
         sets it from the window's average."""
         now = self.clock()
-        if now - self._last_sample > 5 * self.sample_s:  # paused (SIGSTOP) or starved
+        gap = now - self._last_sample
+        if gap > 5 * self.sample_s:  # paused (SIGSTOP) or starved: a new window
             self._samples, self._window_start = [], now
+        if gap > self.stall_s:  # paused, or starved for longer than any busy spell of ours
             self._settling, self.want = True, 1
         self._last_sample = now
         try:

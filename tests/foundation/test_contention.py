@@ -101,6 +101,17 @@ def test_a_client_waking_per_step_does_not_lower_the_threads():
     assert wants == [2] * 16 and gov.tick() is None  # min of any 2 in a row: 0; mean 0.25
 
 
+def test_a_short_gap_starts_a_new_window_but_keeps_the_threads():
+    load, clock, applied = _Load(), _Clock(), list[int]()
+    gov = ThreadGovernor(2, 2, applied.append, load=load, clock=clock, sample_s=0.125,
+                         fast_s=0.25)
+    _samples(gov, clock, load, [(3, 2)] * 7)  # others 1 for most of a window
+    clock.t += 1.0  # the sampler waited a second behind a busy step: no stall
+    assert _samples(gov, clock, load, [(2, 2)] * 7) == [2] * 7  # a new window, still open
+    assert gov.tick() is None
+    assert _samples(gov, clock, load, [(2, 2)] * 2) == [2, 2]  # it closes: others 0
+
+
 def test_a_stall_drops_to_one_thread_until_the_short_window_reads_the_host():
     load, clock, applied = _Load(), _Clock(), list[int]()
     gov = ThreadGovernor(2, 2, applied.append, load=load, clock=clock, sample_s=0.125,
