@@ -22,7 +22,7 @@ Contract:
   ``stall_s`` (2 s) is a stall: the process was paused, or starved for longer than its own
   busy steps delay the sampler (past 250 ms at times, with 8 streams on 2 CPUs). After a
   stall the count from before says nothing about the host, so it drops to 1 thread at once
-  and the first ``fast_s`` of samples set it, up or down, from the fewest other threads any
+  and the first ``settle_s`` of samples set it, up or down, from the fewest other threads any
   of them saw (a whole prefill at 2 threads beside two busy processes, before the next
   window, took 5.7 s);
 - only for a plan of its own making (``source == "auto"``, more than 1 thread) over every
@@ -79,15 +79,15 @@ class ThreadGovernor:
 
     def __init__(self, planned: int, cpus: int, apply: Callable[[int], None],
                  load: HostLoad | None = None, clock: Callable[[], float] = time.monotonic,
-                 sample_s: float = 0.05, window_s: float = 1.0, fast_s: float = 0.2,
+                 sample_s: float = 0.05, window_s: float = 1.0, settle_s: float = 0.2,
                  stall_s: float = 2.0) -> None:
         self.planned, self.cpus, self.apply = planned, cpus, apply
         self.load, self.clock = load or HostLoad(), clock
         self.sample_s, self.window_s, self.stall_s = sample_s, window_s, stall_s
-        self.fast_n = max(1, round(fast_s / sample_s))  # samples in the short window
+        self.settle_n = max(1, round(settle_s / sample_s))  # samples that set want after a stall
         self.threads = self.want = planned
         self._samples: list[int] = []
-        self._settling = False  # after a stall, until fast_n samples have set want
+        self._settling = False  # after a stall, until settle_n samples have set want
         self._last_sample = self._window_start = clock()
 
     def start(self) -> ThreadGovernor:
@@ -99,7 +99,7 @@ class ThreadGovernor:
         return self
 
     def sample(self) -> None:
-        """One sample; after a stall the first ``fast_n`` set ``want``; the end of a window
+        """One sample; after a stall the first ``settle_n`` set ``want``; the end of a window
         sets it from the window's average."""
         now = self.clock()
         gap = now - self._last_sample
@@ -112,7 +112,7 @@ class ThreadGovernor:
             self._samples.append(max(0, self.load.runnable_total() - self.load.runnable_own()))
         except (OSError, ValueError, IndexError):
             return
-        if self._settling and len(self._samples) >= self.fast_n:
+        if self._settling and len(self._samples) >= self.settle_n:
             # the fewest others of the first samples: a neighbour that stays, not a client
             # that wakes when tokens go out (min over [0, 2, 0, 1] is 0; over [2, 3, 2, 2] 2)
             self.want, self._settling = self._threads_for(min(self._samples)), False

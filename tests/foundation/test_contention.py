@@ -87,7 +87,7 @@ def test_a_pause_starts_a_new_window():
 def test_a_client_runnable_for_a_few_samples_in_a_row_does_not_lower_the_threads():
     load, clock, applied = _Load(), _Clock(), list[int]()
     gov = ThreadGovernor(2, 2, applied.append, load=load, clock=clock, sample_s=0.125,
-                         fast_s=0.25)
+                         settle_s=0.25)
     # a busy relay or load generator: runnable 3 samples in a row, then idle 5 (mean 0.375)
     wants = _samples(gov, clock, load, ([(3, 2)] * 3 + [(2, 2)] * 5) * 2)
     assert wants == [2] * 16 and gov.tick() is None
@@ -96,7 +96,7 @@ def test_a_client_runnable_for_a_few_samples_in_a_row_does_not_lower_the_threads
 def test_a_client_waking_per_step_does_not_lower_the_threads():
     load, clock, applied = _Load(), _Clock(), list[int]()
     gov = ThreadGovernor(2, 2, applied.append, load=load, clock=clock, sample_s=0.125,
-                         fast_s=0.25)
+                         settle_s=0.25)
     wants = _samples(gov, clock, load, [(3, 2), (2, 2), (2, 2), (2, 2)] * 4)  # 2 windows
     assert wants == [2] * 16 and gov.tick() is None  # min of any 2 in a row: 0; mean 0.25
 
@@ -104,7 +104,7 @@ def test_a_client_waking_per_step_does_not_lower_the_threads():
 def test_a_short_gap_starts_a_new_window_but_keeps_the_threads():
     load, clock, applied = _Load(), _Clock(), list[int]()
     gov = ThreadGovernor(2, 2, applied.append, load=load, clock=clock, sample_s=0.125,
-                         fast_s=0.25)
+                         settle_s=0.25)
     _samples(gov, clock, load, [(3, 2)] * 7)  # others 1 for most of a window
     clock.t += 1.0  # the sampler waited a second behind a busy step: no stall
     assert _samples(gov, clock, load, [(2, 2)] * 7) == [2] * 7  # a new window, still open
@@ -115,7 +115,7 @@ def test_a_short_gap_starts_a_new_window_but_keeps_the_threads():
 def test_a_stall_drops_to_one_thread_until_the_short_window_reads_the_host():
     load, clock, applied = _Load(), _Clock(), list[int]()
     gov = ThreadGovernor(2, 2, applied.append, load=load, clock=clock, sample_s=0.125,
-                         fast_s=0.25)
+                         settle_s=0.25)
     _window(gov, clock, load, [(2, 2)])
     clock.t += 30  # paused, or starved of CPU
     assert _samples(gov, clock, load, [(2, 2)]) == [1]  # the stall itself: 1 thread
