@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
 import psutil
 
 from benchmarks.stack import Stack
@@ -108,6 +109,14 @@ def worker_pid(stack: Stack) -> int:
 
 def api_pid(stack: Stack) -> int | None:
     return _child(stack, "api")
+
+
+def api_answers(stack: Stack) -> bool:
+    """The API accepts connections (a restarted one takes seconds to listen again)."""
+    try:
+        return httpx.get(f"{stack.url}/ping", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 def upload(stack: Stack, src: Path, dst: str) -> None:

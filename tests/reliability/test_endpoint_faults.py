@@ -16,6 +16,7 @@ from benchmarks.stack import Stack
 from eaglenest.db.session import Database
 from eaglenest.db.tables import EndpointRow
 from tests.reliability.reliability_helpers import (
+    api_answers,
     api_pid,
     assert_no_strays,
     make_endpoint,
@@ -113,6 +114,7 @@ def test_api_killed_loses_no_answered_capture_and_stale_records_are_not_signalle
         os.kill(killed, signal.SIGKILL)
         wait_for(lambda: api_pid(stack) not in (None, killed), 30, "up did not restart the API",
                  stack)
+        wait_for(lambda: api_answers(stack), 60, "the restarted API does not answer", stack)
         records = wait_for(lambda: len(_captured(stack, "captured")) >= 20 and
                            _captured(stack, "captured"), 60, "capture lost", stack)
         assert sorted(r["prompt"] for r in records) == sorted(f"prompt {i}" for i in range(20))

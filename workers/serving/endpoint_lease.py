@@ -5,6 +5,12 @@ endpoint is in another status or a live worker owns it: the task then does nothi
 heartbeats it every third of the lease until exit, when an owner that did not change the
 status releases it. A worker that dies stops heartbeating; after a lease the watchdog sends
 the task again (workers/reconcile.py), and the next worker's claim succeeds.
+
+The row's owner is the worker process, and a worker runs several tasks at once on its pool's
+threads: two deliveries of one task (the API's message and the one reconcile re-sends at
+worker start) can reach the same worker together. The database claim lets an owner claim
+again (a recovery claims the SystemUpdating it set itself), so the lease also holds the ARN
+in this process: while one is held, a second lease on that ARN here is not.
 """
 
 from __future__ import annotations
@@ -17,6 +23,23 @@ from eaglenest.workers.infra.context import WorkerContext
 
 log = logging.getLogger("eaglenest.endpoints")
 
+#: ARNs of the leases held in this process
+_held: set[str] = set()
+_held_lock = threading.Lock()
+
+
+def _hold(arn: str) -> bool:
+    with _held_lock:
+        if arn in _held:
+            return False
+        _held.add(arn)
+        return True
+
+
+def _drop(arn: str) -> None:
+    with _held_lock:
+        _held.discard(arn)
+
 
 class EndpointLease:
     def __init__(self, ctx: WorkerContext, arn: str, status: str) -> None:
@@ -27,9 +50,16 @@ class EndpointLease:
                                         daemon=True)
 
     def __enter__(self) -> EndpointLease:
-        with self.ctx.db.session() as s:
-            self.held = eps.claim(s, self.arn, self.status, self.ctx.owner,
-                                  self.ctx.lease_seconds)
+        if not _hold(self.arn):
+            log.info("endpoint %s: another task of this worker holds it", self.arn)
+            return self
+        try:
+            with self.ctx.db.session() as s:
+                self.held = eps.claim(s, self.arn, self.status, self.ctx.owner,
+                                      self.ctx.lease_seconds)
+        finally:
+            if not self.held:
+                _drop(self.arn)
         if self.held:
             self._thread.start()
         return self
@@ -44,6 +74,8 @@ class EndpointLease:
                 eps.release(s, self.arn, self.ctx.owner)
         except Exception as err:  # database blip: the lease expires on its own
             log.warning("could not release endpoint %s: %s", self.arn, err)
+        finally:
+            _drop(self.arn)
 
     def _beat(self) -> None:
         while not self._done.wait(self.ctx.lease_seconds / 3):

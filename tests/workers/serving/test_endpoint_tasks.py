@@ -6,6 +6,8 @@ while one account has it."""
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -72,6 +74,38 @@ def test_a_transition_another_live_worker_holds_is_left_alone(ctx, monkeypatch):
     assert endpoints.create(ctx, EP).startswith("skipped")
     r = row(ctx)
     assert (r.status, r.owner) == (endpoints_repo.CREATING, "other:2")
+
+
+def test_two_deliveries_to_one_worker_start_the_servers_once(ctx, monkeypatch):
+    """The API's message and the one reconcile re-sends at worker start both reach this
+    worker's pool: the second task finds the first holding the transition and does nothing
+    (before, both launched and one fleet was left running outside the deployment)."""
+    launched, second_done = [], threading.Event()
+
+    def launch(*_: object) -> dict:
+        launched.append(threading.current_thread().name)
+        assert second_done.wait(30), "the second task did not return while the first ran"
+        return {"Servers": {}}
+
+    monkeypatch.setattr(endpoints, "_launch", launch)
+    results: list[str] = []
+    first = threading.Thread(target=lambda: results.append(endpoints.create(ctx, EP)))
+    first.start()
+    deadline = time.monotonic() + 30
+    while not launched and time.monotonic() < deadline:
+        time.sleep(0.01)
+    second = endpoints.create(ctx, EP)
+    second_done.set()
+    first.join(30)
+    assert second.startswith("skipped")
+    assert (results, len(launched)) == ([endpoints_repo.IN_SERVICE], 1)
+    r = row(ctx)
+    assert (r.status, r.owner) == (endpoints_repo.IN_SERVICE, None)
+    # the hold ended with the task: the next transition of the endpoint is claimed again
+    with ctx.db.session() as s:
+        endpoints_repo.request_update(s, ACCOUNT, "ep", "c2", {"EndpointConfigName": "c2"})
+    monkeypatch.setattr(endpoints, "_launch", boom)
+    assert endpoints.update(ctx, EP) == "rolled-back"
 
 
 def test_a_bare_name_is_taken_only_while_one_account_has_it(ctx, monkeypatch):
