@@ -7,7 +7,9 @@ EAGLENEST_NUM_SPECULATIVE_TOKENS (default: the K the head was trained/benchmarke
 5), EAGLENEST_SPECULATION_SCHEDULE (K per load; default: the channel's
 speculation_schedule.json unless EAGLENEST_NUM_SPECULATIVE_TOKENS is set; ``none``: a fixed K),
 EAGLENEST_EXPECTED_CONCURRENCY (vLLM without dynamic speculation: the load whose K is used,
-default 1), EAGLENEST_DECODE_MODE (embedded: chain | tree | parallel), EAGLENEST_ADAPTIVE (embedded:
+default 1), EAGLENEST_SPLIT_SERVING (vLLM: 1, the default = where the schedule is off above
+some load, a second server of the target alone serves those loads; 0 = one server),
+EAGLENEST_DECODE_MODE (embedded: chain | tree | parallel), EAGLENEST_ADAPTIVE (embedded:
 1 = K / tree depth chosen online), EAGLENEST_MAX_MODEL_LEN, EAGLENEST_DTYPE. The head comes
 from the container's `eagle_model` channel.
 """
@@ -136,6 +138,9 @@ def _spec(plan: VariantPlan, model_dir: Path, head_dir: Path | None, served: str
     adaptive = plan.env.get("EAGLENEST_ADAPTIVE", "0")
     if adaptive not in ("0", "1"):
         raise DeployError(f"EAGLENEST_ADAPTIVE={adaptive!r} must be 0 or 1")
+    split = plan.env.get("EAGLENEST_SPLIT_SERVING", "1")
+    if split not in ("0", "1"):
+        raise DeployError(f"EAGLENEST_SPLIT_SERVING={split!r} must be 0 or 1")
     if adaptive == "1" and backend != EMBEDDED:
         raise DeployError("EAGLENEST_ADAPTIVE=1 needs EAGLENEST_SERVING_BACKEND=embedded "
                           "(vLLM drafts a fixed num_speculative_tokens)")
@@ -154,7 +159,7 @@ def _spec(plan: VariantPlan, model_dir: Path, head_dir: Path | None, served: str
                       or plan.env.get("OPTION_DTYPE", "float32"),
                       max_model_len=int(max_len), secret=instance_auth.new_secret(),
                       schedule=_schedule(plan, head_dir) if head_dir else None,
-                      expected_load=_expected_load(plan),
+                      expected_load=_expected_load(plan), split=split == "1",
                       extra_env=dict(plan.env))  # as SageMaker sets a container's Environment
 
 

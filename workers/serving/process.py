@@ -18,7 +18,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -83,14 +83,26 @@ class ServerSpec:
     schedule: Schedule | None = None
     #: vLLM without dynamic speculation only: the running requests to pick a fixed K for
     expected_load: int = 1
+    #: vLLM with a schedule that turns off above some load: serve those loads from a second
+    #: server of the target alone (workers/serving/split.py)
+    split: bool = True
 
     def speculates(self) -> bool:
         """A head is served (a schedule that is off at every load serves the target alone)."""
         return self.head_dir is not None and (self.schedule is None or self.schedule.speculates)
 
+    def split_upto(self) -> int | None:
+        """Split serving's threshold (workers/serving/split.py), None when not split: vLLM
+        with dynamic speculation and a schedule that is off above some load."""
+        if (self.backend != VLLM or not self.split or self.schedule is None
+                or not self.speculates() or not vllm_dynamic_speculation()):
+            return None
+        return self.schedule.speculate_upto
+
     def command(self) -> list[str]:
         if self.backend == VLLM:
-            return self._vllm()
+            upto = self.split_upto()
+            return self._vllm() if upto is None else self._split(upto)
         cmd = [sys.executable, "-m", "eaglenest.workers.serving.embedded",
                "--model", str(self.model_dir),
                "--port", str(self.port), "--host", self.bind_host,
@@ -119,6 +131,16 @@ class ServerSpec:
         if spec:
             cmd += ["--speculative-config", json.dumps(spec)]
         return cmd
+
+    def _split(self, upto: int) -> list[str]:
+        """The split router's command; its two servers listen on loopback only."""
+        inner = replace(self, bind_host="127.0.0.1")
+        plain = replace(inner, head_dir=None, schedule=None)
+        return [sys.executable, "-m", "eaglenest.workers.serving.split",
+                "--host", self.bind_host, "--port", str(self.port),
+                "--speculate-upto", str(upto),
+                "--speculative-command", json.dumps(inner._vllm()),
+                "--plain-command", json.dumps(plain._vllm())]
 
     def vllm_speculative_config(self) -> dict[str, Any] | None:
         """vLLM's --speculative-config. A schedule becomes vLLM's dynamic speculation

@@ -52,6 +52,15 @@ class Schedule:
     def speculates(self) -> bool:
         return self.k_max > 0
 
+    @property
+    def speculate_upto(self) -> int | None:
+        """The most running requests at which it still speculates, when it turns off above
+        them for good (its last entry's K is 0); else None. Example: [[2, 3], [16, 0]] -> 2;
+        [[1, 5], [4, 3]] -> None (on at every load); [[4, 0]] -> None (never on)."""
+        if self.thresholds[-1][1] != 0 or not self.speculates:
+            return None
+        return max(m for m, k in self.thresholds if k > 0)
+
     def to_list(self) -> list[list[int]]:
         return [[m, k] for m, k in self.thresholds]
 

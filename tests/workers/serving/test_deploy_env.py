@@ -108,7 +108,7 @@ def test_vllm_gets_the_schedule_as_its_dynamic_speculation(
     monkeypatch.setattr(deploy, "default_backend", lambda: "vllm")
     monkeypatch.setattr(process, "_cuda", lambda: False)
     head = _head(tmp_path, "[[1, 5], [4, 3], [16, 0]]")
-    vllm_plan = plan(EAGLENEST_SERVING_BACKEND="vllm")
+    vllm_plan = plan(EAGLENEST_SERVING_BACKEND="vllm", EAGLENEST_SPLIT_SERVING="0")
     monkeypatch.setattr(process, "vllm_dynamic_speculation", lambda: True)
     config = json.loads(_arg(_spec(vllm_plan, Path("/m"), head, "ep").command(),
                              "--speculative-config") or "{}")
@@ -126,3 +126,41 @@ def test_vllm_gets_the_schedule_as_its_dynamic_speculation(
     cmd = _spec(plan(EAGLENEST_SERVING_BACKEND="vllm", EAGLENEST_EXPECTED_CONCURRENCY="8"),
                 Path("/m"), head, "ep").command()
     assert "--speculative-config" not in cmd  # off at that load: the target alone
+
+
+def test_vllm_splits_where_the_schedule_turns_off(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Off above 4 running: the split router with a speculating and a plain vLLM server
+    (workers/serving/split.py), both on loopback; EAGLENEST_SPLIT_SERVING=0: one server."""
+    import json
+
+    import eaglenest.workers.serving.deploy as deploy
+    import eaglenest.workers.serving.process as process
+
+    monkeypatch.setattr(deploy, "default_backend", lambda: "vllm")
+    monkeypatch.setattr(process, "_cuda", lambda: False)
+    monkeypatch.setattr(process, "vllm_dynamic_speculation", lambda: True)
+    head = _head(tmp_path, "[[1, 5], [4, 3], [16, 0]]")
+    spec = _spec(plan(EAGLENEST_SERVING_BACKEND="vllm"), Path("/m"), head, "ep")
+    spec.bind_host = "0.0.0.0"
+    cmd = spec.command()
+    assert cmd[1:3] == ["-m", "eaglenest.workers.serving.split"]
+    assert (_arg(cmd, "--speculate-upto"), _arg(cmd, "--port"), _arg(cmd, "--host")) == (
+        "4", str(spec.port), "0.0.0.0")
+    fast = json.loads(_arg(cmd, "--speculative-command") or "[]")
+    plain = json.loads(_arg(cmd, "--plain-command") or "[]")
+    assert _arg(fast, "--host") == _arg(plain, "--host") == "127.0.0.1"
+    assert json.loads(_arg(fast, "--speculative-config") or "{}")[
+        "num_speculative_tokens_per_batch_size"] == [[1, 1, 5], [2, 4, 3], [5, 4096, 0]]
+    assert "--speculative-config" not in plain
+    assert [a for a in plain if a != "--speculative-config"] == [
+        a for a in fast if a not in ("--speculative-config", _arg(fast, "--speculative-config"))]
+    assert "--speculative-config" in _spec(
+        plan(EAGLENEST_SERVING_BACKEND="vllm", EAGLENEST_SPLIT_SERVING="0"), Path("/m"), head,
+        "ep").command()
+    # on at every load: nothing to split
+    on = _head(tmp_path / "on", "[[1, 5], [4, 3]]")
+    assert "--speculative-config" in _spec(plan(EAGLENEST_SERVING_BACKEND="vllm"), Path("/m"),
+                                           on, "ep").command()
+    with pytest.raises(DeployError, match="EAGLENEST_SPLIT_SERVING='yes' must be 0 or 1"):
+        _spec(plan(EAGLENEST_SPLIT_SERVING="yes"), Path("/m"), head, "ep")

@@ -96,6 +96,13 @@ def test_vllm_ranges_cover_every_batch_size_from_one() -> None:
     assert Schedule(((8, 2),)).vllm_ranges() == [[1, 4096, 2]]
 
 
+def test_speculate_upto_is_where_speculation_ends_for_good() -> None:
+    assert Schedule(((2, 3), (16, 0))).speculate_upto == 2
+    assert Schedule(((1, 5), (4, 3), (16, 0))).speculate_upto == 4
+    assert Schedule(((1, 5), (4, 3))).speculate_upto is None  # on at every load
+    assert Schedule(((4, 0),)).speculate_upto is None  # never on
+
+
 def test_parse_round_trips_the_environment_value() -> None:
     s = Schedule(((1, 5), (4, 3), (16, 0)))
     assert s.to_env() == "[[1,5],[4,3],[16,0]]"

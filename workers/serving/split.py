@@ -1,0 +1,295 @@
+"""Split serving: a speculating server and a plain one behind one port, chosen by load.
+
+Why: vLLM's speculative path costs throughput even where its dynamic speculation drafts no
+tokens (K = 0 still runs the drafter and the speculative bookkeeping: 6-9% below the target
+alone at 4-16 running requests, docs/speculation-schedule.md). Where an endpoint's schedule
+turns speculation off above some load, the instance runs two model servers, the target with
+the head and the target alone, and this router sends each new request to one of them.
+
+Policy (`SplitPolicy`): a request goes to the speculating server while fewer than
+``speculate_upto`` requests are in flight (this one not counted) and the plain server has
+none; otherwise to the plain server. Once the plain server serves, new requests follow it
+until it drains, so under steady load above the threshold every request ends up on the
+plain server and the speculating one idles (an idle vLLM process takes no CPU). A request
+stays on the server it started on. Example, ``speculate_upto`` = 2: requests 1 and 2 go to
+the speculating server; the 3rd (2 in flight) to the plain one; while that one runs, the
+next requests go there too; once the load is back to 2 or fewer and the plain server has
+drained, new requests speculate again.
+
+Bursts: while both servers compute, each runs its OpenMP threads on the same cores and
+both slow down far more than twofold, so the requests of a burst should not be split
+between them. A request that finds the router idle opens a window of ``burst_s``; every
+request arriving within it waits for its end and then they are routed together: all to
+the plain server when there are more than ``speculate_upto`` of them, else all to the
+speculating one. (Four clients starting at once thus all reach the plain server, where
+without the window two would speculate beside two plain ones.) The window is the price of
+an arrival at an idle router: ``burst_s`` more time to first token.
+
+Process contract: the router is the instance's one recorded child (foundation/children.py);
+it starts both servers as its own children in its process group (they die with it, and the
+owner's SIGTERM/SIGKILL of the group reaches them), on ports it picks on 127.0.0.1. If
+either server exits the router stops the other and exits 1, so the instance's health check
+fails and the endpoint's recovery restarts it. `/health` answers 200 (with the instance's
+proof, foundation/instance_auth.py) once both answer theirs; `/metrics` is the speculating
+server's page (its spec-decode counters are the ones that measure speculation).
+Every other request is relayed as it is, Authorization included (both servers check the
+instance's secret themselves), streamed bodies chunk by chunk.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from eaglenest.foundation import instance_auth
+from eaglenest.foundation.children import die_with_parent
+from eaglenest.foundation.processes import free_port
+
+log = logging.getLogger("eaglenest.split")
+SPEC, PLAIN = "speculative", "plain"
+_HOP = {b"host", b"content-length", b"transfer-encoding", b"connection", b"keep-alive"}
+
+
+@dataclass
+class _Window:
+    end: float  # monotonic time it closes
+    count: int = 0  # requests that arrived within it
+    choice: str | None = None  # where they all go, decided by the first to wake
+
+
+@dataclass
+class SplitPolicy:
+    """Requests in flight per server and the choice for the next one (module docstring)."""
+
+    speculate_upto: int
+    burst_s: float = 0.0
+    spec: int = 0
+    plain: int = 0
+    _window: _Window | None = None  # the latest burst window
+
+    def choose(self) -> str:
+        if self.plain == 0 and self.spec < self.speculate_upto:
+            return self._take(SPEC)
+        return self._take(PLAIN)
+
+    async def admit(self) -> str:
+        """`choose`, after the burst window this request falls in (if any) has closed."""
+        now = time.monotonic()
+        window = self._window
+        if window is None or now >= window.end:
+            if self.burst_s <= 0 or self.spec or self.plain:
+                return self.choose()
+            window = self._window = _Window(now + self.burst_s)
+        window.count += 1
+        await asyncio.sleep(window.end - now)
+        if window.choice is None:
+            fits = self.plain == 0 and self.spec + window.count <= self.speculate_upto
+            window.choice = SPEC if fits else PLAIN
+        return self._take(window.choice)
+
+    def _take(self, server: str) -> str:
+        if server == SPEC:
+            self.spec += 1
+        else:
+            self.plain += 1
+        return server
+
+    def done(self, server: str) -> None:
+        if server == SPEC:
+            self.spec -= 1
+        else:
+            self.plain -= 1
+
+
+def with_port(argv: list[str], port: int) -> list[str]:
+    """`argv` with the value after its ``--port`` replaced (appended when it has none)."""
+    out = list(argv)
+    if "--port" in out:
+        out[out.index("--port") + 1] = str(port)
+    else:
+        out += ["--port", str(port)]
+    return out
+
+
+class Backends:
+    """The two model servers: started in this process group, watched, stopped together."""
+
+    def __init__(self, commands: dict[str, list[str]]) -> None:
+        self.urls: dict[str, str] = {}
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        me = os.getpid()
+        for name, argv in commands.items():
+            port = free_port()
+            self.urls[name] = f"http://127.0.0.1:{port}"
+            self.procs[name] = subprocess.Popen(  # same process group: the owner's killpg
+                with_port(argv, port), preexec_fn=lambda: die_with_parent(me))
+
+    def exited(self) -> str | None:
+        """The name of a server that has exited, if any."""
+        return next((n for n, p in self.procs.items() if p.poll() is not None), None)
+
+    def stop(self, timeout: float = 20) -> None:
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.terminate()
+        deadline = time.monotonic() + timeout
+        for p in self.procs.values():
+            try:
+                p.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+
+
+class SplitApp:
+    """The router's ASGI app (wrapped in InstanceGuard by `main`)."""
+
+    def __init__(self, backends: Backends, policy: SplitPolicy, secret: str | None) -> None:
+        import httpx
+
+        self.backends, self.policy, self.secret = backends, policy, secret
+        self.client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10))
+
+    async def healthy(self) -> bool:
+        return all(await asyncio.gather(*(
+            asyncio.to_thread(instance_auth.probe, url, self.secret, 2)
+            for url in self.backends.urls.values())))
+
+    async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await _lifespan(receive, send, self.client.aclose)
+            return
+        path = scope["path"]
+        if path == "/health":
+            ok = await self.healthy()
+            await _reply(send, 200 if ok else 503, b"" if ok else b"model servers starting")
+            return
+        server = SPEC if path == "/metrics" or scope["method"] != "POST" else (
+            await self.policy.admit())
+        try:
+            await self._relay(scope, receive, send, self.backends.urls[server])
+        finally:
+            if not (path == "/metrics" or scope["method"] != "POST"):
+                self.policy.done(server)
+
+    async def _relay(self, scope: dict[str, Any], receive: Receive, send: Send,
+                     base: str) -> None:
+        import httpx
+
+        body = await _read_body(receive)
+        headers = [(k, v) for k, v in scope["headers"] if k.lower() not in _HOP]
+        query = scope.get("query_string", b"").decode("latin-1")
+        url = base + scope["path"] + (f"?{query}" if query else "")
+        request = self.client.build_request(scope["method"], url, headers=headers, content=body)
+        try:
+            upstream = await self.client.send(request, stream=True)
+        except httpx.HTTPError as exc:
+            await _reply(send, 502, f"model server unreachable: {exc}".encode())
+            return
+        try:
+            await send({"type": "http.response.start", "status": upstream.status_code,
+                        "headers": [(k, v) for k, v in upstream.headers.raw
+                                    if k.lower() not in _HOP]})
+            async for chunk in upstream.aiter_raw():
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
+        finally:
+            await upstream.aclose()
+
+
+async def _read_body(receive: Receive) -> bytes:
+    parts = []
+    while True:
+        message = await receive()
+        parts.append(message.get("body", b""))
+        if not message.get("more_body"):
+            return b"".join(parts)
+
+
+async def _reply(send: Send, status: int, body: bytes) -> None:
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"text/plain"),
+                            (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _lifespan(receive: Receive, send: Send, close: Callable[[], Awaitable[None]]
+                    ) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await close()
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m eaglenest.workers.serving.split")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--speculate-upto", type=int, required=True,
+                   help="requests in flight up to which a new one may speculate")
+    p.add_argument("--burst-ms", type=float, default=10.0,
+                   help="arrivals at an idle router within this window are routed together")
+    p.add_argument("--speculative-command", required=True, help="JSON argv of the server "
+                   "with the head (its --port is replaced)")
+    p.add_argument("--plain-command", required=True, help="JSON argv of the target alone")
+    return p
+
+
+def _watch(backends: Backends, web: Any) -> None:
+    """Stop serving when either model server exits (its instance is then restarted)."""
+    while not web.should_exit:
+        gone = backends.exited()
+        if gone is not None:
+            log.error("the %s model server exited with %s: stopping", gone,
+                      backends.procs[gone].returncode)
+            web.exit_code = 1
+            web.should_exit = True
+            return
+        time.sleep(0.5)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import uvicorn
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    args = build_parser().parse_args(argv)
+    if args.speculate_upto < 1:
+        raise SystemExit("--speculate-upto must be at least 1")
+    commands = {SPEC: json.loads(args.speculative_command), PLAIN: json.loads(args.plain_command)}
+    backends = Backends(commands)
+    secret = os.environ.get(instance_auth.SECRET_ENV) or None
+    app = SplitApp(backends, SplitPolicy(args.speculate_upto, args.burst_ms / 1000), secret)
+    config = uvicorn.Config(instance_auth.InstanceGuard(app), host=args.host, port=args.port,
+                            log_level="warning", access_log=False)
+    web = uvicorn.Server(config)
+    web.exit_code = 0  # type: ignore[attr-defined]
+    signal.signal(signal.SIGTERM, lambda *_: setattr(web, "should_exit", True))
+    threading.Thread(target=_watch, args=(backends, web), name="watch", daemon=True).start()
+    try:
+        web.run()
+    finally:
+        backends.stop()
+    return 1 if getattr(web, "exit_code", 0) or not web.started else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
