@@ -16,7 +16,10 @@ both streamed, all at temperature 0. Checked:
   ``..._num_accepted_tokens_total`` moved above zero over these requests plus one for each
   other held-out prompt;
 - requests over the model's limits are refused as the embedded server refuses them;
-- DeleteEndpoint stops the vLLM process group.
+- the schedule turns speculation off above one running request, so the instance is split
+  serving (a speculating and a plain vLLM server behind one router): concurrent requests,
+  which reach the plain server, give the same text;
+- DeleteEndpoint stops the instance's process group (router and both servers).
 
 One vLLM server start for the whole file (several minutes on a loaded 2-core CPU).
 """
@@ -24,6 +27,7 @@ One vLLM server start for the whole file (several minutes on a loaded 2-core CPU
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -79,6 +83,8 @@ def served(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path, eagle3_h
             "Image": "vllm",
             "Environment": {"EAGLENEST_SERVING_BACKEND": "vllm", "EAGLENEST_DTYPE": "float32",
                             "EAGLENEST_NUM_SPECULATIVE_TOKENS": str(recipe.K),
+                            # off above 1 running: split serving (workers/serving/split.py)
+                            "EAGLENEST_SPECULATION_SCHEDULE": f"[[1,{recipe.K}],[64,0]]",
                             "EAGLENEST_MAX_MODEL_LEN": "1024"},
             "ModelDataSource": {"S3DataSource": {
                 "S3Uri": "s3://models/smollm2/", "S3DataType": "S3Prefix",
@@ -175,6 +181,16 @@ def test_vllm_endpoint_serves_head_losslessly_with_speculation(served, smol) -> 
     expected = _greedy(smol, list(choice["prompt_token_ids"]))
     assert list(choice["token_ids"]) == expected
     assert text == smol.tokenizer.decode(expected, skip_special_tokens=True)
+
+    # above the schedule's speculating load: the plain server takes them, same text
+    cmdline = Path(f"/proc/{record['instances'][0]['pid']}/cmdline").read_bytes()
+    assert b"eaglenest.workers.serving.split" in cmdline
+    body = json.dumps({"prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0})
+    with ThreadPoolExecutor(3) as pool:
+        texts = list(pool.map(lambda _: json.loads(rt.invoke_endpoint(
+            EndpointName=ENDPOINT, ContentType="application/json",
+            Body=body)["Body"].read())["choices"][0]["text"], range(3)))
+    assert texts == [text] * 3
 
 
 def test_vllm_refuses_over_the_limits_as_the_embedded_server(served,  # type: ignore[no-untyped-def]
