@@ -52,6 +52,7 @@ from eaglenest.workers.serving.process import (
     vllm_installed,
 )
 from eaglenest.workers.serving.schedule import Schedule, parse_schedule, read_schedule
+from eaglenest.workers.serving.split import PLAIN, SPEC, parse_routed
 
 DEFAULT_SCHEDULE = "[[1,5],[4,3],[16,0]]"
 
@@ -127,15 +128,24 @@ def measure(server: ServerProcess, prompts: list[str], c: int, n: int,
     # thread until 0.2 s of samples have read the host. A server that was never paused would
     # not be in that state, so the round starts once that has passed.
     time.sleep(RESUME_SETTLE_S)
+    split = server.spec.split_upto() is not None
     try:
+        before = parse_routed(_metrics(server)) if split else {}
         level, texts = asyncio.run(go())
         threads = ""
         if server.spec.backend == EMBEDDED:
-            metrics = httpx.get(f"{server.base_url}/metrics", timeout=30).text
-            threads = f"  threads {parse_torch_threads(metrics)}"
+            threads = f"  threads {parse_torch_threads(_metrics(server))}"
+        if split:  # vLLM split serving: where this round's requests went
+            after = parse_routed(_metrics(server))
+            threads = (f"  routed speculative/plain {after[SPEC] - before.get(SPEC, 0)}/"
+                       f"{after[PLAIN] - before.get(PLAIN, 0)}")
         return level, texts, threads
     finally:
         server.pause(True)
+
+
+def _metrics(server: ServerProcess) -> str:
+    return httpx.get(f"{server.base_url}/metrics", timeout=30).text
 
 
 def sweep(args: argparse.Namespace, servers: dict[tuple[str, str], ServerProcess],

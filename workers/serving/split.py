@@ -31,7 +31,9 @@ owner's SIGTERM/SIGKILL of the group reaches them), on ports it picks on 127.0.0
 either server exits the router stops the other and exits 1, so the instance's health check
 fails and the endpoint's recovery restarts it. `/health` answers 200 (with the instance's
 proof, foundation/instance_auth.py) once both answer theirs; `/metrics` is the speculating
-server's page (its spec-decode counters are the ones that measure speculation).
+server's page (its spec-decode counters are the ones that measure speculation) followed by
+the router's counters (`eaglenest:split_requests_total{server=...}`, and of those the ones
+routed as part of a burst, `eaglenest:split_burst_requests_total`).
 Every other request is relayed as it is, Authorization included (both servers check the
 instance's secret themselves), streamed bodies chunk by chunk.
 """
@@ -49,7 +51,7 @@ import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from eaglenest.foundation import instance_auth
@@ -77,6 +79,9 @@ class SplitPolicy:
     spec: int = 0
     plain: int = 0
     _window: _Window | None = None  # the latest burst window
+    #: requests routed to each server, and those routed at the close of a burst window
+    routed: dict[str, int] = field(default_factory=lambda: {SPEC: 0, PLAIN: 0})
+    bursts: dict[str, int] = field(default_factory=lambda: {SPEC: 0, PLAIN: 0})
 
     def choose(self) -> str:
         if self.plain == 0 and self.spec < self.speculate_upto:
@@ -96,9 +101,11 @@ class SplitPolicy:
         if window.choice is None:
             fits = self.plain == 0 and self.spec + window.count <= self.speculate_upto
             window.choice = SPEC if fits else PLAIN
+        self.bursts[window.choice] += 1
         return self._take(window.choice)
 
     def _take(self, server: str) -> str:
+        self.routed[server] += 1
         if server == SPEC:
             self.spec += 1
         else:
@@ -110,6 +117,26 @@ class SplitPolicy:
             self.spec -= 1
         else:
             self.plain -= 1
+
+    def metrics(self) -> bytes:
+        """Prometheus lines of the router's own counters."""
+        lines = ["# TYPE eaglenest:split_requests_total counter"]
+        lines += [f'eaglenest:split_requests_total{{server="{k}"}} {v}'
+                  for k, v in self.routed.items()]
+        lines.append("# TYPE eaglenest:split_burst_requests_total counter")
+        lines += [f'eaglenest:split_burst_requests_total{{server="{k}"}} {v}'
+                  for k, v in self.bursts.items()]
+        return ("\n".join(lines) + "\n").encode()
+
+
+def parse_routed(page: str) -> dict[str, int]:
+    """Server -> requests routed to it, from a split instance's /metrics page."""
+    out = {}
+    for line in page.splitlines():
+        if line.startswith('eaglenest:split_requests_total{server="'):
+            server = line.split('"', 2)[1]
+            out[server] = int(float(line.rsplit(" ", 1)[1]))
+    return out
 
 
 def with_port(argv: list[str], port: int) -> list[str]:
@@ -179,13 +206,29 @@ class SplitApp:
             ok = await self.healthy()
             await _reply(send, 200 if ok else 503, b"" if ok else b"model servers starting")
             return
-        server = SPEC if path == "/metrics" or scope["method"] != "POST" else (
-            await self.policy.admit())
+        if path == "/metrics":
+            await self._metrics(scope, send)
+            return
+        routed = scope["method"] == "POST"  # generation; GETs (/v1/models) ask the first
+        server = await self.policy.admit() if routed else SPEC
         try:
             await self._relay(scope, receive, send, self.backends.urls[server])
         finally:
-            if not (path == "/metrics" or scope["method"] != "POST"):
+            if routed:
                 self.policy.done(server)
+
+    async def _metrics(self, scope: dict[str, Any], send: Send) -> None:
+        import httpx
+
+        auth = [(k, v) for k, v in scope["headers"] if k.lower() == b"authorization"]
+        try:
+            page = await self.client.get(f"{self.backends.urls[SPEC]}/metrics", headers=auth)
+        except httpx.HTTPError as exc:
+            await _reply(send, 502, f"model server unreachable: {exc}".encode())
+            return
+        body = page.content if page.status_code != 200 else (
+            page.content.rstrip(b"\n") + b"\n" + self.policy.metrics())
+        await _reply(send, page.status_code, body)
 
     async def _relay(self, scope: dict[str, Any], receive: Receive, send: Send,
                      base: str) -> None:

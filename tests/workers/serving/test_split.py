@@ -106,7 +106,11 @@ def test_requests_above_the_threshold_go_to_the_plain_server(router):
     assert reply.status_code == 200
     assert reply.json() == {"server": SPEC, "body": {"delay": 0, "prompt": "hi",
                                                     "max_tokens": 3}}
-    assert 'name="speculative"' in httpx.get(f"{url}/metrics", headers=AUTH).text
+    page = httpx.get(f"{url}/metrics", headers=AUTH).text
+    assert 'fake_server_name{name="speculative"} 1' in page  # the speculating server's page
+    assert 'eaglenest:split_requests_total{server="speculative"} 3' in page
+    assert 'eaglenest:split_requests_total{server="plain"} 2' in page
+    assert 'eaglenest:split_burst_requests_total{server="speculative"} 2' in page
 
 
 def test_streams_are_relayed_event_by_event(router):
