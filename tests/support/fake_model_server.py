@@ -3,7 +3,7 @@ with its own name (`--name`), guarded by the instance's secret as vLLM is.
 
 POST /v1/completions with {"delay": s} answers after s seconds: {"server": name, "body":
 the request}; with "stream": true, three SSE events a tenth of a second apart. /metrics:
-``fake_server_name{name="..."} 1``. `--exit-on PATH`: the process exits with 3 once PATH
+``fake_server_name{name="..."} 1`` and ``fake_completions_total``. `--exit-on PATH`: the process exits with 3 once PATH
 exists.
 """
 
@@ -27,6 +27,7 @@ from eaglenest.foundation.instance_auth import InstanceGuard
 
 def app_for(name: str) -> FastAPI:
     app = FastAPI()
+    served = [0]  # completions answered
 
     @app.get("/health")
     async def health() -> PlainTextResponse:
@@ -34,11 +35,13 @@ def app_for(name: str) -> FastAPI:
 
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:
-        return PlainTextResponse(f'fake_server_name{{name="{name}"}} 1\n')
+        return PlainTextResponse(f'fake_server_name{{name="{name}"}} 1\n'
+                                 f"fake_completions_total {served[0]}\n")
 
     @app.post("/v1/completions")
     async def completions(request: Request):  # type: ignore[no-untyped-def]
         body = await request.json()
+        served[0] += 1
         await asyncio.sleep(float(body.get("delay", 0)))
         if body.get("stream"):
             async def events():  # type: ignore[no-untyped-def]

@@ -29,8 +29,11 @@ Process contract: the router is the instance's one recorded child (foundation/ch
 it starts both servers as its own children in its process group (they die with it, and the
 owner's SIGTERM/SIGKILL of the group reaches them), on ports it picks on 127.0.0.1. If
 either server exits the router stops the other and exits 1, so the instance's health check
-fails and the endpoint's recovery restarts it. `/health` answers 200 (with the instance's
-proof, foundation/instance_auth.py) once both answer theirs; `/metrics` is the speculating
+fails and the endpoint's recovery restarts it. Once both answer /health, each gets one short
+warm-up request, one after the other (a vLLM server's first requests pay one-time costs; the
+plain server may otherwise meet its first request only under high load). `/health`
+answers 200 (with the instance's proof, foundation/instance_auth.py) once both are warm and
+answer theirs; `/metrics` is the speculating
 server's page (its spec-decode counters are the ones that measure speculation) followed by
 the router's counters (`eaglenest:split_requests_total{server=...}`, and of those the ones
 routed as part of a burst, `eaglenest:split_burst_requests_total`).
@@ -186,11 +189,32 @@ Receive = Callable[[], Awaitable[dict[str, Any]]]
 class SplitApp:
     """The router's ASGI app (wrapped in InstanceGuard by `main`)."""
 
-    def __init__(self, backends: Backends, policy: SplitPolicy, secret: str | None) -> None:
+    def __init__(self, backends: Backends, policy: SplitPolicy, secret: str | None,
+                 served_name: str = "") -> None:
         import httpx
 
         self.backends, self.policy, self.secret = backends, policy, secret
+        self.served_name = served_name
         self.client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10))
+        self.warm = False
+        self._warming: asyncio.Task[None] | None = None
+
+    async def _warm_up(self) -> None:
+        """Until both answer /health, then one short completion each, in turn."""
+        while not await self.healthy():
+            await asyncio.sleep(0.5)
+        auth = {"Authorization": f"Bearer {self.secret}"} if self.secret else {}
+        for name, url in self.backends.urls.items():
+            try:
+                r = await self.client.post(f"{url}/v1/completions", headers=auth, json={
+                    "model": self.served_name, "prompt": "Hello", "max_tokens": 4,
+                    "temperature": 0})
+                if r.status_code != 200:
+                    log.warning("warm-up of the %s server: HTTP %d %s", name, r.status_code,
+                                r.text[:200])
+            except Exception as exc:  # the server is healthy: serve anyway
+                log.warning("warm-up of the %s server failed: %s", name, exc)
+        self.warm = True
 
     async def healthy(self) -> bool:
         return all(await asyncio.gather(*(
@@ -199,11 +223,12 @@ class SplitApp:
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
+            self._warming = asyncio.ensure_future(self._warm_up())
             await _lifespan(receive, send, self.client.aclose)
             return
         path = scope["path"]
         if path == "/health":
-            ok = await self.healthy()
+            ok = self.warm and await self.healthy()
             await _reply(send, 200 if ok else 503, b"" if ok else b"model servers starting")
             return
         if path == "/metrics":
@@ -320,7 +345,10 @@ def main(argv: list[str] | None = None) -> int:
     commands = {SPEC: json.loads(args.speculative_command), PLAIN: json.loads(args.plain_command)}
     backends = Backends(commands)
     secret = os.environ.get(instance_auth.SECRET_ENV) or None
-    app = SplitApp(backends, SplitPolicy(args.speculate_upto, args.burst_ms / 1000), secret)
+    argv = commands[SPEC]
+    name = argv[argv.index("--served-model-name") + 1] if "--served-model-name" in argv else ""
+    app = SplitApp(backends, SplitPolicy(args.speculate_upto, args.burst_ms / 1000), secret,
+                   name)
     config = uvicorn.Config(instance_auth.InstanceGuard(app), host=args.host, port=args.port,
                             log_level="warning", access_log=False)
     web = uvicorn.Server(config)
