@@ -29,9 +29,9 @@ Process contract: the router is the instance's one recorded child (foundation/ch
 it starts both servers as its own children in its process group (they die with it, and the
 owner's SIGTERM/SIGKILL of the group reaches them), on ports it picks on 127.0.0.1. If
 either server exits the router stops the other and exits 1, so the instance's health check
-fails and the endpoint's recovery restarts it. Once both answer /health, each gets one short
-warm-up request, one after the other (a vLLM server's first requests pay one-time costs; the
-plain server may otherwise meet its first request only under high load). `/health`
+fails and the endpoint's recovery restarts it. Once both answer /health, each in turn serves
+a warm-up burst (a vLLM server's first requests at a batch size pay one-time costs; the
+plain server may otherwise meet its first requests only under high load). `/health`
 answers 200 (with the instance's proof, foundation/instance_auth.py) once both are warm and
 answer theirs; `/metrics` is the speculating
 server's page (its spec-decode counters are the ones that measure speculation) followed by
@@ -63,6 +63,7 @@ from eaglenest.foundation.processes import free_port
 
 log = logging.getLogger("eaglenest.split")
 SPEC, PLAIN = "speculative", "plain"
+WARM_UP_BATCH = 4
 _HOP = {b"host", b"content-length", b"transfer-encoding", b"connection", b"keep-alive"}
 
 
@@ -190,30 +191,34 @@ class SplitApp:
     """The router's ASGI app (wrapped in InstanceGuard by `main`)."""
 
     def __init__(self, backends: Backends, policy: SplitPolicy, secret: str | None,
-                 served_name: str = "") -> None:
+                 served_name: str = "", max_model_len: int = 2048) -> None:
         import httpx
 
         self.backends, self.policy, self.secret = backends, policy, secret
-        self.served_name = served_name
+        self.served_name, self.max_model_len = served_name, max_model_len
         self.client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10))
         self.warm = False
         self._warming: asyncio.Task[None] | None = None
 
     async def _warm_up(self) -> None:
-        """Until both answer /health, then one short completion each, in turn."""
+        """Until both answer /health, then each server in turn serves `WARM_UP_BATCH`
+        requests at once (long prompts, a few tokens): batch shapes and KV-cache pages it
+        would otherwise first meet under load."""
         while not await self.healthy():
             await asyncio.sleep(0.5)
         auth = {"Authorization": f"Bearer {self.secret}"} if self.secret else {}
+        repeats = max(1, min(48, (self.max_model_len - 16) // 5))  # ~4 tokens each
+        body = {"model": self.served_name, "prompt": "Hello, world. " * repeats,
+                "max_tokens": 8, "temperature": 0}
         for name, url in self.backends.urls.items():
-            try:
-                r = await self.client.post(f"{url}/v1/completions", headers=auth, json={
-                    "model": self.served_name, "prompt": "Hello", "max_tokens": 4,
-                    "temperature": 0})
-                if r.status_code != 200:
-                    log.warning("warm-up of the %s server: HTTP %d %s", name, r.status_code,
-                                r.text[:200])
-            except Exception as exc:  # the server is healthy: serve anyway
-                log.warning("warm-up of the %s server failed: %s", name, exc)
+            replies = await asyncio.gather(*(
+                self.client.post(f"{url}/v1/completions", headers=auth, json=body)
+                for _ in range(WARM_UP_BATCH)), return_exceptions=True)
+            for r in replies:  # the server is healthy: it serves anyway
+                if isinstance(r, BaseException) or r.status_code != 200:
+                    log.warning("warm-up of the %s server: %s", name,
+                                r if isinstance(r, BaseException) else r.text[:200])
+                    break
         self.warm = True
 
     async def healthy(self) -> bool:
@@ -347,8 +352,9 @@ def main(argv: list[str] | None = None) -> int:
     secret = os.environ.get(instance_auth.SECRET_ENV) or None
     argv = commands[SPEC]
     name = argv[argv.index("--served-model-name") + 1] if "--served-model-name" in argv else ""
+    max_len = int(argv[argv.index("--max-model-len") + 1]) if "--max-model-len" in argv else 2048
     app = SplitApp(backends, SplitPolicy(args.speculate_upto, args.burst_ms / 1000), secret,
-                   name)
+                   name, max_len)
     config = uvicorn.Config(instance_auth.InstanceGuard(app), host=args.host, port=args.port,
                             log_level="warning", access_log=False)
     web = uvicorn.Server(config)
