@@ -36,7 +36,8 @@ answers 200 (with the instance's proof, foundation/instance_auth.py) once both a
 answer theirs; `/metrics` is the speculating
 server's page (its spec-decode counters are the ones that measure speculation) followed by
 the router's counters (`eaglenest:split_requests_total{server=...}`, and of those the ones
-routed as part of a burst, `eaglenest:split_burst_requests_total`).
+routed as part of a burst, `eaglenest:split_burst_requests_total`) and the requests in
+flight on each server (`eaglenest:split_running`).
 Every other request is relayed as it is, Authorization included (both servers check the
 instance's secret themselves), streamed bodies chunk by chunk.
 """
@@ -127,6 +128,9 @@ class SplitPolicy:
         lines = ["# TYPE eaglenest:split_requests_total counter"]
         lines += [f'eaglenest:split_requests_total{{server="{k}"}} {v}'
                   for k, v in self.routed.items()]
+        lines.append("# TYPE eaglenest:split_running gauge")
+        lines += [f'eaglenest:split_running{{server="{SPEC}"}} {self.spec}',
+                  f'eaglenest:split_running{{server="{PLAIN}"}} {self.plain}']
         lines.append("# TYPE eaglenest:split_burst_requests_total counter")
         lines += [f'eaglenest:split_burst_requests_total{{server="{k}"}} {v}'
                   for k, v in self.bursts.items()]
