@@ -9,8 +9,10 @@ the task again (workers/reconcile.py), and the next worker's claim succeeds.
 The row's owner is the worker process, and a worker runs several tasks at once on its pool's
 threads: two deliveries of one task (the API's message and the one reconcile re-sends at
 worker start) can reach the same worker together. The database claim lets an owner claim
-again (a recovery claims the SystemUpdating it set itself), so the lease also holds the ARN
-in this process: while one is held, a second lease on that ARN here is not.
+again (a recovery claims the SystemUpdating it set itself), so the lease also holds (ARN,
+status) in this process: while one is held, a second lease on them here is not. A lease on
+another status of the endpoint is not held back: an update marks the endpoint InService and
+then stops the old servers inside its lease, and a DeleteEndpoint meanwhile must proceed.
 """
 
 from __future__ import annotations
@@ -23,22 +25,22 @@ from eaglenest.workers.infra.context import WorkerContext
 
 log = logging.getLogger("eaglenest.endpoints")
 
-#: ARNs of the leases held in this process
-_held: set[str] = set()
+#: (ARN, status) of the leases held in this process
+_held: set[tuple[str, str]] = set()
 _held_lock = threading.Lock()
 
 
-def _hold(arn: str) -> bool:
+def _hold(key: tuple[str, str]) -> bool:
     with _held_lock:
-        if arn in _held:
+        if key in _held:
             return False
-        _held.add(arn)
+        _held.add(key)
         return True
 
 
-def _drop(arn: str) -> None:
+def _drop(key: tuple[str, str]) -> None:
     with _held_lock:
-        _held.discard(arn)
+        _held.discard(key)
 
 
 class EndpointLease:
@@ -50,7 +52,7 @@ class EndpointLease:
                                         daemon=True)
 
     def __enter__(self) -> EndpointLease:
-        if not _hold(self.arn):
+        if not _hold((self.arn, self.status)):
             log.info("endpoint %s: another task of this worker holds it", self.arn)
             return self
         try:
@@ -59,7 +61,7 @@ class EndpointLease:
                                       self.ctx.lease_seconds)
         finally:
             if not self.held:
-                _drop(self.arn)
+                _drop((self.arn, self.status))
         if self.held:
             self._thread.start()
         return self
@@ -75,7 +77,7 @@ class EndpointLease:
         except Exception as err:  # database blip: the lease expires on its own
             log.warning("could not release endpoint %s: %s", self.arn, err)
         finally:
-            _drop(self.arn)
+            _drop((self.arn, self.status))
 
     def _beat(self) -> None:
         while not self._done.wait(self.ctx.lease_seconds / 3):

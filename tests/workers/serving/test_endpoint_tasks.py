@@ -108,6 +108,33 @@ def test_two_deliveries_to_one_worker_start_the_servers_once(ctx, monkeypatch):
     assert endpoints.update(ctx, EP) == "rolled-back"
 
 
+def test_a_delete_proceeds_while_a_create_of_this_worker_still_holds_its_lease(ctx,
+                                                                            monkeypatch):
+    """The in-process hold is per (endpoint, status): a DeleteEndpoint accepted while the
+    create still runs (as after an update marks InService and stops its old servers) is
+    not held back by it, and the create then stops what it started."""
+    deleted: list[str] = []
+    stopped: list[dict] = []
+
+    def launch(*_: object) -> dict:
+        with ctx.db.session() as s:  # as if its servers were recorded (else no task deletes)
+            s.query(EndpointRow).filter_by(name="ep", account_id=ACCOUNT.account_id).one(
+            ).deployment = {"Servers": {}}
+        with ctx.db.session() as s:
+            assert endpoints_repo.request_delete(s, ACCOUNT, "ep") is not None
+        deleted.append(endpoints.delete(ctx, EP))
+        return {"Servers": {"AllTraffic": {"instances": []}}}
+
+    monkeypatch.setattr(endpoints, "_launch", launch)
+    monkeypatch.setattr(endpoints, "stop_servers", lambda servers, *_: stopped.append(servers))
+    assert endpoints.create(ctx, EP) == "deleted-while-creating"
+    assert deleted == ["deleted"]
+    assert stopped[-1] == {"AllTraffic": {"instances": []}}
+    with ctx.db.session() as s:
+        assert s.query(EndpointRow).filter_by(name="ep", account_id=ACCOUNT.account_id
+                                              ).one_or_none() is None
+
+
 def test_a_bare_name_is_taken_only_while_one_account_has_it(ctx, monkeypatch):
     """A task queued before names were per account carries a bare name."""
     monkeypatch.setattr(endpoints, "_launch", boom)
