@@ -193,36 +193,56 @@ def _interleaved(fns: dict[str, Any], bench: Bench) -> dict[str, tuple[float, li
     return {name: (statistics.median(r), last[name]) for name, r in rates.items()}
 
 
-def throughput(bench: Bench) -> dict[str, Any]:
-    """Batch-1 tokens/s on one prompt: HF generate and the engine's modes, rows interleaved."""
-    spec = bench.spec
-    target = bench.target(bench.perf_dtype)
-    prompt = random_ids(spec.bench_prompt, _vocab(bench), 7)
-    plain_engine = _engine(bench, DecodeMode.PLAIN, None, bench.perf_dtype)
+def _row_set(bench: Bench, dtype: torch.dtype, prompt: list[int],
+             heads: bool) -> tuple[dict[str, Any], dict[str, Any], list[int]]:
+    """(timed callables by row name, engines by row name, plain output) of one dtype: HF
+    generate, plain, the oracle chain and, with ``heads``, the random-head chain / parallel."""
+    n, suffix = bench.spec.bench_tokens, "" if dtype == bench.perf_dtype else f" {_name(dtype)}"
+    target = bench.target(dtype)
+    plain_engine = _engine(bench, DecodeMode.PLAIN, None, dtype)
     # the oracle drafts what plain decoding emits, so plain's output is read once, untimed
-    plain = plain_engine.generate_ids(prompt, spec.bench_tokens, stop_token_ids=[EOS])
-    engines = {
-        "ours plain": plain_engine,
-        f"ours chain K={K}": _engine(bench, DecodeMode.CHAIN, EAGLE3.kind, bench.perf_dtype),
-        f"ours parallel K={K}": _engine(bench, DecodeMode.PARALLEL, PEAGLE.kind, bench.perf_dtype),
-        f"ours chain K={K} oracle": _engine(bench, DecodeMode.CHAIN, None, bench.perf_dtype,
-                                            drafter_factory=oracle_factory(prompt + plain)),
-    }
-    fns: dict[str, Any] = {"hf generate": lambda n: hf_greedy(target.model, prompt, n)}
+    plain = plain_engine.generate_ids(prompt, n, stop_token_ids=[EOS])
+    engines = {"ours plain": plain_engine}
+    if heads:
+        engines[f"ours chain K={K}"] = _engine(bench, DecodeMode.CHAIN, EAGLE3.kind, dtype)
+        engines[f"ours parallel K={K}"] = _engine(bench, DecodeMode.PARALLEL, PEAGLE.kind, dtype)
+    engines[f"ours chain K={K} oracle"] = _engine(bench, DecodeMode.CHAIN, None, dtype,
+                                                 drafter_factory=oracle_factory(prompt + plain))
+    fns: dict[str, Any] = {"hf generate" + suffix: lambda k: hf_greedy(target.model, prompt, k)}
     for name, engine in engines.items():
-        fns[name] = partial(engine.generate_ids, prompt, stop_token_ids=[EOS])
-    timed = _interleaved(fns, bench)
-    hf_rate = timed["hf generate"][0]
-    rows: list[dict[str, Any]] = [
-        {"name": "hf generate", "tokens_per_s": hf_rate, "tau": None, "tokens": None}]
-    for name, engine in engines.items():
-        rate, out = timed[name]  # request_stats: that last timed call's
-        tau = engine.request_stats.acceptance_length if engine.mode.spec.drafts else None
-        rows.append({"name": name, "tokens_per_s": rate, "tau": tau, "tokens": len(out),
-                     "equal_to_plain": out == plain})
-    for row in rows:
-        row["speedup_vs_hf"] = row["tokens_per_s"] / hf_rate
-    return {"dtype": str(bench.perf_dtype).removeprefix("torch."), "rounds": spec.bench_repeats,
+        fns[name + suffix] = partial(engine.generate_ids, prompt, stop_token_ids=[EOS])
+    return fns, {name + suffix: e for name, e in engines.items()}, plain
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def throughput(bench: Bench) -> dict[str, Any]:
+    """Batch-1 tokens/s on one prompt: HF generate and the engine's modes in the fast dtype,
+    rows interleaved. Where that dtype is not fp32 (CUDA: bf16), HF / plain / oracle rows in
+    exact fp32 follow, interleaved among themselves (on CUDA the Bench holds one copy of the
+    weights, so the dtypes cannot share rounds): only there is verification bit-equal to
+    one-token steps, so only there does the oracle row show the engine's ceiling."""
+    spec = bench.spec
+    prompt = random_ids(spec.bench_prompt, _vocab(bench), 7)
+    dtypes = [bench.perf_dtype] + ([torch.float32] if bench.perf_dtype != torch.float32 else [])
+    rows: list[dict[str, Any]] = []
+    for dtype in dtypes:
+        fns, engines, plain = _row_set(bench, dtype, prompt, heads=dtype == bench.perf_dtype)
+        timed = _interleaved(fns, bench)
+        hf_name = next(iter(fns))
+        hf_rate = timed[hf_name][0]
+        rows.append({"name": hf_name, "dtype": _name(dtype), "tokens_per_s": hf_rate,
+                     "tau": None, "tokens": None})
+        for name, engine in engines.items():
+            rate, out = timed[name]  # request_stats: that last timed call's
+            tau = engine.request_stats.acceptance_length if engine.mode.spec.drafts else None
+            rows.append({"name": name, "dtype": _name(dtype), "tokens_per_s": rate, "tau": tau,
+                         "tokens": len(out), "equal_to_plain": out == plain})
+        for row in rows[-len(fns):]:
+            row["speedup_vs_hf"] = row["tokens_per_s"] / hf_rate
+    return {"dtype": _name(bench.perf_dtype), "rounds": spec.bench_repeats,
             "prompt_tokens": spec.bench_prompt, "new_tokens": spec.bench_tokens, "rows": rows}
 
 

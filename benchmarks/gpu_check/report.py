@@ -63,8 +63,8 @@ def _verify(sections: dict[str, dict[str, Any]]) -> list[str]:
 
 
 def _throughput(sections: dict[str, dict[str, Any]]) -> list[str]:
-    rows = [[m, e["dtype"], r["name"], r["tokens_per_s"], r["tau"], r["speedup_vs_hf"],
-             r.get("equal_to_plain")]
+    rows = [[m, r.get("dtype", e["dtype"]), r["name"], r["tokens_per_s"], r["tau"],
+             r["speedup_vs_hf"], r.get("equal_to_plain")]
             for m, e in _ok(sections, "throughput") for r in e["rows"]]
     rounds = {e.get("rounds") for _, e in _ok(sections, "throughput")}
     return ["### Batch-1 decoding (random heads; oracle = drafts read from the plain output; "

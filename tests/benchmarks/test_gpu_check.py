@@ -139,3 +139,33 @@ def test_a_failing_section_is_recorded_and_fails_the_run(tmp_path: Path, monkeyp
     assert doc["sections"]["verify_cost"]["tiny"]["status"] == "ok"
     assert doc["sections"]["lossless"] == {}  # not asked for
     assert "simulated" in (tmp_path / "gpu_check.md").read_text()
+
+
+def test_a_bf16_run_adds_exact_fp32_oracle_rows() -> None:
+    """Where the timed dtype is bf16 (CUDA), HF / plain / oracle rows in fp32 follow: the
+    oracle there is accepted in full and emits what plain decoding does."""
+    from dataclasses import dataclass
+
+    import torch
+
+    from benchmarks.gpu_check.build import SPECS, Bench
+    from benchmarks.gpu_check.measure import throughput
+
+    @dataclass
+    class Bf16Bench(Bench):
+        @property
+        def perf_dtype(self) -> torch.dtype:
+            return torch.bfloat16
+
+    torch.manual_seed(0)
+    entry = throughput(Bf16Bench(SPECS["tiny"], torch.device("cpu")))
+    rows = {row["name"]: row for row in entry["rows"]}
+    exact = {name: row for name, row in rows.items() if row["dtype"] == "float32"}
+    assert set(exact) == {"hf generate float32", "ours plain float32",
+                          "ours chain K=5 oracle float32"}
+    assert {row["dtype"] for name, row in rows.items() if name not in exact} == {"bfloat16"}
+    assert len(rows) == 8 and entry["dtype"] == "bfloat16"
+    oracle = exact["ours chain K=5 oracle float32"]
+    assert oracle["tau"] > 3 and oracle["equal_to_plain"] is True
+    assert exact["hf generate float32"]["speedup_vs_hf"] == 1.0
+    assert rows["hf generate"]["speedup_vs_hf"] == 1.0
