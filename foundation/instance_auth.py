@@ -9,7 +9,7 @@ Contract:
   request must carry ``Authorization: Bearer <secret>`` (else 401), and a request with a
   `CHALLENGE` header gets `PROOF` = HMAC-SHA256(secret, challenge) in its reply.
 - Callers verify the proof before they trust a process (`probe`; the proxy once per new
-  connection, api.runtime.backend_http): a process that took over a dead instance's port
+  connection, foundation.backend_http): a process that took over a dead instance's port
   cannot answer it, so it never receives a prompt and never passes a health check.
 """
 

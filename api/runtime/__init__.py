@@ -7,7 +7,8 @@
      |                         (round-robin); rows cached from the database, re-read in the
      |                         background while in use
      |  bodies.translate       LMI or OpenAI body -> the model server's OpenAI request
-     v  backend_http           the hop to the model server (vLLM or embedded); an instance
+     v  backend_http           the hop to the model server (vLLM or embedded; in
+                               foundation, shared with the split router); an instance
                                that refuses the connection is skipped for the next one and a
                                serve worker is asked to restart it (foundation.queue)
      ^  InvokeEndpoint         one JSON reply (bodies.lmi_reply for LMI requests)

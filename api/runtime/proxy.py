@@ -41,12 +41,6 @@ from eaglenest.api.keyring import KeyRing
 from eaglenest.api.observability import ApiMetrics
 from eaglenest.api.registry import Context
 from eaglenest.api.runtime import eventstream
-from eaglenest.api.runtime.backend_http import (
-    BackendClient,
-    BackendConnectError,
-    BackendError,
-    BackendResponse,
-)
 from eaglenest.api.runtime.bodies import (
     LMI,
     ContainerRejected,
@@ -63,6 +57,12 @@ from eaglenest.api.runtime.routes import Route, Routes
 from eaglenest.api.sigv4 import IncomingRequest, check_header, check_signature
 from eaglenest.foundation import queue as q
 from eaglenest.foundation.accounts import ResourceRef
+from eaglenest.foundation.backend_http import (
+    BackendClient,
+    BackendConnectError,
+    BackendError,
+    BackendResponse,
+)
 from eaglenest.foundation.errors import ServiceError
 from eaglenest.foundation.storage import make_store
 

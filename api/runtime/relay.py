@@ -26,8 +26,8 @@ from typing import Any
 from starlette.types import Message, Send
 
 from eaglenest.api.runtime import eventstream
-from eaglenest.api.runtime.backend_http import BackendError, BackendResponse
 from eaglenest.api.runtime.bodies import chunk_text
+from eaglenest.foundation.backend_http import BackendError, BackendResponse
 
 
 def send_now(send: Send, message: Message) -> asyncio.Future[None] | None:

@@ -38,8 +38,10 @@ server's page (its spec-decode counters are the ones that measure speculation) f
 the router's counters (`eaglenest:split_requests_total{server=...}`, and of those the ones
 routed as part of a burst, `eaglenest:split_burst_requests_total`) and the requests in
 flight on each server (`eaglenest:split_running`).
-Every other request is relayed as it is, Authorization included (both servers check the
-instance's secret themselves), streamed bodies chunk by chunk.
+Every other request is relayed as it is, streamed bodies chunk by chunk, through the runtime
+proxy's HTTP/1.1 client (foundation/backend_http.py): each server proves it holds the
+instance's secret before a request reaches it, and the request carries that secret (both
+servers check it themselves) in place of the caller's, which the router has checked.
 """
 
 from __future__ import annotations
@@ -59,12 +61,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from eaglenest.foundation import instance_auth
+from eaglenest.foundation.backend_http import BackendClient, BackendError
 from eaglenest.foundation.children import die_with_parent
 from eaglenest.foundation.processes import free_port
 
 log = logging.getLogger("eaglenest.split")
 SPEC, PLAIN = "speculative", "plain"
 WARM_UP_BATCH = 4
+#: silence on a reply after which the router gives up on it (a long non-streamed reply
+#: on a loaded CPU host can take minutes; the API's own timeouts sit in front)
+READ_TIMEOUT_S = 3600.0
 _HOP = {b"host", b"content-length", b"transfer-encoding", b"connection", b"keep-alive"}
 
 
@@ -196,11 +202,10 @@ class SplitApp:
 
     def __init__(self, backends: Backends, policy: SplitPolicy, secret: str | None,
                  served_name: str = "", max_model_len: int = 2048) -> None:
-        import httpx
-
         self.backends, self.policy, self.secret = backends, policy, secret
         self.served_name, self.max_model_len = served_name, max_model_len
-        self.client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10))
+        # each server proves it holds the instance's secret before a request reaches it
+        self.client = BackendClient(connect_timeout=10, read_timeout=READ_TIMEOUT_S)
         self.warm = False
         self._warming: asyncio.Task[None] | None = None
 
@@ -210,20 +215,29 @@ class SplitApp:
         would otherwise first meet under load."""
         while not await self.healthy():
             await asyncio.sleep(0.5)
-        auth = {"Authorization": f"Bearer {self.secret}"} if self.secret else {}
         repeats = max(1, min(48, (self.max_model_len - 16) // 5))  # ~4 tokens each
         body = {"model": self.served_name, "prompt": "Hello, world. " * repeats,
                 "max_tokens": 8, "temperature": 0}
         for name, url in self.backends.urls.items():
             replies = await asyncio.gather(*(
-                self.client.post(f"{url}/v1/completions", headers=auth, json=body)
+                self._fetch("POST", f"{url}/v1/completions", body)
                 for _ in range(WARM_UP_BATCH)), return_exceptions=True)
             for r in replies:  # the server is healthy: it serves anyway
-                if isinstance(r, BaseException) or r.status_code != 200:
+                if isinstance(r, BaseException) or r[0] != 200:
                     log.warning("warm-up of the %s server: %s", name,
-                                r if isinstance(r, BaseException) else r.text[:200])
+                                r if isinstance(r, BaseException) else r[1][:200])
                     break
         self.warm = True
+
+    async def _fetch(self, method: str, url: str, body: Any = None) -> tuple[int, bytes]:
+        """(status, whole body) of one request of the router's own (JSON `body` if any)."""
+        raw = b"" if body is None else json.dumps(body).encode()
+        headers = [("Content-Type", "application/json")] if raw else []
+        reply = await self.client.request(method, url, raw, headers, self.secret)
+        try:
+            return reply.status_code, await reply.aread()
+        finally:
+            reply.close()
 
     async def healthy(self) -> bool:
         return all(await asyncio.gather(*(
@@ -252,41 +266,44 @@ class SplitApp:
                 self.policy.done(server)
 
     async def _metrics(self, scope: dict[str, Any], send: Send) -> None:
-        import httpx
-
-        auth = [(k, v) for k, v in scope["headers"] if k.lower() == b"authorization"]
         try:
-            page = await self.client.get(f"{self.backends.urls[SPEC]}/metrics", headers=auth)
-        except httpx.HTTPError as exc:
+            status, page = await self._fetch("GET", f"{self.backends.urls[SPEC]}/metrics")
+        except BackendError as exc:
             await _reply(send, 502, f"model server unreachable: {exc}".encode())
             return
-        body = page.content if page.status_code != 200 else (
-            page.content.rstrip(b"\n") + b"\n" + self.policy.metrics())
-        await _reply(send, page.status_code, body)
+        body = page if status != 200 else page.rstrip(b"\n") + b"\n" + self.policy.metrics()
+        await _reply(send, status, body)
 
     async def _relay(self, scope: dict[str, Any], receive: Receive, send: Send,
                      base: str) -> None:
-        import httpx
-
+        """The request as it came (the caller's Authorization replaced by the instance's
+        secret, which the router has already checked: `main`'s InstanceGuard), the reply
+        streamed back chunk by chunk. A caller who goes away closes the connection to the
+        model server, which then stops generating."""
         body = await _read_body(receive)
-        headers = [(k, v) for k, v in scope["headers"] if k.lower() not in _HOP]
+        drop = _HOP | {b"authorization"} if self.secret else _HOP
+        headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]
+                   if k.lower() not in drop]
         query = scope.get("query_string", b"").decode("latin-1")
         url = base + scope["path"] + (f"?{query}" if query else "")
-        request = self.client.build_request(scope["method"], url, headers=headers, content=body)
         try:
-            upstream = await self.client.send(request, stream=True)
-        except httpx.HTTPError as exc:
+            upstream = await self.client.request(scope["method"], url, body, headers,
+                                                 self.secret)
+        except BackendError as exc:
             await _reply(send, 502, f"model server unreachable: {exc}".encode())
             return
         try:
             await send({"type": "http.response.start", "status": upstream.status_code,
-                        "headers": [(k, v) for k, v in upstream.headers.raw
-                                    if k.lower() not in _HOP]})
+                        "headers": [(k.encode("latin-1"), v.encode("latin-1"))
+                                    for k, v in upstream.headers.items()
+                                    if k.encode("latin-1") not in _HOP]})
             async for chunk in upstream.aiter_raw():
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
             await send({"type": "http.response.body", "body": b""})
+        except BackendError as exc:  # after the head: the caller sees a cut reply
+            log.warning("relay from %s ended early: %s", base, exc)
         finally:
-            await upstream.aclose()
+            upstream.close()
 
 
 async def _read_body(receive: Receive) -> bytes:

@@ -11,8 +11,8 @@ from collections.abc import Awaitable, Callable
 import pytest
 from botocore.eventstream import EventStreamBuffer
 
-from eaglenest.api.runtime.backend_http import BackendClient, BackendError
 from eaglenest.api.runtime.relay import FrameRelay, send_now
+from eaglenest.foundation.backend_http import BackendClient, BackendError
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 

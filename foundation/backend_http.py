@@ -1,4 +1,5 @@
-"""A lean HTTP/1.1 client for the runtime proxy's hop to the model servers.
+"""A lean HTTP/1.1 client for the hop to the model servers: the runtime proxy's
+(api/runtime) and the split router's (workers/serving/split.py).
 
 The hop is the proxy's per-token cost: every streamed token is one chunk read here and one
 frame written to the caller. httpx parses responses in pure Python (h11) under anyio
@@ -25,8 +26,9 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import re
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -36,6 +38,7 @@ from eaglenest.foundation import instance_auth
 
 #: unread body bytes above which the socket stops being read (the caller is slower)
 HIGH_WATER = 1 << 18
+_UNSAFE = re.compile(r"[\r\n\0]")  # in a header: would end it and start another
 
 
 class BackendError(Exception):
@@ -255,7 +258,7 @@ class BackendResponse:
 
 
 class BackendClient:
-    """POSTs JSON to model servers over kept-alive connections (a pool per server)."""
+    """Requests to model servers over kept-alive connections (a pool per server)."""
 
     def __init__(self, connect_timeout: float = 5.0, read_timeout: float = 600.0,
                  max_idle_per_server: int = 32) -> None:
@@ -318,15 +321,29 @@ class BackendClient:
             conn.close()
 
     async def post(self, url: str, body: Any, secret: str | None = None) -> BackendResponse:
+        """POST `body` as JSON; see `request`."""
+        return await self.request("POST", url, json.dumps(body).encode(),
+                                  [("Content-Type", "application/json"), ("Accept", "*/*")],
+                                  secret)
+
+    async def request(self, method: str, url: str, body: bytes = b"",
+                      headers: Iterable[tuple[str, str]] = (),
+                      secret: str | None = None) -> BackendResponse:
         """Send the request and read the status line and headers; the body stays unread.
-        With `secret` (the instance's), only over a connection whose server proved it."""
+        `headers` must not hold Host, Content-Length, Transfer-Encoding or Authorization
+        (set here); a header with a CR or LF in it is dropped, never written. With `secret`
+        (the instance's), only over a connection whose server proved it, and the request
+        carries it as a bearer token."""
         parts = urlsplit(url)
         key = (parts.hostname or "127.0.0.1", parts.port or 80)
-        payload = json.dumps(body).encode()
-        auth = f"Authorization: Bearer {secret}\r\n" if secret else ""
-        request = (f"POST {parts.path or '/'} HTTP/1.1\r\nHost: {parts.netloc}\r\n"
-                   f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n"
-                   f"{auth}Accept: */*\r\n\r\n").encode() + payload
+        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        lines = [f"{method} {target} HTTP/1.1", f"Host: {parts.netloc}"]
+        lines += [f"{k}: {v}" for k, v in headers if not _UNSAFE.search(k + v)]
+        if body or method not in ("GET", "HEAD"):
+            lines.append(f"Content-Length: {len(body)}")
+        if secret:
+            lines.append(f"Authorization: Bearer {secret}")
+        request = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
         pooled = self._pooled(key, secret)
         conn = pooled or await self._trusted(key, parts.netloc, secret)
         try:

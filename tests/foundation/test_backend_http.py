@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from eaglenest.api.runtime.backend_http import (
+from eaglenest.foundation.backend_http import (
     BackendClient,
     BackendConnectError,
     BackendError,
@@ -235,3 +235,37 @@ def test_big_reply_is_read_whole_through_pause_and_resume() -> None:
         assert got == blob and not r._paused
 
     run(handler, body)
+
+
+def test_request_writes_method_query_and_headers_but_never_a_smuggled_line() -> None:
+    """`request` (the split router's relay): any method, the query kept, the caller's
+    headers passed on, a header with CR/LF dropped; a GET without a body has no
+    Content-Length."""
+    heads: list[str] = []
+
+    async def echo(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        while True:
+            try:
+                head = (await r.readuntil(b"\r\n\r\n")).decode()
+            except asyncio.IncompleteReadError:
+                return
+            heads.append(head)
+            fields = dict(f.split(": ", 1) for f in head.split("\r\n")[1:] if f)
+            body = await r.readexactly(int(fields.get("Content-Length", 0)))
+            w.write(b"HTTP/1.1 201 Created\r\nx-echo: %s\r\ncontent-length: %d\r\n\r\n%s"
+                    % (head.split("\r\n")[0].encode(), len(body), body))
+            await w.drain()
+
+    async def body(url: str, client: BackendClient) -> None:
+        r = await client.request("GET", url + "/v1/models?a=1&b=2",
+                                 headers=[("X-Ok", "1"), ("X-Bad", "v\r\nX-Injected: 1")])
+        assert (r.status_code, r.headers["x-echo"], await r.aread()) == (
+            201, "GET /v1/models?a=1&b=2 HTTP/1.1", b"")
+        r = await client.request("POST", url + "/x", b"raw bytes", [("Content-Type", "a/b")])
+        assert r.status_code == 201 and await r.aread() == b"raw bytes"
+
+    run(echo, body)
+    assert len(heads) == 2
+    assert "X-Ok: 1\r\n" in heads[0] and "Injected" not in heads[0] and "X-Bad" not in heads[0]
+    assert "Content-Length" not in heads[0] and "Content-Length: 9\r\n" in heads[1]
+    assert "Content-Type: a/b\r\n" in heads[1] and "Authorization" not in heads[1]
