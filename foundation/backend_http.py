@@ -30,7 +30,7 @@ import re
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 import httptools
 
@@ -39,6 +39,7 @@ from eaglenest.foundation import instance_auth
 #: unread body bytes above which the socket stops being read (the caller is slower)
 HIGH_WATER = 1 << 18
 _UNSAFE = re.compile(r"[\r\n\0]")  # in a header: would end it and start another
+_TARGET_SAFE = "/?#[]@!$&'()*+,;=:%~"  # RFC 3986 characters kept as they are
 
 
 class BackendError(Exception):
@@ -331,12 +332,17 @@ class BackendClient:
                       secret: str | None = None) -> BackendResponse:
         """Send the request and read the status line and headers; the body stays unread.
         `headers` must not hold Host, Content-Length, Transfer-Encoding or Authorization
-        (set here); a header with a CR or LF in it is dropped, never written. With `secret`
+        (set here); a header with a CR or LF in it is dropped, never written, and the URL's
+        path and query are percent-encoded where they hold what a request line cannot. With `secret`
         (the instance's), only over a connection whose server proved it, and the request
         carries it as a bearer token."""
         parts = urlsplit(url)
         key = (parts.hostname or "127.0.0.1", parts.port or 80)
-        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        # escapes stay as sent; what cannot stand in a request line is encoded here (a
+        # space), or was dropped by urlsplit (CR, LF, tab: a decoded %0D%0A would start a
+        # header)
+        target = quote((parts.path or "/") + (f"?{parts.query}" if parts.query else ""),
+                       safe=_TARGET_SAFE)
         lines = [f"{method} {target} HTTP/1.1", f"Host: {parts.netloc}"]
         lines += [f"{k}: {v}" for k, v in headers if not _UNSAFE.search(k + v)]
         if body or method not in ("GET", "HEAD"):

@@ -285,7 +285,8 @@ class SplitApp:
         headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]
                    if k.lower() not in drop]
         query = scope.get("query_string", b"").decode("latin-1")
-        url = base + scope["path"] + (f"?{query}" if query else "")
+        path = (scope.get("raw_path") or scope["path"].encode()).decode("latin-1")
+        url = base + path + (f"?{query}" if query else "")
         try:
             upstream = await self.client.request(scope["method"], url, body, headers,
                                                  self.secret)
