@@ -28,9 +28,11 @@ import json
 import logging
 import os
 import queue
+import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 import uuid
@@ -43,6 +45,7 @@ from typing import Any, TypeVar
 log = logging.getLogger("eaglenest.children")
 
 TAG_ENV = "EAGLENEST_CHILD_TAG"
+SCRATCH_PREFIX = "eaglenest-child-"
 PR_SET_PDEATHSIG = 1
 T = TypeVar("T")
 
@@ -119,6 +122,8 @@ class ChildRecord:
     host: str = HOST
     boot: str = BOOT
     owner: Identity | None = None
+    #: the tree's private temporary folder ("" if none): removed once the tree is stopped
+    scratch: str = ""
 
     @property
     def identity(self) -> Identity:
@@ -197,20 +202,42 @@ def die_with_parent(parent: int | None = None) -> None:
 
 
 def spawn(argv: list[str], *, role: str, resource: str, registry: Path | None = None,
-          env: dict[str, str] | None = None, **popen: Any
+          env: dict[str, str] | None = None, scratch_env: tuple[str, ...] = (), **popen: Any
           ) -> tuple[subprocess.Popen[bytes], ChildRecord]:
-    """Start `argv` as an owned child (module docstring); `popen` goes to Popen."""
+    """Start `argv` as an owned child (module docstring); `popen` goes to Popen. With
+    `scratch_env`, those variables name a new private temporary folder (the place for
+    the tree's sockets and temporary files, e.g. vLLM's VLLM_RPC_BASE_PATH), removed
+    when the child is stopped or its record reaped."""
     tag = uuid.uuid4().hex
     child_env = {**(os.environ if env is None else env), TAG_ENV: tag}
+    scratch = tempfile.mkdtemp(prefix=SCRATCH_PREFIX) if scratch_env else ""
+    child_env.update(dict.fromkeys(scratch_env, scratch))
     me = os.getpid()
-    proc = _spawner.run(lambda: subprocess.Popen(
-        argv, env=child_env, start_new_session=True,
-        preexec_fn=lambda: die_with_parent(me), **popen))
+    try:
+        proc = _spawner.run(lambda: subprocess.Popen(
+            argv, env=child_env, start_new_session=True,
+            preexec_fn=lambda: die_with_parent(me), **popen))
+    except BaseException:
+        _clear_scratch(scratch)
+        raise
     record = ChildRecord(pid=proc.pid, start=start_time(proc.pid) or 0, tag=tag, role=role,
-                         resource=resource, owner=Identity.of(os.getpid()))
+                         resource=resource, owner=Identity.of(os.getpid()), scratch=scratch)
     if registry is not None:
         remember(registry, record)
     return proc, record
+
+
+def _clear_scratch(scratch: str) -> None:
+    """Remove a child's scratch folder: only one `spawn` made (its name says so)."""
+    if scratch and Path(scratch).name.startswith(SCRATCH_PREFIX):
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _clear_stopped(recs: list[ChildRecord]) -> None:
+    """The scratch folders of those trees that are gone (a SIGKILL that failed keeps it)."""
+    for r in recs:
+        if not r.running():
+            _clear_scratch(r.scratch)
 
 
 def remember(registry: Path, record: ChildRecord) -> None:
@@ -279,6 +306,7 @@ def stop_all(recs: list[ChildRecord], timeout: float = 20,
     for p in procs or []:
         with contextlib.suppress(subprocess.TimeoutExpired):
             p.wait(timeout=1)
+    _clear_stopped(local)
     return local
 
 
@@ -297,6 +325,7 @@ def reap(registry: Path) -> list[ChildRecord]:
                         record.owner.pid if record.owner else "?")
             stop(record, timeout=10)
             reaped.append(record)
+        _clear_stopped([record])  # an earlier boot's or a dead tree's folder too
         forget(registry, record)
     return reaped
 

@@ -63,15 +63,16 @@ OWNER = textwrap.dedent("""
     from pathlib import Path
     from eaglenest.foundation import children
     proc, record = children.spawn({argv!r}, role="test", resource="t",
-                                  registry=Path({registry!r}))
+                                  registry=Path({registry!r}), scratch_env={scratch!r})
     print(record.tag, flush=True)
     time.sleep(300)
 """)
 
 
-def _owner(tmp_path: Path, argv: list[str]) -> tuple[subprocess.Popen[str], str]:
+def _owner(tmp_path: Path, argv: list[str], scratch: tuple[str, ...] = ()
+           ) -> tuple[subprocess.Popen[str], str]:
     """A process that spawns `argv` as its child, then waits; and the child's tag."""
-    code = OWNER.format(argv=argv, registry=str(tmp_path))
+    code = OWNER.format(argv=argv, registry=str(tmp_path), scratch=scratch)
     owner = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
                              cwd=Path(__file__).resolve().parents[2])
     assert owner.stdout is not None
@@ -135,3 +136,34 @@ def test_a_paused_child_gets_its_sigterm_not_the_sigkill(tmp_path: Path) -> None
     assert children.stop(record, timeout=10, proc=proc)
     assert bye.read_text() == "bye" and time.monotonic() - t0 < 5
     assert proc.returncode == 0
+
+
+SCRATCH_CHILD = ["bash", "-c", 'touch "$SCRATCH_A/socket" && test "$SCRATCH_A" = "$SCRATCH_B" '
+                 "&& sleep 300"]
+
+
+def test_a_scratch_folder_lives_and_goes_with_its_child(tmp_path: Path) -> None:
+    proc, record = children.spawn(SCRATCH_CHILD, role="test", resource="t", registry=tmp_path,
+                                  scratch_env=("SCRATCH_A", "SCRATCH_B"))
+    scratch = Path(record.scratch)
+    assert scratch.name.startswith(children.SCRATCH_PREFIX)
+    _wait(lambda: (scratch / "socket").exists())
+    assert children.records(tmp_path)[0].scratch == str(scratch)
+    assert proc.poll() is None  # both variables name the one folder
+    assert children.stop(record, timeout=5, proc=proc)
+    assert not scratch.exists()
+    done, plain = children.spawn(["true"], role="test", resource="t")
+    done.wait()
+    assert plain.scratch == ""
+
+
+def test_reaping_a_dead_owners_child_removes_its_scratch_folder(tmp_path: Path) -> None:
+    owner, tag = _owner(tmp_path, SCRATCH_CHILD, ("SCRATCH_A", "SCRATCH_B"))
+    (record,) = children.records(tmp_path)
+    scratch = Path(record.scratch)
+    _wait(lambda: (scratch / "socket").exists())
+    owner.kill()
+    owner.wait()
+    _wait(lambda: children.tagged(tag) == [])  # bash dies with its owner
+    assert children.reap(tmp_path) == [] and children.records(tmp_path) == []
+    assert not scratch.exists()

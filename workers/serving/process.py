@@ -30,6 +30,7 @@ from eaglenest.models.heads.registry import vllm_speculative_method
 from eaglenest.workers.serving.schedule import Schedule
 
 VLLM, EMBEDDED = "vllm", "embedded"
+VLLM_RPC_ENV = "VLLM_RPC_BASE_PATH"  # where vLLM puts its ZMQ IPC sockets
 
 
 class ServingError(Exception):
@@ -241,9 +242,14 @@ class ServerProcess:
             self.proc, self.record = children.spawn(
                 self.spec.command(), role=self.role, resource=self.resource,
                 registry=self.registry, env={**self.spec.env(), **extra}, stdout=log,
-                stderr=subprocess.STDOUT, cwd=root)
+                stderr=subprocess.STDOUT, cwd=root, scratch_env=self.scratch_env())
         registry.add(self.proc.pid, f"serving:{self.spec.backend}", self.threads)
         self.launched_at = time.monotonic()
+
+    def scratch_env(self) -> tuple[str, ...]:
+        """vLLM's IPC sockets (one per engine start, in the temp folder by default, and left
+        there when it is killed) go to the server's own scratch folder, removed with it."""
+        return (VLLM_RPC_ENV,) if self.spec.backend == VLLM else ()
 
     def wait_healthy(self, deadline: float) -> None:
         """Until /health answers (with the proof of the instance's secret, if it has one);
