@@ -332,10 +332,10 @@ class BackendClient:
                       secret: str | None = None) -> BackendResponse:
         """Send the request and read the status line and headers; the body stays unread.
         `headers` must not hold Host, Content-Length, Transfer-Encoding or Authorization
-        (set here); a header with a CR or LF in it is dropped, never written, and the URL's
-        path and query are percent-encoded where they hold what a request line cannot. With `secret`
-        (the instance's), only over a connection whose server proved it, and the request
-        carries it as a bearer token."""
+        (set here); a header holding CR, LF or NUL is dropped, never written, and the URL's
+        path and query are percent-encoded where they hold what a request line cannot.
+        With `secret` (the instance's), only over a connection whose server proved it, and
+        the request carries it as a bearer token."""
         parts = urlsplit(url)
         key = (parts.hostname or "127.0.0.1", parts.port or 80)
         # escapes stay as sent; what cannot stand in a request line is encoded here (a

@@ -323,9 +323,10 @@ def reap(registry: Path) -> list[ChildRecord]:
             log.warning("stopping %s pid %d of %s left behind by dead worker pid %s",
                         record.role, record.pid, record.resource,
                         record.owner.pid if record.owner else "?")
-            stop(record, timeout=10)
+            stop(record, timeout=10)  # its scratch folder goes with it
             reaped.append(record)
-        _clear_stopped([record])  # an earlier boot's or a dead tree's folder too
+        else:  # an earlier boot's record or a tree that is gone
+            _clear_scratch(record.scratch)
         forget(registry, record)
     return reaped
 
