@@ -9,6 +9,7 @@ from sqlalchemy.orm import Session
 from eaglenest.db import buckets, models_repo, tags_repo
 from eaglenest.db.common import check_s3_uris, find, insert_unique, now
 from eaglenest.db.tables import EndpointConfigRow, ModelRow
+from eaglenest.foundation import instance_types
 from eaglenest.foundation.accounts import Account
 from eaglenest.foundation.errors import (
     ResourceLimitExceeded,
@@ -89,6 +90,44 @@ def _check_variants(session: Session, account: Account, spec: dict[str, Any]) ->
             raise models_repo.not_found(account, model)
 
 
+#: the serving backend that runs a model on one GPU (workers/serving/deploy.py)
+EMBEDDED = "embedded"
+
+
+def _serving_backend(session: Session, account: Account, model: str) -> str | None:
+    """EAGLENEST_SERVING_BACKEND of `model`'s container (PrimaryContainer, else
+    Containers[0]), None when unset or when the model does not exist."""
+    row = find(session, ModelRow, model, account_id=account.account_id)
+    if row is None:
+        return None
+    container = row.spec.get("PrimaryContainer") or (row.spec.get("Containers") or [{}])[0]
+    return ((container or {}).get("Environment") or {}).get("EAGLENEST_SERVING_BACKEND")
+
+
+def _check_instance_types(session: Session, account: Account, spec: dict[str, Any]) -> None:
+    """Each variant's InstanceType is one EagleNest serves (foundation/instance_types.py),
+    and a model on the embedded backend, which runs on one GPU, is refused a type with
+    several."""
+    for key in ("ProductionVariants", "ShadowProductionVariants"):
+        for i, v in enumerate(spec.get(key) or [], start=1):
+            name, requested = v["VariantName"], v.get("InstanceType")
+            if not requested:
+                continue  # a serverless variant
+            at = f"Variant '{name}': {key}.{i}.InstanceType"
+            try:
+                kind = instance_types.lookup(requested)
+            except instance_types.UnsupportedInstanceType as exc:
+                raise ValidationException(f"{at} {exc}") from None
+            model = v["ModelName"]
+            if (kind.accelerators > 1
+                    and _serving_backend(session, account, model) == EMBEDDED):
+                raise ValidationException(
+                    f"{at} {requested} has {kind.accelerators} GPUs ({kind.accelerators} x "
+                    f"{kind.accelerator}), but model '{model}' sets EAGLENEST_SERVING_BACKEND="
+                    f"{EMBEDDED}, which runs on one GPU: use EAGLENEST_SERVING_BACKEND=vllm "
+                    f"for several GPUs, or an instance type with one.")
+
+
 def create(session: Session, account: Account, spec: dict[str, Any],
            max_instances: int | None = None,
            store: BucketStore | None = None) -> EndpointConfigRow:
@@ -98,6 +137,7 @@ def create(session: Session, account: Account, spec: dict[str, Any],
         _check_instance_counts(spec, max_instances)
     _check_serverless(spec)
     _check_variants(session, account, spec)
+    _check_instance_types(session, account, spec)
     name = spec["EndpointConfigName"]
     tags = tags_repo.check_new_tags(spec.pop("Tags", None) or [])
     check_s3_uris(spec)  # the store would refuse them later: refuse them now

@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session
 from eaglenest.db import buckets, common, models_repo, quotas, tags_repo
 from eaglenest.db.common import check_s3_uris, find, insert_unique, locate, now
 from eaglenest.db.tables import ModelRow, OptimizationJobRow
-from eaglenest.foundation import environment
+from eaglenest.foundation import environment, instance_types
 from eaglenest.foundation.accounts import Account
 from eaglenest.foundation.errors import ResourceInUse, ResourceNotFound, ValidationException
 from eaglenest.foundation.storage import BucketStore
@@ -63,6 +63,14 @@ def _check_environment(spec: dict[str, Any]) -> None:
         raise ValidationException(str(exc)) from None
 
 
+def _check_instance_type(spec: dict[str, Any]) -> None:
+    """DeploymentInstanceType is one EagleNest serves (foundation/instance_types.py)."""
+    try:
+        instance_types.lookup(spec["DeploymentInstanceType"])
+    except instance_types.UnsupportedInstanceType as exc:
+        raise ValidationException(f"DeploymentInstanceType {exc}") from None
+
+
 def _check_spec(session: Session, account: Account, spec: dict[str, Any]) -> list[str]:
     source = spec["ModelSource"]
     if not source.get("S3") and not source.get("SageMakerModel"):
@@ -89,6 +97,7 @@ def _check_spec(session: Session, account: Account, spec: dict[str, Any]) -> lis
             )
         types.append(OPTIMIZATION_TYPES[member])
     _check_environment(spec)
+    _check_instance_type(spec)
     return sorted(set(types))
 
 

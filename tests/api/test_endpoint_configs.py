@@ -140,3 +140,65 @@ def test_serverless_config_limits(sm, model, signed_post):
     assert r.json()["__type"] == "ValidationException"
     assert "Member must have value less than or equal to 6144" in r.json()["message"]
     assert "Member must have value less than or equal to 200" in r.json()["message"]
+
+
+def _refusal(sm, name: str, variants: list[dict[str, object]], **kw: object) -> str:
+    """The ValidationException message of CreateEndpointConfig; nothing is created."""
+    with pytest.raises(ClientError) as exc:
+        sm.create_endpoint_config(EndpointConfigName=name, ProductionVariants=variants, **kw)
+    assert exc.value.response["Error"]["Code"] == "ValidationException"
+    with pytest.raises(ClientError):
+        sm.describe_endpoint_config(EndpointConfigName=name)
+    return str(exc.value.response["Error"]["Message"])
+
+
+def test_refused_instance_type_names_variant_type_and_reason(sm, model, unique):
+    """Inferentia, Trainium, Gaudi and K80 types pass botocore's enum but cannot run
+    EagleNest's engines (foundation/instance_types.py): refused at Create, not at deploy."""
+    msg = _refusal(sm, unique, [variant(model, InstanceType="ml.inf2.xlarge")])
+    assert msg == (
+        "Variant 'AllTraffic': ProductionVariants.1.InstanceType ml.inf2.xlarge is not "
+        "supported by EagleNest: its AWS Inferentia2 chips run models only through the AWS "
+        "Neuron SDK, which EagleNest's engines (vLLM on CUDA, the embedded PyTorch engine) do "
+        "not use; choose a GPU type (g5, g6, g6e, p4d, p5 ...) or a CPU type (m5, c6i ...).")
+    msg = _refusal(sm, unique, [variant(model)], ShadowProductionVariants=[
+        variant(model, "shadow", InstanceType="ml.p2.xlarge")])
+    assert msg.startswith("Variant 'shadow': ShadowProductionVariants.1.InstanceType "
+                          "ml.p2.xlarge is not supported by EagleNest: its NVIDIA K80 GPUs")
+
+
+def _model_with_backend(sm, name: str, backend: str | None, pipeline: bool = False) -> str:
+    container: dict[str, object] = {"Image": "lmi"}
+    if backend:
+        container["Environment"] = {"EAGLENEST_SERVING_BACKEND": backend}
+    containers = ({"Containers": [container, {"Image": "post"}]} if pipeline
+                  else {"PrimaryContainer": container})
+    sm.create_model(ModelName=name, ExecutionRoleArn=ROLE, **containers)
+    return name
+
+
+def test_embedded_backend_is_refused_several_gpus(sm, unique):
+    """The embedded engine runs on one GPU: a type with several is refused for a model that
+    asks for it (PrimaryContainer or an inference pipeline's first container)."""
+    for pipeline in (False, True):
+        embedded = _model_with_backend(sm, f"{unique}-e{int(pipeline)}", "embedded", pipeline)
+        msg = _refusal(sm, unique, [variant(embedded, InstanceType="ml.g5.12xlarge")])
+        assert msg == (
+            "Variant 'AllTraffic': ProductionVariants.1.InstanceType ml.g5.12xlarge has 4 GPUs "
+            f"(4 x A10G), but model '{embedded}' sets EAGLENEST_SERVING_BACKEND=embedded, "
+            "which runs on one GPU: use EAGLENEST_SERVING_BACKEND=vllm for several GPUs, or "
+            "an instance type with one.")
+    for i, instance_type in enumerate(("ml.g5.2xlarge", "ml.m5.xlarge")):
+        sm.create_endpoint_config(EndpointConfigName=f"{unique}-one{i}", ProductionVariants=[
+            variant(embedded, InstanceType=instance_type)])
+
+
+def test_several_gpus_accepted_for_vllm_or_default_backend(sm, unique):
+    for backend in ("vllm", None):
+        model = _model_with_backend(sm, f"{unique}-{backend}", backend)
+        for instance_type in ("ml.g5.12xlarge", "ml.m5.xlarge"):
+            config = f"{unique}-{backend}-{instance_type.split('.')[1]}"
+            sm.create_endpoint_config(EndpointConfigName=config, ProductionVariants=[
+                variant(model, InstanceType=instance_type)])
+            described = sm.describe_endpoint_config(EndpointConfigName=config)
+            assert described["ProductionVariants"][0]["InstanceType"] == instance_type

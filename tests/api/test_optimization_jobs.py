@@ -171,3 +171,25 @@ def test_output_model_name_must_be_free(sm, unique):
         sm.describe_optimization_job(OptimizationJobName=unique)
     sm.delete_model(ModelName=taken)
     sm.create_optimization_job(OptimizationJobName=unique, **args)  # free again: accepted
+
+
+def test_refused_deployment_instance_type(sm, unique):
+    """Trainium (and Inferentia, Gaudi, K80) types pass botocore's enum but cannot run
+    EagleNest's engines (foundation/instance_types.py): refused, nothing created."""
+    with pytest.raises(ClientError) as exc:
+        sm.create_optimization_job(OptimizationJobName=unique,
+                                   **job_args(DeploymentInstanceType="ml.trn1.2xlarge"))
+    assert err(exc) == (
+        "ValidationException",
+        "DeploymentInstanceType ml.trn1.2xlarge is not supported by EagleNest: its AWS "
+        "Trainium chips run models only through the AWS Neuron SDK, which EagleNest's engines "
+        "(vLLM on CUDA, the embedded PyTorch engine) do not use; choose a GPU type (g5, g6, "
+        "g6e, p4d, p5 ...) or a CPU type (m5, c6i ...).")
+    with pytest.raises(sm.exceptions.ResourceNotFound):
+        sm.describe_optimization_job(OptimizationJobName=unique)
+    for accepted in ("ml.g5.12xlarge", "ml.p5.48xlarge"):  # the enum holds no CPU type
+        name = f"{unique}-{accepted.split('.')[1]}"
+        sm.create_optimization_job(OptimizationJobName=name,
+                                   **job_args(DeploymentInstanceType=accepted))
+        assert sm.describe_optimization_job(OptimizationJobName=name)[
+            "DeploymentInstanceType"] == accepted
