@@ -1,6 +1,7 @@
 """`eaglenest status`: jobs, endpoints, workers and queues at a glance; under each running
 job its stage and, while it trains, its progress (step/total, loss, accuracy, tokens/s,
-ETA), as its worker last recorded them.
+ETA), as its worker last recorded them; under a job or endpoint, the variables of its
+request that EagleNest ignores (foundation/environment.py).
 
 The database and broker clients are imported when the command runs, not when the `eaglenest`
 parser is built (`eaglenest <command> --help` stays quick)."""
@@ -13,6 +14,7 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
+from eaglenest.foundation.environment import ignored_warning
 from eaglenest.foundation.settings import Settings
 from eaglenest.workers.cli.datadir import add_data_dir_option, require_eaglenest, settings_for
 from eaglenest.workers.infra.broker import embedded_url
@@ -47,6 +49,39 @@ def progress_line(progress: dict[str, Any] | None, now: float) -> str | None:
     figures = describe(progress)
     ago = format_duration(now - float(progress.get("updated", now)))
     return f"    {progress['stage']}{': ' + figures if figures else ''}  (updated {ago} ago)"
+
+
+def ignored_lines(s: Any, row: Any) -> list[str]:
+    """`    ignores ... variables ...` under a job or endpoint whose request holds variables
+    EagleNest accepts but passes to no process (foundation/environment.py)."""
+    from eaglenest.db.tables import EndpointRow
+
+    if isinstance(row, EndpointRow):
+        notes = [ignored_warning(env, "Environment", f"model {model}")
+                 for model, env in _model_environments(s, row)]
+    else:
+        notes = [ignored_warning(row.spec.get("OptimizationEnvironment"),
+                                 "OptimizationEnvironment")]
+    return [f"    {note}" for note in notes if note]
+
+
+def _model_environments(s: Any, endpoint: Any) -> list[tuple[str, dict[str, str]]]:
+    """(model, its serving container's Environment) of each model of the endpoint's
+    config, as the endpoint's account sees them."""
+    from eaglenest.db.common import find
+    from eaglenest.db.tables import EndpointConfigRow, ModelRow
+
+    config = find(s, EndpointConfigRow, endpoint.config_name, account_id=endpoint.account_id)
+    variants = (config.spec.get("ProductionVariants") or []) if config else []
+    out = []
+    for name in dict.fromkeys(str(v.get("ModelName")) for v in variants if v.get("ModelName")):
+        model = find(s, ModelRow, name, account_id=endpoint.account_id)
+        if model is None:
+            continue
+        spec = model.spec
+        container = spec.get("PrimaryContainer") or (spec.get("Containers") or [{}])[0]
+        out.append((name, dict(container.get("Environment") or {})))
+    return out
 
 
 def _rows(s: Any, table: Any) -> list[Any]:
@@ -90,6 +125,7 @@ def _database(settings: Settings) -> tuple[list[str], bool]:
                     running = table is OptimizationJobRow and r.status in ACTIVE
                     line = progress_line(r.progress, time.time()) if running else None
                     out += [line] if line else []
+                    out += ignored_lines(s, r)
     except Exception as exc:
         out.append(f"database: unreachable ({exc.__class__.__name__}: {exc})"[:200])
         ok = False
