@@ -11,7 +11,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import JSON, Float, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Float,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -87,3 +96,42 @@ class OptimizationJobRow(_Named, Base):
     #: what the running job is doing (stage; step, total, loss, accuracy, tokens/s, ETA in
     #: training), written by its worker for `eaglenest status`; no API shape returns it
     progress: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+
+
+class WorkerRow(Base):
+    """A running worker and the GPUs it may place work on (db/placement_repo.py)."""
+
+    __tablename__ = "workers"
+
+    #: the worker's identity as jobs and endpoints name their owner ("machine:pid")
+    owner: Mapped[str] = mapped_column(String(256), primary_key=True)
+    #: the host name GPUs are placed on (EAGLENEST_HOST_NAME); workers sharing GPUs share it
+    host: Mapped[str] = mapped_column(String(128), nullable=False, index=True)
+    #: the process beyond its pid (foundation/children.Identity): machine, boot, pid, start
+    machine: Mapped[str] = mapped_column(String(256), nullable=False)
+    boot: Mapped[str] = mapped_column(String(64), nullable=False)
+    pid: Mapped[int] = mapped_column(Integer, nullable=False)
+    pid_start: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    queues: Mapped[str] = mapped_column(String(256), nullable=False)
+    #: [{"index", "name", "memory_gib"}] (foundation/gpus.Gpu)
+    gpus: Mapped[list[dict[str, Any]]] = mapped_column(JSON, nullable=False, default=list)
+    started_time: Mapped[float] = mapped_column(Float, nullable=False)
+    heartbeat_time: Mapped[float] = mapped_column(Float, nullable=False)
+
+
+class GpuHoldingRow(Base):
+    """One GPU of one host held by one endpoint instance or job: at most one row per GPU."""
+
+    __tablename__ = "gpu_holdings"
+    __table_args__ = (UniqueConstraint("host", "gpu_index", name="uq_gpu_holdings_gpu"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    host: Mapped[str] = mapped_column(String(128), nullable=False)
+    gpu_index: Mapped[int] = mapped_column(Integer, nullable=False)
+    #: the ARN of the endpoint or job that holds it
+    holder: Mapped[str] = mapped_column(String(256), nullable=False, index=True)
+    #: which of the holder's processes ("<variant>-<fleet>-<instance>", or "job")
+    unit: Mapped[str] = mapped_column(String(128), nullable=False)
+    #: the worker (WorkerRow.owner) whose child processes use it
+    owner: Mapped[str] = mapped_column(String(256), nullable=False)
+    since: Mapped[float] = mapped_column(Float, nullable=False)

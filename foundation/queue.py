@@ -37,12 +37,13 @@ class TaskQueue:
             },
         )
 
-    def send(self, task: str, arn: str, queue: str) -> bool:
+    def send(self, task: str, arn: str, queue: str, countdown: float = 0) -> bool:
         """Publish `task` for the resource `arn` (its one argument: the ARN names the
-        account, so a worker never mistakes another account's resource of the same name)."""
+        account, so a worker never mistakes another account's resource of the same name),
+        to run no sooner than `countdown` seconds from now."""
         try:
             self.app.send_task(
-                task, args=[arn], queue=queue, retry=True,
+                task, args=[arn], queue=queue, retry=True, countdown=countdown or None,
                 retry_policy={"max_retries": 2, "interval_start": 0.1, "interval_step": 0.2},
             )
         except Exception as exc:  # broker down: the reconciler picks it up later

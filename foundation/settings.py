@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import configparser
 import os
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -98,6 +99,18 @@ class Settings(BaseSettings):
     #: a train worker's default for jobs that do not set EAGLENEST_TRAIN_PROCESSES: >1 trains
     #: each job's head data-parallel in that many processes (torchrun DDP, one per GPU)
     train_processes: int = Field(default=1, ge=1, le=64)
+    #: the worker's GPUs (foundation/gpus.py): empty = every GPU it sees, ``none``, indexes
+    #: such as ``0,1``, or a declared inventory such as ``4x24GiB``
+    gpus: str = ""
+    #: this host's name in the GPU inventory and its placement queues (``serve.<host>``);
+    #: workers on one machine that share its GPUs use one name
+    host_name: str = Field(default_factory=socket.gethostname, pattern=r"^[A-Za-z0-9_.-]{1,128}$")
+    #: how long an endpoint transition or a job waits for free GPUs before it fails with
+    #: SageMaker's insufficient-capacity reason (an update rolls back)
+    capacity_wait_seconds: float = Field(default=600.0, ge=0)
+    #: the module a vLLM server runs as (`python -m <module>`): vLLM's OpenAI server; an
+    #: operator's setting, never a caller's
+    vllm_module: str = "vllm.entrypoints.openai.api_server"
 
     def resolved_database_url(self) -> str:
         if self.database_url:

@@ -8,18 +8,15 @@ and an endpoint serves that target with the embedded backend; each worker's JSON
 from __future__ import annotations
 
 import json
-import signal
 import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from benchmarks.stack import ACCOUNT, Stack
+from tests.support.workers import Worker, start_worker, upload
 
 ROOT = Path(__file__).resolve().parents[2]
 ROLE = "arn:aws:iam::123456789012:role/EagleNestRole"
@@ -28,52 +25,6 @@ ENV = {"EAGLENEST_SERVING_BACKEND": "embedded", "EAGLENEST_NUM_SPECULATIVE_TOKEN
 HOST = socket.gethostname()  # Celery's %h and the job owner's host part
 JOB = "two-workers-job"
 ENDPOINT = "two-workers-ep"
-
-
-@dataclass
-class Worker:
-    """`eaglenest worker --queues <queue>` as its own process, logging to its own file."""
-
-    queue: str
-    proc: subprocess.Popen[bytes]
-    log_path: Path
-
-    def entries(self) -> list[dict]:
-        """Every line the worker wrote, as JSON (a line that is not JSON fails the test)."""
-        return [json.loads(x) for x in self.log_path.read_text().splitlines() if x.strip()]
-
-    def wait_ready(self, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        while ' ready."' not in self.log_path.read_text():
-            assert self.proc.poll() is None, self.log_path.read_text()[-3000:]
-            assert time.monotonic() < deadline, self.log_path.read_text()[-3000:]
-            time.sleep(0.1)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-
-    def wait(self) -> None:
-        try:
-            self.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-
-
-def start_worker(stack: Stack, queue: str, *args: str) -> Worker:
-    log_path = stack.data_dir / f"worker-{queue}.log"
-    with open(log_path, "ab") as log:  # the child keeps its own descriptor
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "eaglenest.workers.cli", "worker", "--queues", queue, *args],
-            env=stack.env(), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log)
-    return Worker(queue, proc, log_path)
-
-
-def upload(stack: Stack, src: Path, dst: str) -> None:
-    r = subprocess.run([sys.executable, "-m", "eaglenest.workers.cli", "s3", "cp", str(src), dst],
-                       env=stack.env(), capture_output=True, text=True, cwd=ROOT)
-    assert r.returncode == 0, r.stderr
 
 
 @pytest.fixture(scope="module")

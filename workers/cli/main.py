@@ -107,6 +107,7 @@ def preload_training_modules() -> bool:
 
 def cmd_worker(args: argparse.Namespace) -> int:
     from eaglenest.workers.infra.celery_app import create_celery
+    from eaglenest.workers.infra.placement import host_queue
 
     if args.pool == "prefork" and "serve" in args.queues.split(","):
         # serving processes die with the process that starts them, and a prefork child
@@ -120,11 +121,14 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if "train" in args.queues.split(","):
         preload_training_modules()
     url, broker = _broker(settings)
-    app, _ = create_celery(settings, url)
+    app, _ = create_celery(settings, url, args.queues)
+    # each queue's host twin: what GPU placement hands to this host (workers/infra/placement)
+    queues = args.queues.split(",")
+    consumed = ",".join([*queues, *(host_queue(q, settings.host_name) for q in queues if q)])
     # JSON logs: no banner (it is not a log line); Celery's own records come through ours
     argv = ["--quiet"] if settings.log_format == "json" else []
     argv += ["worker", "--pool", args.pool, "--concurrency", str(args.concurrency),
-            "--queues", args.queues, "--loglevel", args.loglevel, "--without-gossip",
+            "--queues", consumed, "--loglevel", args.loglevel, "--without-gossip",
             "--without-mingle", "--hostname", f"eaglenest-{os.getpid()}@%h"]
     try:
         app.worker_main(argv)

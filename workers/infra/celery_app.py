@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from celery import Celery
@@ -27,10 +28,11 @@ from eaglenest.workers.infra.logs import (
     leave_context,
     redirect_output,
 )
-from eaglenest.workers.infra.reconcile import reconcile, start_watchdog
+from eaglenest.workers.infra.reconcile import reclaim_gpus, reconcile, start_watchdog
 from eaglenest.workers.jobs import optimize
 from eaglenest.workers.serving import endpoints
 
+log = logging.getLogger("eaglenest.worker")
 #: longer than any task may run: Redis redelivers an unacked task only after this
 VISIBILITY_TIMEOUT = 48 * 3600
 #: log-context tokens of the tasks running now, by task id (see _task_started)
@@ -66,7 +68,10 @@ def _task_finished(task_id: str | None = None, **_: Any) -> None:
         leave_context(token)
 
 
-def create_celery(settings: Settings, broker_url: str) -> tuple[Celery, WorkerContext]:
+def create_celery(settings: Settings, broker_url: str,
+                  queues: str = "") -> tuple[Celery, WorkerContext]:
+    """The app and the context its tasks share; `queues` are those the worker consumes
+    (train, serve), offered to GPU placement."""
     app = Celery("eaglenest", broker=broker_url, set_as_current=True)
     app.conf.update(
         task_serializer="json",
@@ -86,13 +91,15 @@ def create_celery(settings: Settings, broker_url: str) -> tuple[Celery, WorkerCo
     ctx = WorkerContext(
         settings=settings, db=Database(settings.resolved_database_url()),
         queue=TaskQueue(broker_url, settings.broker_publish_timeout),
-        lease_seconds=settings.job_lease_seconds,
+        lease_seconds=settings.job_lease_seconds, queues=queues,
     )
     optimize.register(app, ctx)
     endpoints.register(app, ctx)
 
     def on_ready(**_: Any) -> None:
         children.reap(ctx.children_dir)  # what a dead worker on this host left running
+        reclaim_gpus(ctx)  # and the GPUs dead workers held
+        ctx.placer.register()
         reconcile(ctx)
         start_watchdog(ctx)
 
@@ -104,6 +111,10 @@ def create_celery(settings: Settings, broker_url: str) -> tuple[Celery, WorkerCo
         # shutdown stops them first, and the next start restarts InService endpoints
         # (reconcile -> recover).
         children.stop_owned(ctx.children_dir)
+        try:
+            ctx.placer.unregister()  # its children are gone: so are its GPU holdings
+        except Exception as exc:  # database down: the next worker reclaims them
+            log.warning("could not release this worker's GPUs: %s", exc)
 
     def on_child_start(**_: Any) -> None:
         ctx.db.engine.dispose(close=False)  # never share pooled connections across fork

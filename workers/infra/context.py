@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import threading
@@ -11,6 +12,7 @@ from pathlib import Path
 from eaglenest.db.session import Database
 from eaglenest.foundation.queue import TaskQueue
 from eaglenest.foundation.settings import Settings
+from eaglenest.workers.infra.placement import Placer
 
 
 @dataclass
@@ -22,6 +24,13 @@ class WorkerContext:
     lease_seconds: float = 60.0
     #: set when the worker begins a warm shutdown: running jobs checkpoint and hand back
     shutting_down: threading.Event = field(default_factory=threading.Event)
+    #: the queues this worker consumes ("train,serve"), as placement offers them to hosts
+    queues: str = ""
+
+    @functools.cached_property
+    def placer(self) -> Placer:
+        """GPU placement on this worker's host (workers/infra/placement.py)."""
+        return Placer(self.settings, self.db, self.owner, self.queues)
 
     @property
     def children_dir(self) -> Path:

@@ -26,7 +26,7 @@ import time
 
 from sqlalchemy import select
 
-from eaglenest.db import endpoints_repo
+from eaglenest.db import endpoints_repo, placement_repo
 from eaglenest.db import optimization_jobs_repo as jobs
 from eaglenest.db.tables import EndpointRow
 from eaglenest.foundation import children
@@ -115,19 +115,35 @@ def resend_pending(ctx: WorkerContext) -> None:
                 len(endpoints))
 
 
+def reclaim_gpus(ctx: WorkerContext) -> None:
+    """Free the GPUs of dead workers and of holders that no longer exist or have ended."""
+    with ctx.db.session() as s:
+        dead = placement_repo.reclaim(s, ctx.lease_seconds)
+        orphans = placement_repo.release_orphans(s, ctx.lease_seconds)
+    for owner in dead:
+        log.warning("worker %s is gone; the GPUs it held are free again", owner)
+    for holder in orphans:
+        log.warning("%s has ended or is gone; the GPUs it held are free again", holder)
+
+
 def start_watchdog(ctx: WorkerContext) -> threading.Thread:
     def loop() -> None:
         broker_up, next_sweep = True, time.monotonic() + ctx.lease_seconds
+        next_beat = time.monotonic() + ctx.lease_seconds / 3
         while not ctx.shutting_down.wait(BROKER_POLL_SECONDS):
             try:
                 up = ctx.queue.broker_up()
                 if up and not broker_up:
                     resend_pending(ctx)
                 broker_up = up
+                if time.monotonic() >= next_beat:
+                    next_beat = time.monotonic() + ctx.lease_seconds / 3
+                    ctx.placer.heartbeat()
                 if time.monotonic() >= next_sweep:
                     next_sweep = time.monotonic() + ctx.lease_seconds
                     reclaim_once(ctx)
                     sweep_endpoints(ctx)
+                    reclaim_gpus(ctx)
                     children.reap(ctx.children_dir)  # e.g. a killed prefork pool process's
             except Exception as exc:  # database blip: try again next period
                 log.warning("watchdog check failed: %s", exc)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,8 @@ from eaglenest.workers.jobs.loadgen import (
     to_json,
     to_markdown,
 )
-from eaglenest.workers.serving.process import ServerProcess, ServerSpec
+from eaglenest.workers.serving import gpu_options
+from eaglenest.workers.serving.process import VLLM, ServerProcess, ServerSpec, cuda_available
 from eaglenest.workers.serving.schedule import FILE_NAME, MARGIN, Schedule, derive
 
 log = logging.getLogger("eaglenest.optimize")
@@ -46,6 +47,10 @@ class BenchPlan:
     ks: tuple[int, ...] = ()  # the K values measured; () = (num_speculative_tokens,)
     schedule_dir: Path | None = None  # where speculation_schedule.json goes (None: out)
     rounds: int = 2  # measurements of each row at each level; a K must win in every one
+    #: the job's GPUs (workers/jobs/placing.py): every server is shown these, and only these
+    gpus: list[int] = field(default_factory=list)
+    gpu_env: dict[str, str] = field(default_factory=dict)
+    gpu_memory_gib: float = 0.0
 
     @property
     def measured_ks(self) -> tuple[int, ...]:
@@ -62,6 +67,10 @@ def _server(plan: BenchPlan, head: Path | None, k: int, log_path: Path,
                       backend=plan.backend, head_dir=head, mode=plan.mode,
                       num_speculative_tokens=k, secret=new_secret(),
                       extra_env={SHARING_ENV: str(sharing)})
+    gpu_options.apply(spec, {}, plan.gpus, plan.gpu_env, plan.gpu_memory_gib,
+                      cuda_available())
+    if plan.gpus and spec.backend == VLLM:  # the stage's servers share the job's GPUs
+        spec.gpu_memory_utilization = round(0.85 / (1 + len(plan.measured_ks)), 3)
     return ServerProcess(spec, log_path, plan.registry, plan.resource, "benchmark-server")
 
 

@@ -25,9 +25,11 @@ from eaglenest.db import models_repo
 from eaglenest.db import optimization_jobs_repo as jobs
 from eaglenest.db.common import find, resolve
 from eaglenest.db.tables import ModelRow, OptimizationJobRow
+from eaglenest.foundation import environment
 from eaglenest.foundation.accounts import Account, ResourceRef
 from eaglenest.foundation.buckets import AccountStore
 from eaglenest.foundation.errors import ValidationException
+from eaglenest.foundation.instance_types import UnsupportedInstanceType, lookup
 from eaglenest.foundation.queue import OPTIMIZE_TASK, TRAIN_QUEUE
 from eaglenest.foundation.shapes import StoredShapeError, rebuild, to_wire
 from eaglenest.foundation.shapes.models import (
@@ -40,6 +42,7 @@ from eaglenest.foundation.shapes.models import (
 from eaglenest.foundation.shapes.optimization_jobs import CreateOptimizationJobRequest
 from eaglenest.foundation.storage import StorageError, make_store
 from eaglenest.workers.infra.context import WorkerContext
+from eaglenest.workers.jobs import placing
 from eaglenest.workers.jobs.control import JobControl, JobStopped
 from eaglenest.workers.jobs.inputs import (
     EAGLE_CHANNEL,
@@ -75,10 +78,16 @@ def run_job(ctx: WorkerContext, ref: str) -> str:
     if job_ref is None:
         log.warning("optimization task %s: no single job has this ARN or name; skipped", ref)
         return "not-found"
-    return _run(ctx, job_ref)
+    gpus = placing.place(ctx, job_ref)
+    if isinstance(gpus, str):
+        return gpus
+    try:
+        return _run(ctx, job_ref, gpus)
+    finally:
+        placing.release(ctx, job_ref)
 
 
-def _run(ctx: WorkerContext, ref: ResourceRef) -> str:
+def _run(ctx: WorkerContext, ref: ResourceRef, gpus: list[int]) -> str:
     with ctx.db.session() as s:
         row = jobs.claim(s, ref.arn, ctx.owner)
         if row is None:
@@ -96,7 +105,7 @@ def _run(ctx: WorkerContext, ref: ResourceRef) -> str:
     max_runtime = job.StoppingCondition.MaxRuntimeInSeconds
     try:
         with JobControl(ctx, ref.arn, max_runtime, started) as control:
-            output, output_model = _execute(ctx, ref, name, job, model, control)
+            output, output_model = _execute(ctx, ref, name, job, model, control, gpus)
     except JobStopped as stop:
         return _stopped(ctx, ref, stop.reason, max_runtime)
     except _user_errors() as exc:
@@ -147,7 +156,8 @@ def _requests(s: Session, stored: dict[str, Any], account_id: str
 
 def _execute(ctx: WorkerContext, ref: ResourceRef, name: str,
              job: CreateOptimizationJobRequest, model: CreateModelInput | None,
-             control: JobControl) -> tuple[dict[str, Any], dict[str, Any] | None]:
+             control: JobControl, gpus: list[int]
+             ) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """Run the pipeline; every store access (inputs, checkpoints, progress, outputs) goes
     through the job account's view: another account's bucket fails the job (AccessDenied
     naming the URI), even one that changed owner after CreateOptimizationJob."""
@@ -156,12 +166,20 @@ def _execute(ctx: WorkerContext, ref: ResourceRef, name: str,
     except ImportError as exc:
         raise InputError(f"this worker cannot train: install the `train` extra ({exc})") from exc
     options = parse_options(job.OptimizationEnvironment)
-    if options.train_processes is None:
-        options = options.model_copy(update={"train_processes": ctx.settings.train_processes})
+    ignored = environment.ignored_warning(job.OptimizationEnvironment, "OptimizationEnvironment")
+    if ignored:
+        log.warning("job %s %s", ref.name, ignored)
+    if options.train_processes is None:  # one rank per GPU the job holds
+        options = options.model_copy(update={
+            "train_processes": len(gpus) or ctx.settings.train_processes})
+    elif gpus and options.train_processes > len(gpus):
+        raise OptionError(f"EAGLENEST_TRAIN_PROCESSES={options.train_processes} is more than "
+                          f"the {len(gpus)} GPU(s) of {job.DeploymentInstanceType}")
     sources = resolve_sources(job, model)
     store = AccountStore(make_store(ctx.settings), ref.account_id)
     pipeline = Pipeline(name, job, options, sources, store, work_dir(ctx, ref), control,
-                        ctx.children_dir, ref.local_key)
+                        ctx.children_dir, ref.local_key,
+                        placing.JobGpus(gpus, ctx.placer.visible(gpus), _memory_gib(job)))
     result = pipeline.run()
     output = {"OptimizationOutput": {"RecommendedInferenceImage": "vllm"},
               "ArtifactUri": result.output_uri, "HeadUri": result.head_uri, "Head": result.head,
@@ -171,6 +189,13 @@ def _execute(ctx: WorkerContext, ref: ResourceRef, name: str,
         return output, None
     return output, to_wire(_output_model(target.ModelName, job, model, sources.model_uri,
                                          result.head_uri, result.schedule))
+
+
+def _memory_gib(job: CreateOptimizationJobRequest) -> float:
+    try:
+        return lookup(job.DeploymentInstanceType).memory_gib
+    except UnsupportedInstanceType:
+        return 0.0
 
 
 def _output_model(name: str, job: CreateOptimizationJobRequest, source: CreateModelInput | None,

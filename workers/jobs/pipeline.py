@@ -24,6 +24,7 @@ from eaglenest.workers.jobs.bench_stage import BenchPlan, run_benchmark
 from eaglenest.workers.jobs.control import JobControl
 from eaglenest.workers.jobs.inputs import InputError, JobSources, fetch_data, fetch_tree
 from eaglenest.workers.jobs.options import JobOptions
+from eaglenest.workers.jobs.placing import JobGpus
 from eaglenest.workers.jobs.progress import LOG_NAME, TrainingProgress
 from eaglenest.workers.serving.process import default_backend
 from eaglenest.workers.serving.schedule import schedule_from
@@ -72,6 +73,8 @@ class Pipeline:
     #: `<account>/<name>` (foundation/accounts.ResourceRef.local_key): what tells this job's
     #: processes apart from another account's job of the same name on this host
     key: str = ""
+    #: the GPUs the job holds (workers/jobs/placing.py); none: the CPU
+    gpus: JobGpus = field(default_factory=JobGpus)
 
     def stage(self, label: str) -> None:
         self.control.check()
@@ -126,12 +129,18 @@ class Pipeline:
         del target
         return self._finish(model_dir, head_kind, train_out, prompts)
 
-    def _device(self) -> str:
+    def _device(self, ranks: bool = False) -> str:
+        """EAGLENEST_DEVICE, else the job's first GPU in this process (``cuda`` for torchrun
+        ranks, each of which takes its own of the GPUs it is shown), else the CPU."""
         if self.options.device:
             return self.options.device
         import torch
 
-        return "cuda" if torch.cuda.is_available() else "cpu"
+        if not torch.cuda.is_available():
+            return "cpu"
+        if ranks or not self.gpus.indexes:
+            return "cuda"
+        return f"cuda:{self.gpus.indexes[0]}"
 
     def _regenerated(self, done: int, total: int) -> None:
         """Between regeneration batches: a progress line, and a stop ends the job here."""
@@ -205,11 +214,11 @@ class Pipeline:
         self.stage(f"train in {procs} data-parallel processes (torchrun)")
         if next(target.model.parameters()).is_cuda:  # the ranks load their own copies
             target.model.to("cpu")
-        run = write_run(self.work / "ddp", config, Path(target.folder), self._device(),
-                        self._data_label(), samples)
+        run = write_run(self.work / "ddp", config, Path(target.folder),
+                        self._device(ranks=True), self._data_label(), samples)
         summary = launch(run, procs, self.control.should_stop, config.on_checkpoint,
                          self.registry, f"job:{self._key}", on_row=progress.row,
-                         env={SHARING_ENV: str(sharing)})
+                         env={SHARING_ENV: str(sharing), **self.gpus.env})
         summary["processes"] = procs
         return summary
 
@@ -246,7 +255,8 @@ class Pipeline:
                              mode=HEADS[head].default_mode,
                              registry=self.registry, resource=f"job:{self._key}",
                              ks=self.options.measured_ks(), schedule_dir=head_dir,
-                             rounds=self.options.bench_rounds)
+                             rounds=self.options.bench_rounds, gpus=self.gpus.indexes,
+                             gpu_env=self.gpus.env, gpu_memory_gib=self.gpus.memory_gib)
             bench = run_benchmark(plan, out, self.control.should_stop)
         self.stage("upload outputs")
         (out / "provenance.json").write_text(json.dumps(

@@ -30,6 +30,7 @@ from eaglenest.db.common import find
 from eaglenest.db.tables import EndpointConfigRow, ModelRow
 from eaglenest.foundation import children, environment, instance_auth
 from eaglenest.foundation.deployment import instances_of
+from eaglenest.foundation.instance_types import InstanceType, UnsupportedInstanceType, lookup
 from eaglenest.foundation.processes import free_port
 from eaglenest.foundation.shapes import AwsShape, StoredShapeError, rebuild
 from eaglenest.foundation.shapes.endpoint_configs import CreateEndpointConfigInput
@@ -37,12 +38,15 @@ from eaglenest.foundation.shapes.models import CreateModelInput
 from eaglenest.foundation.storage import ArtifactStore
 from eaglenest.foundation.threads import SHARING_ENV, Registry
 from eaglenest.models.decode.modes import SPECULATIVE_MODES, DecodeMode
+from eaglenest.workers.infra.placement import Placer
 from eaglenest.workers.jobs.inputs import InputError, container_uris, fetch_tree, model_container
+from eaglenest.workers.serving import gpu_options
 from eaglenest.workers.serving.process import (
     EMBEDDED,
     VLLM,
     ServerProcess,
     ServerSpec,
+    cuda_available,
     default_backend,
 )
 from eaglenest.workers.serving.schedule import ENV_NAME as SCHEDULE_ENV
@@ -54,6 +58,8 @@ from eaglenest.workers.serving.schedule import (
 )
 
 DEFAULT_HEALTH_TIMEOUT = 900
+#: the model's max length, in this precedence: EagleNest's, LMI's, TGI's (prompt + output)
+MAX_LEN_VARIABLES = ("EAGLENEST_MAX_MODEL_LEN", "OPTION_MAX_MODEL_LEN", "MAX_TOTAL_TOKENS")
 log = logging.getLogger("eaglenest.endpoints")
 Shape = TypeVar("Shape", bound=AwsShape)
 
@@ -74,6 +80,19 @@ class VariantPlan:
     env: dict[str, str] = field(default_factory=dict)
     #: the account of the endpoint config: the model is fetched through its view of the store
     account_id: str = ""
+    #: the variant's InstanceType ("" for a serverless variant: the CPU)
+    instance_type: str = ""
+    #: `python -m` module of a vLLM server (Settings.vllm_module)
+    vllm_module: str = "vllm.entrypoints.openai.api_server"
+
+
+@dataclass
+class Placement:
+    """Where a variant's instances run: the worker's placer and the endpoint holding them
+    (None: no placement, e.g. a benchmark)."""
+
+    placer: Placer
+    holder: str
 
 
 def plan_variants(session: Session, account_id: str, config_name: str) -> list[VariantPlan]:
@@ -93,6 +112,11 @@ def plan_variants(session: Session, account_id: str, config_name: str) -> list[V
         if not model_uri:
             raise DeployError(f"Model {name} has no ModelDataSource or ModelDataUrl.")
         timeout = v.ContainerStartupHealthCheckTimeoutInSeconds
+        ignored = environment.ignored_warning(container.Environment, "Environment",
+                                              f"model {name}")
+        if ignored:
+            log.warning("variant %s of endpoint config %s %s", v.VariantName, config_name,
+                        ignored)
         plans.append(VariantPlan(
             variant=v.VariantName, model_name=name,
             weight=float(1.0 if v.InitialVariantWeight is None else v.InitialVariantWeight),
@@ -100,6 +124,7 @@ def plan_variants(session: Session, account_id: str, config_name: str) -> list[V
             health_timeout=int(DEFAULT_HEALTH_TIMEOUT if timeout is None else timeout),
             model_uri=model_uri, head_uri=head_uri,
             env=dict(container.Environment or {}), account_id=config.account_id,
+            instance_type=str(v.InstanceType or ""),
         ))
     return plans
 
@@ -148,10 +173,7 @@ def _spec(plan: VariantPlan, model_dir: Path, head_dir: Path | None, served: str
         environment.check(plan.env, f"model {plan.model_name}'s Environment")
     except environment.EnvironmentRejected as exc:
         raise DeployError(f"Variant {plan.variant}: {exc}") from exc
-    max_len = plan.env.get("EAGLENEST_MAX_MODEL_LEN") or plan.env.get("OPTION_MAX_MODEL_LEN",
-                                                                      "2048")
-    if not max_len.isdigit() or int(max_len) < 1:
-        raise DeployError(f"EAGLENEST_MAX_MODEL_LEN={max_len!r} must be a positive integer")
+    max_len = _max_model_len(plan)
     return ServerSpec(model_dir=model_dir, served_name=served, port=free_port(),
                       backend=backend, head_dir=head_dir, adaptive=adaptive == "1",
                       num_speculative_tokens=_speculative_tokens(plan, head_dir), mode=mode,
@@ -161,6 +183,22 @@ def _spec(plan: VariantPlan, model_dir: Path, head_dir: Path | None, served: str
                       schedule=_schedule(plan, head_dir) if head_dir else None,
                       expected_load=_expected_load(plan), split=split == "1",
                       extra_env=dict(plan.env))  # as SageMaker sets a container's Environment
+
+
+def _max_model_len(plan: VariantPlan) -> int:
+    """The model's max length (prompt and generated tokens): the first of
+    `MAX_LEN_VARIABLES` that is set, else 2048. MAX_INPUT_LENGTH (TGI's longest prompt),
+    when set, must be a positive integer below it."""
+    name, raw = next(((n, plan.env[n]) for n in MAX_LEN_VARIABLES if plan.env.get(n)),
+                     (MAX_LEN_VARIABLES[0], "2048"))
+    if not (raw.isascii() and raw.isdigit()) or int(raw) < 1:
+        raise DeployError(f"{name}={raw!r} must be a positive integer")
+    prompt = plan.env.get("MAX_INPUT_LENGTH")
+    if prompt is not None and not (prompt.isascii() and prompt.isdigit()
+                                   and 1 <= int(prompt) < int(raw)):
+        raise DeployError(f"MAX_INPUT_LENGTH={prompt!r} must be a positive integer below "
+                          f"the max model length, {int(raw)} ({name})")
+    return int(raw)
 
 
 def _schedule(plan: VariantPlan, head_dir: Path) -> Schedule | None:
@@ -186,7 +224,8 @@ def _expected_load(plan: VariantPlan) -> int:
 
 def start_variant(store: ArtifactStore, workdir: Path, endpoint: str, plan: VariantPlan,
                   advertise_host: str = "127.0.0.1", registry: Path | None = None,
-                  resource: str | None = None) -> dict[str, Any]:
+                  resource: str | None = None,
+                  placement: Placement | None = None) -> dict[str, Any]:
     """Fetch the model (and head), start `plan.instance_count` servers side by side, wait
     for each /health. Returns the variant's record stored in the endpoint's deployment:
     `instances` lists every process (url, pid, and `child`: its ChildRecord, what stopping
@@ -203,8 +242,9 @@ def start_variant(store: ArtifactStore, workdir: Path, endpoint: str, plan: Vari
     _check_model(model_dir, plan.variant)
     specs, started = _start_instances(plan, base, model_dir, head_dir, endpoint,
                                       advertise_host, list(range(plan.instance_count)),
-                                      registry, resource)
+                                      registry, resource, placement)
     return {**started[0], "served_name": endpoint, "resource": resource,
+            "instance_type": plan.instance_type,
             "backend": specs[0].backend,
             "weight": plan.weight, "dir": str(base), "speculative": head_dir is not None,
             "k": specs[0].num_speculative_tokens, "instances": started,
@@ -213,41 +253,79 @@ def start_variant(store: ArtifactStore, workdir: Path, endpoint: str, plan: Vari
 
 def _start_instances(plan: VariantPlan, base: Path, model_dir: Path, head_dir: Path | None,
                      endpoint: str, advertise_host: str, indexes: list[int],
-                     registry: Path | None, resource: str
+                     registry: Path | None, resource: str, placement: Placement | None = None
                      ) -> tuple[list[ServerSpec], list[dict[str, Any]]]:
-    """Launch one server per index (log `server-<i>.log`), then wait for all of them under
-    one deadline; if any fails, stop every one of them and raise."""
+    """Place each instance (its GPUs), launch one server per index (log `server-<i>.log`),
+    then wait for all of them under one deadline; if any fails, stop every one of them,
+    free their GPUs and raise (NoCapacity when the host cannot place them)."""
+    units = [f"{base.name}-{i}" for i in indexes]
+    try:
+        specs = _specs(plan, model_dir, head_dir, endpoint, advertise_host, units, placement)
+        servers = [ServerProcess(spec, base / f"server-{i}.log", registry, resource,
+                                 "serving-instance")
+                   for i, spec in zip(indexes, specs, strict=True)]
+        deadline = time.monotonic() + plan.health_timeout
+        try:
+            for server in servers:
+                server.launch()
+            for server in servers:
+                server.wait_healthy(deadline)
+        except BaseException:
+            for server in servers:
+                server.stop()
+            raise
+    except BaseException:
+        if placement is not None:
+            placement.placer.release(placement.holder, units)
+        raise
+    host = placement.placer.host if placement else None
+    return specs, [{"url": f"http://{advertise_host}:{srv.spec.port}",
+                    "pid": srv.proc.pid if srv.proc else 0, "secret": srv.spec.secret,
+                    "child": srv.record.to_dict() if srv.record else None,
+                    "unit": unit, "host": host, "gpus": gpus}
+                   for srv, unit, gpus in zip(servers, units, [s.gpus for s in specs],
+                                              strict=True)]
+
+
+def _specs(plan: VariantPlan, model_dir: Path, head_dir: Path | None, endpoint: str,
+           advertise_host: str, units: list[str], placement: Placement | None
+           ) -> list[ServerSpec]:
+    """One server spec per unit, each with the GPUs placed for it (taken here)."""
     specs: list[ServerSpec] = []
-    sharing = Registry().running() + len(indexes)  # these start together: one share each
-    for _ in indexes:
+    sharing = Registry().running() + len(units)  # these start together: one share each
+    itype = _instance_type(plan) if placement else None
+    for unit in units:
         spec = _spec(plan, model_dir, head_dir, served=endpoint)
         spec.extra_env.setdefault(SHARING_ENV, str(sharing))
+        spec.vllm_module = plan.vllm_module
         while spec.port in {s.port for s in specs}:  # free_port() may hand out one twice
             spec.port = free_port()
         if advertise_host != "127.0.0.1":
             spec.bind_host = "0.0.0.0"
+        if placement is not None and itype is not None:
+            gpus = placement.placer.take(placement.holder, unit, itype)
+            try:
+                gpu_options.apply(spec, plan.env, gpus, placement.placer.visible(gpus),
+                                  itype.memory_gib, cuda_available())
+            except gpu_options.GpuOptionError as exc:
+                raise DeployError(f"Variant {plan.variant}: {exc}") from exc
         specs.append(spec)
-    servers = [ServerProcess(spec, base / f"server-{i}.log", registry, resource,
-                             "serving-instance")
-               for i, spec in zip(indexes, specs, strict=True)]
-    deadline = time.monotonic() + plan.health_timeout
+    return specs
+
+
+def _instance_type(plan: VariantPlan) -> InstanceType:
+    if not plan.instance_type:  # serverless: runs on the CPU
+        return InstanceType("serverless", 0, 0.0, "")
     try:
-        for server in servers:
-            server.launch()
-        for server in servers:
-            server.wait_healthy(deadline)
-    except BaseException:
-        for server in servers:
-            server.stop()
-        raise
-    return specs, [{"url": f"http://{advertise_host}:{srv.spec.port}",
-                    "pid": srv.proc.pid if srv.proc else 0, "secret": srv.spec.secret,
-                    "child": srv.record.to_dict() if srv.record else None} for srv in servers]
+        return lookup(plan.instance_type)
+    except UnsupportedInstanceType as exc:
+        raise DeployError(f"Variant {plan.variant}: {exc}") from exc
 
 
 def restart_instances(plan: VariantPlan, record: dict[str, Any], dead: list[int],
                       advertise_host: str = "127.0.0.1",
-                      registry: Path | None = None) -> dict[str, Any]:
+                      registry: Path | None = None,
+                      placement: Placement | None = None) -> dict[str, Any]:
     """Replace the instances at `dead` of a running variant (same model files, new ports),
     keeping the others. Returns the updated record; the new instances are the ones at
     `dead` in its `instances`."""
@@ -258,7 +336,7 @@ def restart_instances(plan: VariantPlan, record: dict[str, Any], dead: list[int]
     old = instances_of(record)
     stop_servers({str(i): old[i] for i in dead}, registry)  # one that hangs must not linger
     _, started = _start_instances(plan, base, base / "model", head_dir, record["served_name"],
-                                  advertise_host, dead, registry, _resource(record))
+                                  advertise_host, dead, registry, _resource(record), placement)
     new = list(old)
     for i, inst in zip(dead, started, strict=True):
         new[i] = inst
@@ -266,8 +344,8 @@ def restart_instances(plan: VariantPlan, record: dict[str, Any], dead: list[int]
 
 
 def add_instances(plan: VariantPlan, record: dict[str, Any], count: int,
-                  advertise_host: str = "127.0.0.1", registry: Path | None = None
-                  ) -> tuple[dict[str, Any], list[Any]]:
+                  advertise_host: str = "127.0.0.1", registry: Path | None = None,
+                  placement: Placement | None = None) -> tuple[dict[str, Any], list[Any]]:
     """Grow a running variant to `count` instances over its fetched model files. Returns
     the updated record and the new instances alone."""
     base = Path(record["dir"])
@@ -277,7 +355,7 @@ def add_instances(plan: VariantPlan, record: dict[str, Any], count: int,
     old = instances_of(record)
     _, started = _start_instances(plan, base, base / "model", head_dir, record["served_name"],
                                   advertise_host, list(range(len(old), count)), registry,
-                                  _resource(record))
+                                  _resource(record), placement)
     return {**record, "instances": old + started}, started
 
 
@@ -310,6 +388,11 @@ def stop_servers(servers: dict[str, Any], registry: Path | None = None) -> None:
                             info.get("url"), info.get("pid"))
     for child in children.stop_all(recs):
         children.forget(registry, child)
+
+
+def units_of(servers: dict[str, Any]) -> list[str]:
+    """The placement units (GPU holdings) of these variant records' instances."""
+    return [str(i["unit"]) for r in servers.values() for i in instances_of(r) if i.get("unit")]
 
 
 def deployment(plans: list[VariantPlan], servers: dict[str, Any]) -> dict[str, Any]:

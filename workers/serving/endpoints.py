@@ -50,7 +50,8 @@ from eaglenest.foundation.queue import (
 )
 from eaglenest.foundation.storage import make_store
 from eaglenest.workers.infra.context import WorkerContext
-from eaglenest.workers.serving import shift
+from eaglenest.workers.infra.placement import NoCapacity
+from eaglenest.workers.serving import capacity, shift
 from eaglenest.workers.serving.deploy import (
     DeployError,
     VariantPlan,
@@ -59,7 +60,6 @@ from eaglenest.workers.serving.deploy import (
     plan_variants,
     restart_instances,
     start_variant,
-    stop_servers,
 )
 from eaglenest.workers.serving.endpoint_lease import EndpointLease
 from eaglenest.workers.serving.process import ServingError
@@ -119,6 +119,7 @@ def _plans(ctx: WorkerContext, ep: ResourceRef, config_name: str,
         plan.weight = float(o.get("DesiredWeight", plan.weight))
         plan.instance_count = int(o.get("DesiredInstanceCount", plan.instance_count))
     for plan in plans:  # the config may predate a lower cap on this worker
+        plan.vllm_module = ctx.settings.vllm_module
         if plan.instance_count > cap:
             raise DeployError(f"Variant {plan.variant} asks for {plan.instance_count} "
                               f"instances; this worker allows at most {cap} "
@@ -137,9 +138,12 @@ def _launch(ctx: WorkerContext, ep: ResourceRef, config_name: str,
             servers[plan.variant] = start_variant(
                 AccountStore(store, plan.account_id), work_dir(ctx, ep), ep.name, plan,
                 ctx.settings.advertise_host, ctx.children_dir,
-                resource=f"endpoint:{ep.local_key}")
+                resource=f"endpoint:{ep.local_key}", placement=capacity.placement(ctx, ep))
+    except NoCapacity as exc:
+        capacity.stop(ctx, ep, servers)
+        raise capacity.capacity(ctx, ep, exc) from exc
     except BaseException:
-        stop_servers(servers, ctx.children_dir)
+        capacity.stop(ctx, ep, servers)
         raise
     return deployment(plans, servers)
 
@@ -155,12 +159,21 @@ def _reason(ep: ResourceRef, exc: Exception) -> str:
 
 @_by_arn
 def create(ctx: WorkerContext, ep: ResourceRef) -> str:
+    try:
+        return _create(ctx, ep)
+    except capacity.WaitingForCapacity as waiting:  # lease released: another host may claim
+        return capacity.hand_on(ctx, ep, ENDPOINT_CREATE_TASK, waiting)
+
+
+def _create(ctx: WorkerContext, ep: ResourceRef) -> str:
     with EndpointLease(ctx, ep.arn, eps.CREATING) as lease:
         state = _row(ctx, ep) if lease.held else None
         if state is None:
             return "skipped (not Creating, or another worker has it)"
         try:
             dep = _launch(ctx, ep, state[1])
+        except capacity.WaitingForCapacity:
+            raise
         except Exception as exc:
             with ctx.db.session() as s:
                 eps.mark_failed(s, ep.arn, _reason(ep, exc)[:1024])
@@ -168,7 +181,7 @@ def create(ctx: WorkerContext, ep: ResourceRef) -> str:
         with ctx.db.session() as s:
             ok = eps.mark_in_service(s, ep.arn, dep)
         if not ok:  # deleted (or timed out) while starting: nothing may keep running
-            stop_servers(dep["Servers"], ctx.children_dir)
+            capacity.stop(ctx, ep, dep["Servers"])
             return "deleted-while-creating"
         return eps.IN_SERVICE
 
@@ -176,6 +189,13 @@ def create(ctx: WorkerContext, ep: ResourceRef) -> str:
 @_by_arn
 def update(ctx: WorkerContext, ep: ResourceRef) -> str:
     """UpdateEndpoint (a pending config) or UpdateEndpointWeightsAndCapacities (none)."""
+    try:
+        return _update(ctx, ep)
+    except capacity.WaitingForCapacity as waiting:
+        return capacity.hand_on(ctx, ep, ENDPOINT_UPDATE_TASK, waiting)
+
+
+def _update(ctx: WorkerContext, ep: ResourceRef) -> str:
     with EndpointLease(ctx, ep.arn, eps.UPDATING) as lease:
         state = _row(ctx, ep) if lease.held else None
         if state is None:
@@ -195,24 +215,27 @@ def _replace_fleet(ctx: WorkerContext, ep: ResourceRef, config_name: str,
         dep = _launch(ctx, ep, config_name, _overrides(ctx, ep, new_config=True))
         plan = shift.plan_of(ctx, ep.arn, dep)
         if plan.gradual and not shift.run(ctx, ep.arn, config_name, dep, plan, _dead):
-            stop_servers(dep["Servers"], ctx.children_dir)
+            capacity.stop(ctx, ep, dep["Servers"])
             return "superseded"
+    except capacity.WaitingForCapacity:
+        raise  # _launch stopped what it started; the old fleet serves meanwhile
     except Exception as exc:
         why = str(exc) if isinstance(exc, shift.ShiftFailed) else _reason(ep, exc)
         with ctx.db.session() as s:
             eps.rollback_update(s, ep.arn, f"Update to {config_name} failed and was rolled "
                                          f"back: {why}"[:1024])
         if dep is not None:
-            stop_servers(dep["Servers"], ctx.children_dir)
+            capacity.stop(ctx, ep, dep["Servers"])
         return "rolled-back"
     with ctx.db.session() as s:
         ok = eps.finish_update(s, ep.arn, dep)
-    stop_servers(old if ok else dep["Servers"], ctx.children_dir)
+    capacity.stop(ctx, ep, old if ok else dep["Servers"])
     return eps.IN_SERVICE if ok else "superseded"
 
 
-def _resize(ctx: WorkerContext, plans: dict[str, VariantPlan], servers: dict[str, Any],
-            started: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+def _resize(ctx: WorkerContext, ep: ResourceRef, plans: dict[str, VariantPlan],
+            servers: dict[str, Any], started: list[dict[str, Any]]
+            ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Each variant at its plan's weight and instance count: new instances are started
     (and listed in `started` as they come up), surplus ones dropped from the records.
     Returns the new records and, to stop once traffic has left them, the surplus ones."""
@@ -220,8 +243,12 @@ def _resize(ctx: WorkerContext, plans: dict[str, VariantPlan], servers: dict[str
     for variant, plan in plans.items():
         record, have = servers[variant], instances_of(servers[variant])
         if plan.instance_count > len(have):
-            record, fresh = add_instances(plan, record, plan.instance_count,
-                                          ctx.settings.advertise_host, ctx.children_dir)
+            try:
+                record, fresh = add_instances(plan, record, plan.instance_count,
+                                              ctx.settings.advertise_host, ctx.children_dir,
+                                              capacity.placement(ctx, ep))
+            except NoCapacity as exc:
+                raise capacity.capacity(ctx, ep, exc) from exc
             started.extend(fresh)
         elif plan.instance_count < len(have):
             surplus[variant] = {"instances": have[plan.instance_count:]}
@@ -239,16 +266,19 @@ def _scale(ctx: WorkerContext, ep: ResourceRef, config_name: str,
         plans = {p.variant: p for p in _plans(ctx, ep, config_name, _overrides(ctx, ep))}
         if set(plans) != set(servers):
             raise DeployError(f"The variants of {config_name} no longer match the running ones.")
-        new_servers, surplus = _resize(ctx, plans, servers, started)
+        new_servers, surplus = _resize(ctx, ep, plans, servers, started)
+    except capacity.WaitingForCapacity:
+        capacity.stop(ctx, ep, {"new": {"instances": started}})
+        raise
     except Exception as exc:
-        stop_servers({"new": {"instances": started}}, ctx.children_dir)
+        capacity.stop(ctx, ep, {"new": {"instances": started}})
         with ctx.db.session() as s:
             eps.rollback_weights(s, ep.arn, "Weights and capacities update failed: "
                                           f"{_reason(ep, exc)}"[:1024])
         return "rolled-back"
     with ctx.db.session() as s:
         ok = eps.finish_weights(s, ep.arn, deployment(list(plans.values()), new_servers))
-    stop_servers(surplus if ok else {"new": {"instances": started}}, ctx.children_dir)
+    capacity.stop(ctx, ep, surplus if ok else {"new": {"instances": started}})
     return eps.IN_SERVICE if ok else "superseded"
 
 
@@ -259,7 +289,8 @@ def delete(ctx: WorkerContext, ep: ResourceRef) -> str:
         if state is None:
             return "skipped (not Deleting, or another worker has it)"
         try:
-            stop_servers(state[3].get("Servers", {}), ctx.children_dir)
+            capacity.stop(ctx, ep, state[3].get("Servers", {}))
+            ctx.placer.release(ep.arn)  # and whatever else it still held
             shutil.rmtree(work_dir(ctx, ep), ignore_errors=True)
         except Exception as exc:
             with ctx.db.session() as s:
@@ -296,11 +327,12 @@ def _replace_dead(ctx: WorkerContext, ep: ResourceRef, config_name: str, servers
         for variant, idx in dead.items():
             new_servers[variant] = restart_instances(plans[variant], servers[variant], idx,
                                                      ctx.settings.advertise_host,
-                                                     ctx.children_dir)
+                                                     ctx.children_dir,
+                                                     capacity.placement(ctx, ep))
             fresh = [instances_of(new_servers[variant])[i] for i in idx]
             started[variant] = {"instances": fresh}
     except BaseException:
-        stop_servers(started, ctx.children_dir)
+        capacity.stop(ctx, ep, started)
         raise
     return deployment(list(plans.values()), new_servers), started
 
@@ -336,10 +368,13 @@ def _recover(ctx: WorkerContext, ep: ResourceRef) -> str:
         with ctx.db.session() as s:
             if not eps.begin_recovery(s, ep.arn, ctx.owner):
                 return "skipped"
-    with EndpointLease(ctx, ep.arn, eps.SYSTEM_UPDATING) as lease:
-        if not lease.held:
-            return "skipped (another worker recovers it)"
-        return _restart(ctx, ep, state[1], servers, dead)
+    try:
+        with EndpointLease(ctx, ep.arn, eps.SYSTEM_UPDATING) as lease:
+            if not lease.held:
+                return "skipped (another worker recovers it)"
+            return _restart(ctx, ep, state[1], servers, dead)
+    except capacity.WaitingForCapacity as waiting:
+        return capacity.hand_on(ctx, ep, ENDPOINT_RECOVER_TASK, waiting)
 
 
 def _restart(ctx: WorkerContext, ep: ResourceRef, config_name: str, servers: dict[str, Any],
@@ -350,19 +385,21 @@ def _restart(ctx: WorkerContext, ep: ResourceRef, config_name: str, servers: dic
         if servers and sum(map(len, dead.values())) < total:  # some still serve: keep them
             dep, started = _replace_dead(ctx, ep, config_name, servers, dead, overrides)
         else:
-            stop_servers(servers, ctx.children_dir)
+            capacity.stop(ctx, ep, servers)
             dep = _launch(ctx, ep, config_name, overrides)
             started = dep["Servers"]
+    except capacity.WaitingForCapacity:
+        raise  # SystemUpdating until a host can place it, or its wait fails it
     except Exception as exc:
         # a Failed endpoint serves nothing, not even its live instances
-        stop_servers(servers, ctx.children_dir)
+        capacity.stop(ctx, ep, servers)
         with ctx.db.session() as s:
             eps.mark_failed(s, ep.arn, f"Serving processes died and could not be restarted: "
                                      f"{_reason(ep, exc)}"[:1024])
         return eps.FAILED
     with ctx.db.session() as s:
         if not eps.finish_recovery(s, ep.arn, dep):
-            stop_servers(started, ctx.children_dir)
+            capacity.stop(ctx, ep, started)
     return "restarted"
 
 

@@ -87,6 +87,17 @@ class ServerSpec:
     #: vLLM with a schedule that turns off above some load: serve those loads from a second
     #: server of the target alone (workers/serving/split.py)
     split: bool = True
+    #: the GPUs the server is shown (CUDA_VISIBLE_DEVICES, workers/infra/placement.py); {}:
+    #: the host's view is left as it is (a host without GPUs)
+    gpu_env: dict[str, str] = field(default_factory=dict)
+    #: the worker's indexes of the GPUs the instance holds ([]: none)
+    gpus: list[int] = field(default_factory=list)
+    #: vLLM: --tensor-parallel-size (the instance's GPUs, or the LMI option that says less)
+    tensor_parallel: int = 1
+    #: vLLM: --gpu-memory-utilization (OPTION_GPU_MEMORY_UTILIZATION); None: vLLM's default
+    gpu_memory_utilization: float | None = None
+    #: what `python -m` runs for a vLLM server (Settings.vllm_module)
+    vllm_module: str = "vllm.entrypoints.openai.api_server"
 
     def speculates(self) -> bool:
         """A head is served (a schedule that is off at every load serves the target alone)."""
@@ -120,13 +131,17 @@ class ServerSpec:
         return cmd
 
     def _vllm(self) -> list[str]:
-        cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        cmd = [sys.executable, "-m", self.vllm_module,
                "--model", str(self.model_dir), "--port", str(self.port), "--host", self.bind_host,
                "--served-model-name", self.served_name, "--max-model-len",
                str(self.max_model_len), "--dtype", self.dtype]
+        if self.tensor_parallel > 1:
+            cmd += ["--tensor-parallel-size", str(self.tensor_parallel)]
+        if self.gpu_memory_utilization is not None:
+            cmd += ["--gpu-memory-utilization", f"{self.gpu_memory_utilization:g}"]
         if self.secret:  # the key itself goes in the environment (VLLM_API_KEY)
             cmd += ["--middleware", "eaglenest.foundation.instance_auth.InstanceGuard"]
-        if not _cuda():
+        if not cuda_available():
             cmd.append("--enforce-eager")
         spec = self.vllm_speculative_config()
         if spec:
@@ -173,17 +188,19 @@ class ServerSpec:
         fixed = {}
         if SHARING_ENV in user:  # set by the worker (deploy.py), not by the caller
             fixed[SHARING_ENV] = user.pop(SHARING_ENV)
+        fixed.update(self.gpu_env)  # its GPUs, never the worker's whole view
         if self.secret:
             fixed[instance_auth.SECRET_ENV] = self.secret
             if self.backend == VLLM:
                 fixed["VLLM_API_KEY"] = self.secret  # vLLM's own --api-key check
         env = child_environment(user, **fixed)
-        if self.backend == VLLM and not _cuda():
+        if self.backend == VLLM and not cuda_available():
             env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         return env
 
 
-def _cuda() -> bool:
+def cuda_available() -> bool:
+    """Whether this process's torch sees CUDA (False without torch)."""
     try:
         import torch
 

@@ -106,7 +106,7 @@ def test_vllm_gets_the_schedule_as_its_dynamic_speculation(
     import eaglenest.workers.serving.process as process
 
     monkeypatch.setattr(deploy, "default_backend", lambda: "vllm")
-    monkeypatch.setattr(process, "_cuda", lambda: False)
+    monkeypatch.setattr(process, "cuda_available", lambda: False)
     head = _head(tmp_path, "[[1, 5], [4, 3], [16, 0]]")
     vllm_plan = plan(EAGLENEST_SERVING_BACKEND="vllm", EAGLENEST_SPLIT_SERVING="0")
     monkeypatch.setattr(process, "vllm_dynamic_speculation", lambda: True)
@@ -138,7 +138,7 @@ def test_vllm_splits_where_the_schedule_turns_off(tmp_path: Path,
     import eaglenest.workers.serving.process as process
 
     monkeypatch.setattr(deploy, "default_backend", lambda: "vllm")
-    monkeypatch.setattr(process, "_cuda", lambda: False)
+    monkeypatch.setattr(process, "cuda_available", lambda: False)
     monkeypatch.setattr(process, "vllm_dynamic_speculation", lambda: True)
     head = _head(tmp_path, "[[1, 5], [4, 3], [16, 0]]")
     spec = _spec(plan(EAGLENEST_SERVING_BACKEND="vllm"), Path("/m"), head, "ep")
@@ -164,3 +164,65 @@ def test_vllm_splits_where_the_schedule_turns_off(tmp_path: Path,
                                            on, "ep").command()
     with pytest.raises(DeployError, match="EAGLENEST_SPLIT_SERVING='yes' must be 0 or 1"):
         _spec(plan(EAGLENEST_SPLIT_SERVING="yes"), Path("/m"), head, "ep")
+
+
+@pytest.mark.parametrize(("env", "max_len"), [
+    ({}, 2048),
+    ({"MAX_TOTAL_TOKENS": "4096"}, 4096),  # TGI: prompt + generated tokens
+    ({"MAX_TOTAL_TOKENS": "4096", "OPTION_MAX_MODEL_LEN": "3000"}, 3000),
+    ({"MAX_TOTAL_TOKENS": "4096", "OPTION_MAX_MODEL_LEN": "3000",
+      "EAGLENEST_MAX_MODEL_LEN": "1000", "MAX_INPUT_LENGTH": "999"}, 1000),
+])
+def test_max_model_len_precedence(env: dict[str, str], max_len: int) -> None:
+    assert _spec(plan(**env), Path("/m"), Path("/h"), "ep").max_model_len == max_len
+
+
+@pytest.mark.parametrize(("env", "message"), [
+    ({"MAX_TOTAL_TOKENS": "0"}, "MAX_TOTAL_TOKENS='0' must be a positive integer"),
+    ({"OPTION_MAX_MODEL_LEN": "x"}, "OPTION_MAX_MODEL_LEN='x' must be a positive integer"),
+    ({"MAX_TOTAL_TOKENS": "1024", "MAX_INPUT_LENGTH": "1024"},
+     "MAX_INPUT_LENGTH='1024' must be a positive integer below the max model length, 1024 "
+     "(MAX_TOTAL_TOKENS)"),
+    ({"MAX_INPUT_LENGTH": "0"}, "MAX_INPUT_LENGTH='0' must be a positive integer below the "
+                                "max model length, 2048 (EAGLENEST_MAX_MODEL_LEN)"),
+])
+def test_bad_lengths_name_the_variable(env: dict[str, str], message: str) -> None:
+    with pytest.raises(DeployError) as exc:
+        _spec(plan(**env), Path("/m"), Path("/h"), "ep")
+    assert str(exc.value) == message
+
+
+def test_ignored_variables_reach_no_server_and_are_logged(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """HF_TOKEN and the like pass Create and deploy; the server's environment leaves them
+    out (foundation/environment.py) and the worker names them once per variant."""
+    import logging
+
+    from eaglenest.db.session import Database
+    from eaglenest.db.tables import Base, EndpointConfigRow, ModelRow
+    from eaglenest.workers.serving.deploy import plan_variants
+
+    env = {"EAGLENEST_SERVING_BACKEND": "embedded", "HF_TOKEN": "hf_x", "HF_MODEL_ID": "o/m",
+           "SM_NUM_GPUS": "1"}
+    spec = _spec(plan(**env), Path("/m"), Path("/h"), "ep")
+    child = spec.env()
+    assert child["SM_NUM_GPUS"] == "1" and "HF_TOKEN" not in child
+    assert "HF_MODEL_ID" not in child
+    db = Database("sqlite://")
+    Base.metadata.create_all(db.engine)
+    container = {"Image": "x", "Environment": env, "ModelDataUrl": "s3://models/m/"}
+    with db.session() as s:
+        s.add(ModelRow(name="m", name_key="m", account_id="1" * 12, arn="arn:m",
+                       creation_time=0.0, spec={"ModelName": "m", "PrimaryContainer": container}))
+        s.add(EndpointConfigRow(name="c", name_key="c", account_id="1" * 12, arn="arn:c",
+                                creation_time=0.0, spec={"EndpointConfigName": "c",
+                                "ProductionVariants": [{"VariantName": "v", "ModelName": "m",
+                                                        "InstanceType": "ml.g5.2xlarge"}]}))
+        s.flush()
+        with caplog.at_level(logging.WARNING, "eaglenest.endpoints"):
+            (variant,) = plan_variants(s, "1" * 12, "c")
+    assert variant.env == env  # the request as stored: nothing dropped before the server
+    assert [r.getMessage() for r in caplog.records] == [
+        "variant v of endpoint config c ignores Environment variables HF_MODEL_ID, HF_TOKEN "
+        "of model m: EagleNest does not pass them to the model server or any process it "
+        "starts (docs/security.md)"]

@@ -19,7 +19,7 @@ from eaglenest.db.tables import EndpointRow
 from eaglenest.foundation.queue import TaskQueue
 from eaglenest.foundation.settings import Settings
 from eaglenest.workers.infra.context import WorkerContext
-from eaglenest.workers.serving import endpoints
+from eaglenest.workers.serving import capacity, endpoints
 from tests.support.endpoint_rows import ACCOUNT, EP, OTHER, OTHER_EP, seed_endpoint
 
 
@@ -126,7 +126,7 @@ def test_a_delete_proceeds_while_a_create_of_this_worker_still_holds_its_lease(c
         return {"Servers": {"AllTraffic": {"instances": []}}}
 
     monkeypatch.setattr(endpoints, "_launch", launch)
-    monkeypatch.setattr(endpoints, "stop_servers", lambda servers, *_: stopped.append(servers))
+    monkeypatch.setattr(capacity, "stop_servers", lambda servers, *_: stopped.append(servers))
     assert endpoints.create(ctx, EP) == "deleted-while-creating"
     assert deleted == ["deleted"]
     assert stopped[-1] == {"AllTraffic": {"instances": []}}

@@ -1,0 +1,78 @@
+"""Placing an optimization job on this worker's host: the GPUs of its DeploymentInstanceType.
+
+A job is placed before it is claimed (it stays STARTING until a host holds its GPUs): the
+GPUs are held by the job's ARN (unit ``job@<host>``) on this host, for training, the benchmark
+stage and nothing else, until the job's task ends. A host that cannot place it hands the
+task on (workers/infra/placement.py route) until EAGLENEST_CAPACITY_WAIT_SECONDS after the
+job became STARTING; then the job fails with SageMaker's insufficient-capacity reason.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+from eaglenest.db import optimization_jobs_repo as jobs
+from eaglenest.db.common import locate
+from eaglenest.db.tables import OptimizationJobRow
+from eaglenest.foundation.accounts import ResourceRef
+from eaglenest.foundation.instance_types import UnsupportedInstanceType, lookup
+from eaglenest.foundation.queue import OPTIMIZE_TASK, TRAIN_QUEUE
+from eaglenest.workers.infra.context import WorkerContext
+from eaglenest.workers.infra.placement import NoCapacity, capacity_reason
+
+log = logging.getLogger("eaglenest.optimize")
+
+
+def job_unit(ctx: WorkerContext) -> str:
+    """A job's placement unit on this host (two hosts' attempts at one job never share it)."""
+    return f"job@{ctx.placer.host}"
+
+
+@dataclass(frozen=True)
+class JobGpus:
+    """The GPUs a placed job holds: the worker's indexes, the environment entry that shows
+    them to its processes (CUDA_VISIBLE_DEVICES), and their type's memory each."""
+
+    indexes: list[int] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    memory_gib: float = 0.0
+
+
+def place(ctx: WorkerContext, ref: ResourceRef) -> list[int] | str:
+    """The GPUs this host now holds for the job ([]: it trains on the CPU), or the task's
+    outcome when it does not run here (not STARTING, handed on, or failed for capacity)."""
+    with ctx.db.session() as s:
+        row = locate(s, OptimizationJobRow, ref.arn)
+        if row is None or row.status != jobs.STARTING:
+            return "not-claimed"
+        type_name = str(row.spec.get("DeploymentInstanceType") or "")
+        since = row.last_modified_time
+    try:
+        itype = lookup(type_name)
+    except UnsupportedInstanceType as exc:  # stored before the type was refused at Create
+        return _fail_unplaced(ctx, ref, f"DeploymentInstanceType: {exc}")
+    try:
+        return ctx.placer.take(ref.arn, job_unit(ctx), itype)
+    except NoCapacity as exc:
+        if time.time() - since < ctx.settings.capacity_wait_seconds:
+            where = ctx.placer.route(ctx.queue, OPTIMIZE_TASK, ref.arn, TRAIN_QUEUE, itype)
+            log.info("job %s waits for capacity (%s); task sent to %s", ref.name, exc, where)
+            return f"waiting for capacity ({where})"
+        return _fail_unplaced(ctx, ref, capacity_reason(type_name, exc.why))
+
+
+def release(ctx: WorkerContext, ref: ResourceRef) -> None:
+    ctx.placer.release(ref.arn, [job_unit(ctx)])
+
+
+def _fail_unplaced(ctx: WorkerContext, ref: ResourceRef, reason: str) -> str:
+    """Fail a STARTING job this worker could not place (claimed first: one worker ends it)."""
+    log.warning("job %s FAILED: %s", ref.name, reason)
+    with ctx.db.session() as s:
+        if jobs.claim(s, ref.arn, ctx.owner) is None:
+            return "not-claimed"
+    with ctx.db.session() as s:
+        jobs.fail(s, ref.arn, ctx.owner, reason[:1024])
+    return jobs.FAILED
