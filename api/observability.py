@@ -11,7 +11,9 @@ from collections import Counter
 from collections.abc import Callable
 
 from sqlalchemy import func, select
+from sqlalchemy.orm import Session
 
+from eaglenest.db import placement_repo
 from eaglenest.db.session import Database
 from eaglenest.db.tables import EndpointRow, OptimizationJobRow
 
@@ -34,7 +36,9 @@ class BrokerProbe:
 
 
 class ApiMetrics:
-    def __init__(self) -> None:
+    def __init__(self, lease_seconds: float = 60.0) -> None:
+        #: a worker silent this long no longer counts its GPUs (Settings.job_lease_seconds)
+        self.lease_seconds = lease_seconds
         self._lock = threading.Lock()
         self.requests: Counter[tuple[str, str]] = Counter()  # (operation, code) -> n
         self.seconds: dict[str, float] = {}  # operation -> total seconds
@@ -92,6 +96,7 @@ class ApiMetrics:
                         select(status_col, func.count()).group_by(status_col))
                     for status, n in rows:
                         lines.append(f'{metric}{{status="{status}"}} {n}')
+                lines += _gpu_lines(session, self.lease_seconds)
             lines.append("eaglenest_database_up 1")
         except Exception:  # the scrape still answers during a database outage
             lines.append("eaglenest_database_up 0")
@@ -100,3 +105,12 @@ class ApiMetrics:
             lines.append(f"eaglenest_broker_up {int(broker.up())}")
         lines.append(f"eaglenest_uptime_seconds {time.time() - self.started:.1f}")
         return "\n".join(lines) + "\n"
+
+
+def _gpu_lines(session: Session, lease_seconds: float) -> list[str]:
+    """Per host: the GPUs its live workers have and those held (db/placement_repo.py)."""
+    lines = ["# TYPE eaglenest_host_gpus gauge", "# TYPE eaglenest_host_gpus_held gauge"]
+    for host, (total, held) in placement_repo.gpu_totals(session, lease_seconds).items():
+        lines.append(f'eaglenest_host_gpus{{host="{host}"}} {total}')
+        lines.append(f'eaglenest_host_gpus_held{{host="{host}"}} {held}')
+    return lines

@@ -127,7 +127,7 @@ def dispatch(ctx: Context, target: str, body: bytes) -> dict[str, Any]:
 
 def install(app: FastAPI, ctx: Context) -> None:
     router = APIRouter()
-    metrics = ApiMetrics()
+    metrics = ApiMetrics(ctx.settings.job_lease_seconds)
     app.state.metrics = metrics
     app.state.broker = BrokerProbe(ctx.queue.broker_up)
     keyring = KeyRing(ctx.settings)  # re-read when `eaglenest keys` changes the file

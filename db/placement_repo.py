@@ -9,9 +9,9 @@ Contract:
   per (host, GPU), inserted in one savepoint, so two concurrent placements never get the
   same GPU (the loser's insert fails and it takes nothing).
 - `release` frees a holder's GPUs (some units, or all) when its processes stop.
-- `reclaim` frees what a dead worker held: one whose heartbeat is older than the lease, or,
-  on the machine that checks, one whose process (pid and start time, since this boot) is
-  gone. A live worker's holdings are never freed by it.
+- `reclaim` frees what a dead worker held: on the machine that checks, one whose process
+  (pid and start time, since this boot) is gone, at once; on another machine, one whose
+  heartbeat is older than the lease. A live local worker is never presumed dead.
 - `release_orphans` frees holdings whose holder no longer exists or has ended (a deleted
   endpoint, a finished job), unless a transition may still be placing it.
 """
@@ -118,13 +118,12 @@ def held(session: Session, holder: str, host: str | None = None) -> dict[str, li
 
 
 def _dead(row: WorkerRow, cutoff: float) -> bool:
-    """Silent for a lease, or (checked on its own machine) another boot or a gone pid."""
-    if row.heartbeat_time < cutoff:
-        return True
-    if row.machine != HOST:
-        return False
-    return row.boot != BOOT or not Identity(row.pid, row.pid_start, row.machine,
-                                            row.boot).alive()
+    """On the machine that checks: another boot, or its process is gone (a live process is
+    never presumed dead, however late its heartbeat). Elsewhere: silent for a lease."""
+    if row.machine == HOST:
+        return row.boot != BOOT or not Identity(row.pid, row.pid_start, row.machine,
+                                                row.boot).alive()
+    return row.heartbeat_time < cutoff
 
 
 def reclaim(session: Session, lease_seconds: float) -> list[str]:
@@ -194,3 +193,14 @@ def hosts_that_fit(session: Session, queue: str, count: int, memory_gib: float,
 def any_gpus(session: Session, lease_seconds: float) -> bool:
     """Whether any live worker has a GPU (else GPU instance types are served on CPUs)."""
     return any(w.gpus for w in live_workers(session, lease_seconds))
+
+
+def gpu_totals(session: Session, lease_seconds: float) -> dict[str, tuple[int, int]]:
+    """Host -> (GPUs its live workers have, GPUs held on it)."""
+    gpus: dict[str, set[int]] = {}
+    for w in live_workers(session, lease_seconds):
+        gpus.setdefault(w.host, set()).update(int(g["index"]) for g in w.gpus)
+    held: dict[str, int] = {}
+    for host, _ in session.execute(select(GpuHoldingRow.host, GpuHoldingRow.gpu_index)):
+        held[host] = held.get(host, 0) + 1
+    return {h: (len(gpus.get(h, ())), held.get(h, 0)) for h in sorted(set(gpus) | set(held))}

@@ -12,10 +12,13 @@ import concurrent.futures
 import importlib.util
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import psutil
 import pytest
 
@@ -23,7 +26,7 @@ from benchmarks.stack import ACCOUNT, Stack
 from eaglenest.db import placement_repo
 from eaglenest.db.session import Database
 from eaglenest.db.tables import EndpointRow
-from tests.support.workers import Worker, start_worker, upload
+from tests.support.workers import ROOT, Worker, start_worker, upload
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
                                 reason="the vllm backend needs vllm installed")
@@ -151,6 +154,18 @@ def test_four_gpu_type_lands_on_the_host_that_has_four(hosts):
     assert "HF_TOKEN" not in env
     held = [(h, i) for h, i, holder, *_ in _holdings(stack) if holder == _arn("endpoint", "big")]
     assert sorted(held) == [("host-b", i) for i in range(4)]
+    # seen by operators: `eaglenest status` and /metrics
+    status = subprocess.run([sys.executable, "-m", "eaglenest.workers.cli", "status"],
+                            env=stack.env(), capture_output=True, text=True, cwd=ROOT)
+    lines = status.stdout.splitlines()
+    assert "hosts: 2" in lines, status.stdout
+    assert any(x.startswith("  host-b: 4 GPU(s); workers ") for x in lines), status.stdout
+    assert f"    GPU 3 A10G 24 GiB: endpoint/big ({ACCOUNT}) {inst['unit']}" in lines
+    assert "    GPU 1 A10G 24 GiB: free" in lines  # host-a's second GPU
+    metrics = httpx.get(f"{stack.url}/metrics", timeout=10).text.splitlines()
+    assert 'eaglenest_host_gpus{host="host-b"} 4' in metrics
+    assert 'eaglenest_host_gpus_held{host="host-b"} 4' in metrics
+    assert 'eaglenest_host_gpus_held{host="host-a"} 0' in metrics
 
     # A second one finds no host with four free GPUs: Failed after the wait, nothing held.
     t0 = time.monotonic()

@@ -1,7 +1,8 @@
-"""`eaglenest status`: jobs, endpoints, workers and queues at a glance; under each running
-job its stage and, while it trains, its progress (step/total, loss, accuracy, tokens/s,
-ETA), as its worker last recorded them; under a job or endpoint, the variables of its
-request that EagleNest ignores (foundation/environment.py).
+"""`eaglenest status`: jobs, endpoints, GPU hosts (each GPU and what holds it), workers
+and queues at a glance; under each running job its stage and, while it trains, its
+progress (step/total, loss, accuracy, tokens/s, ETA), as its worker last recorded them;
+under a job or endpoint, the variables of its request that EagleNest ignores
+(foundation/environment.py).
 
 The database and broker clients are imported when the command runs, not when the `eaglenest`
 parser is built (`eaglenest <command> --help` stays quick)."""
@@ -84,6 +85,29 @@ def _model_environments(s: Any, endpoint: Any) -> list[tuple[str, dict[str, str]
     return out
 
 
+def host_lines(s: Any, lease_seconds: float) -> list[str]:
+    """`hosts:`, then per host its live workers and each GPU with what holds it."""
+    from eaglenest.db import placement_repo
+    from eaglenest.foundation.accounts import ResourceRef
+
+    workers = placement_repo.live_workers(s, lease_seconds)
+    held = {(h.host, h.gpu_index): h for h in placement_repo.holdings(s)}
+    hosts = sorted({w.host for w in workers})
+    out = [f"hosts: {len(hosts) or 'none'}"]
+    for host in hosts:
+        mine = [w for w in workers if w.host == host]
+        gpus = {int(g["index"]): g for w in mine for g in w.gpus}
+        names = ", ".join(f"{w.owner} ({w.queues})" for w in mine)
+        out.append(f"  {host}: {len(gpus)} GPU(s); workers {names}")
+        for index, g in sorted(gpus.items()):
+            h = held.get((host, index))
+            ref = ResourceRef.parse(h.holder) if h else None
+            what = (f"{h.holder.split(':')[-1]} ({ref.account_id if ref else '?'}) {h.unit}"
+                    if h else "free")
+            out.append(f"    GPU {index} {g['name']} {g['memory_gib']:g} GiB: {what}")
+    return out
+
+
 def _rows(s: Any, table: Any) -> list[Any]:
     """The ten last modified rows, and for jobs every running one besides."""
     from sqlalchemy import select
@@ -126,6 +150,7 @@ def _database(settings: Settings) -> tuple[list[str], bool]:
                     line = progress_line(r.progress, time.time()) if running else None
                     out += [line] if line else []
                     out += ignored_lines(s, r)
+            out += host_lines(s, settings.job_lease_seconds)
     except Exception as exc:
         out.append(f"database: unreachable ({exc.__class__.__name__}: {exc})"[:200])
         ok = False
