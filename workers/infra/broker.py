@@ -26,6 +26,7 @@ from pathlib import Path
 
 import redis
 
+from eaglenest.foundation import children
 from eaglenest.foundation.processes import free_port
 
 
@@ -80,9 +81,14 @@ def embedded_url(data_dir: Path) -> str | None:
 
 @dataclass
 class EmbeddedBroker:
+    """The broker's redis-server is an owned child (foundation/children.py): it dies with the
+    process that started it; with `registry` its record is kept there until it stops."""
+
     data_dir: Path
     port: int = 0
     process: subprocess.Popen[bytes] | None = None
+    registry: Path | None = None
+    record: children.ChildRecord | None = None
 
     @property
     def state_file(self) -> Path:
@@ -115,17 +121,22 @@ class EmbeddedBroker:
     def start(self, port: int = 0) -> str:
         """Start redis-server on ``port`` (0: a free one); a restart passes the old port."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        if self.record is not None:  # a restart: the dead server's record goes
+            children.forget(self.registry, self.record)
         self.port = port or free_port()
         log = open(self.data_dir / "broker.log", "ab")  # noqa: SIM115 (owned by the child)
-        self.process = subprocess.Popen(
+        self.process, self.record = children.spawn(
             [
                 str(redis_server_binary()), str(self._config().resolve()),
                 "--port", str(self.port),
                 "--dir", str(self.data_dir.resolve()), "--appendonly", "yes",
                 "--appendfilename", "broker.aof", "--save", "", "--daemonize", "no",
             ],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            role="broker", resource=f"broker:{self.data_dir}", registry=self.registry,
+            env={k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG")},
+            stdout=log, stderr=subprocess.STDOUT,
         )
+        log.close()  # the child has its own copy
         deadline = time.monotonic() + 15
         while not _alive(self.port, self.password):
             if self.process.poll() is not None or time.monotonic() > deadline:
@@ -147,4 +158,7 @@ class EmbeddedBroker:
             self.process.kill()
         self.state_file.unlink(missing_ok=True)
         self.process = None
+        if self.record is not None:
+            children.forget(self.registry, self.record)
+            self.record = None
 

@@ -12,11 +12,18 @@ Contract:
   same port, so the children's broker URL stays valid (queued tasks persist in its AOF).
 - SIGINT/SIGTERM stop the worker gracefully first (Celery finishes or re-queues its tasks:
   acks_late), then the API, then the broker.
+- Every child (API, worker, broker) is an owned child (foundation/children.py): it dies with
+  `up`, SIGKILL included, and is recorded in `<data-dir>/up/` until it stops. An `up` that
+  starts on a data dir first stops, by record, what a dead `up` left there; while another
+  `up` of that data dir is alive it refuses (exit 1, naming its pid and its children's).
+- "Listening" means the API child itself holds the port (checked in /proc): an old process
+  that answers /ping on it does not count.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import os
 import signal
@@ -27,8 +34,10 @@ import time
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import FrameType
 
+from eaglenest.foundation import children
 from eaglenest.foundation.settings import Settings
 from eaglenest.workers.infra.broker import EmbeddedBroker
 from eaglenest.workers.infra.credentials import usage
@@ -40,6 +49,8 @@ GIVE_UP_AFTER = 2  # consecutive quick exits
 HEALTHY_SECONDS = 60.0
 MAX_BACKOFF_SECONDS = 30.0
 TAIL_LINES = 20
+#: `<data-dir>/up/`: the records of `up`'s own children (foundation/children.py)
+UP_RECORDS = "up"
 
 
 @dataclass
@@ -49,7 +60,9 @@ class Child:
     name: str
     argv: list[str]
     env: dict[str, str]
+    registry: Path | None = None
     proc: subprocess.Popen[bytes] | None = None
+    record: children.ChildRecord | None = None
     started: float = 0.0
     exits_in_a_row: int = 0
     quick_exits_in_a_row: int = 0
@@ -58,9 +71,10 @@ class Child:
         default_factory=lambda: collections.deque(maxlen=TAIL_LINES))
 
     def spawn(self) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "eaglenest.workers.cli", *self.argv], env=self.env,
-            stderr=subprocess.PIPE)
+        self._forget()
+        self.proc, self.record = children.spawn(
+            [sys.executable, "-m", "eaglenest.workers.cli", *self.argv], role=f"up-{self.name}",
+            resource="up", registry=self.registry, env=self.env, stderr=subprocess.PIPE)
         self.started = time.monotonic()
         self.restart_at = None
         threading.Thread(target=self._relay, args=(self.proc,), daemon=True).start()
@@ -90,9 +104,15 @@ class Child:
                     self.name, self.proc.returncode, ran, delay)
         return False
 
+    def _forget(self) -> None:
+        if self.record is not None:
+            children.forget(self.registry, self.record)
+            self.record = None
+
     def stop(self, timeout: float) -> None:
         proc = self.proc
         if proc is None or proc.poll() is not None:
+            self._forget()
             return
         proc.send_signal(signal.SIGTERM)
         try:
@@ -100,6 +120,7 @@ class Child:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        self._forget()
 
 
 def _answers_ping(host: str, port: int) -> bool:
@@ -120,18 +141,39 @@ def _give_up(child: Child) -> int:
     return 1
 
 
+def claim_data_dir(registry: Path) -> str | None:
+    """Stop what a dead `up` of this data dir left running (by its records); why this `up`
+    may not start (another one is alive), else None."""
+    for record in children.reap(registry):
+        log.warning("stopped %s (pid %d) left by an earlier eaglenest up", record.role,
+                    record.pid)
+    live = [r for r in children.records(registry) if r.owner is not None and r.owner.alive()]
+    if not live:
+        return None
+    owners = sorted({r.owner.pid for r in live if r.owner is not None})
+    pids = ", ".join(f"{r.role} {r.pid}" for r in live)
+    return (f"eaglenest up: another eaglenest up (pid {', '.join(map(str, owners))}) runs on "
+            f"data dir {registry.parent} ({pids}); stop it first")
+
+
 def run_stack(settings: Settings, host: str, port: int) -> int:
+    registry = settings.data_dir / UP_RECORDS
+    refused = claim_data_dir(registry)
+    if refused:
+        print(refused, file=sys.stderr, flush=True)
+        return 1
     broker: EmbeddedBroker | None = None
     broker_url = settings.broker_url
     if not broker_url:
-        broker = EmbeddedBroker(settings.data_dir)
+        broker = EmbeddedBroker(settings.data_dir, registry=registry)
         broker_url = broker.attach_or_start()
     env = {**os.environ, "EAGLENEST_BROKER_URL": broker_url,
            "EAGLENEST_DATA_DIR": str(settings.data_dir.resolve()),
            "EAGLENEST_SUPERVISED": "1"}
-    children = [Child("api", ["api", "--host", host, "--port", str(port)], env)]
+    procs = [Child("api", ["api", "--host", host, "--port", str(port)], env, registry)]
     if settings.worker_queues.strip():
-        children.append(Child("worker", ["worker", "--queues", settings.worker_queues], env))
+        procs.append(Child("worker", ["worker", "--queues", settings.worker_queues], env,
+                           registry))
     stopping = threading.Event()
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
@@ -139,23 +181,25 @@ def run_stack(settings: Settings, host: str, port: int) -> int:
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
-    for child in children:
+    for child in procs:
         child.spawn()
 
     def ready() -> bool:
-        return _all_running(children) and _answers_ping(host, port)
+        api = procs[0].proc
+        return (_all_running(procs) and _answers_ping(host, port)
+                and api is not None and holds_port(api.pid, port))
 
     try:
-        return _supervise(children, broker, stopping, ready,
+        return _supervise(procs, broker, stopping, ready,
                           lambda: print(usage(settings, host, port), flush=True))
     finally:
-        for child in reversed(children):  # the worker first, then the API
+        for child in reversed(procs):  # the worker first, then the API
             child.stop(timeout=60 if child.name == "worker" else 15)
         if broker is not None:
             broker.stop()
 
 
-def _supervise(children: list[Child], broker: EmbeddedBroker | None,
+def _supervise(procs: list[Child], broker: EmbeddedBroker | None,
                stopping: threading.Event, ready: Callable[[], bool],
                announce: Callable[[], None]) -> int:
     """Restart what exits until a signal; 1 if a child never comes up."""
@@ -163,7 +207,7 @@ def _supervise(children: list[Child], broker: EmbeddedBroker | None,
     next_check = 0.0
     while not stopping.wait(0.2):
         now = time.monotonic()
-        for child in children:
+        for child in procs:
             if child.restart_at is not None:
                 if now >= child.restart_at:
                     child.spawn()
@@ -186,5 +230,28 @@ def _supervise(children: list[Child], broker: EmbeddedBroker | None,
     return 0
 
 
-def _all_running(children: list[Child]) -> bool:
-    return all(c.proc is not None and c.proc.poll() is None for c in children)
+def holds_port(pid: int, port: int) -> bool:
+    """Whether process `pid` has a socket listening on TCP `port` (Linux /proc; True where
+    /proc/net cannot be read, as before this check existed)."""
+    inodes = set()
+    try:
+        for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+            for line in Path(table).read_text().splitlines()[1:]:
+                fields = line.split()
+                if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                    inodes.add(f"socket:[{fields[9]}]")  # 0A: LISTEN
+    except (OSError, IndexError, ValueError):
+        return True
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            if os.readlink(f"/proc/{pid}/fd/{fd}") in inodes:
+                return True
+    return False
+
+
+def _all_running(procs: list[Child]) -> bool:
+    return all(c.proc is not None and c.proc.poll() is None for c in procs)
