@@ -15,7 +15,7 @@ from eaglenest.db.pagination import PageRequest, fingerprint, paginate
 from eaglenest.db.tables import Base
 from eaglenest.foundation.accounts import ResourceRef
 from eaglenest.foundation.errors import ValidationException
-from eaglenest.foundation.storage import StorageError, check_characters
+from eaglenest.foundation.storage import StorageError, check_characters, check_segments
 
 RowT = TypeVar("RowT", bound=Base)
 
@@ -36,7 +36,8 @@ def insert_unique(session: Session, row: Base, duplicate: Exception) -> None:
 
 def check_s3_uris(spec: Any, at: str = "") -> None:
     """A ValidationException naming the member of the first `s3://` URI in a request that
-    holds a control character (the artifact store refuses those keys)."""
+    holds a control character or an empty key segment (`s3://b//k`, `s3://b/a//k`): the
+    artifact store refuses those keys, so they are refused before anything is written."""
     if isinstance(spec, dict):
         for k, v in spec.items():
             check_s3_uris(v, f"{at}.{k}" if at else k)
@@ -46,6 +47,7 @@ def check_s3_uris(spec: Any, at: str = "") -> None:
     elif isinstance(spec, str) and spec.startswith("s3://"):
         try:
             check_characters(spec)
+            check_segments(spec)
         except StorageError as exc:
             raise ValidationException(f"{at}: {exc}") from None
 

@@ -8,10 +8,13 @@ local store writes to a temporary name and renames).
 
 Buckets belong to accounts: each store keeps, per bucket, the 12-digit account that owns it
 (`owner`), set once by the first `claim` (race-safe: of two accounts claiming a new bucket at
-once exactly one wins, and both are told which). The record lives in the store itself, out
-of every bucket's key space: `<root>/.owners/<bucket>` in the local store, the reserved key
-`.eaglenest/owner` in S3 (refused by `parse_uri`, hidden from listings). Every access made
-for an account goes through its view, `foundation.buckets.AccountStore`.
+once exactly one wins, and both are told which), or by an operator (`assign`, `release`:
+`eaglenest s3 owner`). The record lives in the store itself, out of every bucket's key
+space: `<root>/.owners/<bucket>` in the local store, the reserved key `.eaglenest/owner` in
+S3 (refused by `parse_uri`, hidden from listings). A store also knows the operator's default
+account (`default_account`, set by `make_store`): the only account that may read a bucket no
+account owns. Every access made for an account goes through its view,
+`foundation.buckets.AccountStore`.
 """
 
 from __future__ import annotations
@@ -64,8 +67,8 @@ def parse_uri(uri: str) -> S3Uri:
         raise StorageError(f"'{uri}' is not an S3 URI of the form s3://bucket/key")
     key = m["key"] or ""
     check_characters(uri)
-    parts = PurePosixPath(key).parts
-    if key.startswith("/") or "\\" in key or any(p in ("..", ".") for p in parts):
+    check_segments(uri)
+    if "\\" in key or any(p in ("..", ".") for p in key.split("/")):
         raise StorageError(f"'{uri}': keys may not contain '.', '..', '\\' or a leading '/'")
     if key == RESERVED_PREFIX.rstrip("/") or key.startswith(RESERVED_PREFIX):
         raise StorageError(f"'{uri}': keys under {RESERVED_PREFIX} are reserved for the store")
@@ -78,6 +81,31 @@ def check_characters(uri: str) -> None:
     if control is not None:
         raise StorageError(f"{ascii(uri)}: keys may not contain control characters "
                            f"(found {ascii(control)})")
+
+
+def check_segments(uri: str) -> None:
+    """StorageError naming `uri` when its key has an empty segment: a leading '/' or a '//'
+    (`s3://b//k`, `s3://b/a//k`). S3 keeps such keys as written while a path built from one
+    collapses or restarts them (`dest / "/k"` is `/k`), so no URI may hold one."""
+    if "//" in uri.removeprefix("s3://"):
+        raise StorageError(f"'{uri}': keys may not contain empty segments ('//') or a "
+                           "leading '/'")
+
+
+def local_path(dest: Path, relative: str, uri: str) -> Path:
+    """`dest / relative`, where `relative` is the part of the stored key `uri` below the
+    prefix being fetched; StorageError naming `uri` unless the path stays inside `dest`: no
+    leading '/', no empty, '.' or '..' segment, no '\\', and inside `dest` once resolved
+    (through any link already there), no control character."""
+    check_characters(uri)
+    parts = relative.split("/")
+    if "\\" in relative or any(p in ("", ".", "..") for p in parts):
+        raise StorageError(f"'{uri}': the key's part {relative!r} below the prefix is not a "
+                           "relative path without empty, '.' or '..' segments; refused")
+    target = dest.joinpath(*parts)
+    if not target.resolve().is_relative_to(dest.resolve()):
+        raise StorageError(f"'{uri}': {target} leaves {dest}; refused")
+    return target
 
 
 def regular_files(folder: Path) -> list[Path]:
@@ -107,6 +135,10 @@ class ArtifactStore(Protocol):
 class BucketStore(ArtifactStore, Protocol):
     """A whole store (LocalStore, S3Store): objects plus the owner of each bucket."""
 
+    #: the operator's default account, the only one that may read a bucket no account owns
+    #: (None: no account may; `make_store` sets Settings.account_id)
+    default_account: str | None
+
     def owner(self, bucket: str) -> str | None:
         """The account that owns `bucket`, or None while no account does."""
         ...
@@ -114,6 +146,14 @@ class BucketStore(ArtifactStore, Protocol):
     def claim(self, bucket: str, account_id: str) -> str:
         """Make `account_id` the owner of `bucket` unless an account already is (atomic:
         of concurrent claims exactly one wins); the owner after the call."""
+        ...
+
+    def assign(self, bucket: str, account_id: str) -> None:
+        """The operator's: make `account_id` the owner of `bucket`, replacing any owner."""
+        ...
+
+    def release(self, bucket: str) -> None:
+        """The operator's: leave `bucket` with no owner (no error if it has none)."""
         ...
 
 
@@ -128,8 +168,9 @@ class LocalStore:
     `root/.owners/b` (no bucket name starts with '.'), made by a hard link so it appears
     at once, whole, and only once."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, default_account: str | None = None) -> None:
         self.root = root.resolve()
+        self.default_account = default_account
 
     def _owner_path(self, bucket: str) -> Path:
         return self.root / ".owners" / _check_bucket(bucket)
@@ -157,7 +198,19 @@ class LocalStore:
             raise StorageError(f"the owner record of bucket '{bucket}' is empty ({path})")
         return owner
 
+    def assign(self, bucket: str, account_id: str) -> None:
+        path = self._owner_path(bucket)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+        with os.fdopen(fd, "w") as fh:
+            fh.write(account_id)
+        os.replace(tmp, path)  # whole, at once: a reader sees the old owner or the new
+
+    def release(self, bucket: str) -> None:
+        self._owner_path(bucket).unlink(missing_ok=True)
+
     def _path(self, uri: S3Uri) -> Path:
+        check_segments(str(uri))  # a path would collapse 'a//b' to 'a/b'; S3 would not
         path = (self.root / uri.bucket / uri.key).resolve()
         if not path.is_relative_to(self.root / uri.bucket):
             raise StorageError(f"'{uri}' escapes its bucket")
@@ -216,9 +269,11 @@ class S3Store:
     `If-None-Match: *` (a conditional write: AWS S3, MinIO) so that only the first claim
     creates it; listings leave it out and `parse_uri` refuses its key."""
 
-    def __init__(self, endpoint_url: str | None, region: str, **client_kw: Any) -> None:
+    def __init__(self, endpoint_url: str | None, region: str,
+                 default_account: str | None = None, **client_kw: Any) -> None:
         import boto3
 
+        self.default_account = default_account
         self.client = boto3.client("s3", endpoint_url=endpoint_url, region_name=region,
                                    **client_kw)
 
@@ -246,6 +301,22 @@ class S3Store:
             if owner is not None:
                 return owner
         raise StorageError(f"s3://{bucket}/: could not record the bucket's owner")
+
+    def assign(self, bucket: str, account_id: str) -> None:
+        try:
+            self.client.put_object(Bucket=_check_bucket(bucket), Key=OWNER_KEY,
+                                   Body=account_id.encode())
+        except Exception as exc:
+            if _code(exc) == "NoSuchBucket":
+                raise StorageError(f"s3://{bucket}/ does not exist") from exc
+            raise
+
+    def release(self, bucket: str) -> None:
+        try:
+            self.client.delete_object(Bucket=_check_bucket(bucket), Key=OWNER_KEY)
+        except Exception as exc:
+            if _code(exc) not in _MISSING:
+                raise
 
     def _missing(self, exc: Exception, uri: S3Uri) -> Exception:
         if _code(exc) in _MISSING:
@@ -289,10 +360,11 @@ class S3Store:
 
 
 def make_store(settings: Settings) -> BucketStore:
-    """S3 when EAGLENEST_S3_ENDPOINT_URL is set, else the local directory store."""
+    """S3 when EAGLENEST_S3_ENDPOINT_URL is set, else the local directory store; either
+    with the operator's default account (Settings.account_id)."""
     if settings.s3_endpoint_url:
-        return S3Store(settings.s3_endpoint_url, settings.region)
-    return LocalStore(settings.artifact_dir)
+        return S3Store(settings.s3_endpoint_url, settings.region, settings.account_id)
+    return LocalStore(settings.artifact_dir, settings.account_id)
 
 
 def download_prefix(store: ArtifactStore, uri: str, dest: Path) -> list[Path]:
@@ -309,13 +381,11 @@ def download_prefix(store: ArtifactStore, uri: str, dest: Path) -> list[Path]:
     under = [k for k in keys if k.startswith(base)]
     if not under:
         raise StorageError(f"nothing found at {uri}")
-    out = []
-    for key in under:
-        rel = key[len(base):]
-        target = dest / parse_uri(f"s3://{src.bucket}/{rel}").key
+    # every target is checked before the first byte is written
+    targets = [local_path(dest, k[len(base):], f"s3://{src.bucket}/{k}") for k in under]
+    for key, target in zip(under, targets, strict=True):
         store.get_file(S3Uri(src.bucket, key), target)
-        out.append(target)
-    return out
+    return targets
 
 
 def read_manifest(store: ArtifactStore, uri: str) -> list[str]:

@@ -175,9 +175,13 @@ def test_first_writer_owns_the_bucket_and_others_are_denied(store, tmp_path):
 
 
 def test_reading_an_unowned_bucket_claims_nothing(store, tmp_path):
+    store.default_account = B  # the operator's default account (make_store: Settings')
     store.put_bytes(parse_uri("s3://bucket/data.jsonl"), b"{}\n")  # the operator's upload
     assert AccountStore(store, B).get_bytes(parse_uri("s3://bucket/data.jsonl")) == b"{}\n"
     assert store.owner("bucket") is None
+    with pytest.raises(AccessDenied, match="'bucket' has no owner") as info:  # not default
+        AccountStore(store, A).get_bytes(parse_uri("s3://bucket/data.jsonl"))
+    assert info.value.unowned and store.owner("bucket") is None
     AccountStore(store, A).put_bytes(parse_uri("s3://bucket/out.json"), b"{}")
     with pytest.raises(AccessDenied):
         AccountStore(store, B).get_bytes(parse_uri("s3://bucket/data.jsonl"))

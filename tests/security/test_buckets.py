@@ -1,10 +1,13 @@
 """Buckets belong to accounts, on a real `eaglenest up` with two accounts (alice: the stack's
-key, bob: a key of a new account). A Create request of bob's naming one of alice's buckets
-anywhere (model data, job input, output, training data, Data Capture, core dumps, async
-outputs) is refused with SageMaker's error and creates nothing, claims nothing; alice's own
-requests work and claim the buckets they name. `eaglenest s3` acts for one account and is
-refused the other's buckets; a job whose bucket changed owner after Create fails with
-AccessDenied."""
+key and the operator's default account, bob: a key of a new account). A bucket is owned by
+the first account to write into it (`eaglenest s3 cp`, a job's output, a capture; a job's
+output location and a capture destination are claimed at Create) or by the one an operator
+assigns it to (`eaglenest s3 owner`); naming a bucket to read claims nothing, and a bucket no
+account owns is readable only by the default account. A Create request of bob's naming one
+of alice's buckets anywhere (model data, job input, output, training data, Data Capture, core
+dumps, async outputs) is refused with SageMaker's error and creates nothing, claims nothing.
+`eaglenest s3` acts for one account and is refused the other's buckets; a job whose bucket
+changed owner after Create fails with AccessDenied."""
 
 from __future__ import annotations
 
@@ -90,10 +93,25 @@ def refused(call: Any, message: str, **kw: Any) -> None:
     assert error_of(exc) == ("ValidationException", message)
 
 
+def put(stack: Stack, folder: Path, uri: str, *options: str) -> None:
+    """Write a file into `uri` with `eaglenest s3 cp` (as the default account, or
+    `--profile NAME`): the upload makes an unowned bucket the uploader's."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text("{}")
+    r = s3_cli(stack, "cp", str(folder), uri, *options)
+    assert r.returncode == 0, r.stderr
+
+
 @pytest.fixture(scope="module")
-def alices(pair: tuple[Stack, Caller, Caller]) -> dict[str, str]:
-    """Alice's model, config and job, each claiming the buckets it names."""
-    stack, alice, _ = pair
+def alices(pair: tuple[Stack, Caller, Caller],
+           tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """Alice's model, config and job: her model and data buckets are hers by her uploads,
+    her job's output and her capture destination by the Creates naming them as outputs."""
+    stack, alice, bob = pair
+    folder = tmp_path_factory.mktemp("alices")
+    put(stack, folder, "s3://a-models/m/")
+    put(stack, folder, "s3://a-data/train/")
+    put(stack, folder, "s3://b-models/m/", "--profile", "bob")  # bob's, for bob's requests
     alice.sm.create_model(**model("a-model", "s3://a-models/m/"))
     alice.sm.create_endpoint_config(**config("a-config", "a-model",
                                              **capture("s3://a-capture/traffic")))
@@ -150,11 +168,11 @@ def test_creates_naming_another_accounts_bucket_are_refused(
     assert owner(stack, "b-out") is None
     for bucket in ("a-models", "a-capture", "a-out", "a-data"):
         assert owner(stack, bucket) == ACCOUNT
-    assert owner(stack, "b-models") == bob.account  # by the one request that succeeded
+    assert owner(stack, "b-models") == bob.account  # by bob's upload in `alices`
 
 
-def test_the_first_account_to_name_a_bucket_owns_it(pair: tuple[Stack, Caller, Caller],
-                                                    alices: dict[str, str]) -> None:
+def test_an_output_location_is_claimed_at_create(pair: tuple[Stack, Caller, Caller],
+                                                 alices: dict[str, str]) -> None:
     stack, alice, bob = pair
     bob.sm.create_endpoint_config(**config("b-first", "b-model",
                                            **capture("s3://b-capture/traffic")))
@@ -237,3 +255,122 @@ def test_a_job_whose_bucket_changed_owner_fails(pair: tuple[Stack, Caller, Calle
     assert d["OptimizationJobStatus"] == "FAILED"
     assert d["FailureReason"].startswith("AccessDenied: s3://a-moved/m/"), d["FailureReason"]
     assert not (stack.data_dir / "s3" / "a-moved" / "out").exists()
+
+
+def no_owner(member: str, uri: str, bucket: str, account: str) -> str:
+    return (f"{member}: Access Denied to {uri}: the bucket '{bucket}' has no owner, and only "
+            "the operator's default account may read a bucket no account owns; an operator "
+            f"assigns it with `eaglenest s3 owner s3://{bucket} --account {account}`.")
+
+
+def placed(stack: Stack, bucket: str) -> str:
+    """A folder the operator put in the store with its own access (no owner); its URI."""
+    (stack.data_dir / "s3" / bucket / "m").mkdir(parents=True)
+    (stack.data_dir / "s3" / bucket / "m" / "config.json").write_text("{}")
+    return f"s3://{bucket}/m/"
+
+
+PRIMARY = "PrimaryContainer.ModelDataSource.S3DataSource.S3Uri"
+
+
+def test_naming_buckets_to_read_claims_none(pair: tuple[Stack, Caller, Caller],
+                                            alices: dict[str, str], tmp_path: Path) -> None:
+    stack, alice, bob = pair
+    names = [f"named-{i}" for i in range(15)]
+    fifteen = [{"Image": "eaglenest", "ModelDataUrl": f"s3://{b}/model.tar.gz"} for b in names]
+    alice.sm.create_model(ModelName="a-fifteen", ExecutionRoleArn=ROLE, Containers=fifteen)
+    assert [owner(stack, b) for b in names] == [None] * 15  # the default account read them
+    r = s3_cli(stack, "owner", "s3://named-0")
+    assert r.returncode == 0 and r.stdout.startswith(
+        f"s3://named-0: owner none (readable only by the default account {ACCOUNT}"), r.stdout
+    refused(bob.sm.create_model, no_owner("Containers.1.ModelDataUrl",
+                                          "s3://named-0/model.tar.gz", "named-0", bob.account),
+            ModelName="b-fifteen", ExecutionRoleArn=ROLE, Containers=fifteen)
+    assert [owner(stack, b) for b in names] == [None] * 15
+    # the first account to write into one owns it: here bob, by an upload
+    put(stack, tmp_path / "m", "s3://named-3/m/", "--profile", "bob")
+    assert owner(stack, "named-3") == bob.account
+    r = s3_cli(stack, "owner", "s3://named-3/m/")
+    assert r.stdout == f"s3://named-3: owner account {bob.account}\n", r.stdout
+    bob.sm.create_model(**model("b-named", "s3://named-3/m/"))
+    refused(alice.sm.create_model, MODEL_DATA.format(uri="s3://named-3/m/"),
+            **model("a-named", "s3://named-3/m/"))
+
+
+def test_an_unowned_bucket_is_read_only_by_the_default_account(
+        pair: tuple[Stack, Caller, Caller], alices: dict[str, str], tmp_path: Path) -> None:
+    stack, alice, bob = pair
+    uri = placed(stack, "op-data")
+    refused(bob.sm.create_model, no_owner(PRIMARY, uri, "op-data", bob.account),
+            **model("b-op", uri))
+    data = "OptimizationConfigs.1.ModelSpeculativeDecodingConfig.TrainingDataSource.S3Uri"
+    refused(bob.sm.create_optimization_job, no_owner(data, uri, "op-data", bob.account),
+            **job("b-op", "s3://b-models/m/", "s3://b-op-out/", data=uri))
+    assert "b-op" not in [m["ModelName"] for m in bob.sm.list_models()["Models"]]
+    assert owner(stack, "op-data") is None and owner(stack, "b-op-out") is None
+    r = s3_cli(stack, "cp", uri, str(tmp_path / "bob"), "--profile", "bob")
+    assert r.returncode == 1 and "AccessDenied: s3://op-data/m/" in r.stderr, r.stderr
+    assert "'op-data' has no owner" in r.stderr and not (tmp_path / "bob").exists()
+    alice.sm.create_model(**model("a-op", uri))  # the default account reads it...
+    assert s3_cli(stack, "cp", uri, str(tmp_path / "alice")).returncode == 0
+    assert owner(stack, "op-data") is None  # ...and claims nothing
+    # a bucket the same request writes into (Data Capture) may be named there to read too
+    async_out = {"OutputConfig": {"S3OutputPath": "s3://b-self/async/"}}
+    refused(bob.sm.create_endpoint_config,
+            no_owner("AsyncInferenceConfig.OutputConfig.S3OutputPath", "s3://b-self/async/",
+                     "b-self", bob.account),
+            **config("b-self", "b-model", AsyncInferenceConfig=async_out))
+    bob.sm.create_endpoint_config(**config("b-self", "b-model", AsyncInferenceConfig=async_out,
+                                           **capture("s3://b-self/capture")))
+    assert owner(stack, "b-self") == bob.account
+
+
+def test_an_operator_assigns_and_releases_an_owner(pair: tuple[Stack, Caller, Caller],
+                                                   alices: dict[str, str]) -> None:
+    stack, alice, bob = pair
+    uri = placed(stack, "op-given")
+    r = s3_cli(stack, "owner", "s3://op-given", "--account", bob.account)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == f"s3://op-given: owner account {bob.account} (was none)\n"
+    assert owner(stack, "op-given") == bob.account
+    bob.sm.create_model(**model("b-given", uri))
+    refused(alice.sm.create_model, MODEL_DATA.format(uri=uri), **model("a-given", uri))
+    # released while bob's model names it: bob's reads are refused, the default account's not
+    r = s3_cli(stack, "owner", "s3://op-given/m/", "--release")
+    assert r.returncode == 0 and r.stdout.startswith(
+        f"s3://op-given: owner none (readable only by the default account {ACCOUNT}")
+    assert r.stdout.endswith(f"(was account {bob.account})\n") and owner(stack, "op-given") is None
+    assert bob.sm.describe_model(ModelName="b-given")["ModelName"] == "b-given"
+    refused(bob.sm.create_model, no_owner(PRIMARY, uri, "op-given", bob.account),
+            **model("b-given-2", uri))
+    r = s3_cli(stack, "ls", uri, "--profile", "bob")
+    assert r.returncode == 1 and "'op-given' has no owner" in r.stderr, r.stderr
+    assert s3_cli(stack, "ls", uri).stdout == "s3://op-given/m/config.json\n"
+    alice.sm.create_model(**model("a-given", uri))
+    for args, message in ((["s3://op-given", "--account", "12345"], "12 digits"),
+                          (["op-given", "--account", bob.account], "not an S3 URI"),
+                          (["s3://op-given/.eaglenest/owner", "--release"], "reserved")):
+        r = s3_cli(stack, "owner", *args)
+        assert r.returncode == 1 and r.stderr.startswith("error: ") and message in r.stderr, \
+            (args, r.stderr)
+    assert owner(stack, "op-given") is None
+
+
+def test_a_jobs_output_written_claims_its_bucket(pair: tuple[Stack, Caller, Caller],
+                                                 tmp_path: Path) -> None:
+    """A job's outputs are written as workers/jobs/optimize.py does: through its account's
+    view of the worker's store, published with `publish_dir` (workers/jobs/pipeline.py)."""
+    from eaglenest.foundation.buckets import AccessDenied, AccountStore
+    from eaglenest.foundation.settings import Settings
+    from eaglenest.foundation.storage import make_store, parse_uri, publish_dir
+
+    stack, _, bob = pair
+    settings = Settings(data_dir=stack.data_dir, account_id=ACCOUNT, s3_endpoint_url=None)
+    (tmp_path / "out" / "eagle_model").mkdir(parents=True)
+    (tmp_path / "out" / "eagle_model" / "config.json").write_text("{}")
+    assert owner(stack, "b-job-out") is None
+    publish_dir(AccountStore(make_store(settings), bob.account), tmp_path / "out",
+                "s3://b-job-out/jobs/b-job/")
+    assert owner(stack, "b-job-out") == bob.account
+    with pytest.raises(AccessDenied):  # not even the default account reads it now
+        AccountStore(make_store(settings), ACCOUNT).list_keys(parse_uri("s3://b-job-out/"))

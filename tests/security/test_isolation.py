@@ -15,6 +15,7 @@ from botocore.exceptions import ClientError
 
 from benchmarks.stack import ACCOUNT, Stack
 from tests.security.conftest import ROLE, Caller, container, error_of, keys_cli, new_account
+from tests.support.jobs import upload
 
 
 @pytest.fixture(scope="module")
@@ -23,6 +24,11 @@ def two(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Stack, Calle
     stack = Stack(tmp_path_factory.mktemp("isolation"),
                   extra_env={"EAGLENEST_WORKER_QUEUES": ""}).start()
     bob = new_account(stack, "bob")
+    # bob's model bucket is his by writing into it (naming a bucket claims nothing, and only
+    # the default account, alice's, may read a bucket no account owns)
+    folder = tmp_path_factory.mktemp("bob-model")
+    (folder / "config.json").write_text("{}")
+    upload(stack, folder, "s3://bob-models/m/", account=bob.account)
     yield stack, Caller(stack, ACCOUNT), bob
     stack.stop()
 

@@ -5,7 +5,10 @@ profile per key, usable as `AWS_PROFILE=<name>` with the data dir's `config`), e
 12-digit account it acts for (`eaglenest_account_id`; a profile without one acts for
 EAGLENEST_ACCOUNT_ID, as the first start's key does). The API re-reads the file when it
 changes: a created key works, a revoked one is refused, without a restart. A secret is shown
-once, when its key is created; `list` never shows one.
+once, when its key is created; `list` never shows one. Every write leaves the file 0600
+(tightened, with a note, if it was readable by others). A file with one access key id under
+two profiles is refused (CredentialsError: `eaglenest: error: ...`, exit 1) by every command
+but `revoke`, which may be what fixes it: revoking a key id removes every profile holding it.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import re
 import secrets
 import sys
 
-from eaglenest.foundation.settings import ACCOUNT_OPTION, Settings, read_keys
+from eaglenest.foundation.settings import ACCOUNT_OPTION, CredentialsError, Settings, read_keys
 from eaglenest.workers.cli.datadir import add_data_dir_option, settings_for
 from eaglenest.workers.infra.credentials import new_key_pair, private_data_dir, write_config
 
@@ -30,10 +33,27 @@ def _settings(args: argparse.Namespace) -> Settings:
     return settings
 
 
-def _read(settings: Settings) -> configparser.ConfigParser:
+def _read(settings: Settings, *, check_keys: bool = True) -> configparser.ConfigParser:
+    """The credentials file as INI. CredentialsError when it is not INI or (`check_keys`)
+    when an access key id is under two profiles."""
+    if check_keys:
+        read_keys(settings.credentials_file, settings.account_id)
     parser = configparser.ConfigParser()
-    parser.read(settings.credentials_file)
+    try:
+        parser.read(settings.credentials_file)
+    except configparser.Error as exc:
+        raise CredentialsError(f"{settings.credentials_file}: {exc}") from None
     return parser
+
+
+def _write(settings: Settings, parser: configparser.ConfigParser) -> None:
+    """Write the credentials file, 0600 whatever it was; a note when that tightened it."""
+    path = settings.credentials_file
+    before = path.stat().st_mode & 0o777 if path.exists() else 0o600
+    write_config(path, parser)
+    if before & 0o077:
+        print(f"note: {path} was mode {before:o} (readable by other users); it is now 600",
+              file=sys.stderr)
 
 
 def cmd_create(args: argparse.Namespace) -> int:
@@ -52,7 +72,7 @@ def cmd_create(args: argparse.Namespace) -> int:
     key, secret = new_key_pair()
     parser[name] = {"aws_access_key_id": key, "aws_secret_access_key": secret,
                     ACCOUNT_OPTION: account}
-    write_config(settings.credentials_file, parser)
+    _write(settings, parser)
     config = configparser.ConfigParser()
     config.read(settings.data_dir / "config")
     config[f"profile {name}"] = {"region": settings.region}
@@ -75,15 +95,16 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def cmd_revoke(args: argparse.Namespace) -> int:
     settings = _settings(args)
-    parser = _read(settings)
+    parser = _read(settings, check_keys=False)  # revoking may fix a duplicated key id
     found = [s for s in parser.sections()
              if args.key in (s, parser.get(s, "aws_access_key_id", fallback=None))]
     if not found:
         print(f"error: no key {args.key!r} in {settings.credentials_file}", file=sys.stderr)
         return 1
-    parser.remove_section(found[0])
-    write_config(settings.credentials_file, parser)
-    print(f"revoked: {found[0]}")
+    for section in found:  # a key id under several profiles: it stops working in all
+        parser.remove_section(section)
+    _write(settings, parser)
+    print(f"revoked: {', '.join(found)}")
     return 0
 
 

@@ -6,11 +6,17 @@ Each command acts for one account, through its view of the store (foundation/buc
 by default the account of the credentials file's first-start profile (`eaglenest`), else
 EAGLENEST_ACCOUNT_ID; `--profile NAME` or `--access-key ID` picks another key of the data
 dir (`eaglenest keys`). An upload claims a bucket no account owns; another account's bucket
-is refused (exit 1, the error naming the URI and the account acted for)."""
+is refused (exit 1, the error naming the URI and the account acted for), and so is a read of
+a bucket no account owns by an account other than the default one.
+
+`eaglenest s3 owner s3://bucket [--account ID | --release]` is the operator's: it prints a
+bucket's owner, assigns one (replacing any) or releases it (no owner: readable only by the
+default account, EAGLENEST_ACCOUNT_ID, until an account writes into it or is assigned it)."""
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -18,6 +24,7 @@ from eaglenest.foundation.buckets import AccessDenied, AccountStore
 from eaglenest.foundation.settings import CREDENTIALS_PROFILE, Settings
 from eaglenest.foundation.storage import (
     ArtifactStore,
+    BucketStore,
     StorageError,
     download_prefix,
     make_store,
@@ -108,6 +115,38 @@ def cmd_ls(args: argparse.Namespace) -> int:
     return 0
 
 
+def _describe(store: BucketStore, bucket: str) -> str:
+    owner = store.owner(bucket)
+    if owner is not None:
+        return f"account {owner}"
+    return (f"none (readable only by the default account {store.default_account}; the first "
+            "account to write into it owns it)")
+
+
+def cmd_owner(args: argparse.Namespace) -> int:
+    """Print the bucket's owner, or assign/release it and print the change."""
+    if args.account is not None and not re.fullmatch(r"\d{12}", args.account):
+        print(f"error: --account {args.account}: an account id is 12 digits", file=sys.stderr)
+        return 1
+    store = make_store(_settings(args))
+    try:
+        bucket = parse_uri(args.uri).bucket
+        before = _describe(store, bucket)
+        if args.release:
+            store.release(bucket)
+        elif args.account is not None:
+            store.assign(bucket, args.account)
+        else:
+            print(f"s3://{bucket}: owner {before}")
+            return 0
+        was = before.split(" (")[0]
+        print(f"s3://{bucket}: owner {_describe(store, bucket)} (was {was})")
+    except StorageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def _add_key_options(parser: argparse.ArgumentParser) -> None:
     which = parser.add_mutually_exclusive_group()
     which.add_argument("--profile", metavar="NAME",
@@ -140,3 +179,17 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     add_data_dir_option(ls)
     _add_key_options(ls)
     ls.set_defaults(func=cmd_ls)
+    own = s3sub.add_parser("owner", help="print, assign or release a bucket's owner",
+                           description="print the account that owns a bucket, or (the "
+                                       "operator's) assign it to an account or release it")
+    own.add_argument("uri", help="s3://bucket (a key after it is ignored)")
+    change = own.add_mutually_exclusive_group()
+    change.add_argument("--account", metavar="ID",
+                        help="make this 12-digit account the owner, replacing any "
+                             "(default: none, print the owner)")
+    change.add_argument("--release", action="store_true",
+                        help="leave the bucket with no owner: readable only by the default "
+                             "account until an account writes into it; an account whose "
+                             "resources read it is refused until it is assigned again")
+    add_data_dir_option(own)
+    own.set_defaults(func=cmd_owner)

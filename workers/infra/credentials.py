@@ -4,7 +4,8 @@ data directory's permissions.
 Contract: the data dir is 0700 and what EagleNest writes in it is 0600 (`private_data_dir`
 sets a 077 umask for the process and tightens the files an older version left readable);
 the credentials file is the operator's to place, so a copy readable by others is reported
-(`loose_credentials`), not changed."""
+(`loose_credentials`), not changed, until EagleNest writes it (first start, `keys create`,
+`keys revoke`): every write leaves it 0600, tightened before the first byte."""
 
 from __future__ import annotations
 
@@ -44,13 +45,14 @@ def new_key_pair() -> tuple[str, str]:
 
 
 def write_config(path: Path, parser: configparser.ConfigParser) -> None:
-    """Write an INI file readable by its owner alone (0600)."""
+    """Write an INI file readable by its owner alone (0600, even if it was looser)."""
     _write_private(path, parser)
 
 
 def _write_private(path: Path, parser: configparser.ConfigParser) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as fh:
+        os.fchmod(fd, 0o600)  # O_CREAT's mode applies to a new file only
         parser.write(fh)
 
 

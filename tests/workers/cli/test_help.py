@@ -18,7 +18,7 @@ from eaglenest.workers.cli.main import _LAZY, build_parser
 from eaglenest.workers.cli.parsing import HelpFormatter, Parser
 
 COMMANDS = ["up", "api", "worker", "migrate", "keys", "keys create", "keys list",
-            "keys revoke", "s3", "s3 cp", "s3 ls", "status", "bench", "train",
+            "keys revoke", "s3", "s3 cp", "s3 ls", "s3 owner", "status", "bench", "train",
             "prepare-target", "generate"]
 HEAVY = ("torch", "transformers", "celery", "uvicorn", "fastapi")
 
