@@ -19,17 +19,24 @@ from typing import Any
 
 import torch
 
-from benchmarks.gpu_check import CEILING_FORMULA, measure
+from benchmarks.gpu_check import CEILING_FORMULA, measure, service
 from benchmarks.gpu_check.build import SPECS, Bench, log, set_exact_fp32
 from benchmarks.gpu_check.report import markdown
+
+ROOT = Path(__file__).resolve().parents[2]
 
 SECTIONS: dict[str, Callable[[Bench], dict[str, Any]]] = {
     "training": measure.training,
     "lossless": measure.lossless,
     "verify_cost": measure.verify_cost,
     "throughput": measure.throughput,
+    # EagleNest itself: up, a job on the GPU, an endpoint on it (benchmarks/gpu_check/service.py)
+    "service": service.section,
 }
-RUN_ORDER = ("lossless", "verify_cost", "throughput", "training")  # fp32 first, then bf16
+#: fp32 first, then bf16; the service last (it frees the check's own model first)
+RUN_ORDER = ("lossless", "verify_cost", "throughput", "training", "service")
+#: targets the service section runs on (the 8B one adds time, not coverage)
+SERVICE_MODELS = ("tiny", "1b")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -45,6 +52,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="output folder (default: $OUT if set, else ./gpu_check_out)")
     p.add_argument("--budget-s", type=float, default=330.0,
                    help="start no section after this many seconds (the rest are 'skipped')")
+    wheels = ROOT / ".gpu-wheels"
+    p.add_argument("--wheels", type=Path, default=wheels if wheels.is_dir() else None,
+                   help="the service's wheels for this Python (scripts/gpu_wheels.sh; default "
+                        ".gpu-wheels when present, else this interpreter's packages)")
     args = p.parse_args(argv)
     bad = [m for m in _names(args.models) if m not in SPECS or m == "tiny"]
     bad += [s for s in _names(args.sections) if s not in SECTIONS]
@@ -117,6 +128,10 @@ class Run:
                     problems.append(f"{model} {name}: {entry['error']}")
                 if name == "lossless" and entry.get("fp32_lossless") is False:
                     problems.append(f"{model} lossless: fp32 greedy output differs from HF")
+                endpoint = entry.get("endpoint", {}) if name == "service" else {}
+                for key in ("on_gpu_per_nvidia_smi", "gone_after_delete"):
+                    if endpoint.get(key) is False:
+                        problems.append(f"{model} service: {key} is false")
         return not problems, problems
 
 
@@ -135,8 +150,12 @@ def main(argv: list[str] | None = None) -> int:
     models = ["tiny"] if args.tiny else _names(args.models)
     wanted = set(_names(args.sections))
     for model in models:
-        bench = Bench(SPECS[model], device)
+        bench = Bench(SPECS[model], device, out=run.out, wheels=args.wheels)
         for name in (s for s in RUN_ORDER if s in wanted):
+            if name == "service":
+                bench.close()  # the service loads the target itself
+                if model not in SERVICE_MODELS:
+                    continue
             run.section(name, bench)
         bench.close()
     ok, problems = run.verdict()

@@ -9,6 +9,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -120,6 +121,9 @@ class Bench:
 
     spec: Spec
     device: torch.device
+    #: the run's output folder and the service's wheels (the `service` section)
+    out: Path = Path("gpu_check_out")
+    wheels: Path | None = None
     models: dict[torch.dtype, nn.Module] = field(default_factory=dict)
     heads: dict[tuple[str, torch.dtype], nn.Module] = field(default_factory=dict)
 

@@ -73,6 +73,21 @@ def _throughput(sections: dict[str, dict[str, Any]]) -> list[str]:
             *_table(["model", "dtype", "row", "tokens/s", "tau", "x HF", "= plain"], rows)]
 
 
+def _service(sections: dict[str, dict[str, Any]]) -> list[str]:
+    rows = []
+    for m, e in _ok(sections, "service"):
+        job, ep = e.get("job", {}), e.get("endpoint", {})
+        rows.append([m, e.get("type"), "; ".join(e.get("gpus", [])), e.get("up_seconds"),
+                     job.get("status"), e.get("steps"), job.get("seconds"),
+                     "; ".join(job.get("gpus_held", [])), ep.get("in_service_seconds"),
+                     ep.get("invoke_seconds"), ep.get("on_gpu_per_nvidia_smi"),
+                     ep.get("gone_after_delete"), not ep.get("held_after_delete")])
+    return ["### The service on this host (eaglenest up, a job, an endpoint; seconds)", "",
+            *_table(["model", "type", "host GPUs", "up", "job", "steps", "job s", "job held",
+                     "InService s", "invoke s", "server on GPU", "gone after delete",
+                     "GPU free after delete"], rows)]
+
+
 def _verdict(ok: bool | None) -> str:
     return "running (partial results)" if ok is None else "OK" if ok else "FAILED"
 
@@ -83,7 +98,7 @@ def markdown(doc: dict[str, Any]) -> str:
              f"transformers {env['transformers']}", "",
              f"Result: {_verdict(doc.get('ok'))} after {doc.get('total_seconds', 0.0):.0f}s", ""]
     lines += _status(sections)
-    for part in (_training, _lossless, _verify, _throughput):
+    for part in (_training, _lossless, _verify, _throughput, _service):
         lines += part(sections)
     lines += [f"Ceiling: {doc['formula']}", ""]
     return "\n".join(lines)

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SECTIONS = {"training", "lossless", "verify_cost", "throughput"}
+SECTIONS = {"training", "lossless", "verify_cost", "throughput", "service"}
 MODES = {"plain", "chain", "tree", "parallel"}
 
 
@@ -169,3 +169,16 @@ def test_a_bf16_run_adds_exact_fp32_oracle_rows() -> None:
     assert oracle["tau"] > 3 and oracle["equal_to_plain"] is True
     assert exact["hf generate float32"]["speedup_vs_hf"] == 1.0
     assert rows["hf generate"]["speedup_vs_hf"] == 1.0
+
+
+def test_the_service_ran_a_job_and_an_endpoint(doc: dict[str, Any]) -> None:
+    """eaglenest up, a job of ml.g5.2xlarge and an endpoint of its output model: on a CPU
+    host (no GPU anywhere) the GPU type runs on the CPU, and nvidia-smi has nothing to say."""
+    entry = tiny(doc, "service")
+    assert entry["ok"] is True and entry["type"] == "ml.g5.2xlarge"
+    assert entry["job"]["status"] == "COMPLETED" and entry["job"]["seconds"] > 0
+    assert entry["job"]["gpus_held"] == []  # no GPU on this host: nothing held
+    ep = entry["endpoint"]
+    assert ep["generated_chars"] > 0 and ep["server_pid"] > 0
+    assert ep["held_after_delete"] == []
+    assert ep["on_gpu_per_nvidia_smi"] is None and ep["gone_after_delete"] is None
