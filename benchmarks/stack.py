@@ -50,6 +50,8 @@ class Stack:
             # tests (tests/security/test_quotas.py) set their own
             EAGLENEST_MAX_ENDPOINTS="10000", EAGLENEST_MAX_INSTANCES="10000",
             EAGLENEST_MAX_CONCURRENT_OPTIMIZATION_JOBS="10000",
+            # and this machine's compute-process budget is shared by every stack a suite runs
+            EAGLENEST_MAX_COMPUTE_PROCESSES="10000",
         )
         env.update(self.extra_env)
         return env

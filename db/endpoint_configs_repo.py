@@ -132,7 +132,9 @@ def create(session: Session, account: Account, spec: dict[str, Any],
            max_instances: int | None = None,
            store: BucketStore | None = None) -> EndpointConfigRow:
     """With `store` (the API: always), every bucket the request names (DataCapture,
-    AsyncInference outputs) must be the account's or nobody's, and becomes the account's."""
+    AsyncInference outputs) must be the account's, or nobody's and the caller the default
+    account (any caller for Data Capture's destination, which then becomes the account's:
+    db/buckets.py)."""
     if max_instances is not None:
         _check_instance_counts(spec, max_instances)
     _check_serverless(spec)

@@ -9,7 +9,7 @@ from sqlalchemy.orm import Session
 from eaglenest.db import buckets, tags_repo
 from eaglenest.db.common import check_s3_uris, find, insert_unique, now
 from eaglenest.db.tables import ModelRow
-from eaglenest.foundation import environment
+from eaglenest.foundation import environment, limits
 from eaglenest.foundation.accounts import Account
 from eaglenest.foundation.errors import ValidationException
 from eaglenest.foundation.storage import BucketStore
@@ -34,21 +34,25 @@ def _check_containers(spec: dict[str, Any]) -> None:
 
 
 def _check_environment(spec: dict[str, Any]) -> None:
-    """Only allowed variables reach a model server (foundation/environment.py)."""
+    """Only allowed variables reach a model server (foundation/environment.py), and its
+    thread counts and lengths are within their ceilings (foundation/limits.py)."""
     containers = [("PrimaryContainer", spec.get("PrimaryContainer"))]
     containers += [(f"Containers.{i}", c)
                    for i, c in enumerate(spec.get("Containers") or [], start=1)]
     for where, container in containers:
+        env = (container or {}).get("Environment")
         try:
-            environment.check((container or {}).get("Environment"), f"{where}.Environment")
-        except environment.EnvironmentRejected as exc:
+            environment.check(env, f"{where}.Environment")
+            limits.check_model_environment(env, f"{where}.Environment", limits.host_cpus())
+        except (environment.EnvironmentRejected, limits.LimitError) as exc:
             raise ValidationException(str(exc)) from None
 
 
 def create(session: Session, account: Account, spec: dict[str, Any],
            store: BucketStore | None = None) -> ModelRow:
     """With `store` (the API: always), every bucket the request names must be the
-    account's or nobody's, and becomes the account's (db/buckets.py)."""
+    account's, or nobody's and the caller the default account; none is claimed (a model's
+    buckets are read, not written: db/buckets.py)."""
     _check_containers(spec)
     _check_environment(spec)
     name = spec["ModelName"]

@@ -27,6 +27,7 @@ from eaglenest.db.tables import ModelRow, OptimizationJobRow
 from eaglenest.foundation import environment, instance_types
 from eaglenest.foundation.accounts import Account
 from eaglenest.foundation.errors import ResourceInUse, ResourceNotFound, ValidationException
+from eaglenest.foundation.limits import LimitError, check_job_environment, host_cpus
 from eaglenest.foundation.storage import BucketStore
 
 STARTING, INPROGRESS, COMPLETED = "STARTING", "INPROGRESS", "COMPLETED"
@@ -71,6 +72,17 @@ def _check_instance_type(spec: dict[str, Any]) -> None:
         raise ValidationException(f"DeploymentInstanceType {exc}") from None
 
 
+def _check_limits(spec: dict[str, Any]) -> None:
+    """The job's options within their ceilings (foundation/limits.py): training processes
+    at most the GPUs of its DeploymentInstanceType, thread counts the API host's CPUs."""
+    itype = spec["DeploymentInstanceType"]
+    try:
+        check_job_environment(spec.get("OptimizationEnvironment"), "OptimizationEnvironment",
+                              host_cpus(), instance_types.lookup(itype).accelerators, itype)
+    except LimitError as exc:
+        raise ValidationException(str(exc)) from None
+
+
 def _check_spec(session: Session, account: Account, spec: dict[str, Any]) -> list[str]:
     source = spec["ModelSource"]
     if not source.get("S3") and not source.get("SageMakerModel"):
@@ -98,6 +110,7 @@ def _check_spec(session: Session, account: Account, spec: dict[str, Any]) -> lis
         types.append(OPTIMIZATION_TYPES[member])
     _check_environment(spec)
     _check_instance_type(spec)
+    _check_limits(spec)
     return sorted(set(types))
 
 
@@ -105,10 +118,12 @@ def create(session: Session, account: Account, spec: dict[str, Any],
            limits: quotas.Limits | None = None,
            store: BucketStore | None = None) -> OptimizationJobRow:
     """With `store` (the API: always), every bucket the request names (model, data, head,
-    output) must be the account's or nobody's, and becomes the account's."""
+    output) must be the account's, or nobody's and the caller the default account (any
+    caller for the output); the output bucket becomes the account's (db/buckets.py)."""
     types = _check_spec(session, account, spec)
     if limits is not None:
         quotas.check_new_job(session, account, limits.jobs)
+        quotas.check_job_instances(session, account, spec, limits.instances)
     name = spec["OptimizationJobName"]
     tags = tags_repo.check_new_tags(spec.pop("Tags", None) or [])
     check_s3_uris(spec)  # the store would refuse them later: refuse them now

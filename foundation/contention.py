@@ -35,12 +35,12 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from eaglenest.foundation.loops import Loop
 from eaglenest.foundation.threads import ThreadPlan
 
 log = logging.getLogger("eaglenest.threads")
@@ -91,11 +91,10 @@ class ThreadGovernor:
         self._last_sample = self._window_start = clock()
 
     def start(self) -> ThreadGovernor:
-        def loop() -> None:
-            while True:
-                time.sleep(self.sample_s)
-                self.sample()
-        threading.Thread(target=loop, name="thread-governor", daemon=True).start()
+        """Sample every `sample_s` for the life of the process, whatever a sample raises
+        (foundation/loops.py: logged, retried after a back-off of at most a second)."""
+        Loop("thread-governor", self.sample, self.sample_s, max_backoff=1.0,
+             logger=log).start()
         return self
 
     def sample(self) -> None:

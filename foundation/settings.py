@@ -62,6 +62,22 @@ class Settings(BaseSettings):
     max_request_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
     #: seconds sagemaker-runtime waits for a model server's next bytes (SageMaker: 60 s)
     invocation_timeout_seconds: float = Field(default=60.0, gt=0)
+    # -- connection limits of the API, both planes, before any request is authenticated
+    # (foundation/connections.py; docs/security.md, "Connections") --
+    #: the largest request line plus headers (bytes; more: 431 before the rest is read).
+    #: The largest boto3 request's, every runtime header at its maximum and a 4 KiB session
+    #: token, is about 8.6 KB; Node.js and h11 stop at 16 KiB too
+    max_header_bytes: int = Field(default=16 * 1024, ge=4096)
+    #: seconds a connection has to send its request line and headers, counted from its
+    #: opening (from the first byte of a kept-alive connection's next request); more: 408
+    header_timeout_seconds: float = Field(default=20.0, gt=0)
+    #: seconds between two reads of a request body; more: 408 and the connection closed
+    body_timeout_seconds: float = Field(default=20.0, gt=0)
+    #: connections open at once (at most half the open-file limit); past it the longest
+    #: idle one is closed to make room, or, all busy, the new one gets a 503
+    max_connections: int = Field(default=1024, ge=1)
+    #: the same, per client address
+    max_connections_per_address: int = Field(default=256, ge=1)
     #: seconds a broker publish may take before the API gives up (the row stays; the
     #: worker's start-up reconciliation re-enqueues it)
     broker_publish_timeout: float = 2.0
@@ -93,6 +109,18 @@ class Settings(BaseSettings):
     max_endpoints: int = Field(default=10, ge=0)
     max_instances: int = Field(default=16, ge=0)
     max_concurrent_optimization_jobs: int = Field(default=4, ge=0)
+    # -- resources a request multiplies (foundation/limits.py; docs/security.md, "Ceilings
+    # and disk quotas") --
+    #: a worker's host runs at most this many compute processes (model servers, training
+    #: ranks); one that would start more fails the transition or job. 0: four per usable
+    #: CPU, at least 16
+    max_compute_processes: int = Field(default=0, ge=0)
+    #: per account, the bytes of Data Capture records spooled on an API host and not yet
+    #: in the store; past it records are not captured until uploads free room
+    max_capture_spool_bytes: int = Field(default=256 * 1024 * 1024, ge=0)
+    #: per account, the bytes in the artifact store's buckets it owns (job outputs, Data
+    #: Capture, what was uploaded for it); a job's outputs or a capture past it are refused
+    max_stored_bytes: int = Field(default=1024**4, ge=0)
     #: log lines of every process (`eaglenest up/api/worker`): plain text, or one JSON
     #: object per line (ts, level, logger, message, job/endpoint, exc) for log shippers
     log_format: Literal["text", "json"] = "text"
@@ -140,14 +168,29 @@ class Settings(BaseSettings):
         return keys
 
 
+class CredentialsError(ValueError):
+    """A credentials file EagleNest refuses to load: unreadable as INI, or one access key id
+    under several profiles (which account would it act for?). The message names the file
+    and, for a duplicate, the key id and every profile holding it. `usable`: the file's
+    other keys (the API keeps serving those; the CLI stops)."""
+
+    def __init__(self, message: str, usable: dict[str, AccessKey] | None = None) -> None:
+        super().__init__(message)
+        self.usable = usable or {}
+
+
 def read_keys(path: Path, default_account: str) -> dict[str, AccessKey]:
     """The key pairs of an AWS shared-credentials file, one per profile; a profile without
-    a valid `eaglenest_account_id` acts for `default_account`."""
+    a valid `eaglenest_account_id` acts for `default_account`. CredentialsError when the
+    file is not INI or an access key id is under two profiles (no profile silently wins)."""
     if not path.exists():
         return {}
     parser = configparser.ConfigParser()
-    parser.read(path)
-    keys: dict[str, AccessKey] = {}
+    try:
+        parser.read(path)
+    except configparser.Error as exc:
+        raise CredentialsError(f"{path}: {exc}") from None
+    found: dict[str, list[AccessKey]] = {}
     for section in parser.sections():
         key = parser.get(section, "aws_access_key_id", fallback=None)
         secret = parser.get(section, "aws_secret_access_key", fallback=None)
@@ -155,5 +198,12 @@ def read_keys(path: Path, default_account: str) -> dict[str, AccessKey]:
         if not (len(account) == 12 and account.isdigit()):
             account = default_account
         if key and secret:
-            keys[key] = AccessKey(key, secret, account, section)
+            found.setdefault(key, []).append(AccessKey(key, secret, account, section))
+    keys = {key: same[0] for key, same in found.items() if len(same) == 1}
+    for key, same in found.items():
+        if len(same) > 1:
+            names = ", ".join(repr(k.name) for k in same)
+            raise CredentialsError(
+                f"{path}: access key id {key} is under {len(same)} profiles ({names}); a "
+                "key acts for one account: remove it from all but one", usable=keys)
     return keys

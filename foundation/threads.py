@@ -9,7 +9,13 @@ Contract:
   from a host-wide registry (``Registry``): each registers its pid while it runs, and an
   entry whose pid is gone does not count;
 - threads = max(1, usable CPUs // (those already running + the ones being started));
-- ``EAGLENEST_TORCH_THREADS`` (then ``OMP_NUM_THREADS``) set explicitly wins;
+- ``EAGLENEST_TORCH_THREADS`` (then ``OMP_NUM_THREADS``) set explicitly wins; a caller's
+  value was checked at Create against the API host's CPUs and is clamped by the worker to
+  its own usable CPUs before a model server starts (foundation/limits.py clamp_threads);
+- a host runs at most ``compute_budget`` compute processes: a worker that would start more
+  (``Registry.admit``) starts none and fails the endpoint transition or job with
+  ``ComputeBudgetExceeded`` (checked when starting, not reserved: starts racing each other
+  may pass it together by the processes they start);
 - the chosen plan is logged by the process that applies it and reported by the benchmarks
   (``ThreadPlan.describe``).
 
@@ -114,6 +120,19 @@ def apply_torch(plan: ThreadPlan) -> None:
     log.info("%s", plan.describe())
 
 
+class ComputeBudgetExceeded(RuntimeError):
+    """Starting more compute processes would pass the host's budget; the message says so in
+    the words of a ResourceLimitExceeded and names the setting."""
+
+
+def compute_budget(setting: int, cpus: int | None = None) -> int:
+    """The host's budget of compute processes: EAGLENEST_MAX_COMPUTE_PROCESSES, or for 0
+    four per usable CPU and at least 16 (one account's default instance quota)."""
+    if setting > 0:
+        return setting
+    return max(16, 4 * (usable_cpus() if cpus is None else cpus))
+
+
 class Registry:
     """Host-wide record of running EagleNest compute processes: one file per process."""
 
@@ -134,6 +153,18 @@ class Registry:
             except (OSError, ValueError, KeyError, TypeError):
                 continue  # unreadable or another user's process: not ours to judge
         return count
+
+    def admit(self, count: int, budget: int) -> int:
+        """The processes running, when `count` more fit in `budget` (0: no check);
+        ComputeBudgetExceeded otherwise."""
+        running = self.running()
+        if budget > 0 and running + count > budget:
+            raise ComputeBudgetExceeded(
+                f"ResourceLimitExceeded: The host-wide limit 'compute processes' is {budget} "
+                f"Processes, with current utilization of {running} Processes and a request "
+                f"delta of {count} Processes (model servers and training processes on this "
+                f"host). Ask the operator to raise EAGLENEST_MAX_COMPUTE_PROCESSES.")
+        return running
 
     def add(self, pid: int, role: str, plan: ThreadPlan, key: str = "") -> Path:
         """Count process ``pid`` until it exits (``key`` tells apart two in one process)."""

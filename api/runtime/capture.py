@@ -33,8 +33,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from eaglenest.api.runtime import disk_quota
 from eaglenest.foundation.buckets import AccessDenied, AccountStore
 from eaglenest.foundation.children import Identity
+from eaglenest.foundation.loops import Loop
 from eaglenest.foundation.storage import BucketStore, parse_uri
 
 log = logging.getLogger("eaglenest.capture")
@@ -59,15 +61,18 @@ class CaptureWriter:
         self._open: dict[tuple[str, str, str, str, str], _Spool] = {}
         self._lock = threading.Lock()
         self._upload_lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="capture-flush", daemon=True)
-        self._thread.start()
+        # the flush thread survives whatever a round raises (foundation/loops.py): logged,
+        # retried after a back-off; what was spooled waits on disk for that round
+        self._loop = Loop("capture-flush", self._round, min(flush_seconds, 5.0), first=True,
+                          logger=log).start()
 
     def add(self, destination: str, endpoint: str, variant: str, record: dict[str, Any],
             account_id: str, arn: str = "") -> None:
         """Append and flush one record of `account_id`'s endpoint `endpoint` (its name, as
         the S3 prefix has it; `arn`: its ARN) (see the module docstring); never raises."""
         line = json.dumps(record) + "\n"
+        if not disk_quota.admit(self, account_id, len(line)):  # per-account disk quotas
+            return
         key = (destination, arn, endpoint, variant, account_id)
         try:
             with self._lock:
@@ -149,18 +154,17 @@ class CaptureWriter:
             if not any(folder.glob("*.json")):
                 shutil.rmtree(folder, ignore_errors=True)
 
-    def _loop(self) -> None:
+    def _round(self) -> None:
+        """One round of the flush thread: roll what is due, upload earlier failed rolls and
+        what API processes that are gone left behind (the first round: only that)."""
+        with self._lock:
+            due = [k for k, s in self._open.items()
+                   if time.time() - s.started >= self.flush_seconds]
+        self.flush(due)  # uploads earlier failed rolls too
         self.recover()
-        while not self._stop.wait(min(self.flush_seconds, 5.0)):
-            with self._lock:
-                due = [k for k, s in self._open.items()
-                       if time.time() - s.started >= self.flush_seconds]
-            self.flush(due)  # uploads earlier failed rolls too
-            self.recover()
 
     def close(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=30)
+        self._loop.stop(timeout=30)
         self.flush()
         if not any(self.own_dir.glob("*.json")):
             shutil.rmtree(self.own_dir, ignore_errors=True)

@@ -43,9 +43,11 @@ def _kill_worker_when(stack: Stack, ready, what: str) -> dict[int, str]:  # type
 def test_worker_killed_during_data_parallel_training(stack):
     sm = stack.client()
     steps = 400
-    sm.create_optimization_job(OptimizationJobName="ddp-killed", **job_args(
-        "s3://models/tiny-llama/", EAGLENEST_TRAIN_PROCESSES="2", EAGLENEST_BENCHMARK="0",
-        EAGLENEST_MAX_STEPS=str(steps), EAGLENEST_CHECKPOINT_EVERY="10"))
+    args = job_args("s3://models/tiny-llama/", EAGLENEST_TRAIN_PROCESSES="2",
+                    EAGLENEST_BENCHMARK="0", EAGLENEST_MAX_STEPS=str(steps),
+                    EAGLENEST_CHECKPOINT_EVERY="10")
+    args["DeploymentInstanceType"] = "ml.g5.12xlarge"  # 2 ranks need a type of >= 2 GPUs
+    sm.create_optimization_job(OptimizationJobName="ddp-killed", **args)
     latest = stack.data_dir / "jobs" / ACCOUNT / "ddp-killed" / "train" / "checkpoints" / "latest"
     running = _kill_worker_when(
         stack, lambda: latest.exists() and len(strays(stack)) >= 3,

@@ -78,6 +78,7 @@ def job(name: str) -> dict[str, Any]:
 
 def test_concurrent_optimization_jobs(limited: Stack) -> None:
     sm = limited.client()
+    sm.delete_endpoint(EndpointName="e4")  # a job holds instances too: room for its one GPU
     sm.create_optimization_job(**job("j1"))
     message = refused(sm.create_optimization_job, **job("j2"))
     assert message.startswith("The account-level service limit 'concurrent optimization "

@@ -9,7 +9,7 @@ import os
 import sys
 
 from eaglenest import __version__
-from eaglenest.foundation.settings import Settings
+from eaglenest.foundation.settings import CredentialsError, Settings
 from eaglenest.workers.cli.datadir import add_data_dir_option, settings_for
 from eaglenest.workers.cli.parsing import Parser
 from eaglenest.workers.infra.credentials import (
@@ -60,6 +60,7 @@ def cmd_api(args: argparse.Namespace) -> int:
     import uvicorn
 
     from eaglenest.api.app import create_app
+    from eaglenest.foundation.connections import Limits, uvicorn_options
 
     settings = _settings(args)
     ensure_credentials(settings)
@@ -73,9 +74,12 @@ def cmd_api(args: argparse.Namespace) -> int:
         # timeout_keep_alive: idle connections outlive any boto3 waiter's Delay (usually 5 s,
         # uvicorn's default), so a waiter never re-uses a pooled connection just as the
         # server closes it (a connection reset)
+        # uvicorn_options: header size, header and body timeouts, connection caps, before
+        # any request is authenticated (foundation/connections.py)
         uvicorn.run(create_app(settings, url), host=args.host, port=args.port,
                     log_level="warning", access_log=False, log_config=None,
-                    timeout_keep_alive=KEEP_ALIVE_SECONDS)
+                    timeout_keep_alive=KEEP_ALIVE_SECONDS,
+                    **uvicorn_options(Limits.from_settings(settings)))
     finally:
         if broker is not None:
             broker.stop()  # type: ignore[attr-defined]
@@ -239,5 +243,9 @@ def main(argv: list[str] | None = None) -> int:
         ns = argparse.Namespace(lazy=(argv[0], _LAZY[argv[0]][0]), rest=argv[1:])
         return _run_lazy(ns)
     args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except CredentialsError as exc:  # the operator's file: what to fix, not a traceback
+        print(f"eaglenest: error: {exc}", file=sys.stderr)
+        return 1
 

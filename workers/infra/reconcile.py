@@ -31,6 +31,7 @@ from eaglenest.db import optimization_jobs_repo as jobs
 from eaglenest.db.tables import EndpointRow
 from eaglenest.foundation import children
 from eaglenest.foundation import queue as q
+from eaglenest.foundation.loops import Loop
 from eaglenest.workers.infra.context import WorkerContext
 
 log = logging.getLogger("eaglenest.reconcile")
@@ -127,27 +128,30 @@ def reclaim_gpus(ctx: WorkerContext) -> None:
 
 
 def start_watchdog(ctx: WorkerContext) -> threading.Thread:
-    def loop() -> None:
-        broker_up, next_sweep = True, time.monotonic() + ctx.lease_seconds
-        next_beat = time.monotonic() + ctx.lease_seconds / 3
-        while not ctx.shutting_down.wait(BROKER_POLL_SECONDS):
-            try:
-                up = ctx.queue.broker_up()
-                if up and not broker_up:
-                    resend_pending(ctx)
-                broker_up = up
-                if time.monotonic() >= next_beat:
-                    next_beat = time.monotonic() + ctx.lease_seconds / 3
-                    ctx.placer.heartbeat()
-                if time.monotonic() >= next_sweep:
-                    next_sweep = time.monotonic() + ctx.lease_seconds
-                    reclaim_once(ctx)
-                    sweep_endpoints(ctx)
-                    reclaim_gpus(ctx)
-                    children.reap(ctx.children_dir)  # e.g. a killed prefork pool process's
-            except Exception as exc:  # database blip: try again next period
-                log.warning("watchdog check failed: %s", exc)
+    """The watchdog thread (module docstring), until `ctx.shutting_down`. A check that
+    fails is logged and tried again the next period; whatever escapes a check (not an
+    Exception) is logged by foundation/loops.py and the thread goes on at the same pace
+    (its GPU heartbeat must not fall behind)."""
+    state = {"broker_up": True, "next_sweep": time.monotonic() + ctx.lease_seconds,
+             "next_beat": time.monotonic() + ctx.lease_seconds / 3}
 
-    t = threading.Thread(target=loop, name="eaglenest-watchdog", daemon=True)
-    t.start()
-    return t
+    def check() -> None:
+        try:
+            up = ctx.queue.broker_up()
+            if up and not state["broker_up"]:
+                resend_pending(ctx)
+            state["broker_up"] = up
+            if time.monotonic() >= state["next_beat"]:
+                state["next_beat"] = time.monotonic() + ctx.lease_seconds / 3
+                ctx.placer.heartbeat()
+            if time.monotonic() >= state["next_sweep"]:
+                state["next_sweep"] = time.monotonic() + ctx.lease_seconds
+                reclaim_once(ctx)
+                sweep_endpoints(ctx)
+                reclaim_gpus(ctx)
+                children.reap(ctx.children_dir)  # e.g. a killed prefork pool process's
+        except Exception as exc:  # database blip: try again next period
+            log.warning("watchdog check failed: %s", exc)
+
+    return Loop("eaglenest-watchdog", check, BROKER_POLL_SECONDS, stop=ctx.shutting_down,
+                max_backoff=BROKER_POLL_SECONDS, logger=log).start().thread

@@ -80,13 +80,18 @@ class Child:
         threading.Thread(target=self._relay, args=(self.proc,), daemon=True).start()
 
     def _relay(self, proc: subprocess.Popen[bytes]) -> None:
-        """Pass the child's stderr through to ours, keeping its last lines."""
+        """Pass the child's stderr through to ours, keeping its last lines. A line our
+        stderr refuses (closed, full disk) is dropped, never the thread: a relay that died
+        would leave the child blocked on a full pipe."""
         assert proc.stderr is not None
         for raw in proc.stderr:
             line = raw.decode(errors="replace")
             self.tail.append(line.rstrip("\n"))
-            sys.stderr.write(line)
-            sys.stderr.flush()
+            try:
+                sys.stderr.write(line)
+                sys.stderr.flush()
+            except (OSError, ValueError):  # ValueError: our stderr was closed
+                continue
 
     def exited(self, now: float) -> bool:
         """Record an exit; True when the child never came up (time to give up)."""

@@ -8,12 +8,12 @@ stopped (StopOptimizationJob), deleted, or ran past `StoppingCondition.MaxRuntim
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from typing import Any
 
 from eaglenest.db import optimization_jobs_repo as jobs
 from eaglenest.foundation.accounts import ResourceRef
+from eaglenest.foundation.loops import Loop
 from eaglenest.workers.infra.context import WorkerContext
 
 log = logging.getLogger("eaglenest.optimize")
@@ -35,21 +35,17 @@ class JobControl:
         self.interval = interval or ctx.lease_seconds / 3
         self.deadline = started_at + max_runtime if max_runtime else None
         self.reason: str | None = None
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._beat, name=f"heartbeat-{ref}",
-                                        daemon=True)
+        # beats every `interval` whatever a beat raises (foundation/loops.py), never slower:
+        # a later beat would lose the lease
+        self._beats = Loop(f"heartbeat-{ref}", self.poll, self.interval,
+                           max_backoff=self.interval, logger=log)
 
     def __enter__(self) -> JobControl:
-        self._thread.start()
+        self._beats.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._done.set()
-        self._thread.join(timeout=10)
-
-    def _beat(self) -> None:
-        while not self._done.wait(self.interval):
-            self.poll()
+        self._beats.stop(timeout=10)
 
     def poll(self) -> None:
         try:

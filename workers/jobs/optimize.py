@@ -30,6 +30,7 @@ from eaglenest.foundation.accounts import Account, ResourceRef
 from eaglenest.foundation.buckets import AccountStore
 from eaglenest.foundation.errors import ValidationException
 from eaglenest.foundation.instance_types import UnsupportedInstanceType, lookup
+from eaglenest.foundation.limits import LimitError, check_train_processes
 from eaglenest.foundation.queue import OPTIMIZE_TASK, TRAIN_QUEUE
 from eaglenest.foundation.shapes import StoredShapeError, rebuild, to_wire
 from eaglenest.foundation.shapes.models import (
@@ -41,6 +42,7 @@ from eaglenest.foundation.shapes.models import (
 )
 from eaglenest.foundation.shapes.optimization_jobs import CreateOptimizationJobRequest
 from eaglenest.foundation.storage import StorageError, make_store
+from eaglenest.foundation.threads import ComputeBudgetExceeded, compute_budget
 from eaglenest.workers.infra.context import WorkerContext
 from eaglenest.workers.jobs import placing
 from eaglenest.workers.jobs.control import JobControl, JobStopped
@@ -59,7 +61,8 @@ log = logging.getLogger("eaglenest.optimize")
 
 def _user_errors() -> tuple[type[BaseException], ...]:
     """Exceptions whose message is a FailureReason as it stands."""
-    errors: list[type[BaseException]] = [InputError, OptionError, ServingError, StorageError]
+    errors: list[type[BaseException]] = [InputError, OptionError, ServingError, StorageError,
+                                         LimitError, ComputeBudgetExceeded]
     try:
         from eaglenest.models.data import DataError
         from eaglenest.models.target import TargetError
@@ -172,14 +175,15 @@ def _execute(ctx: WorkerContext, ref: ResourceRef, name: str,
     if options.train_processes is None:  # one rank per GPU the job holds
         options = options.model_copy(update={
             "train_processes": len(gpus) or ctx.settings.train_processes})
-    elif gpus and options.train_processes > len(gpus):
-        raise OptionError(f"EAGLENEST_TRAIN_PROCESSES={options.train_processes} is more than "
-                          f"the {len(gpus)} GPU(s) of {job.DeploymentInstanceType}")
+    else:  # the ceiling CreateOptimizationJob checked, against the GPUs placed here
+        check_train_processes(options.train_processes, len(gpus), job.DeploymentInstanceType)
     sources = resolve_sources(job, model)
     store = AccountStore(make_store(ctx.settings), ref.account_id)
     pipeline = Pipeline(name, job, options, sources, store, work_dir(ctx, ref), control,
                         ctx.children_dir, ref.local_key,
-                        placing.JobGpus(gpus, ctx.placer.visible(gpus), _memory_gib(job)))
+                        placing.JobGpus(gpus, ctx.placer.visible(gpus), _memory_gib(job)),
+                        compute_budget=compute_budget(ctx.settings.max_compute_processes),
+                        max_stored_bytes=ctx.settings.max_stored_bytes)
     result = pipeline.run()
     output = {"OptimizationOutput": {"RecommendedInferenceImage": "vllm"},
               "ArtifactUri": result.output_uri, "HeadUri": result.head_uri, "Head": result.head,

@@ -21,6 +21,7 @@ from pydantic import (
     model_validator,
 )
 
+from eaglenest.foundation.limits import JOB_RANGES, LimitError, parse_int
 from eaglenest.models.heads.registry import HEADS as HEAD_SPECS
 from eaglenest.models.heads.registry import KINDS as HEADS
 
@@ -38,13 +39,11 @@ def _variable(info: ValidationInfo) -> str:
 
 
 def _int(name: str, raw: str, lo: int, hi: int) -> int:
+    """foundation/limits.py's parser: CreateOptimizationJob read the value the same way."""
     try:
-        value = int(raw)
-    except ValueError:
-        raise OptionError(f"{name}={raw!r} is not an integer") from None
-    if not lo <= value <= hi:
-        raise OptionError(f"{name}={value} must be between {lo} and {hi}")
-    return value
+        return parse_int(name, raw, lo, hi)
+    except LimitError as exc:
+        raise OptionError(str(exc)) from None
 
 
 def _parser(parse: Callable[[str, str], Any]) -> BeforeValidator:
@@ -59,6 +58,11 @@ def _parser(parse: Callable[[str, str], Any]) -> BeforeValidator:
 
 def _between(lo: int, hi: int) -> BeforeValidator:
     return _parser(lambda name, raw: _int(name, raw, lo, hi))
+
+
+def _limited(name: str) -> BeforeValidator:
+    """The range foundation/limits.py gives `name` (checked at Create too)."""
+    return _between(*JOB_RANGES[name])
 
 
 def _one_of(allowed: tuple[str, ...]) -> BeforeValidator:
@@ -102,12 +106,15 @@ class JobOptions(BaseModel):
 
     #: a registry kind (models/heads/registry.py); None: the architecture's default
     head: Annotated[str | None, _one_of(HEADS), Field(alias="EAGLENEST_HEAD")] = None
-    max_steps: Annotated[int, _between(1, 10_000_000), Field(alias="EAGLENEST_MAX_STEPS")] = 200
-    batch_size: Annotated[int, _between(1, 4096), Field(alias="EAGLENEST_BATCH_SIZE")] = 2
+    max_steps: Annotated[int, _limited("EAGLENEST_MAX_STEPS"),
+                         Field(alias="EAGLENEST_MAX_STEPS")] = 200
+    batch_size: Annotated[int, _limited("EAGLENEST_BATCH_SIZE"),
+                          Field(alias="EAGLENEST_BATCH_SIZE")] = 2
     lr: Annotated[float, _parser(_number), Field(alias="EAGLENEST_LEARNING_RATE")] = 3e-4
     seed: Annotated[int, _between(0, 2**31 - 1), Field(alias="EAGLENEST_SEED")] = 0
     #: tokens per sample
-    max_length: Annotated[int, _between(16, 1_000_000), Field(alias="EAGLENEST_MAX_LENGTH")] = 1024
+    max_length: Annotated[int, _limited("EAGLENEST_MAX_LENGTH"),
+                          Field(alias="EAGLENEST_MAX_LENGTH")] = 1024
     #: EAGLE-3 / P-EAGLE draft vocabulary
     draft_vocab_size: Annotated[int, _between(16, 1_000_000),
                                 Field(alias="EAGLENEST_DRAFT_VOCAB_SIZE")] = 8192
@@ -146,7 +153,7 @@ class JobOptions(BaseModel):
     device: Annotated[str | None, _one_of(DEVICES), Field(alias="EAGLENEST_DEVICE")] = None
     #: data-parallel training processes (torchrun DDP, one per GPU); None: the worker's
     #: EAGLENEST_TRAIN_PROCESSES setting (default 1, in-process)
-    train_processes: Annotated[int | None, _between(1, 64),
+    train_processes: Annotated[int | None, _limited("EAGLENEST_TRAIN_PROCESSES"),
                                Field(alias="EAGLENEST_TRAIN_PROCESSES")] = None
 
     def measured_ks(self) -> tuple[int, ...]:

@@ -15,8 +15,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from eaglenest.foundation.disk_usage import (
+    StoredBytesExceeded,
+    check_stored,
+    clear_prefix,
+    dir_bytes,
+)
 from eaglenest.foundation.shapes.optimization_jobs import CreateOptimizationJobRequest
-from eaglenest.foundation.storage import ArtifactStore, StorageError, publish_dir
+from eaglenest.foundation.storage import ArtifactStore, StorageError, parse_uri, publish_dir
 from eaglenest.foundation.threads import SHARING_ENV, Registry, apply_torch, plan_threads
 from eaglenest.models.heads.registry import HEADS
 from eaglenest.workers.infra.checkpoint_sync import CheckpointSync
@@ -75,6 +81,10 @@ class Pipeline:
     key: str = ""
     #: the GPUs the job holds (workers/jobs/placing.py); none: the CPU
     gpus: JobGpus = field(default_factory=JobGpus)
+    #: the host's budget of compute processes (foundation/threads.py compute_budget; 0: none)
+    compute_budget: int = 0
+    #: the account's EAGLENEST_MAX_STORED_BYTES (foundation/disk_usage.py; 0: none)
+    max_stored_bytes: int = 0
 
     def stage(self, label: str) -> None:
         self.control.check()
@@ -183,7 +193,8 @@ class Pipeline:
         config.on_step = progress.row
         procs = self.options.train_processes or 1
         registry = Registry()
-        threads = plan_threads(registry.running() + procs)  # each rank: one share
+        running = registry.admit(procs, self.compute_budget)  # else the job fails
+        threads = plan_threads(running + procs)  # each rank: one share
         log.info("job %s: %s per training process", self.name, threads.describe())
         if procs > 1:
             summary = self._train_processes(config, target, samples, procs, progress,
@@ -226,6 +237,18 @@ class Pipeline:
     def _key(self) -> str:
         return self.key or self.name
 
+    def _check_stored(self, out: Path) -> None:
+        """The outputs fit in the account's EAGLENEST_MAX_STORED_BYTES (what the job wrote
+        under its prefix is replaced and does not count); else the job's prefix is cleared
+        (checkpoints, training log: nothing of it stays) and StoredBytesExceeded fails the
+        job before a byte is uploaded."""
+        base = parse_uri(self.output_base)
+        try:
+            check_stored(self.store, self.max_stored_bytes, dir_bytes(out), base)
+        except StoredBytesExceeded:
+            clear_prefix(self.store, base)
+            raise
+
     @property
     def output_base(self) -> str:
         return self.spec.OutputConfig.S3OutputLocation.rstrip("/") + f"/{self.name}/"
@@ -249,6 +272,8 @@ class Pipeline:
         bench = None
         if self.options.benchmark:
             self.stage("benchmark baseline vs EAGLE")
+            # its servers (the baseline and one per K) stay loaded together
+            Registry().admit(1 + len(self.options.measured_ks()), self.compute_budget)
             plan = BenchPlan(model_dir, head_dir, prompts, self.options.backend or
                              default_backend(), self.options.concurrency,
                              self.options.bench_max_tokens, self.options.num_speculative_tokens,
@@ -263,6 +288,7 @@ class Pipeline:
             {"job": self.name, "sources": self.sources.__dict__, "options":
              self.options.__dict__, "train": train}, indent=1, default=str))
         base = self.output_base
+        self._check_stored(out)
         publish_dir(self.store, out, base)
         self.checkpoints().clear()
         schedule = None

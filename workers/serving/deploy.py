@@ -31,12 +31,13 @@ from eaglenest.db.tables import EndpointConfigRow, ModelRow
 from eaglenest.foundation import children, environment, instance_auth
 from eaglenest.foundation.deployment import instances_of
 from eaglenest.foundation.instance_types import InstanceType, UnsupportedInstanceType, lookup
+from eaglenest.foundation.limits import LimitError, check_length
 from eaglenest.foundation.processes import free_port
 from eaglenest.foundation.shapes import AwsShape, StoredShapeError, rebuild
 from eaglenest.foundation.shapes.endpoint_configs import CreateEndpointConfigInput
 from eaglenest.foundation.shapes.models import CreateModelInput
 from eaglenest.foundation.storage import ArtifactStore
-from eaglenest.foundation.threads import SHARING_ENV, Registry
+from eaglenest.foundation.threads import SHARING_ENV, ComputeBudgetExceeded, Registry
 from eaglenest.models.decode.modes import SPECULATIVE_MODES, DecodeMode
 from eaglenest.workers.infra.placement import Placer
 from eaglenest.workers.jobs.inputs import InputError, container_uris, fetch_tree, model_container
@@ -84,6 +85,8 @@ class VariantPlan:
     instance_type: str = ""
     #: `python -m` module of a vLLM server (Settings.vllm_module)
     vllm_module: str = "vllm.entrypoints.openai.api_server"
+    #: the host's budget of compute processes (foundation/threads.py; 0: not checked)
+    compute_budget: int = 0
 
 
 @dataclass
@@ -193,6 +196,10 @@ def _max_model_len(plan: VariantPlan) -> int:
                      (MAX_LEN_VARIABLES[0], "2048"))
     if not (raw.isascii() and raw.isdigit()) or int(raw) < 1:
         raise DeployError(f"{name}={raw!r} must be a positive integer")
+    try:  # the ceiling CreateModel checked (a model stored before it is refused here)
+        check_length(name, raw)
+    except LimitError as exc:
+        raise DeployError(str(exc)) from None
     prompt = plan.env.get("MAX_INPUT_LENGTH")
     if prompt is not None and not (prompt.isascii() and prompt.isdigit()
                                    and 1 <= int(prompt) < int(raw)):
@@ -292,7 +299,10 @@ def _specs(plan: VariantPlan, model_dir: Path, head_dir: Path | None, endpoint: 
            ) -> list[ServerSpec]:
     """One server spec per unit, each with the GPUs placed for it (taken here)."""
     specs: list[ServerSpec] = []
-    sharing = Registry().running() + len(units)  # these start together: one share each
+    try:  # these start together: one share each, all within the host's budget
+        sharing = Registry().admit(len(units), plan.compute_budget) + len(units)
+    except ComputeBudgetExceeded as exc:
+        raise DeployError(f"Variant {plan.variant}: {exc}") from exc
     itype = _instance_type(plan) if placement else None
     for unit in units:
         spec = _spec(plan, model_dir, head_dir, served=endpoint)

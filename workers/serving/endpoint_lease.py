@@ -21,6 +21,7 @@ import logging
 import threading
 
 from eaglenest.db import endpoints_repo as eps
+from eaglenest.foundation.loops import Loop
 from eaglenest.workers.infra.context import WorkerContext
 
 log = logging.getLogger("eaglenest.endpoints")
@@ -47,9 +48,11 @@ class EndpointLease:
     def __init__(self, ctx: WorkerContext, arn: str, status: str) -> None:
         self.ctx, self.arn, self.status = ctx, arn, status
         self.held = False
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._beat, name=f"endpoint-lease-{arn}",
-                                        daemon=True)
+        # beats every third of the lease whatever a beat raises (foundation/loops.py), never
+        # slower: a later beat would lose the lease
+        every = ctx.lease_seconds / 3
+        self._beats = Loop(f"endpoint-lease-{arn}", self._beat, every, max_backoff=every,
+                           logger=log)
 
     def __enter__(self) -> EndpointLease:
         if not _hold((self.arn, self.status)):
@@ -63,14 +66,13 @@ class EndpointLease:
             if not self.held:
                 _drop((self.arn, self.status))
         if self.held:
-            self._thread.start()
+            self._beats.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         if not self.held:
             return
-        self._done.set()
-        self._thread.join(timeout=10)
+        self._beats.stop(timeout=10)
         try:
             with self.ctx.db.session() as s:
                 eps.release(s, self.arn, self.ctx.owner)
@@ -80,9 +82,8 @@ class EndpointLease:
             _drop((self.arn, self.status))
 
     def _beat(self) -> None:
-        while not self._done.wait(self.ctx.lease_seconds / 3):
-            try:
-                with self.ctx.db.session() as s:
-                    eps.heartbeat(s, self.arn, self.ctx.owner)
-            except Exception as err:  # database blip: try again next beat
-                log.warning("heartbeat for endpoint %s failed: %s", self.arn, err)
+        try:
+            with self.ctx.db.session() as s:
+                eps.heartbeat(s, self.arn, self.ctx.owner)
+        except Exception as err:  # database blip: try again next beat
+            log.warning("heartbeat for endpoint %s failed: %s", self.arn, err)

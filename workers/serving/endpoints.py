@@ -49,6 +49,7 @@ from eaglenest.foundation.queue import (
     ENDPOINT_UPDATE_TASK,
 )
 from eaglenest.foundation.storage import make_store
+from eaglenest.foundation.threads import compute_budget
 from eaglenest.workers.infra.context import WorkerContext
 from eaglenest.workers.infra.placement import NoCapacity
 from eaglenest.workers.serving import capacity, shift
@@ -120,6 +121,7 @@ def _plans(ctx: WorkerContext, ep: ResourceRef, config_name: str,
         plan.instance_count = int(o.get("DesiredInstanceCount", plan.instance_count))
     for plan in plans:  # the config may predate a lower cap on this worker
         plan.vllm_module = ctx.settings.vllm_module
+        plan.compute_budget = compute_budget(ctx.settings.max_compute_processes)
         if plan.instance_count > cap:
             raise DeployError(f"Variant {plan.variant} asks for {plan.instance_count} "
                               f"instances; this worker allows at most {cap} "

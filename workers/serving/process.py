@@ -24,6 +24,7 @@ from typing import Any
 
 from eaglenest.foundation import children, instance_auth
 from eaglenest.foundation.environment import child_environment
+from eaglenest.foundation.limits import clamp_threads
 from eaglenest.foundation.threads import SHARING_ENV, Registry, ThreadPlan, plan_threads
 from eaglenest.models.decode.modes import DecodeMode
 from eaglenest.models.heads.registry import vllm_speculative_method
@@ -213,12 +214,17 @@ def thread_env(spec: ServerSpec, registry: Registry) -> tuple[dict[str, str], Th
     """The server's share of the CPUs (foundation/threads.py): EAGLENEST_COMPUTE_SHARING =
     the compute processes running plus this one (or the value the caller set, when it
     starts several at once); vLLM, which binds its own OpenMP threads, gets a disjoint
-    VLLM_CPU_OMP_THREADS_BIND slice when the CPUs are shared. Explicit settings win."""
+    VLLM_CPU_OMP_THREADS_BIND slice when the CPUs are shared. Explicit settings win, a
+    container's thread counts clamped to this host's usable CPUs (foundation/limits.py)."""
     running = registry.running()
     merged = {**os.environ, **spec.extra_env}
     sharing = int(spec.extra_env.get(SHARING_ENV) or running + 1)
     plan = plan_threads(sharing, merged)
-    env = {SHARING_ENV: str(sharing)}
+    clamped = clamp_threads(spec.extra_env, plan.cpus)  # Create checked the API host's CPUs
+    if clamped:
+        merged.update(clamped)
+        plan = plan_threads(sharing, merged, plan.cpus)
+    env = {SHARING_ENV: str(sharing), **clamped}
     if (spec.backend == VLLM and plan.source == "auto" and sharing > 1
             and "VLLM_CPU_OMP_THREADS_BIND" not in merged):
         cores = sorted(os.sched_getaffinity(0))[: plan.cpus]

@@ -63,6 +63,7 @@ from typing import Any
 from eaglenest.foundation import instance_auth
 from eaglenest.foundation.backend_http import BackendClient, BackendError
 from eaglenest.foundation.children import die_with_parent
+from eaglenest.foundation.loops import Loop
 from eaglenest.foundation.processes import free_port
 
 log = logging.getLogger("eaglenest.split")
@@ -349,21 +350,28 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _watch(backends: Backends, web: Any) -> None:
-    """Stop serving when either model server exits (its instance is then restarted)."""
-    while not web.should_exit:
-        gone = backends.exited()
+def _watch(backends: Backends, web: Any) -> Loop:
+    """Stop serving when either model server exits (its instance is then restarted). Checks
+    every 0.5 s until the server stops, whatever a check raises (foundation/loops.py)."""
+    done = threading.Event()
+
+    def check() -> None:
+        gone = None if web.should_exit else backends.exited()
         if gone is not None:
             log.error("the %s model server exited with %s: stopping", gone,
                       backends.procs[gone].returncode)
             web.exit_code = 1
             web.should_exit = True
-            return
-        time.sleep(0.5)
+        if web.should_exit:
+            done.set()
+
+    return Loop("watch", check, 0.5, stop=done, first=True, max_backoff=0.5, logger=log)
 
 
 def main(argv: list[str] | None = None) -> int:
     import uvicorn
+
+    from eaglenest.foundation.connections import MODEL_SERVER_LIMITS, uvicorn_options
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     args = build_parser().parse_args(argv)
@@ -377,12 +385,14 @@ def main(argv: list[str] | None = None) -> int:
     max_len = int(argv[argv.index("--max-model-len") + 1]) if "--max-model-len" in argv else 2048
     app = SplitApp(backends, SplitPolicy(args.speculate_upto, args.burst_ms / 1000), secret,
                    name, max_len)
+    # connections are bounded before the instance secret is checked (foundation/connections)
     config = uvicorn.Config(instance_auth.InstanceGuard(app), host=args.host, port=args.port,
-                            log_level="warning", access_log=False)
+                            log_level="warning", access_log=False,
+                            **uvicorn_options(MODEL_SERVER_LIMITS))
     web = uvicorn.Server(config)
     web.exit_code = 0  # type: ignore[attr-defined]
     signal.signal(signal.SIGTERM, lambda *_: setattr(web, "should_exit", True))
-    threading.Thread(target=_watch, args=(backends, web), name="watch", daemon=True).start()
+    _watch(backends, web).start()
     try:
         web.run()
     finally:

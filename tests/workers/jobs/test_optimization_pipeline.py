@@ -174,6 +174,7 @@ def test_job_trains_in_two_data_parallel_processes(stack):
     sm = stack.client()
     args = job("s3://models/tiny-llama/", EAGLENEST_TRAIN_PROCESSES="2",
                EAGLENEST_BENCHMARK="0", EAGLENEST_CHECKPOINT_EVERY="2")
+    args["DeploymentInstanceType"] = "ml.g5.12xlarge"  # 2 ranks need a type of >= 2 GPUs
     sm.create_optimization_job(OptimizationJobName="tiny-ddp", **args)
     d = wait_status(sm, "tiny-ddp", {"COMPLETED", "FAILED"})
     assert d["OptimizationJobStatus"] == "COMPLETED", d.get("FailureReason")
@@ -189,6 +190,7 @@ def test_stop_reaches_data_parallel_processes(stack):
     sm = stack.client()
     args = job("s3://models/tiny-llama/", EAGLENEST_TRAIN_PROCESSES="2",
                EAGLENEST_MAX_STEPS="100000")
+    args["DeploymentInstanceType"] = "ml.g5.12xlarge"  # 2 ranks need a type of >= 2 GPUs
     sm.create_optimization_job(OptimizationJobName="ddp-stop", **args)
     wait_status(sm, "ddp-stop", {"INPROGRESS"})
     ranks_log = stack.data_dir / "jobs" / ACCOUNT / "ddp-stop" / "ddp" / "ranks.log"

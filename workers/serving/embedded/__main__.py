@@ -131,15 +131,18 @@ def serve(runner: Any, web: Any) -> int:
 def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
+    from eaglenest.foundation.connections import MODEL_SERVER_LIMITS, uvicorn_options
     from eaglenest.foundation.instance_auth import InstanceGuard
     from eaglenest.workers.serving.embedded.server import create_server_app
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     args = build_parser().parse_args(argv)
     server = build_server(args)
-    # every request carries the instance's secret (EAGLENEST_INSTANCE_SECRET, when set)
+    # every request carries the instance's secret (EAGLENEST_INSTANCE_SECRET, when set);
+    # connections are bounded before it is checked (foundation/connections.py)
     config = uvicorn.Config(InstanceGuard(create_server_app(server)), host=args.host,
-                            port=args.port, log_level="warning", access_log=False)
+                            port=args.port, log_level="warning", access_log=False,
+                            **uvicorn_options(MODEL_SERVER_LIMITS))
     return serve(server.runner, uvicorn.Server(config))
 
 

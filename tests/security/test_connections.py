@@ -1,0 +1,291 @@
+"""Connections are bounded before any request is authenticated (foundation/connections.py,
+issue #35): a half-sent request is closed at the header timeout, headers over the limit get
+a 431 before they end (the API's memory stays flat), a body that stops coming gets a 408,
+idle sockets past a cap are closed to make room, busy ones past it make a new connection
+get a 503, and a signed caller is served meanwhile and afterwards.
+
+Runs against a real `eaglenest up` (API and broker) with small limits, from loopback
+addresses of its own (127.0.0.2...: Linux routes all of 127/8 to lo) so that the caps of
+one address can be filled without touching the test's boto3 client (127.0.0.1)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+from botocore.auth import SigV4Auth
+from botocore.awsrequest import AWSRequest
+from botocore.credentials import Credentials
+
+from benchmarks.stack import ACCESS_KEY, REGION, SECRET_KEY, Stack
+
+HEADER_TIMEOUT = 3.0
+BODY_TIMEOUT = 3.0
+PER_ADDRESS = 6
+MAX_CONNECTIONS = 16
+MAX_HEADER = 16 * 1024  # the default
+#: slack on top of a timeout for the server's timer and this test's reads
+SLACK = 1.5
+MIB = 1024 * 1024
+HALF_SENT = b"POST / HTTP/1.1\r\nHost: x\r\n"
+
+
+@pytest.fixture(scope="module")
+def guarded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    s = Stack(tmp_path_factory.mktemp("connections"), extra_env={
+        "EAGLENEST_WORKER_QUEUES": "",
+        "EAGLENEST_HEADER_TIMEOUT_SECONDS": str(HEADER_TIMEOUT),
+        "EAGLENEST_BODY_TIMEOUT_SECONDS": str(BODY_TIMEOUT),
+        "EAGLENEST_MAX_CONNECTIONS": str(MAX_CONNECTIONS),
+        "EAGLENEST_MAX_CONNECTIONS_PER_ADDRESS": str(PER_ADDRESS)}).start()
+    yield s
+    s.stop()
+
+
+def connect(stack: Stack, source: str = "127.0.0.1") -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.bind((source, 0))
+    except OSError as exc:  # not Linux: only 127.0.0.1 is on lo
+        sock.close()
+        pytest.skip(f"cannot bind {source}: {exc}")
+    sock.settimeout(10)
+    sock.connect(("127.0.0.1", stack.port))
+    return sock
+
+
+def closed_within(sock: socket.socket, seconds: float) -> tuple[float | None, bytes]:
+    """(seconds until the server closed `sock`, or None if it did not in `seconds`; what
+    it sent before)."""
+    t0 = time.monotonic()
+    got = b""
+    while (left := seconds - (time.monotonic() - t0)) > 0:
+        sock.settimeout(left)
+        try:
+            data = sock.recv(65536)
+        except TimeoutError:
+            break
+        except ConnectionResetError:
+            return time.monotonic() - t0, got
+        if not data:
+            return time.monotonic() - t0, got
+        got += data
+    return None, got
+
+
+def is_open(sock: socket.socket) -> bool:
+    sock.settimeout(0)
+    try:
+        return sock.recv(1, socket.MSG_PEEK) != b""
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+
+
+def signed_request(stack: Stack, body: bytes = b"{}", length: int | None = None,
+                   extra: dict[str, str] | None = None) -> bytes:
+    """A SigV4-signed ListModels as raw bytes: head (with `extra` unsigned headers, and
+    Content-Length `length`, default the body's), then the body."""
+    url = f"{stack.url}/"
+    req = AWSRequest(method="POST", url=url, data=body, headers={
+        "X-Amz-Target": "SageMaker.ListModels", "Content-Type": "application/x-amz-json-1.1"})
+    SigV4Auth(Credentials(ACCESS_KEY, SECRET_KEY), "sagemaker", REGION).add_auth(req)
+    headers = {k: v for k, v in req.headers.items() if k.lower() not in ("host", "content-length")}
+    lines = ["POST / HTTP/1.1", f"Host: 127.0.0.1:{stack.port}",
+             f"Content-Length: {len(body) if length is None else length}",
+             *(f"{k}: {v}" for k, v in {**headers, **(extra or {})}.items()), "", ""]
+    return "\r\n".join(lines).encode() + body
+
+
+def read_reply(sock: socket.socket, timeout: float = 10) -> tuple[int, bytes]:
+    """(status, body) of one response (Content-Length framed), or (0, b"") if the server
+    closed without one or sent none within `timeout`."""
+    sock.settimeout(timeout)
+    data = b""
+    try:
+        while b"\r\n\r\n" not in data:
+            chunk = sock.recv(65536)
+            if not chunk:
+                return 0, b""
+            data += chunk
+        head, _, body = data.partition(b"\r\n\r\n")
+        length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                       if line.lower().startswith(b"content-length:")), 0)
+        while len(body) < length:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            body += chunk
+    except (ConnectionResetError, TimeoutError):
+        return 0, b""
+    return int(head.split(b" ", 2)[1]), body
+
+
+def api_process(stack: Stack) -> psutil.Process:
+    assert stack.proc is not None
+    for child in psutil.Process(stack.proc.pid).children():
+        if "api" in child.cmdline():
+            return child
+    raise AssertionError("no API process under eaglenest up")
+
+
+def test_half_sent_request_is_closed_at_the_header_timeout(guarded: Stack) -> None:
+    """`POST / HTTP/1.1`, a Host header and nothing more; the same trickled a byte every
+    0.2 s (a trickle does not extend the timeout); a connection that sends nothing."""
+    silent, trickle, nothing = connect(guarded), connect(guarded), connect(guarded)
+    try:
+        silent.sendall(HALF_SENT)
+        trickle.sendall(HALF_SENT)
+        t0 = time.monotonic()
+        closed_at = None
+        while closed_at is None and time.monotonic() - t0 < HEADER_TIMEOUT + 2 * SLACK:
+            with contextlib.suppress(OSError):
+                trickle.sendall(b"X")
+            after, _ = closed_within(trickle, 0.2)
+            closed_at = None if after is None else time.monotonic() - t0
+        assert closed_at is not None and closed_at < HEADER_TIMEOUT + SLACK, closed_at
+        after, reply = closed_within(silent, SLACK)
+        assert after is not None, "the half-sent request is still open"
+        assert reply.startswith(b"HTTP/1.1 408 "), reply[:200]
+        assert json.loads(reply.partition(b"\r\n\r\n")[2])["__type"] == "RequestTimeout"
+        after, reply = closed_within(nothing, SLACK)
+        assert after is not None and reply == b"", reply[:200]
+    finally:
+        for sock in (silent, trickle, nothing):
+            sock.close()
+    assert guarded.client().list_models()["ResponseMetadata"]["HTTPStatusCode"] == 200
+
+
+def test_headers_over_the_limit_get_431_before_they_end(guarded: Stack) -> None:
+    """8 MiB of X-Pad headers, never finished: a 431 comes back while they are still
+    being sent, four times, and the API's RSS stays within 50 MB of where it was. A signed
+    request with 12 KiB of extra headers is served; with 17 KiB, 431; two of 12 and 10 KiB
+    pipelined in one write (22 KiB together) are both served."""
+    api = api_process(guarded)
+    before = peak = api.memory_info().rss
+    pad = b"".join(b"X-Pad-%d: %s\r\n" % (i, b"p" * 1000) for i in range(8 * 1024))
+    for _ in range(4):
+        with connect(guarded) as sock:
+            sock.sendall(HALF_SENT)
+            with contextlib.suppress(OSError):  # the server may have closed already
+                sock.sendall(pad)
+            status, body = read_reply(sock)
+            assert status == 431, (status, body[:200])
+            assert json.loads(body)["__type"] == "RequestHeaderFieldsTooLarge"
+            peak = max(peak, api.memory_info().rss)
+    assert peak - before < 50 * MIB, (before, peak)
+    for extra, want in ((12 * 1024, 200), (17 * 1024, 431)):
+        with connect(guarded) as sock:
+            sock.sendall(signed_request(guarded, extra={"X-Extra": "e" * extra}))
+            status, body = read_reply(sock)
+            assert status == want, (extra, status, body[:300])
+    with connect(guarded) as sock:  # pipelined in one write: the limit is per request
+        sock.sendall(signed_request(guarded, extra={"X-Extra": "e" * 12 * 1024})
+                     + signed_request(guarded, extra={"X-Extra": "e" * 10 * 1024}))
+        assert read_reply(sock)[0] == 200
+        assert read_reply(sock)[0] == 200
+
+
+def test_idle_connections_past_the_cap_make_room(guarded: Stack) -> None:
+    """PER_ADDRESS half-sent requests from 127.0.0.2, then one more: the oldest is closed
+    at once (long before the header timeout), the others stay; a signed request from the
+    same address is served too, and so is the test's boto3 client."""
+    socks = []
+    try:
+        for _ in range(PER_ADDRESS):
+            socks.append(connect(guarded, "127.0.0.2"))
+            socks[-1].sendall(HALF_SENT)
+            time.sleep(0.05)
+        t0 = time.monotonic()
+        socks.append(connect(guarded, "127.0.0.2"))
+        socks[-1].sendall(HALF_SENT)
+        after, _ = closed_within(socks[0], 1.0)
+        assert after is not None, "the oldest idle connection is still open"
+        assert time.monotonic() - t0 < HEADER_TIMEOUT - 1
+        assert all(is_open(s) for s in socks[1:])
+        with connect(guarded, "127.0.0.2") as sock:  # makes room the same way
+            sock.sendall(signed_request(guarded))
+            status, body = read_reply(sock)
+            assert status == 200, body[:300]
+        assert not is_open(socks[1])
+        assert guarded.client().list_models()["ResponseMetadata"]["HTTPStatusCode"] == 200
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+def test_the_connection_cap_keeps_half_the_open_file_limit() -> None:
+    from eaglenest.foundation.connections import Limits, Registry
+
+    assert Registry(Limits(max_connections=1024), files=600).capacity == 300
+    assert Registry(Limits(max_connections=100, max_per_address=256), files=None).per_address \
+        == 100
+    assert Registry(Limits(), files=1 << 20).capacity == 1024
+
+
+def _busy(stack: Stack, source: str, count: int) -> list[socket.socket]:
+    """`count` connections from `source` whose signed request waits for its body."""
+    socks = []
+    for _ in range(count):
+        socks.append(connect(stack, source))
+        socks[-1].sendall(signed_request(stack, length=2, body=b""))
+    time.sleep(0.3)  # their headers are in: each is a request in the application
+    return socks
+
+
+def test_busy_connections_past_the_caps_get_503(guarded: Stack) -> None:
+    """PER_ADDRESS requests from 127.0.0.3 waiting for their bodies: one more from there gets
+    a 503 while boto3 is served; filling the global cap from 127.0.0.4 and .5 turns away
+    every address. At the body timeout each waiting request gets a 408 and is closed, and
+    then every address is served again."""
+    busy = _busy(guarded, "127.0.0.3", PER_ADDRESS)
+    try:
+        with connect(guarded, "127.0.0.3") as extra:
+            status, body = read_reply(extra)
+            assert status == 503, (status, body)
+            assert json.loads(body)["__type"] == "ServiceUnavailable"
+        assert guarded.client().list_models()["ResponseMetadata"]["HTTPStatusCode"] == 200
+        busy += _busy(guarded, "127.0.0.4", PER_ADDRESS)
+        busy += _busy(guarded, "127.0.0.5", MAX_CONNECTIONS - 2 * PER_ADDRESS)
+        with connect(guarded, "127.0.0.6") as extra:
+            assert read_reply(extra)[0] == 503
+        t0 = time.monotonic()
+        for sock in busy:
+            status, body = read_reply(sock, BODY_TIMEOUT + 2 * SLACK)
+            assert status == 408, (status, body[:200])
+            assert json.loads(body)["__type"] == "RequestTimeout"
+        assert time.monotonic() - t0 < BODY_TIMEOUT + SLACK
+    finally:
+        for sock in busy:
+            sock.close()
+    for source in ("127.0.0.3", "127.0.0.6"):
+        with connect(guarded, source) as sock:
+            sock.sendall(signed_request(guarded))
+            assert read_reply(sock)[0] == 200
+    assert guarded.client().list_models()["ResponseMetadata"]["HTTPStatusCode"] == 200
+
+
+def test_body_timeout_frees_a_stalled_body(guarded: Stack) -> None:
+    """A signed request that sends half its body, then nothing: 408 at the body timeout."""
+    with connect(guarded) as sock:
+        sock.sendall(signed_request(guarded, body=b"{", length=2))
+        t0 = time.monotonic()
+        status, body = read_reply(sock, BODY_TIMEOUT + 2 * SLACK)
+        assert status == 408, (status, body[:200])
+        assert BODY_TIMEOUT - 0.5 < time.monotonic() - t0 < BODY_TIMEOUT + SLACK
+
+
+def test_limits_are_documented() -> None:
+    root = Path(__file__).resolve().parents[2]
+    text = (root / "docs" / "configuration.md").read_text()
+    for name in ("EAGLENEST_MAX_HEADER_BYTES", "EAGLENEST_HEADER_TIMEOUT_SECONDS",
+                 "EAGLENEST_BODY_TIMEOUT_SECONDS", "EAGLENEST_MAX_CONNECTIONS",
+                 "EAGLENEST_MAX_CONNECTIONS_PER_ADDRESS"):
+        assert f"`{name}`" in text, name
