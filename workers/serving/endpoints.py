@@ -198,17 +198,25 @@ def update(ctx: WorkerContext, ep: ResourceRef) -> str:
 
 
 def _update(ctx: WorkerContext, ep: ResourceRef) -> str:
-    with EndpointLease(ctx, ep.arn, eps.UPDATING) as lease:
-        state = _row(ctx, ep) if lease.held else None
-        if state is None:
-            return "skipped (not Updating, or another worker has it)"
-        if not state[2]:
-            return _scale(ctx, ep, state[1], state[3].get("Servers", {}))
-        return _replace_fleet(ctx, ep, state[2], state[3].get("Servers", {}))
+    """The servers an update has taken out of service are stopped after its lease ends: an
+    UpdateEndpoint accepted once this one is InService must not find the lease held (its
+    task would be skipped and wait for the watchdog's re-send)."""
+    retired: list[dict[str, Any]] = []
+    try:
+        with EndpointLease(ctx, ep.arn, eps.UPDATING) as lease:
+            state = _row(ctx, ep) if lease.held else None
+            if state is None:
+                return "skipped (not Updating, or another worker has it)"
+            if not state[2]:
+                return _scale(ctx, ep, state[1], state[3].get("Servers", {}), retired)
+            return _replace_fleet(ctx, ep, state[2], state[3].get("Servers", {}), retired)
+    finally:
+        for servers in retired:
+            capacity.stop(ctx, ep, servers)
 
 
 def _replace_fleet(ctx: WorkerContext, ep: ResourceRef, config_name: str,
-                   old: dict[str, Any]) -> str:
+                   old: dict[str, Any], retired: list[dict[str, Any]]) -> str:
     """UpdateEndpoint: the new fleet beside the old one, traffic shifted to it as the
     deployment configuration says (workers/serving/shift.py), then the old one stopped; any
     failure stops the new fleet and keeps the old one serving."""
@@ -231,7 +239,7 @@ def _replace_fleet(ctx: WorkerContext, ep: ResourceRef, config_name: str,
         return "rolled-back"
     with ctx.db.session() as s:
         ok = eps.finish_update(s, ep.arn, dep)
-    capacity.stop(ctx, ep, old if ok else dep["Servers"])
+    retired.append(old if ok else dep["Servers"])
     return eps.IN_SERVICE if ok else "superseded"
 
 
@@ -260,7 +268,7 @@ def _resize(ctx: WorkerContext, ep: ResourceRef, plans: dict[str, VariantPlan],
 
 
 def _scale(ctx: WorkerContext, ep: ResourceRef, config_name: str,
-           servers: dict[str, Any]) -> str:
+           servers: dict[str, Any], retired: list[dict[str, Any]]) -> str:
     """Apply UpdateEndpointWeightsAndCapacities live: instances are added or stopped, the
     others keep serving; the new weights take effect when the endpoint is InService."""
     started: list[dict[str, Any]] = []
@@ -280,7 +288,7 @@ def _scale(ctx: WorkerContext, ep: ResourceRef, config_name: str,
         return "rolled-back"
     with ctx.db.session() as s:
         ok = eps.finish_weights(s, ep.arn, deployment(list(plans.values()), new_servers))
-    capacity.stop(ctx, ep, surplus if ok else {"new": {"instances": started}})
+    retired.append(surplus if ok else {"new": {"instances": started}})
     return eps.IN_SERVICE if ok else "superseded"
 
 

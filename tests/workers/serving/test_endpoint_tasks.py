@@ -135,6 +135,39 @@ def test_a_delete_proceeds_while_a_create_of_this_worker_still_holds_its_lease(c
                                               ).one_or_none() is None
 
 
+def test_an_update_accepted_while_the_last_one_retires_its_fleet_is_not_skipped(ctx,
+                                                                               monkeypatch):
+    """UpdateEndpoint accepted the moment the previous update is InService, while that task
+    still stops the old fleet: the new update's task runs at once (before, it found the
+    lease of (endpoint, Updating) held in this worker and was skipped)."""
+    with ctx.db.session() as s:
+        endpoints_repo.mark_in_service(s, EP, {"Servers": {"AllTraffic": {"instances": []}}})
+        endpoints_repo.request_update(s, ACCOUNT, "ep", "c2", {"EndpointConfigName": "c2"})
+    new_fleet = {"Servers": {"AllTraffic": {"instances": []}}, "ProductionVariants": []}
+    launched: list[str] = []
+    second: list[str] = []
+    stopped: list[dict] = []
+
+    def launch(_ctx: object, _ep: object, config: str, *_: object) -> dict:
+        launched.append(config)
+        return new_fleet
+
+    def stop(servers: dict, *_: object) -> None:
+        if stopped:  # the second update's retired fleet
+            return
+        stopped.append(servers)  # the first update's old fleet: a new update comes in now
+        with ctx.db.session() as s:
+            endpoints_repo.request_update(s, ACCOUNT, "ep", "c1", {"EndpointConfigName": "c1"})
+        second.append(endpoints.update(ctx, EP))
+
+    monkeypatch.setattr(endpoints, "_launch", launch)
+    monkeypatch.setattr(capacity, "stop_servers", stop)
+    assert endpoints.update(ctx, EP) == endpoints_repo.IN_SERVICE
+    assert second == [endpoints_repo.IN_SERVICE] and launched == ["c2", "c1"]
+    r = row(ctx)
+    assert (r.status, r.config_name, r.owner) == (endpoints_repo.IN_SERVICE, "c1", None)
+
+
 def test_a_bare_name_is_taken_only_while_one_account_has_it(ctx, monkeypatch):
     """A task queued before names were per account carries a bare name."""
     monkeypatch.setattr(endpoints, "_launch", boom)
