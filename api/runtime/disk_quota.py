@@ -54,7 +54,8 @@ _registry_lock = threading.Lock()
 
 
 def configure(limits: Limits | None) -> None:
-    """Set the limits (None: read Settings again at the next use)."""
+    """Set the limits: the API's install does, from the Settings it was given (None: read
+    them from the environment at the next use, for a writer built outside an app)."""
     global _limits
     _limits = limits
 

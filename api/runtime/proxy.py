@@ -40,7 +40,7 @@ from eaglenest.api.bounded import declared_length, read_capped
 from eaglenest.api.keyring import KeyRing
 from eaglenest.api.observability import ApiMetrics
 from eaglenest.api.registry import Context
-from eaglenest.api.runtime import eventstream
+from eaglenest.api.runtime import disk_quota, eventstream
 from eaglenest.api.runtime.bodies import (
     LMI,
     ContainerRejected,
@@ -388,6 +388,8 @@ async def _chunks(receive: Receive) -> AsyncIterator[bytes]:
 
 
 def install(app: FastAPI, ctx: Context) -> None:
+    disk_quota.configure(disk_quota.Limits(ctx.settings.max_capture_spool_bytes,
+                                           ctx.settings.max_stored_bytes))  # the app's settings
     px = Proxy(ctx, Routes(ctx, ctx.settings.route_cache_seconds),
                BackendClient(connect_timeout=5.0,
                              read_timeout=ctx.settings.invocation_timeout_seconds),
