@@ -10,6 +10,7 @@ environment that has them, e.g. the CPU test)."""
 from __future__ import annotations
 
 import json
+import site
 import subprocess
 import sys
 import time
@@ -56,10 +57,21 @@ def service_python(out: Path, wheels: Path | None) -> str:
     python = env / "bin" / "python"
     if not python.exists():
         venv.create(env, system_site_packages=True, with_pip=True)
+        _see_host_packages(python)
         files = sorted(str(w) for w in wheels.glob("*.whl"))
         subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-index", "--no-deps",
                         *files], check=True, timeout=900)
     return str(python)
+
+
+def _see_host_packages(python: Path) -> None:
+    """Put this interpreter's site-packages on the venv's path, after its own: where the
+    host's Python is itself a venv (/opt/torch/.venv on the device), ``system_site_packages``
+    reaches only the base interpreter's, which lacks torch."""
+    purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path("
+                              "'purelib'))"], check=True, capture_output=True, text=True)
+    host = [p for p in site.getsitepackages() if Path(p).is_dir()]
+    (Path(purelib.stdout.strip()) / "_eaglenest_host.pth").write_text("\n".join(host) + "\n")
 
 
 def section(bench: Bench) -> dict[str, Any]:
