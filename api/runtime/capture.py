@@ -37,6 +37,7 @@ from eaglenest.api.runtime import disk_quota
 from eaglenest.foundation.buckets import AccessDenied, AccountStore
 from eaglenest.foundation.children import Identity
 from eaglenest.foundation.loops import Loop
+from eaglenest.foundation.settings import Settings
 from eaglenest.foundation.storage import BucketStore, parse_uri
 
 log = logging.getLogger("eaglenest.capture")
@@ -52,9 +53,14 @@ class _Spool:
 
 class CaptureWriter:
     def __init__(self, store: BucketStore, spool_dir: Path, flush_seconds: float = 60.0,
-                 max_bytes: int = 4 * 1024 * 1024) -> None:
+                 max_bytes: int = 4 * 1024 * 1024,
+                 limits: disk_quota.Limits | None = None) -> None:
+        """`limits`: the per-account disk quotas (api/runtime/disk_quota.py; None: the
+        environment's Settings)."""
         self.store, self.flush_seconds, self.max_bytes = store, flush_seconds, max_bytes
         self.spool_dir = spool_dir
+        self.quota = disk_quota.DiskQuota(store, spool_dir,
+                                          limits or disk_quota.Limits.of(Settings()))
         me = Identity.of(os.getpid())
         self.own_dir = spool_dir / f"{os.getpid()}-{me.start if me else 0}"
         self.own_dir.mkdir(parents=True, exist_ok=True)
@@ -71,7 +77,7 @@ class CaptureWriter:
         """Append and flush one record of `account_id`'s endpoint `endpoint` (its name, as
         the S3 prefix has it; `arn`: its ARN) (see the module docstring); never raises."""
         line = json.dumps(record) + "\n"
-        if not disk_quota.admit(self, account_id, len(line)):  # per-account disk quotas
+        if not self.quota.admit(account_id, len(line)):  # per-account disk quotas
             return
         key = (destination, arn, endpoint, variant, account_id)
         try:

@@ -1,9 +1,11 @@
-"""Per-account disk quotas of Data Capture (capture.py calls `admit` for every record).
+"""Per-account disk quotas of Data Capture (a CaptureWriter owns one DiskQuota and calls
+its `admit` for every record).
 
 Contract:
-- `admit(writer, account_id, nbytes)` is True when the record may be spooled, False when it
-  would take the account past either quota; then the record is not captured and the request
-  is served as always (capture never fails an invocation, as on SageMaker):
+- `DiskQuota(store, spool_dir, limits).admit(account_id, nbytes)` is True when the record
+  may be spooled, False when it would take the account past either quota; then the record
+  is not captured and the request is served as always (capture never fails an invocation,
+  as on SageMaker):
   - EAGLENEST_MAX_CAPTURE_SPOOL_BYTES: the account's records spooled on this API host and
     not yet in the store (every API process's files under the writer's spool directory:
     the ones being filled and the rolled ones waiting for an upload that failed);
@@ -16,7 +18,7 @@ Contract:
   first measurement the store counts 0).
 - A refusal is logged at most once a minute per account, in a ResourceLimitExceeded's
   words, with the number of records not captured since the last such line.
-- The limits are the API process's Settings, read at first use (`configure` sets them).
+- The limits are given (`Limits.of(settings)`: the API's Settings); nothing is module state.
 """
 
 from __future__ import annotations
@@ -26,7 +28,6 @@ import logging
 import math
 import threading
 import time
-import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,42 +48,16 @@ class Limits:
     spool: int
     stored: int
 
-
-_limits: Limits | None = None
-_quotas: weakref.WeakKeyDictionary[Any, DiskQuota] = weakref.WeakKeyDictionary()
-_registry_lock = threading.Lock()
-
-
-def configure(limits: Limits | None) -> None:
-    """Set the limits: the API's install does, from the Settings it was given (None: read
-    them from the environment at the next use, for a writer built outside an app)."""
-    global _limits
-    _limits = limits
-
-
-def _current() -> Limits:
-    global _limits
-    if _limits is None:
-        settings = Settings()
-        _limits = Limits(settings.max_capture_spool_bytes, settings.max_stored_bytes)
-    return _limits
-
-
-def admit(writer: Any, account_id: str, nbytes: int) -> bool:
-    """Whether `writer` (a CaptureWriter: its `store` and `spool_dir`) may spool `nbytes`
-    more for `account_id` (module docstring)."""
-    with _registry_lock:
-        quota = _quotas.get(writer)
-        if quota is None:
-            quota = _quotas[writer] = DiskQuota(writer.store, Path(writer.spool_dir))
-    return quota.admit(account_id, nbytes, _current())
+    @classmethod
+    def of(cls, settings: Settings) -> Limits:
+        return cls(settings.max_capture_spool_bytes, settings.max_stored_bytes)
 
 
 class DiskQuota:
     """One spool directory's accounting (one per CaptureWriter)."""
 
-    def __init__(self, store: Any, spool_dir: Path) -> None:
-        self.store, self.spool_dir = store, spool_dir
+    def __init__(self, store: Any, spool_dir: Path, limits: Limits) -> None:
+        self.store, self.spool_dir, self.limits = store, spool_dir, limits
         self._lock = threading.Lock()
         self._spool: dict[str, int] = {}
         self._scanned = -math.inf
@@ -92,8 +67,9 @@ class DiskQuota:
         self._dropped: dict[str, int] = {}
         self._warned: dict[str, float] = {}
 
-    def admit(self, account: str, nbytes: int, limits: Limits) -> bool:
-        now = time.monotonic()
+    def admit(self, account: str, nbytes: int) -> bool:
+        """Whether `nbytes` more may be spooled for `account` (module docstring)."""
+        limits, now = self.limits, time.monotonic()
         with self._lock:
             if now - self._scanned >= SCAN_SECONDS:
                 self._spool, self._scanned = self._scan(), now

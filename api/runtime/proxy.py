@@ -388,13 +388,12 @@ async def _chunks(receive: Receive) -> AsyncIterator[bytes]:
 
 
 def install(app: FastAPI, ctx: Context) -> None:
-    disk_quota.configure(disk_quota.Limits(ctx.settings.max_capture_spool_bytes,
-                                           ctx.settings.max_stored_bytes))  # the app's settings
     px = Proxy(ctx, Routes(ctx, ctx.settings.route_cache_seconds),
                BackendClient(connect_timeout=5.0,
                              read_timeout=ctx.settings.invocation_timeout_seconds),
                CaptureWriter(make_store(ctx.settings), ctx.settings.data_dir / "capture-spool",
-                             ctx.settings.capture_flush_seconds))
+                             ctx.settings.capture_flush_seconds,
+                             limits=disk_quota.Limits.of(ctx.settings)))
     app.state.runtime_client = px.client
     app.state.routes = px.routes
     app.state.capture = px.capture

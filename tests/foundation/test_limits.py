@@ -124,21 +124,13 @@ def test_an_accounts_bytes_are_its_buckets(tmp_path: Path) -> None:
         "with current utilization of 150 Bytes and a request delta of 51 Bytes")
 
 
-class _Writer:
-    def __init__(self, store: LocalStore, spool_dir: Path) -> None:
-        self.store, self.spool_dir = store, spool_dir
-
-
 def test_capture_admits_records_within_the_accounts_spool(tmp_path: Path) -> None:
     spool = tmp_path / "spool" / f"{os.getpid()}-1"
     spool.mkdir(parents=True)
     (spool / "f.json").write_text(json.dumps({"account": "111111111111"}))
     (spool / "f.jsonl").write_bytes(b"x" * 900)
-    writer = _Writer(_store(tmp_path), tmp_path / "spool")
-    disk_quota.configure(disk_quota.Limits(spool=1000, stored=0))
-    try:
-        assert disk_quota.admit(writer, "111111111111", 100)
-        assert not disk_quota.admit(writer, "111111111111", 1)  # 1000 spooled
-        assert disk_quota.admit(writer, "222222222222", 1000)  # another account's room
-    finally:
-        disk_quota.configure(None)
+    quota = disk_quota.DiskQuota(_store(tmp_path), tmp_path / "spool",
+                                 disk_quota.Limits(spool=1000, stored=0))
+    assert quota.admit("111111111111", 100)
+    assert not quota.admit("111111111111", 1)  # 1000 spooled
+    assert quota.admit("222222222222", 1000)  # another account's room
