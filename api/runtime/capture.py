@@ -115,11 +115,17 @@ class CaptureWriter:
         self._upload(self.own_dir)
 
     def _upload(self, folder: Path) -> None:
-        """Upload the closed spool files of `folder` (its open ones stay)."""
-        with self._lock:
-            busy = {s.path for s in self._open.values()}
+        """Upload the closed spool files of `folder` (its open ones stay).
+
+        Files are listed before the open ones are read: `_start` creates a file and records
+        it as open under one hold of the lock, so a listed file missing from `busy` is
+        closed. (Read the other way round, a file started in between would be uploaded
+        while open and its later records written into an unlinked file.)"""
         with self._upload_lock:
-            for meta_path in sorted(folder.glob("*.json")):
+            listed = sorted(folder.glob("*.json"))
+            with self._lock:
+                busy = {s.path for s in self._open.values()}
+            for meta_path in listed:
                 data = meta_path.with_suffix(".jsonl")
                 if data not in busy:
                     self._upload_one(meta_path, data)

@@ -74,6 +74,29 @@ def test_records_of_a_killed_api_are_uploaded_by_the_next(tmp_path: Path) -> Non
         writer.close()
 
 
+def test_a_spool_started_during_an_upload_is_not_uploaded_open(tmp_path: Path) -> None:
+    """A record added while an upload lists the spool folder (a request beside the flush
+    thread) lands in a file the upload leaves alone: none is lost into an unlinked file."""
+    writer = CaptureWriter(LocalStore(tmp_path / "s3"), tmp_path / "spool", flush_seconds=3600)
+    started: list[int] = []
+
+    class Racing(type(writer.own_dir)):  # type: ignore[misc]
+        def glob(self, pattern: str, **kw):  # type: ignore[no-untyped-def, override]
+            if not started:  # a request's record arrives as the upload lists the folder
+                started.append(1)
+                writer.add(DEST, "ep", "v", {"n": 1}, ACCT)
+            return super().glob(pattern, **kw)
+
+    try:
+        writer.own_dir = Racing(writer.own_dir)
+        writer.flush([])  # uploads closed files only: the new one is open
+        assert started and stored(tmp_path / "s3") == []
+        writer.add(DEST, "ep", "v", {"n": 2}, ACCT)
+    finally:
+        writer.close()
+    assert [r["n"] for r in stored(tmp_path / "s3")] == [1, 2]
+
+
 class FlakyStore(LocalStore):
     def __init__(self, root: Path) -> None:
         super().__init__(root)
