@@ -26,6 +26,7 @@ from benchmarks.stack import ACCOUNT, Stack
 from eaglenest.db import placement_repo
 from eaglenest.db.session import Database
 from eaglenest.db.tables import EndpointRow
+from eaglenest.foundation.queue import OPTIMIZE_TASK, TaskQueue
 from tests.support.workers import ROOT, Worker, start_worker, upload
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
@@ -296,3 +297,42 @@ def test_a_killed_workers_gpus_are_reclaimed_by_the_next(hosts):
     assert now["host"] == "host-a" and psutil.pid_exists(now["pid"])
     assert dead_owner not in {h[4] for h in _holdings(stack)}
     _delete(sm, "fill-b", "on-a")
+
+
+def test_a_duplicate_delivery_never_frees_the_running_jobs_gpu(hosts):
+    """A job's task delivered several times at once (the reconciler re-enqueues a STARTING
+    job beside the API's message): one attempt runs it and holds its GPU for the whole run;
+    the others take none of its GPUs away."""
+    stack, _ = hosts
+    sm = stack.client()
+    sm.create_optimization_job(
+        OptimizationJobName="twice", RoleArn=ROLE,
+        ModelSource={"S3": {"S3Uri": "s3://models/tiny/"}},
+        DeploymentInstanceType="ml.g5.2xlarge",
+        OptimizationEnvironment={
+            "EAGLENEST_MAX_STEPS": "30", "EAGLENEST_MAX_LENGTH": "128",
+            "EAGLENEST_DATASET": "gsm8k_training.jsonl", "EAGLENEST_HOLDOUT": "2",
+            "EAGLENEST_DRAFT_VOCAB_SIZE": "64", "EAGLENEST_BENCHMARK": "0",
+            "EAGLENEST_DEVICE": "cpu"},
+        OptimizationConfigs=[{"ModelSpeculativeDecodingConfig": {"Technique": "EAGLE"}}],
+        OutputConfig={"S3OutputLocation": "s3://output/jobs/"},
+        StoppingCondition={"MaxRuntimeInSeconds": 600})
+    arn = _arn("optimization-job", "twice")
+    queue = TaskQueue(stack.extra_env["EAGLENEST_BROKER_URL"])
+    for q in ("train.host-a", "train.host-a", "train.host-b", "train"):
+        assert queue.send(OPTIMIZE_TASK, arn, q)
+    running, unheld = 0, []
+    deadline = time.monotonic() + 240
+    while (job := sm.describe_optimization_job(OptimizationJobName="twice"))[
+            "OptimizationJobStatus"] not in ("COMPLETED", "FAILED", "STOPPED"):
+        held = [(h, i) for h, i, holder, *_ in _holdings(stack) if holder == arn]
+        if job["OptimizationJobStatus"] == "INPROGRESS":
+            running += 1
+            if not held and job["OptimizationJobStatus"] == sm.describe_optimization_job(
+                    OptimizationJobName="twice")["OptimizationJobStatus"]:
+                unheld.append(time.monotonic())  # still running, and no GPU held for it
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    assert job["OptimizationJobStatus"] == "COMPLETED", job.get("FailureReason")
+    assert running >= 3 and unheld == [], (running, unheld)
+    assert not [h for h in _holdings(stack) if h[2] == arn]

@@ -130,6 +130,11 @@ class Placer:
         return (f"{itype.accelerators} free GPU(s) needed; the GPUs of host {self.host} "
                 "are held by other endpoints and jobs")
 
+    def holds(self, holder: str) -> bool:
+        """Whether the holder holds GPUs on any host now."""
+        with self.db.session() as s:
+            return bool(repo.held(s, holder))
+
     def release(self, holder: str, units: list[str] | None = None) -> None:
         """Free what the holder holds (only `units`, when given), on any host."""
         with self.db.session() as s:

@@ -81,13 +81,13 @@ def run_job(ctx: WorkerContext, ref: str) -> str:
     if job_ref is None:
         log.warning("optimization task %s: no single job has this ARN or name; skipped", ref)
         return "not-found"
-    gpus = placing.place(ctx, job_ref)
-    if isinstance(gpus, str):
-        return gpus
+    placed = placing.place(ctx, job_ref)
+    if isinstance(placed, str):
+        return placed
     try:
-        return _run(ctx, job_ref, gpus)
+        return _run(ctx, job_ref, placed.gpus)
     finally:
-        placing.release(ctx, job_ref)
+        placing.release(ctx, job_ref, placed)
 
 
 def _run(ctx: WorkerContext, ref: ResourceRef, gpus: list[int]) -> str:

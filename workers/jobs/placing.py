@@ -1,16 +1,21 @@
 """Placing an optimization job on this worker's host: the GPUs of its DeploymentInstanceType.
 
 A job is placed before it is claimed (it stays STARTING until a host holds its GPUs): the
-GPUs are held by the job's ARN (unit ``job@<host>``) on this host, for training, the benchmark
-stage and nothing else, until the job's task ends. A host that cannot place it hands the
-task on (workers/infra/placement.py route) until EAGLENEST_CAPACITY_WAIT_SECONDS after the
-job became STARTING; then the job fails with SageMaker's insufficient-capacity reason.
+GPUs are held by the job's ARN on this host, for training, the benchmark stage and nothing
+else, until the task ends. Each task's attempt holds them under a unit of its own
+(``job@<host>/<attempt>``): a duplicate delivery of the job's task (a re-enqueue by the
+reconciler while the first is still placing) takes GPUs of its own or none, loses the claim,
+and frees only what it took, never the GPUs of the attempt that runs the job. A host that
+cannot place it hands the task on (workers/infra/placement.py route) until
+EAGLENEST_CAPACITY_WAIT_SECONDS after the job became STARTING; then the job fails with
+SageMaker's insufficient-capacity reason.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+import uuid
 from dataclasses import dataclass, field
 
 from eaglenest.db import optimization_jobs_repo as jobs
@@ -25,9 +30,12 @@ from eaglenest.workers.infra.placement import NoCapacity, capacity_reason
 log = logging.getLogger("eaglenest.optimize")
 
 
-def job_unit(ctx: WorkerContext) -> str:
-    """A job's placement unit on this host (two hosts' attempts at one job never share it)."""
-    return f"job@{ctx.placer.host}"
+@dataclass(frozen=True)
+class Placement:
+    """What one attempt at a job holds: its GPU indexes ([]: the CPU) under its unit."""
+
+    gpus: list[int]
+    unit: str
 
 
 @dataclass(frozen=True)
@@ -40,9 +48,10 @@ class JobGpus:
     memory_gib: float = 0.0
 
 
-def place(ctx: WorkerContext, ref: ResourceRef) -> list[int] | str:
-    """The GPUs this host now holds for the job ([]: it trains on the CPU), or the task's
-    outcome when it does not run here (not STARTING, handed on, or failed for capacity)."""
+def place(ctx: WorkerContext, ref: ResourceRef) -> Placement | str:
+    """The GPUs this host now holds for this attempt at the job ([]: it trains on the CPU),
+    or the task's outcome when it does not run here (not STARTING, handed on, or failed for
+    capacity)."""
     with ctx.db.session() as s:
         row = locate(s, OptimizationJobRow, ref.arn)
         if row is None or row.status != jobs.STARTING:
@@ -53,9 +62,12 @@ def place(ctx: WorkerContext, ref: ResourceRef) -> list[int] | str:
         itype = lookup(type_name)
     except UnsupportedInstanceType as exc:  # stored before the type was refused at Create
         return _fail_unplaced(ctx, ref, f"DeploymentInstanceType: {exc}")
+    unit = f"job@{ctx.placer.host}/{uuid.uuid4().hex[:8]}"
     try:
-        return ctx.placer.take(ref.arn, job_unit(ctx), itype)
+        return Placement(ctx.placer.take(ref.arn, unit, itype), unit)
     except NoCapacity as exc:
+        if ctx.placer.holds(ref.arn):  # another attempt placed it: that one runs the job
+            return "not-claimed"
         if time.time() - since < ctx.settings.capacity_wait_seconds:
             where = ctx.placer.route(ctx.queue, OPTIMIZE_TASK, ref.arn, TRAIN_QUEUE, itype)
             log.info("job %s waits for capacity (%s); task sent to %s", ref.name, exc, where)
@@ -63,8 +75,8 @@ def place(ctx: WorkerContext, ref: ResourceRef) -> list[int] | str:
         return _fail_unplaced(ctx, ref, capacity_reason(type_name, exc.why))
 
 
-def release(ctx: WorkerContext, ref: ResourceRef) -> None:
-    ctx.placer.release(ref.arn, [job_unit(ctx)])
+def release(ctx: WorkerContext, ref: ResourceRef, placement: Placement) -> None:
+    ctx.placer.release(ref.arn, [placement.unit])
 
 
 def _fail_unplaced(ctx: WorkerContext, ref: ResourceRef, reason: str) -> str:
