@@ -156,8 +156,10 @@ def drive(model: Path, data_dir: Path, steps: int) -> dict[str, Any]:
         t0 = time.monotonic()
         _wait("/ping", lambda: _pings(url), 300)
         report["up_seconds"] = time.monotonic() - t0
-        report["gpus"] = [x.strip() for x in _cli(env, "status").splitlines()
-                          if x.startswith("  ") and "GPU(s)" in x]
+        # the worker registers its host after the API answers: wait for its line
+        report["gpus"] = _wait("the worker's host in `eaglenest status`", lambda: [
+            x.strip() for x in _cli(env, "status").splitlines()
+            if x.startswith("  ") and "GPU(s)" in x] or None, 120)
         t0 = time.monotonic()
         _cli(env, "s3", "cp", str(model), "s3://models/target/")
         report["upload_seconds"] = time.monotonic() - t0
