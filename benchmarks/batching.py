@@ -33,13 +33,14 @@ from eaglenest.models.heads.registry import EAGLE, EAGLE3
 
 def random_head(target: Any, kind: str) -> torch.nn.Module:
     from eaglenest.models.data import builtin_path, encode_examples, load_examples
-    from eaglenest.models.train import HEAD_KINDS, TrainConfig
+    from eaglenest.models.heads.registry import HEADS
+    from eaglenest.models.train import TrainConfig
 
     examples = load_examples(builtin_path("gsm8k_training.jsonl"))[:16]
     samples = encode_examples(examples, target.tokenizer, max_length=256)
     torch.manual_seed(0)
     cfg = TrainConfig(head=kind, draft_vocab_size=8192)
-    return HEAD_KINDS[kind].build(target, samples, cfg).eval()
+    return HEADS[kind].build(target, samples, cfg).eval()
 
 
 def measure(

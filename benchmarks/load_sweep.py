@@ -253,17 +253,17 @@ def tiny_models(out: Path) -> tuple[Path, Path]:
 
     from eaglenest.models.checkpoint import save_head
     from eaglenest.models.data import encode_examples, load_examples
-    from eaglenest.models.heads.registry import DEFAULT_KIND
+    from eaglenest.models.heads.registry import DEFAULT_KIND, HEADS
     from eaglenest.models.target import load_target
     from eaglenest.models.tiny import build_tiny_target
-    from eaglenest.models.train import HEAD_KINDS, TrainConfig
+    from eaglenest.models.train import TrainConfig
 
     target_dir = build_tiny_target(out / "tiny-llama", "LlamaForCausalLM")
     target = load_target(target_dir)
     samples = encode_examples(load_examples("gsm8k_training.jsonl")[:8], target.tokenizer, 128)
     torch.manual_seed(0)
     config = TrainConfig(head=DEFAULT_KIND, draft_vocab_size=64)
-    head = HEAD_KINDS[DEFAULT_KIND].build(target, samples, config)
+    head = HEADS[DEFAULT_KIND].build(target, samples, config)
     return target_dir, save_head(head.eval(), out / f"tiny-{DEFAULT_KIND}",
                                  verifier=str(target_dir))
 

@@ -19,8 +19,6 @@ from typing import Any
 
 from eaglenest.models.heads import registry
 
-HEADS = registry.KINDS
-
 #: (dest, flag, takes no value) of every ``train`` option, to re-launch under torchrun
 _TRAIN_FLAGS: list[tuple[str, str, bool]] = []
 
@@ -39,7 +37,7 @@ def _register_train(subparsers: Any) -> None:
     p = subparsers.add_parser("train", help="train an EAGLE / EAGLE-3 / P-EAGLE draft head")
     p.add_argument("--target", required=True, help="local target model folder")
     p.add_argument("--data", required=True, help="JSONL file, folder of JSONL, or built-in name")
-    p.add_argument("--head", choices=HEADS, help="default: the target architecture's head")
+    p.add_argument("--head", choices=registry.KINDS, help="default: the target architecture's head")
     p.add_argument("--out", required=True, help="output folder for the head")
     p.add_argument("--max-steps", type=int, default=200, help="training steps")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",

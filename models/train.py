@@ -105,9 +105,8 @@ class TrainResult:
     out_dir: Path | None = None
 
 
-# ---- head construction: models/heads/registry.py ----------------------------------------
-#: kind -> HeadSpec (``HEAD_KINDS[kind].build(target, samples, config)``, ``.loss_kwargs``)
-HEAD_KINDS = HEADS
+# ---- head construction: models/heads/registry.py (``HEADS[kind].build(target, samples,
+# config)``, ``.loss_kwargs``) ------------------------------------------------------------
 
 
 # ---- data --------------------------------------------------------------------------------
@@ -265,8 +264,8 @@ def _load_head(folder: str | Path, target: Target, kind: str) -> nn.Module:
 
 # ---- the loop ------------------------------------------------------------------------------
 def train(config: TrainConfig, data: TrainData, device: str | torch.device = "cpu") -> TrainResult:
-    if config.head not in HEAD_KINDS:
-        raise ValueError(f"unknown head {config.head!r}; one of {sorted(HEAD_KINDS)}")
+    if config.head not in HEADS:
+        raise ValueError(f"unknown head {config.head!r}; one of {sorted(HEADS)}")
     if config.num_layers < 1 or (not HEADS[config.head].multi_layer and config.num_layers != 1):
         raise ValueError(f"num_layers={config.num_layers}: EAGLE-3 and P-EAGLE heads take 1 or "
                          "more draft layers, EAGLE-1/2 heads exactly 1")
@@ -279,7 +278,7 @@ def train(config: TrainConfig, data: TrainData, device: str | torch.device = "cp
     elif config.init_head:
         head = _load_head(config.init_head, data.target, config.head)
     else:
-        head = HEAD_KINDS[config.head].build(data.target, data.samples, config)
+        head = HEADS[config.head].build(data.target, data.samples, config)
     head.to(device).train()
     opt, sched = make_optimizer(head, config)
     stream = BatchStream(data.samples, config.batch_size * place.world_size, config.seed)
@@ -320,7 +319,7 @@ def _run(
 ) -> TrainResult:
     tok = data.target.tokenizer
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
-    kwargs = HEAD_KINDS[config.head].loss_kwargs(config)
+    kwargs = HEADS[config.head].loss_kwargs(config)
     loss_fn = distributed.loss_fn(head, kwargs, place, device, config.head)  # DDP when >1 rank
     params = [p for p in head.parameters() if p.requires_grad]
     cache = data.cache

@@ -168,12 +168,13 @@ class Bench:
         if key not in self.heads:
             base = self.heads.get((kind, torch.float32))
             if base is None:
-                from eaglenest.models.train import HEAD_KINDS, TrainConfig
+                from eaglenest.models.heads.registry import HEADS
+                from eaglenest.models.train import TrainConfig
 
                 target = self.target(next(iter(self.models), torch.float32))  # as it is
                 torch.manual_seed(0)
                 cfg = TrainConfig(head=kind, draft_vocab_size=self.spec.draft_vocab)
-                built = HEAD_KINDS[kind].build(target, self.samples(), cfg)
+                built = HEADS[kind].build(target, self.samples(), cfg)
                 base = self.heads[(kind, torch.float32)] = built.to(self.device).eval()
             if dtype != torch.float32:
                 self.heads[key] = copy.deepcopy(base).to(dtype).eval()

@@ -56,10 +56,10 @@ def test_training_is_identical_with_and_without_the_cache(head: str, llama, samp
 
 def test_cached_loss_close_to_a_live_padded_batch(llama, samples) -> None:  # noqa: ANN001
     """The cached per-sample capture gives the same loss as one live padded forward."""
-    from eaglenest.models.train import HEAD_KINDS
+    from eaglenest.models.heads.registry import HEADS
 
     cfg = TrainConfig(head="eagle3", draft_vocab_size=64)
-    head = HEAD_KINDS["eagle3"].build(llama, samples, cfg)
+    head = HEADS["eagle3"].build(llama, samples, cfg)
     batch = collate(samples[:2], 0, "cpu")
     live = head.loss(batch, llama.capture(batch.input_ids, batch.attention_mask), steps=3)
     cache = CaptureCache(llama, samples, budget_bytes=1 << 30)

@@ -21,9 +21,10 @@ from eaglenest.models.capture_cache import CaptureCache
 from eaglenest.models.cli import main
 from eaglenest.models.distributed import Dist, shard
 from eaglenest.models.heads.base import HeadLoss
+from eaglenest.models.heads.registry import HEADS
 from eaglenest.models.optim import make_optimizer
 from eaglenest.models.target import Target
-from eaglenest.models.train import HEAD_KINDS, BatchStream, collate
+from eaglenest.models.train import BatchStream, collate
 from tests.models.ddp_worker import STEPS, config, make_samples
 
 HERE = Path(__file__).parent
@@ -71,7 +72,7 @@ def _reference(target: Target, steps: int) -> tuple[dict[str, torch.Tensor], lis
     (backward of loss/2 for each half), then the same clipping, AdamW and schedule."""
     samples = make_samples(target)
     cfg = config(None)
-    kind = HEAD_KINDS[cfg.head]
+    kind = HEADS[cfg.head]
     torch.manual_seed(cfg.seed)
     head = kind.build(target, samples, cfg).train()
     opt, sched = make_optimizer(head, cfg)

@@ -7,10 +7,10 @@ import torch
 
 from eaglenest.models.checkpoint import load_head
 from eaglenest.models.data import encode_examples, load_examples
+from eaglenest.models.heads.registry import HEADS
 from eaglenest.models.optim import Muon, lr_lambda, make_optimizer
 from eaglenest.models.tiny import ARCHITECTURES
 from eaglenest.models.train import (
-    HEAD_KINDS,
     BatchStream,
     TrainConfig,
     TrainData,
@@ -117,7 +117,7 @@ def test_schedule_and_stream() -> None:
 
 
 def test_muon_takes_the_layer_matrices_adamw_the_rest(llama, samples) -> None:  # noqa: ANN001
-    head = HEAD_KINDS["peagle"].build(llama, samples, cfg(None, head="peagle"))
+    head = HEADS["peagle"].build(llama, samples, cfg(None, head="peagle"))
     opt, sched = make_optimizer(head, cfg(None, head="peagle", optimizer="muon", lr=1e-3))
     muon, adamw = opt.members
     assert isinstance(muon, Muon) and isinstance(adamw, torch.optim.AdamW)

@@ -22,8 +22,7 @@ from pydantic import (
 )
 
 from eaglenest.foundation.limits import JOB_RANGES, LimitError, parse_int
-from eaglenest.models.heads.registry import HEADS as HEAD_SPECS
-from eaglenest.models.heads.registry import KINDS as HEADS
+from eaglenest.models.heads.registry import HEADS, KINDS
 
 BACKENDS = ("vllm", "embedded")
 DEVICES = ("cpu", "cuda")
@@ -105,7 +104,7 @@ class JobOptions(BaseModel):
     model_config = ConfigDict(frozen=True, populate_by_name=True, extra="ignore")
 
     #: a registry kind (models/heads/registry.py); None: the architecture's default
-    head: Annotated[str | None, _one_of(HEADS), Field(alias="EAGLENEST_HEAD")] = None
+    head: Annotated[str | None, _one_of(KINDS), Field(alias="EAGLENEST_HEAD")] = None
     max_steps: Annotated[int, _limited("EAGLENEST_MAX_STEPS"),
                          Field(alias="EAGLENEST_MAX_STEPS")] = 200
     batch_size: Annotated[int, _limited("EAGLENEST_BATCH_SIZE"),
@@ -165,7 +164,7 @@ class JobOptions(BaseModel):
     @model_validator(mode="after")
     def _together(self) -> JobOptions:
         """Constraints between variables (each one alone is already valid)."""
-        if self.num_layers != 1 and self.head and not HEAD_SPECS[self.head].multi_layer:
+        if self.num_layers != 1 and self.head and not HEADS[self.head].multi_layer:
             raise OptionError(f"EAGLENEST_NUM_LAYERS={self.num_layers} needs an EAGLE-3 or "
                               f"P-EAGLE head; EAGLE-2 heads (EAGLENEST_HEAD={self.head}) have "
                               "one layer")
