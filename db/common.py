@@ -20,6 +20,16 @@ from eaglenest.foundation.storage import StorageError, check_characters, check_s
 RowT = TypeVar("RowT", bound=Base)
 
 
+#: SageMaker's longest FailureReason (its shapes' max length): a longer reason is cut here,
+#: where a status is set, never by the callers
+FAILURE_REASON_MAX = 1024
+
+
+def failure_reason(reason: str | None) -> str | None:
+    """`reason` as stored and described: at most FAILURE_REASON_MAX characters."""
+    return None if reason is None else reason[:FAILURE_REASON_MAX]
+
+
 def now() -> float:
     return time.time()
 

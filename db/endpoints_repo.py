@@ -29,7 +29,7 @@ from sqlalchemy.orm import Session
 
 from eaglenest.db import common, endpoint_configs_repo, quotas, tags_repo, traffic_policy
 from eaglenest.db import endpoint_retention as retention
-from eaglenest.db.common import find, insert_unique, locate, now
+from eaglenest.db.common import failure_reason, find, insert_unique, locate, now
 from eaglenest.db.tables import EndpointConfigRow, EndpointRow
 from eaglenest.foundation.accounts import Account
 from eaglenest.foundation.errors import ResourceLimitExceeded, ValidationException
@@ -73,7 +73,7 @@ def get(session: Session, account: Account, name: str, *, lock: bool = False) ->
 
 def _set(row: EndpointRow, status: str, reason: str | None = None) -> None:
     row.status = status
-    row.failure_reason = reason
+    row.failure_reason = failure_reason(reason)
     row.last_modified_time = now()
     row.owner, row.heartbeat_time = None, None
 

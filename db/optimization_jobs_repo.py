@@ -22,7 +22,7 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from eaglenest.db import buckets, common, models_repo, quotas, tags_repo
-from eaglenest.db.common import check_s3_uris, find, insert_unique, locate, now
+from eaglenest.db.common import check_s3_uris, failure_reason, find, insert_unique, locate, now
 from eaglenest.db.tables import ModelRow, OptimizationJobRow
 from eaglenest.foundation import environment, instance_types
 from eaglenest.foundation.accounts import Account
@@ -159,7 +159,7 @@ def _set(row: OptimizationJobRow, status: str, reason: str | None = None) -> Non
     row.status = status
     row.last_modified_time = t
     if reason is not None:
-        row.failure_reason = reason
+        row.failure_reason = failure_reason(reason)
     if status in TERMINAL:
         row.end_time = t
         row.owner = None

@@ -124,3 +124,10 @@ def test_two_accounts_endpoints_of_one_name_change_apart(db):
     with db.session() as s:
         endpoints_repo.finish_delete(s, OTHER_EP)
         assert s.query(EndpointRow).count() == 0
+
+
+def test_a_long_failure_reason_is_cut_to_sagemakers_maximum(db):
+    with db.session() as s:
+        endpoints_repo.mark_failed(s, EP, "x" * 5000)
+    assert row(db).status == endpoints_repo.FAILED
+    assert row(db).failure_reason == "x" * 1024

@@ -234,7 +234,7 @@ def _s3_prefix(uri: str) -> S3ModelDataSource:
 def _fail(ctx: WorkerContext, ref: ResourceRef, reason: str) -> str:
     log.warning("job %s FAILED: %s", ref.name, reason)
     with ctx.db.session() as s:
-        if not jobs.fail(s, ref.arn, ctx.owner, reason[:1024]):
+        if not jobs.fail(s, ref.arn, ctx.owner, reason):
             return "lease-lost"
     return jobs.FAILED
 

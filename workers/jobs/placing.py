@@ -86,5 +86,5 @@ def _fail_unplaced(ctx: WorkerContext, ref: ResourceRef, reason: str) -> str:
         if jobs.claim(s, ref.arn, ctx.owner) is None:
             return "not-claimed"
     with ctx.db.session() as s:
-        jobs.fail(s, ref.arn, ctx.owner, reason[:1024])
+        jobs.fail(s, ref.arn, ctx.owner, reason)
     return jobs.FAILED
