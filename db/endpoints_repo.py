@@ -12,7 +12,7 @@
 
 Transitional statuses (Creating, Updating, Deleting, SystemUpdating) are worked on by one
 worker at a time: `claim` makes it the row's owner, `heartbeat` keeps it so; an owner silent
-for a lease is presumed dead and the task is sent again (workers/reconcile.py). Every status
+for a lease is presumed dead and the task is sent again (workers/infra/reconcile.py). Every status
 change clears the owner. No endpoint stays transitional longer than the worker's
 EAGLENEST_ENDPOINT_TRANSITION_SECONDS: `time_out` ends it with a FailureReason.
 
@@ -32,6 +32,7 @@ from eaglenest.db import endpoint_retention as retention
 from eaglenest.db.common import failure_reason, find, insert_unique, locate, now
 from eaglenest.db.tables import EndpointConfigRow, EndpointRow
 from eaglenest.foundation.accounts import Account
+from eaglenest.foundation.deployment import variant_summaries
 from eaglenest.foundation.errors import ResourceLimitExceeded, ValidationException
 
 CREATING, IN_SERVICE, UPDATING = "Creating", "InService", "Updating"
@@ -151,7 +152,7 @@ def pending_summary(row: EndpointRow) -> dict[str, Any] | None:
     shift = row.deployment.get(SHIFT)
     if shift:
         out["ProductionVariants"] = [{**v, "VariantStatus": [shift["Status"]]}
-                                     for v in shift["ProductionVariants"]]
+                                     for v in variant_summaries(shift) or []]
     return out
 
 

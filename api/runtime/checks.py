@@ -2,7 +2,7 @@
 name in the path, the request headers' lengths and patterns, and the body's size (the
 botocore sagemaker-runtime model's constraints). A failure is ValidationError (400) in
 AWS's aggregate wording; the body's content is never judged here (that is the container's
-business: api.runtime_bodies)."""
+business: api.runtime.bodies)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 SigV4 as for the control plane; errors take their code from `x-amzn-ErrorType` (botocore
 reads it there for rest-json): ValidationError 400 only for what SageMaker itself checks
-(the endpoint exists and serves, header formats, body size: api.runtime_checks), ModelError
+(the endpoint exists and serves, header formats, body size: api.runtime.checks), ModelError
 424 whenever the container answers non-2xx or not at all, a body it does not understand
 included (OriginalStatusCode, OriginalMessage, LogStreamArn). Streaming replies are AWS
 event-stream frames (`PayloadPart`; a mid-stream failure is a `ModelStreamError` exception

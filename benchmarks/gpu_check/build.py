@@ -55,7 +55,7 @@ SPECS: dict[str, Spec] = {
     # Llama-3.1-8B shape (8.03B parameters)
     "8b": Spec("8b", dict(_LLAMA, hidden_size=4096, num_hidden_layers=32,
                           intermediate_size=14336, tie_word_embeddings=False)),
-    # tests/models/tiny.py's COMMON shape (seconds on a CPU)
+    # models/tiny.py's COMMON shape (seconds on a CPU)
     "tiny": Spec("tiny", dict(hidden_size=32, intermediate_size=64, num_hidden_layers=8,
                               num_attention_heads=4, num_key_value_heads=2, head_dim=8,
                               max_position_embeddings=512, vocab_size=512),

@@ -4,7 +4,7 @@
 endpoint is in another status or a live worker owns it: the task then does nothing) and
 heartbeats it every third of the lease until exit, when an owner that did not change the
 status releases it. A worker that dies stops heartbeating; after a lease the watchdog sends
-the task again (workers/reconcile.py), and the next worker's claim succeeds.
+the task again (workers/infra/reconcile.py), and the next worker's claim succeeds.
 
 The row's owner is the worker process, and a worker runs several tasks at once on its pool's
 threads: two deliveries of one task (the API's message and the one reconcile re-sends at

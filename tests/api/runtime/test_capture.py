@@ -1,4 +1,4 @@
-"""Data Capture durability (api/capture.py): a record is on disk when `add()` returns, a
+"""Data Capture durability (api/runtime/capture.py): a record is on disk when `add()` returns, a
 SIGKILLed API's records are uploaded by the next one, a failed upload is kept and retried;
 records go only into a bucket of the endpoint's account."""
 

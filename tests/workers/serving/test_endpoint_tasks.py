@@ -1,4 +1,4 @@
-"""Endpoint tasks (workers/endpoints.py) on a real SQLite database, without serving: any
+"""Endpoint tasks (workers/serving/endpoints.py) on a real SQLite database, without serving: any
 exception while starting servers ends the transition (Failed with the reason, or an
 update's rollback), a transition another live worker holds is left alone, and a task works
 on the endpoint its ARN names (its account's config, model and files), a bare name only
