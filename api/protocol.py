@@ -117,7 +117,7 @@ def dispatch(ctx: Context, target: str, body: bytes) -> dict[str, Any]:
     payload = _payload(body)
     try:
         if service == tagging.SERVICE:
-            return tagging.OPERATIONS[op.removeprefix("tagging:")](ctx, payload)
+            return tagging.dispatch(ctx, op.removeprefix("tagging:"), payload)
         result = REGISTRY[op](ctx, shapes.parse_input(op, payload))
     except OperationalError as exc:
         log.warning("database unavailable during %s: %s", op, exc.orig)

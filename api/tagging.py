@@ -1,12 +1,15 @@
 """The Resource Groups Tagging API for our resources, on the same endpoint as SageMaker:
 `X-Amz-Target: ResourceGroupsTaggingAPI_20170126.<Op>`, SigV4 signing name `tagging`.
 
-GetResources lists the tagged models, endpoint configs, endpoints and optimization jobs
-(TagFilters: every filter's key present, with one of its Values if any are given;
-ResourceTypeFilters: `sagemaker` or `sagemaker:<type>`; or an explicit ResourceARNList),
-ordered by ARN and paginated by ResourcesPerPage. TagResources / UntagResources apply
-AddTags' / DeleteTags' rules per resource and report failures in FailedResourcesMap.
-Errors are the service's own: InvalidParameterException (400) naming the parameter.
+Requests are validated against the service's own shapes, generated from botocore like
+SageMaker's (foundation/shapes/tagging.py); the resources and their tags come from
+db/tags_repo.py. GetResources lists the tagged models, endpoint configs, endpoints and
+optimization jobs (TagFilters: every filter's key present, with one of its Values if any are
+given; ResourceTypeFilters: `sagemaker` or `sagemaker:<type>`; or an explicit
+ResourceARNList), ordered by ARN and paginated by ResourcesPerPage. TagResources /
+UntagResources apply AddTags' / DeleteTags' rules per resource and report failures in
+FailedResourcesMap with the service's error codes. Errors are the service's own:
+InvalidParameterException (400) naming the parameter.
 """
 
 from __future__ import annotations
@@ -17,16 +20,20 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from eaglenest.api.registry import Context
 from eaglenest.db import tags_repo
-from eaglenest.db.tables import EndpointConfigRow, EndpointRow, ModelRow, OptimizationJobRow
-from eaglenest.foundation.errors import ServiceError
+from eaglenest.foundation import shapes
+from eaglenest.foundation.errors import ServiceError, ValidationException
+from eaglenest.foundation.shapes.tagging import (
+    GetResourcesInput,
+    TagResourcesInput,
+    UntagResourcesInput,
+)
 
 TARGET_PREFIX = "ResourceGroupsTaggingAPI_20170126."
 SERVICE = "tagging"
-TABLES = (ModelRow, EndpointConfigRow, EndpointRow, OptimizationJobRow)
 DEFAULT_PER_PAGE, MAX_PER_PAGE = 100, 100
 
 
@@ -34,51 +41,12 @@ class InvalidParameterException(ServiceError):
     code = "InvalidParameterException"
 
 
-def _list(payload: dict[str, Any], key: str, kind: type, low: int, high: int) -> list[Any]:
-    value = payload.get(key)
-    if value is None:
-        return []
-    if not isinstance(value, list) or not all(isinstance(v, kind) for v in value):
-        raise InvalidParameterException(f"{key} must be a list of {kind.__name__}.")
-    if not low <= len(value) <= high:
-        raise InvalidParameterException(f"{key} must have {low} to {high} members.")
-    return value
-
-
-def _tag_filters(payload: dict[str, Any]) -> list[tuple[str, list[str]]]:
-    out = []
-    for f in _list(payload, "TagFilters", dict, 0, 50):
-        key, values = f.get("Key"), f.get("Values") or []
-        if not isinstance(key, str) or not 1 <= len(key) <= 128:
-            raise InvalidParameterException("TagFilters.Key must be a string of 1 to 128 "
-                                            "characters.")
-        if not isinstance(values, list) or len(values) > 20 or not all(
-                isinstance(v, str) for v in values):
-            raise InvalidParameterException("TagFilters.Values must be a list of at most 20 "
-                                            "strings.")
-        out.append((key, values))
-    return out
-
-
-def _type_of(arn: str) -> str:
-    """`sagemaker:<type>` of one of our ARNs."""
-    return "sagemaker:" + arn.split(":", 5)[5].split("/", 1)[0]
-
-
-def _matches(arn: str, tags: list[dict[str, str]], filters: list[tuple[str, list[str]]],
-             types: list[str]) -> bool:
-    if types and not any(t == "sagemaker" or t == _type_of(arn) for t in types):
-        return False
-    have = {t["Key"]: t["Value"] for t in tags}
-    return all(k in have and (not vs or have[k] in vs) for k, vs in filters)
-
-
 def _token(offset: int, fingerprint: str) -> str:
     raw = json.dumps({"o": offset, "f": fingerprint}).encode()
     return base64.urlsafe_b64encode(raw).decode()
 
 
-def _offset(token: Any, fingerprint: str) -> int:
+def _offset(token: str | None, fingerprint: str) -> int:
     if token in (None, ""):
         return 0
     try:
@@ -93,73 +61,69 @@ def _offset(token: Any, fingerprint: str) -> int:
     return int(offset)
 
 
-def get_resources(ctx: Context, payload: dict[str, Any]) -> dict[str, Any]:
-    filters, types = _tag_filters(payload), _list(payload, "ResourceTypeFilters", str, 0, 100)
-    arns = _list(payload, "ResourceARNList", str, 1, 100)
+def get_resources(ctx: Context, req: GetResourcesInput) -> dict[str, Any]:
+    filters = [(f.Key, list(f.Values or [])) for f in req.TagFilters or [] if f.Key]
+    if any(not f.Key for f in req.TagFilters or []):
+        raise InvalidParameterException("TagFilters.Key is required in every filter.")
+    types, arns = list(req.ResourceTypeFilters or []), list(req.ResourceARNList or [])
     if arns and (filters or types):
         raise InvalidParameterException(
             "ResourceARNList cannot be combined with TagFilters or ResourceTypeFilters.")
-    per_page = payload.get("ResourcesPerPage", DEFAULT_PER_PAGE)
-    if not isinstance(per_page, int) or isinstance(per_page, bool) or not (
-            1 <= per_page <= MAX_PER_PAGE):
+    per_page = DEFAULT_PER_PAGE if req.ResourcesPerPage is None else req.ResourcesPerPage
+    if not 1 <= per_page <= MAX_PER_PAGE:
         raise InvalidParameterException(
             f"ResourcesPerPage must be an integer from 1 to {MAX_PER_PAGE}.")
     fp = hashlib.sha256(json.dumps([filters, types, arns, per_page]).encode()).hexdigest()[:16]
-    start = _offset(payload.get("PaginationToken"), fp)
-    wanted = {a.lower() for a in arns}
-    found: list[dict[str, Any]] = []
+    start = _offset(req.PaginationToken, fp)
     with ctx.db.session() as s:
-        for table in TABLES:
-            for arn, tags in s.execute(select(table.arn, table.tags).where(
-                    table.account_id == ctx.account.account_id)):
-                listed = arn.lower() in wanted if arns else bool(tags)
-                if listed and _matches(arn, tags, filters, types):
-                    found.append({"ResourceARN": arn, "Tags": list(tags)})
-    found.sort(key=lambda r: str(r["ResourceARN"]))
+        found = tags_repo.tagged(s, ctx.account, arns, filters, types)
     end = start + per_page
-    return {"ResourceTagMappingList": found[start:end],
+    return {"ResourceTagMappingList": [{"ResourceARN": arn, "Tags": tags}
+                                       for arn, tags in found[start:end]],
             "PaginationToken": _token(end, fp) if end < len(found) else ""}
 
 
-def _each_arn(ctx: Context, payload: dict[str, Any],
-              apply: Callable[[Any, str], object]) -> dict[str, Any]:
-    """Apply to each listed resource in its own transaction; failures are reported per ARN."""
+def _each_arn(ctx: Context, arns: list[str],
+              apply: Callable[[Session, str], object]) -> dict[str, Any]:
+    """Apply to each listed resource in its own transaction; failures are reported per ARN,
+    with the service's codes (InvalidParameterException for a caller's error)."""
     failed: dict[str, Any] = {}
-    for arn in _list(payload, "ResourceARNList", str, 1, 20) or _missing("ResourceARNList"):
+    for arn in arns:
         try:
             with ctx.db.session() as s:
                 apply(s, arn)
         except ServiceError as exc:
-            failed[arn] = {"StatusCode": exc.status, "ErrorCode": exc.code,
+            code = "InvalidParameterException" if exc.status < 500 else \
+                "InternalServiceException"
+            failed[arn] = {"StatusCode": exc.status, "ErrorCode": code,
                            "ErrorMessage": exc.message}
     return {"FailedResourcesMap": failed}
 
 
-def _missing(key: str) -> list[Any]:
-    raise InvalidParameterException(f"{key} is required.")
-
-
-def tag_resources(ctx: Context, payload: dict[str, Any]) -> dict[str, Any]:
-    tags = payload.get("Tags")
-    if not isinstance(tags, dict) or not 1 <= len(tags) <= 50 or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in tags.items()):
-        raise InvalidParameterException("Tags must be a map of 1 to 50 string keys and values.")
-    if not all(1 <= len(k) <= 128 and len(v) <= 256 for k, v in tags.items()):
-        raise InvalidParameterException("Tags: keys must have 1 to 128 characters, values at "
-                                        "most 256.")
-    as_list = [{"Key": k, "Value": v} for k, v in tags.items()]
-    return _each_arn(ctx, payload,
+def tag_resources(ctx: Context, req: TagResourcesInput) -> dict[str, Any]:
+    as_list = [{"Key": k, "Value": v} for k, v in req.Tags.items()]
+    return _each_arn(ctx, list(req.ResourceARNList),
                      lambda s, arn: tags_repo.add(s, ctx.account, arn, as_list))
 
 
-def untag_resources(ctx: Context, payload: dict[str, Any]) -> dict[str, Any]:
-    keys = _list(payload, "TagKeys", str, 1, 50) or _missing("TagKeys")
-    return _each_arn(ctx, payload,
+def untag_resources(ctx: Context, req: UntagResourcesInput) -> dict[str, Any]:
+    keys = list(req.TagKeys)
+    return _each_arn(ctx, list(req.ResourceARNList),
                      lambda s, arn: tags_repo.delete(s, ctx.account, arn, keys))
 
 
-OPERATIONS: dict[str, Callable[[Context, dict[str, Any]], dict[str, Any]]] = {
+OPERATIONS: dict[str, Callable[[Context, Any], dict[str, Any]]] = {
     "GetResources": get_resources,
     "TagResources": tag_resources,
     "UntagResources": untag_resources,
 }
+
+
+def dispatch(ctx: Context, operation: str, payload: dict[str, Any]) -> dict[str, Any]:
+    """Validate, run and shape one of OPERATIONS (constraint failures in the service's
+    words: InvalidParameterException, the message naming the member)."""
+    try:
+        req = shapes.parse_input(operation, payload, service=SERVICE)
+    except ValidationException as exc:
+        raise InvalidParameterException(exc.message) from None
+    return shapes.dump_output(operation, OPERATIONS[operation](ctx, req), service=SERVICE)

@@ -13,6 +13,7 @@ import hashlib
 import json
 from typing import Any
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from eaglenest.db.common import find
@@ -118,3 +119,30 @@ def page(session: Session, account: Account, arn: str, token: str | None,
     tags = list(resource_of(session, account, arn).tags)
     end = start + max_results
     return tags[start:end], (_token(arn, end) if end < len(tags) else None)
+
+
+def tagged(session: Session, account: Account, arns: list[str],
+           tag_filters: list[tuple[str, list[str]]], types: list[str]
+           ) -> list[tuple[str, list[Tag]]]:
+    """(ARN, tags) of the account's resources that GetResources lists, ordered by ARN:
+    those of `arns` (compared ignoring case, tagged or not) when given, else every tagged
+    one; of the `types` (`sagemaker`, `sagemaker:<type>`) when given; and having every
+    filter's key, with one of its values when the filter lists any."""
+    wanted = {a.lower() for a in arns}
+    found: list[tuple[str, list[Tag]]] = []
+    for table in TAGGABLE.values():
+        for arn, tags in session.execute(select(table.arn, table.tags).where(  # type: ignore[attr-defined]
+                table.account_id == account.account_id)):  # type: ignore[attr-defined]
+            listed = arn.lower() in wanted if arns else bool(tags)
+            if listed and _matches(arn, tags, tag_filters, types):
+                found.append((arn, list(tags)))
+    return sorted(found, key=lambda r: r[0])
+
+
+def _matches(arn: str, tags: list[Tag], tag_filters: list[tuple[str, list[str]]],
+             types: list[str]) -> bool:
+    kind = "sagemaker:" + arn.split(":", 5)[5].split("/", 1)[0]
+    if types and not any(t in ("sagemaker", kind) for t in types):
+        return False
+    have = {t["Key"]: t["Value"] for t in tags}
+    return all(k in have and (not vs or have[k] in vs) for k, vs in tag_filters)

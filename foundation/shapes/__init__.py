@@ -4,6 +4,9 @@
                                           SerializationException with AWS's messages)
     dump_output("CreateModel", data)   -> JSON-ready dict (no None members, epoch floats)
 
+The Resource Groups Tagging API's operations are the same calls with ``service="tagging"``
+(its signing name; shapes in the generated ``tagging`` module).
+
 The shape classes live in the generated modules (``common``, ``models``,
 ``endpoint_configs``, ``endpoints``, ``optimization_jobs``); regenerate them with
 ``python -m eaglenest.foundation.shapes._codegen``.
@@ -24,6 +27,7 @@ from eaglenest.foundation.errors import (
     UnknownOperationException,
 )
 
+from . import tagging
 from .base import AwsShape, AwsUnion
 from .registry import INPUT_SHAPES, OUTPUT_SHAPES
 from .validation import json_kind, service_error
@@ -44,6 +48,12 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+#: a service's SigV4 signing name -> its operations' input and output shapes
+SERVICES: dict[str, tuple[dict[str, type[AwsShape]], dict[str, type[AwsShape] | None]]] = {
+    "sagemaker": (INPUT_SHAPES, OUTPUT_SHAPES),
+    "tagging": (tagging.INPUT_SHAPES, tagging.OUTPUT_SHAPES),
+}
+
 
 class ResponseValidationError(InternalFailure):
     """Our own response broke its shape: a server bug.
@@ -54,16 +64,16 @@ class ResponseValidationError(InternalFailure):
     status = 400
 
 
-def _input_shape(operation: str) -> type[AwsShape]:
+def _input_shape(operation: str, service: str) -> type[AwsShape]:
     try:
-        return INPUT_SHAPES[operation]
+        return SERVICES[service][0][operation]
     except KeyError:
         raise UnknownOperationException(f"Operation {operation} is not supported.") from None
 
 
-def parse_input(operation: str, body: dict[str, Any]) -> AwsShape:
+def parse_input(operation: str, body: dict[str, Any], service: str = "sagemaker") -> AwsShape:
     """Validate a request body against ``operation``'s input shape, AWS-style errors."""
-    shape = _input_shape(operation)
+    shape = _input_shape(operation, service)
     if not isinstance(body, dict):
         raise SerializationException(
             f"Invalid type for the request body: expected structure, got {json_kind(body)}"
@@ -131,14 +141,15 @@ def to_wire(shape: AwsShape) -> dict[str, Any]:
     return data
 
 
-def dump_output(operation: str, data: dict[str, Any]) -> dict[str, Any]:
+def dump_output(operation: str, data: dict[str, Any], service: str = "sagemaker"
+                ) -> dict[str, Any]:
     """Validate ``data`` against ``operation``'s output shape; return the JSON-ready dict.
 
     None members are dropped and timestamps become epoch seconds (float). Operations
     without an output shape return ``{}``.
     """
-    _input_shape(operation)
-    shape = OUTPUT_SHAPES[operation]
+    _input_shape(operation, service)
+    shape = SERVICES[service][1][operation]
     if shape is None:
         if data:
             raise ResponseValidationError(f"{operation} has no output members, got {sorted(data)}")

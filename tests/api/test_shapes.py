@@ -207,6 +207,7 @@ def test_generated_modules_are_up_to_date(tmp_path: Path) -> None:
         "optimization_jobs.py",
         "tags.py",
         "registry.py",
+        "tagging.py",
     }
     for path in written:
         assert path.read_bytes() == (SHAPES_DIR / path.name).read_bytes(), (

@@ -88,14 +88,15 @@ def test_tag_and_untag_resources(rg, sm, tagged, unique):
     missing = tagged["model"] + "-gone"
     out = rg.tag_resources(ResourceARNList=[tagged["model"], missing], Tags={"stage": "prod"})
     assert out["FailedResourcesMap"] == {missing: {
-        "StatusCode": 400, "ErrorCode": "ValidationException",
+        "StatusCode": 400, "ErrorCode": "InvalidParameterException",
         "ErrorMessage": f'Resource does not exist: "{missing}".'}}
     assert {"Key": "stage", "Value": "prod"} in sm.list_tags(ResourceArn=tagged["model"])["Tags"]
     assert arns_of(rg.get_resources(TagFilters=[{"Key": "suite", "Values": [unique]},
                                                 {"Key": "stage", "Values": ["prod"]}])) == \
         [tagged["model"]]
     out = rg.tag_resources(ResourceARNList=[tagged["endpoint"]], Tags={"aws:x": "1"})
-    assert out["FailedResourcesMap"][tagged["endpoint"]]["ErrorCode"] == "ValidationException"
+    assert out["FailedResourcesMap"][tagged["endpoint"]]["ErrorCode"] == \
+        "InvalidParameterException"  # the service's ErrorCode enum has no ValidationException
     assert rg.untag_resources(ResourceARNList=[tagged["model"]],
                               TagKeys=["suite", "stage"])["FailedResourcesMap"] == {}
     assert sm.list_tags(ResourceArn=tagged["model"])["Tags"] == [{"Key": "kind", "Value": "m"}]
@@ -106,3 +107,15 @@ def test_signed_for_the_tagging_service_only(signed_post):
     assert r.status_code == 403
     assert r.json() == {"__type": "InvalidSignatureException",
                         "message": "Credential should be scoped to correct service: 'tagging'."}
+
+
+def test_constraints_of_the_services_shapes_are_invalid_parameters(rg, tagged):
+    with pytest.raises(ClientError) as exc:  # TagKey: at most 128 characters
+        rg.tag_resources(ResourceARNList=[tagged["model"]], Tags={"k" * 129: "v"})
+    err = exc.value.response["Error"]
+    assert err["Code"] == "InvalidParameterException"
+    assert "failed to satisfy constraint" in err["Message"] and "tags" in err["Message"]
+    with pytest.raises(ClientError) as exc:  # at most 20 ARNs per TagResources
+        rg.tag_resources(ResourceARNList=[tagged["model"]] * 21, Tags={"k": "v"})
+    assert exc.value.response["Error"]["Code"] == "InvalidParameterException"
+    assert "resourceARNList" in exc.value.response["Error"]["Message"]
