@@ -11,6 +11,10 @@ endpoint it was about. Logs go to stderr; stdout is left to what commands print.
 In the worker, what is written to sys.stdout / sys.stderr (print(), tqdm bars such as
 transformers' "Loading weights") becomes INFO records of `eaglenest.stdout` /
 `eaglenest.stderr` (redirect_output), never Celery's WARNING `celery.redirected` lines.
+
+HTTP clients log at WARNING and above only (QUIET_LOGGERS): httpx's INFO line per request
+("HTTP Request: POST ... 200 OK") would bury a job's own lines under a benchmark's
+hundreds of requests (workers/jobs/loadgen.py).
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ LogFormat = Literal["text", "json"]
 #: the context fields a record may carry (from log_context or `extra=`)
 CONTEXT_FIELDS = ("job", "endpoint")
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
+#: loggers configure_logging holds at WARNING: per-request or per-migration chatter
+QUIET_LOGGERS = ("alembic", "httpx", "httpcore")
 
 _context: ContextVar[dict[str, str] | None] = ContextVar("eaglenest_log_context", default=None)
 
@@ -130,7 +136,8 @@ def configure_logging(fmt: LogFormat = "text", level: int | str = logging.INFO) 
     root.addHandler(handler)
     root.setLevel(level)
     logging.captureWarnings(True)  # warnings.warn(...) as records, in the same format
-    logging.getLogger("alembic").setLevel(logging.WARNING)
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 class LogStream(io.TextIOBase):

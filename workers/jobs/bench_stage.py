@@ -23,6 +23,7 @@ from eaglenest.workers.jobs.loadgen import (
     to_json,
     to_markdown,
 )
+from eaglenest.workers.jobs.progress import BenchProgress
 from eaglenest.workers.serving import gpu_options
 from eaglenest.workers.serving.process import VLLM, ServerProcess, ServerSpec, cuda_available
 from eaglenest.workers.serving.schedule import FILE_NAME, MARGIN, Schedule, derive
@@ -96,13 +97,15 @@ def _measure(server: ServerProcess, plan: BenchPlan, c: int) -> LevelResult:
 Rounds = dict[str, list[list[LevelResult]]]  # row name -> per level -> per round
 
 
-def measure_rows(plan: BenchPlan, logs: Path, should_stop: Any) -> Rounds:
+def measure_rows(plan: BenchPlan, logs: Path, should_stop: Any,
+                 progress: BenchProgress) -> Rounds:
     """Every row (baseline, then one per K) at every concurrency, ``plan.rounds`` times, rows
     interleaved: all servers are loaded up front and paused (SIGSTOP); at each level each is
     resumed in turn for its measurement, the order reversed from round to round (rows A B C
     then C B A: a host whose speed drifts shifts every row of a level alike instead of
     whichever row ran last). Each server is sized for the CPUs as if it ran alone (it does,
-    while measured). Stopped early: the levels measured so far, the last maybe partial."""
+    while measured). Stopped early: the levels measured so far, the last maybe partial.
+    ``progress`` hears of each server start and each measurement (workers/jobs/progress.py)."""
     sharing = Registry().running() + 1
     servers = {"baseline": _server(plan, None, plan.num_speculative_tokens,
                                    logs / "baseline-server.log", sharing)}
@@ -110,21 +113,28 @@ def measure_rows(plan: BenchPlan, logs: Path, should_stop: Any) -> Rounds:
         servers[row_name(k)] = _server(plan, plan.head_dir, k,
                                        logs / f"eagle-k{k}-server.log", sharing)
     rows: Rounds = {name: [] for name in servers}
+    rounds = max(1, plan.rounds)
+    progress.plan(plan.backend, {c: requests_per_round(len(plan.prompts), c, rounds)
+                                 for c in plan.concurrency}, len(servers), rounds)
     try:
-        for server in servers.values():  # one at a time: start-up is CPU-heavy
+        for i, (name, server) in enumerate(servers.items()):  # one at a time: CPU-heavy
             if should_stop():
                 return rows
+            progress.starting(name, i + 1, len(servers))
             server.start(plan.startup_timeout)
             server.pause(True)
         names = list(servers)
         for c in plan.concurrency:
             for levels in rows.values():
                 levels.append([])
-            for r in range(max(1, plan.rounds)):
+            for r in range(rounds):
                 for name in names if r % 2 == 0 else names[::-1]:
                     if should_stop():
                         return rows
-                    rows[name][-1].append(_measure(servers[name], plan, c))
+                    progress.measuring(c, name, r)
+                    result = _measure(servers[name], plan, c)
+                    progress.measured(name, r, result.requests, result.output_throughput)
+                    rows[name][-1].append(result)
         return rows
     finally:
         for server in servers.values():
@@ -143,11 +153,14 @@ def _rates(levels: list[LevelResult]) -> dict[int, float]:
     return {r.concurrency: r.output_throughput for r in levels}
 
 
-def run_benchmark(plan: BenchPlan, out: Path, should_stop: Any) -> dict[str, Any]:
+def run_benchmark(plan: BenchPlan, out: Path, should_stop: Any,
+                  progress: BenchProgress | None = None) -> dict[str, Any]:
     """Measure every row, derive the schedule, write benchmark.json/.md/.png into ``out`` and
     speculation_schedule.json into ``plan.schedule_dir``. Returns the report ({} when stopped
-    before the end: the caller's next check stops the job)."""
-    measured_rounds = measure_rows(plan, out / "logs", should_stop)
+    before the end: the caller's next check stops the job). ``progress`` None: progress lines
+    in the log only, no job named, nothing recorded (`eaglenest bench`)."""
+    progress = progress or BenchProgress(None, "benchmark", lambda _: None)
+    measured_rounds = measure_rows(plan, out / "logs", should_stop, progress)
     if should_stop():
         return {}
     rows = _pooled(measured_rounds)

@@ -62,8 +62,9 @@ class JobControl:
             self.reason = self.reason or "max-runtime"
 
     def report(self, progress: dict[str, Any]) -> None:
-        """Record what the job is doing (its stage; training step, loss, ETA) for `eaglenest
-        status`. A database blip loses one report, never the job."""
+        """Record what the job is doing (its stage; training step, loss, ETA; benchmark
+        level, row, requests, ETA) for `eaglenest status`. A database blip loses one report,
+        never the job."""
         try:
             with self.ctx.db.session() as s:
                 jobs.record_progress(s, self.ref, self.ctx.owner, progress)

@@ -1,17 +1,27 @@
-"""An optimization job's training progress where users look: the worker log, `eaglenest
-status` and the job's output prefix.
+"""An optimization job's progress where users look: the worker log, `eaglenest status` and
+(training) the job's output prefix.
 
 `TrainingProgress.row` takes each training step's history row (models.train's `on_step`, or
 the ranks' rows under torchrun: workers/jobs/train_launch.py). Every `every` steps, and at
 the last step (`finish`), it
-- logs one line, `job NAME: step 40/200 (20%)  loss 2.314  accuracy 0.41/0.22/0.10
-  1,234 tokens/s  ETA 5m20s` (the record also carries job=NAME: the task's log context);
+- logs one line, `job NAME: step 40/200 (20%)  loss 2.314  train acc@1/2/3 0.41/0.22/0.10
+  1,234 tokens/s  ETA 5m20s` (the record also carries job=NAME: the task's log context).
+  The accuracy is the step's greedy draft accuracy per depth on its training batch
+  (models/train.py): the trainer measures none on held-out data (EAGLENEST_HOLDOUT only sets
+  the benchmark's prompts aside), so a high figure does not yet mean a strong head;
 - records the same figures with the stage in the job's row (JobControl.report), which
   `eaglenest status` shows for running jobs; no API shape returns them;
 - uploads `training_log.jsonl` (one row per step so far, each with its `ts`) to
   `<output prefix>/training_log.jsonl`, so a watcher of the prefix sees it grow. The job's
   final upload replaces it with the complete log.
 A resumed job keeps the published rows before the step it resumes at.
+
+`BenchProgress` does the same for the benchmark stage (workers/jobs/bench_stage.py): a log
+line as each server starts and as each row (baseline or K=n) finishes a round at a level,
+`job NAME: benchmark: concurrency 4 (level 2/3)  eagle K=3 (embedded)  round 1/2
+123.4 tok/s  requests 56/96 (58%)  ETA 2m40s`, and a record of the same figures for
+`eaglenest status` at the start and end of each measurement (never during one: a database
+write would disturb the timings).
 """
 
 from __future__ import annotations
@@ -39,15 +49,36 @@ def format_duration(seconds: float) -> str:
 
 
 def describe(progress: dict[str, Any]) -> str:
-    """A progress record as one line (the log line's text and `eaglenest status`)."""
+    """A progress record as one line (the log line's text and `eaglenest status`); "" for a
+    record with its stage only."""
+    if "phase" in progress:
+        return _describe_bench(progress)
     if "step" not in progress:
         return ""
     step, total = progress["step"], max(int(progress["total"]), 1)
     parts = [f"step {step}/{total} ({100 * step // total}%)", f"loss {progress['loss']:.3f}"]
-    if progress.get("accuracy"):
-        parts.append("accuracy " + "/".join(f"{a:.2f}" for a in progress["accuracy"]))
+    accuracy = progress.get("accuracy") or []
+    if accuracy:  # on the training batch, per draft depth
+        depths = "/".join(str(d) for d in range(1, len(accuracy) + 1))
+        parts.append(f"train acc@{depths} " + "/".join(f"{a:.2f}" for a in accuracy))
     parts.append(f"{progress['tokens_per_second']:,.0f} tokens/s")
     parts.append(f"ETA {format_duration(progress['eta_seconds'])}")
+    return "  ".join(parts)
+
+
+def _describe_bench(p: dict[str, Any]) -> str:
+    if p["phase"] == "starting":
+        return f"starting the {p['row']} server ({p['server']}/{p['servers']}, {p['backend']})"
+    measuring = p["phase"] == "measuring"
+    done, total = p["requests"], max(int(p["requests_total"]), 1)
+    parts = [f"concurrency {p['level']} (level {p['level_index']}/{p['levels']})",
+             f"{'measuring ' if measuring else ''}{p['row']} ({p['backend']})",
+             f"round {p['round']}/{p['rounds']}"]
+    if not measuring:
+        parts.append(f"{p['tok_s']:,.1f} tok/s")
+    parts.append(f"requests {done}/{total} ({100 * done // total}%)")
+    if p.get("eta_seconds") is not None:
+        parts.append(f"ETA {format_duration(p['eta_seconds'])}")
     return "  ".join(parts)
 
 
@@ -106,3 +137,62 @@ class TrainingProgress:
             self.store.put_file(parse_uri(self.uri), self.path)
         except Exception as exc:  # the store's outage costs a progress upload, not the job
             log.warning("job %s: %s not uploaded to %s: %s", self.job, LOG_NAME, self.uri, exc)
+
+
+class BenchProgress:
+    """The benchmark stage's progress: `plan` once, then `starting` per server, then
+    `measuring` and `measured` around each measurement (a row, one round, at one level).
+
+    Requests done/total count every row's requests at every level and round. The ETA is the
+    requests left at the request rate measured so far at the latest level (none before the
+    first measurement ends); higher levels usually serve more requests a second, so it errs
+    long. ``job`` None: lines without `job NAME: ` (`eaglenest bench`)."""
+
+    def __init__(self, job: str | None, stage: str, report: Callable[[dict[str, Any]], None],
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.job, self.stage, self.report, self.clock = job, stage, report, clock
+        self.backend, self.rounds = "", 1
+        self.levels: tuple[int, ...] = ()
+        self.done = self.total = 0
+        self.level: int | None = None
+        self.level_requests, self.level_seconds, self.started = 0, 0.0, 0.0
+        self.rate: float | None = None  # requests/s at the latest level
+
+    def plan(self, backend: str, per_round: dict[int, int], rows: int, rounds: int) -> None:
+        """``per_round``: each level's (concurrency's) requests in a round of one row."""
+        self.backend, self.levels, self.rounds = backend, tuple(per_round), rounds
+        self.total = sum(per_round.values()) * rows * rounds
+
+    def starting(self, row: str, index: int, servers: int) -> None:
+        self._publish({"phase": "starting", "row": row, "server": index, "servers": servers,
+                       "backend": self.backend}, log_it=True)
+
+    def measuring(self, level: int, row: str, round_index: int) -> None:
+        """Before measuring ``row`` at concurrency ``level`` (round_index counts from 0)."""
+        if level != self.level:
+            self.level, self.level_requests, self.level_seconds = level, 0, 0.0
+        self.started = self.clock()
+        self._publish(self._record("measuring", row, round_index), log_it=False)
+
+    def measured(self, row: str, round_index: int, requests: int, tok_s: float) -> None:
+        self.level_seconds += self.clock() - self.started
+        self.level_requests += requests
+        self.done += requests
+        self.rate = self.level_requests / max(self.level_seconds, 1e-9)
+        self._publish({**self._record("measured", row, round_index), "tok_s": tok_s},
+                      log_it=True)
+
+    def _record(self, phase: str, row: str, round_index: int) -> dict[str, Any]:
+        eta = (self.total - self.done) / self.rate if self.rate else None
+        return {"phase": phase, "level": self.level,
+                "level_index": self.levels.index(self.level) + 1 if self.level in self.levels
+                else 0, "levels": len(self.levels), "row": row, "backend": self.backend,
+                "round": round_index + 1, "rounds": self.rounds, "requests": self.done,
+                "requests_total": self.total, "eta_seconds": eta}
+
+    def _publish(self, record: dict[str, Any], log_it: bool) -> None:
+        progress = {"stage": self.stage, **record, "updated": time.time()}
+        if log_it:
+            prefix = f"job {self.job}: " if self.job else ""
+            log.info("%sbenchmark: %s", prefix, describe(progress))
+        self.report(progress)

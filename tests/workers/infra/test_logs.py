@@ -122,6 +122,33 @@ def test_configure_logging_json_through_the_root_logger(capfd):
         logging.captureWarnings(False)
 
 
+def test_http_clients_log_no_line_per_request(capfd):
+    """After the worker's set-up (configure_logging), an httpx request logs nothing at INFO
+    ("HTTP Request: POST ... 200 OK"); its warnings still pass."""
+    import httpx
+
+    root = logging.getLogger()
+    saved = (list(root.handlers), root.level)
+    try:
+        configure_logging("text")
+        transport = httpx.MockTransport(lambda request: httpx.Response(200, json={}))
+        with httpx.Client(transport=transport) as client:
+            assert client.post("http://server/v1/completions", json={}).status_code == 200
+        logging.getLogger("eaglenest.x").info("ours")
+        logging.getLogger("httpx").warning("a client warning")
+        err = capfd.readouterr().err
+        assert "HTTP Request" not in err and "INFO eaglenest.x ours" in err
+        assert "WARNING httpx a client warning" in err
+        assert logging.getLogger("httpcore").getEffectiveLevel() == logging.WARNING
+    finally:
+        for h in list(root.handlers):
+            root.removeHandler(h)
+        for h in saved[0]:
+            root.addHandler(h)
+        root.setLevel(saved[1])
+        logging.captureWarnings(False)
+
+
 def test_settings_log_format(monkeypatch):
     monkeypatch.delenv("EAGLENEST_LOG_FORMAT", raising=False)
     assert Settings().log_format == "text"

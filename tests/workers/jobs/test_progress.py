@@ -1,7 +1,9 @@
 """TrainingProgress (workers/jobs/progress.py): every N steps and at the last one a log line
-with step/total, loss, accuracy, tokens/s and ETA, a progress record for `eaglenest status`,
-and training_log.jsonl (rows with timestamps) uploaded to the output prefix; a resumed job
-keeps the rows published before its checkpoint; a store outage costs an upload, not the job."""
+with step/total, loss, training accuracy (labelled so), tokens/s and ETA, a progress record
+for `eaglenest status`, and training_log.jsonl (rows with timestamps) uploaded to the output
+prefix; a resumed job keeps the rows published before its checkpoint; a store outage costs
+an upload, not the job. BenchProgress: a line per server start and per measured row, a
+record before and after each measurement, requests done/total and an ETA."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import pytest
 
 from eaglenest.foundation.storage import LocalStore, StorageError, parse_uri
 from eaglenest.workers.cli.status import progress_line
-from eaglenest.workers.jobs.progress import TrainingProgress, describe
+from eaglenest.workers.jobs.progress import BenchProgress, TrainingProgress, describe
 
 URI = "s3://output/jobs/j1/training_log.jsonl"
 
@@ -61,7 +63,7 @@ def test_every_n_steps_and_the_last(tmp_path, caplog):
     assert first["tokens_per_second"] == pytest.approx(150.0)
     assert first["eta_seconds"] == pytest.approx(12.0)  # 6 steps left at 2 s each
     assert caplog.records[-1].getMessage() == (
-        "job j1: step 4/10 (40%)  loss 1.250  accuracy 0.50/0.25  150 tokens/s  ETA 12s")
+        "job j1: step 4/10 (40%)  loss 1.250  train acc@1/2 0.50/0.25  150 tokens/s  ETA 12s")
     for step in range(5, 11):
         clock.t += 1.0
         progress.row(row(step))
@@ -116,7 +118,62 @@ def test_status_line():
               "eta_seconds": 320, "updated": 1000.0}
     assert progress_line(record, now=1008.0) == (
         "    train eagle3 head on 40 samples: step 40/200 (20%)  loss 2.314  "
-        "accuracy 0.41/0.20  1,234 tokens/s  ETA 5m20s  (updated 8s ago)")
+        "train acc@1/2 0.41/0.20  1,234 tokens/s  ETA 5m20s  (updated 8s ago)")
     assert progress_line({"stage": "benchmark baseline vs EAGLE", "updated": 1000.0},
                          now=1065.0) == "    benchmark baseline vs EAGLE  (updated 1m05s ago)"
     assert progress_line(None, now=0) is None and describe({"stage": "x"}) == ""
+
+
+def test_bench_progress_lines_records_and_eta(caplog):
+    clock, reports = Clock(), []
+    progress = BenchProgress("j1", "benchmark baseline vs EAGLE", reports.append, clock)
+    progress.plan("embedded", {1: 2, 4: 4}, rows=2, rounds=2)  # (2 + 4) * 2 rows * 2 = 24
+    caplog.set_level(logging.INFO, logger="eaglenest.optimize")
+    progress.starting("baseline", 1, 2)
+    progress.starting("eagle K=3", 2, 2)
+    # (level, row, round, requests, seconds measuring, tok/s); 1 s between measurements
+    plan = [(1, "baseline", 0, 2, 4, 50.0), (1, "eagle K=3", 0, 2, 2, 100.0),
+            (1, "eagle K=3", 1, 2, 2, 101.0), (1, "baseline", 1, 2, 4, 51.0),
+            (4, "baseline", 0, 4, 2, 150.0)]
+    for level, name, r, requests, seconds, tok_s in plan:
+        clock.t += 1.0
+        progress.measuring(level, name, r)
+        clock.t += seconds
+        progress.measured(name, r, requests, tok_s)
+    # ETA: the requests left at the latest level's rate (level 1: 2/4, 4/6, 6/8, 8/12 req/s;
+    # level 4: its first row's 4/2)
+    assert [r.getMessage() for r in caplog.records] == [
+        "job j1: benchmark: starting the baseline server (1/2, embedded)",
+        "job j1: benchmark: starting the eagle K=3 server (2/2, embedded)",
+        "job j1: benchmark: concurrency 1 (level 1/2)  baseline (embedded)  round 1/2  "
+        "50.0 tok/s  requests 2/24 (8%)  ETA 44s",
+        "job j1: benchmark: concurrency 1 (level 1/2)  eagle K=3 (embedded)  round 1/2  "
+        "100.0 tok/s  requests 4/24 (16%)  ETA 30s",
+        "job j1: benchmark: concurrency 1 (level 1/2)  eagle K=3 (embedded)  round 2/2  "
+        "101.0 tok/s  requests 6/24 (25%)  ETA 24s",
+        "job j1: benchmark: concurrency 1 (level 1/2)  baseline (embedded)  round 2/2  "
+        "51.0 tok/s  requests 8/24 (33%)  ETA 24s",
+        "job j1: benchmark: concurrency 4 (level 2/2)  baseline (embedded)  round 1/2  "
+        "150.0 tok/s  requests 12/24 (50%)  ETA 6s"]
+    # a record before each measurement (no log line) and after it, all with the stage
+    assert [r["phase"] for r in reports] == ["starting"] * 2 + ["measuring", "measured"] * 5
+    assert {r["stage"] for r in reports} == {"benchmark baseline vs EAGLE"}
+    first, new_level = reports[2], reports[10]
+    assert (first["requests"], first["requests_total"], first["eta_seconds"]) == (0, 24, None)
+    assert describe(first) == ("concurrency 1 (level 1/2)  measuring baseline (embedded)  "
+                               "round 1/2  requests 0/24 (0%)")
+    # a new level starts at the last level's rate: 16 left at 2/3 req/s
+    assert (new_level["level"], new_level["level_index"]) == (4, 2)
+    assert new_level["eta_seconds"] == pytest.approx(24.0)
+    assert progress_line({**new_level, "updated": 1000.0}, now=1003.0) == (
+        "    benchmark baseline vs EAGLE: concurrency 4 (level 2/2)  measuring baseline "
+        "(embedded)  round 1/2  requests 8/24 (33%)  ETA 24s  (updated 3s ago)")
+
+
+def test_bench_progress_without_a_job_names_none(caplog):
+    caplog.set_level(logging.INFO, logger="eaglenest.optimize")
+    progress = BenchProgress(None, "benchmark", lambda _: None)
+    progress.plan("vllm", {8: 16}, rows=3, rounds=1)
+    progress.starting("eagle K=1", 2, 3)
+    assert caplog.records[-1].getMessage() == (
+        "benchmark: starting the eagle K=1 server (2/3, vllm)")
