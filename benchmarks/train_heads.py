@@ -232,7 +232,8 @@ def estimated_steps(kind: str, data: TrainData, minutes: float, probe_steps: int
     probe = train_config(kind, **{**(extra or {}), "max_steps": probe_steps, "warmup_steps": 1})
     scratch = TrainData(data.target, data.samples, cache=CaptureCache(
         data.target, data.samples, 1 << 30))
-    shared_hits = data.cache is not None and len(data.cache.entries) == len(data.samples)
+    shared_hits = (isinstance(data.cache, CaptureCache)
+                   and len(data.cache.entries) == len(data.samples))
     costs = []  # the training loop's own seconds per step (not the head's set-up)
     for _ in range(2):
         costs.append(train(probe, scratch).seconds / probe_steps)

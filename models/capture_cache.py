@@ -16,15 +16,28 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
+from torch import nn
 
 from eaglenest.models.data.template import Sample
 from eaglenest.models.target import Capture, Target
 
 
+class CaptureSource(Protocol):
+    """Where training gets its captures: this in-process cache, or capture shards on disk
+    (models/capture_shards.py). ``samples`` is the list the indices refer to."""
+
+    samples: list[Sample]
+
+    def capture(self, indices: list[int], width: int, device: torch.device) -> Capture: ...
+
+
 @dataclass
-class _Entry:
+class CaptureEntry:
+    """One sample's capture, unpadded, on the CPU."""
+
     aux: torch.Tensor  # [seq, n_aux * hidden]
     last_hidden: torch.Tensor  # [seq, hidden]
     argmax: torch.Tensor  # [seq] long
@@ -46,17 +59,18 @@ class CaptureCache:
     ) -> None:
         self.target, self.samples, self.budget = target, samples, budget_bytes
         self.autocast = autocast or contextlib.nullcontext()
-        self.entries: dict[int, _Entry] = {}
+        self.entries: dict[int, CaptureEntry] = {}
         self.used, self.hits, self.misses = 0, 0, 0
 
-    def _compute(self, index: int, device: torch.device) -> _Entry:
+    def _compute(self, index: int, device: torch.device) -> CaptureEntry:
         ids = torch.tensor([self.samples[index].input_ids], device=device)  # [1, seq]
         with self.autocast:
             cap = self.target.capture(ids)
         assert cap.logits is not None
-        return _Entry(cap.aux[0].cpu(), cap.last_hidden[0].cpu(), cap.logits[0].argmax(-1).cpu())
+        aux, last = cap.aux[0].cpu(), cap.last_hidden[0].cpu()
+        return CaptureEntry(aux, last, cap.logits[0].argmax(-1).cpu())
 
-    def entry(self, index: int, device: torch.device) -> _Entry:
+    def entry(self, index: int, device: torch.device) -> CaptureEntry:
         hit = self.entries.get(index)
         if hit is not None:
             self.hits += 1
@@ -75,16 +89,23 @@ class CaptureCache:
         and causal attention they never reach a real position.
         """
         rows = [self.entry(i, device) for i in indices]
-        first = rows[0]
-        aux = first.aux.new_zeros((len(rows), width, first.aux.shape[-1]))
-        last = first.last_hidden.new_zeros((len(rows), width, first.last_hidden.shape[-1]))
-        arg = torch.zeros((len(rows), width), dtype=torch.long)
-        for r, e in enumerate(rows):
-            n = e.aux.shape[0]
-            aux[r, :n], last[r, :n], arg[r, :n] = e.aux, e.last_hidden, e.argmax
-        return Capture(
-            aux=aux.to(device),
-            last_hidden=last.to(device),
-            lm_head=self.target.model.get_output_embeddings(),
-            argmax=arg.to(device),
-        )
+        return padded_capture(rows, width, self.target.model.get_output_embeddings(), device)
+
+
+def padded_capture(
+    rows: list[CaptureEntry], width: int, lm_head: nn.Module, device: torch.device
+) -> Capture:
+    """Stack per-sample entries into a right-padded batch of ``width`` positions.
+
+    Example: rows of 3 and 5 positions, width 5 -> aux [2, 5, n_aux * hidden] whose row 0
+    holds the first entry at positions 0..2 and zeros at 3..4.
+    """
+    first = rows[0]
+    aux = first.aux.new_zeros((len(rows), width, first.aux.shape[-1]))  # [batch, seq, n_aux*h]
+    last = first.last_hidden.new_zeros((len(rows), width, first.last_hidden.shape[-1]))
+    arg = torch.zeros((len(rows), width), dtype=torch.long)  # [batch, seq]
+    for r, e in enumerate(rows):
+        n = e.aux.shape[0]
+        aux[r, :n], last[r, :n], arg[r, :n] = e.aux, e.last_hidden, e.argmax
+    return Capture(aux=aux.to(device), last_hidden=last.to(device), lm_head=lm_head,
+                   argmax=arg.to(device))

@@ -25,7 +25,7 @@ from torch import nn
 from tqdm import tqdm
 
 from eaglenest.models import distributed
-from eaglenest.models.capture_cache import CaptureCache
+from eaglenest.models.capture_cache import CaptureCache, CaptureSource
 from eaglenest.models.checkpoint import head_kind, load_head, save_head
 from eaglenest.models.data.template import Sample
 from eaglenest.models.heads.base import HeadBatch, draft_head
@@ -89,8 +89,9 @@ class TrainData:
     target: Target
     samples: list[Sample]
     source: str = ""  # recorded in provenance.json
-    #: captures shared across runs on the same samples (e.g. several heads); None: own cache
-    cache: CaptureCache | None = field(default=None, repr=False, compare=False)
+    #: captures shared across runs on the same samples (e.g. several heads), or read from
+    #: capture shards (models/capture_shards.py); None: own in-process cache
+    cache: CaptureSource | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass
