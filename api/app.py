@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
 
-from eaglenest.api import protocol
+from eaglenest.api import protocol, s3
 from eaglenest.api.registry import Context
 from eaglenest.api.runtime import proxy
 from eaglenest.db.session import Database
@@ -44,6 +44,7 @@ def create_app(settings: Settings, broker_url: str | None = None) -> FastAPI:
     app.state.ctx = ctx
     protocol.install(app, ctx)
     proxy.install(app, ctx)
+    s3.install(app, ctx)  # last: ahead of every other route (api/s3/routing.py)
 
     @app.get("/ping")
     async def ping() -> dict[str, str]:

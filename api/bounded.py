@@ -14,6 +14,8 @@ from __future__ import annotations
 import re
 from collections.abc import AsyncIterator, Mapping
 
+from starlette.types import Receive
+
 from eaglenest.foundation.errors import SerializationException, ServiceError
 
 MAX_JSON_DEPTH = 64
@@ -45,6 +47,17 @@ async def read_capped(chunks: AsyncIterator[bytes], limit: int) -> bytes | None:
             return None
         parts.append(chunk)
     return b"".join(parts)
+
+
+async def asgi_chunks(receive: Receive) -> AsyncIterator[bytes]:
+    """A raw ASGI request's body chunks, as they arrive (ends at a disconnect)."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+        yield message.get("body", b"")
+        if not message.get("more_body", False):
+            return
 
 
 def too_large(limit: int) -> RequestTooLarge:

@@ -2,17 +2,25 @@
 
 The canonical request and string-to-sign are computed with botocore's own signer, so the
 server agrees with every AWS SDK bit for bit; only the comparison is ours.
+
+Signed for service `s3` (api/s3), a request is checked as S3 checks it: the path is taken as
+received, never normalised or encoded again; the payload hash is the signed
+`x-amz-content-sha256` header's value (the body is checked against it as it is read, or it
+names a streaming or unsigned payload); a presigned URL carries its signature in the query
+(`check_query`); the chunks of a signed aws-chunked body are checked with
+`chunk_signature`.
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
-from botocore.auth import SigV4Auth
+from botocore.auth import S3SigV4Auth, S3SigV4QueryAuth, SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 
@@ -62,6 +70,34 @@ class Claim:
     signed: list[str]
     signature: str
     service: str
+    presigned: bool = False  # the signature came in the query (check_query)
+
+
+#: the longest a presigned URL may be valid (S3's: seven days)
+MAX_EXPIRES = 7 * 24 * 3600
+
+
+def _scope(cred: str, secrets: Mapping[str, str], region: str,
+           service: str) -> tuple[str, str, str]:
+    """(access key, secret, scope date) of a credential scope `key/date/region/service/
+    aws4_request` of a known key for this region and `service`."""
+    scope = cred.split("/")
+    if len(scope) != 5 or scope[4] != "aws4_request":
+        raise InvalidSignatureException(f"Credential scope '{cred}' is malformed.")
+    access_key, date, cred_region = scope[:3]
+    secret = secrets.get(access_key)
+    if secret is None:
+        raise UnrecognizedClientException("The security token included in the request is invalid.")
+    if scope[3] != service:
+        raise InvalidSignatureException(
+            f"Credential should be scoped to correct service: '{service}'."
+        )
+    if cred_region != region:
+        raise InvalidSignatureException(
+            f"Credential should be scoped to a valid region: this service runs in '{region}', "
+            f"the request was signed for '{cred_region}'."
+        )
+    return access_key, secret, date
 
 
 def check_header(headers: Mapping[str, str], secrets: Mapping[str, str], region: str,
@@ -83,23 +119,15 @@ def check_header(headers: Mapping[str, str], secrets: Mapping[str, str], region:
             "Authorization header is not a valid AWS4-HMAC-SHA256 signature "
             "(expected Credential=..., SignedHeaders=..., Signature=...)."
         )
-    scope = m["cred"].split("/")
-    if len(scope) != 5 or scope[4] != "aws4_request":
-        raise InvalidSignatureException(f"Credential scope '{m['cred']}' is malformed.")
-    access_key, date, cred_region = scope[:3]
-    secret = secrets.get(access_key)
-    if secret is None:
-        raise UnrecognizedClientException("The security token included in the request is invalid.")
-    if scope[3] != service:
-        raise InvalidSignatureException(
-            f"Credential should be scoped to correct service: '{service}'."
-        )
-    if cred_region != region:
-        raise InvalidSignatureException(
-            f"Credential should be scoped to a valid region: this service runs in '{region}', "
-            f"the request was signed for '{cred_region}'."
-        )
+    access_key, secret, date = _scope(m["cred"], secrets, region, service)
     signed = m["signed"].split(";")
+    _check_signed(signed, headers, required)
+    amz_date = _check_date(headers, date, max_skew)
+    return Claim(access_key, secret, region, amz_date, signed, m["sig"], service)
+
+
+def _check_signed(signed: list[str], headers: Mapping[str, str],
+                  required: tuple[str, ...]) -> None:
     for name in required:
         if name not in signed:
             raise InvalidSignatureException(
@@ -108,8 +136,52 @@ def check_header(headers: Mapping[str, str], secrets: Mapping[str, str], region:
     for name in signed:
         if name not in headers:
             raise InvalidSignatureException(f"Signed header '{name}' is missing from the request.")
-    amz_date = _check_date(headers, date, max_skew)
-    return Claim(access_key, secret, cred_region, amz_date, signed, m["sig"], service)
+
+
+def check_query(query: Mapping[str, str], headers: Mapping[str, str],
+                secrets: Mapping[str, str], region: str, max_skew: int,
+                service: str) -> Claim:
+    """A presigned URL's claim (its X-Amz-* query parameters), as `check_header` checks a
+    header's; valid from X-Amz-Date (less `max_skew`) for X-Amz-Expires seconds (at most
+    seven days). The payload is unsigned."""
+    if query.get("X-Amz-Algorithm") != "AWS4-HMAC-SHA256":
+        raise InvalidSignatureException("X-Amz-Algorithm must be AWS4-HMAC-SHA256.")
+    signature = query.get("X-Amz-Signature", "")
+    if re.fullmatch(r"[0-9a-f]{64}", signature) is None:
+        raise InvalidSignatureException("X-Amz-Signature is missing or malformed.")
+    access_key, secret, date = _scope(query.get("X-Amz-Credential", ""), secrets, region,
+                                      service)
+    amz_date = query.get("X-Amz-Date", "")
+    try:
+        signed_at = datetime.strptime(amz_date, "%Y%m%dT%H%M%SZ").replace(tzinfo=UTC)
+        expires = int(query.get("X-Amz-Expires", ""))
+    except ValueError as exc:
+        raise InvalidSignatureException("X-Amz-Date or X-Amz-Expires is malformed.") from exc
+    if not amz_date.startswith(date) or not 0 < expires <= MAX_EXPIRES:
+        raise InvalidSignatureException(
+            f"X-Amz-Expires must be 1 to {MAX_EXPIRES} seconds and X-Amz-Date match the "
+            "credential's date.")
+    now = datetime.now(UTC)
+    if now < signed_at - timedelta(seconds=max_skew) or \
+            now > signed_at + timedelta(seconds=expires):
+        raise InvalidSignatureException("Request has expired")
+    signed = query.get("X-Amz-SignedHeaders", "").split(";")
+    _check_signed(signed, headers, ("host",))
+    return Claim(access_key, secret, region, amz_date, signed, signature, service, True)
+
+
+def chunk_signature(claim: Claim, previous: str, chunk_sha256: str) -> str:
+    """The signature of one chunk (given as its hex SHA-256) of a
+    STREAMING-AWS4-HMAC-SHA256-PAYLOAD body, chained to the previous chunk's (the first:
+    the request's own signature)."""
+    signer = SigV4Auth(Credentials(claim.access_key, claim.secret), claim.service,
+                       claim.region)
+    req = AWSRequest(method="PUT", url="http://chunk/")
+    req.context["timestamp"] = claim.amz_date
+    text = "\n".join(["AWS4-HMAC-SHA256-PAYLOAD", claim.amz_date,
+                      signer.credential_scope(req), previous,
+                      hashlib.sha256(b"").hexdigest(), chunk_sha256])
+    return str(signer.signature(text, req))
 
 
 def check_signature(req: IncomingRequest, claim: Claim) -> Verified:
@@ -151,11 +223,30 @@ def _check_date(headers: Mapping[str, str], scope_date: str, max_skew: int) -> s
     return amz_date
 
 
+def _signer(claim: Claim) -> SigV4Auth:
+    """botocore's signer for the claim: S3's keeps the path as received (and a presigned
+    URL's payload is UNSIGNED-PAYLOAD)."""
+    creds = Credentials(claim.access_key, claim.secret)
+    if claim.service != "s3":
+        return SigV4Auth(creds, claim.service, claim.region)
+    if claim.presigned:
+        return S3SigV4QueryAuth(creds, claim.service, claim.region)
+    return S3SigV4Auth(creds, claim.service, claim.region)
+
+
+def _unsigned_url(url: str) -> str:
+    """`url` without its X-Amz-Signature query parameter (what a presigned URL signs)."""
+    base, _, query = url.partition("?")
+    kept = [p for p in query.split("&") if p and not p.startswith("X-Amz-Signature=")]
+    return f"{base}?{'&'.join(kept)}" if kept else base
+
+
 def _signature(req: IncomingRequest, claim: Claim) -> str:
     headers = {name: req.headers[name] for name in claim.signed}
-    aws_req = AWSRequest(method=req.method, url=req.url, headers=headers, data=req.body)
+    url = _unsigned_url(req.url) if claim.presigned else req.url
+    aws_req = AWSRequest(method=req.method, url=url, headers=headers, data=req.body)
     aws_req.context["timestamp"] = claim.amz_date
-    signer = SigV4Auth(Credentials(claim.access_key, claim.secret), claim.service, claim.region)
+    signer = _signer(claim)
     canonical = signer.canonical_request(aws_req)
     string_to_sign = signer.string_to_sign(aws_req, canonical)
     return str(signer.signature(string_to_sign, aws_req))

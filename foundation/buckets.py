@@ -8,8 +8,9 @@ foundation/storage.py), so the rule holds for the local store and for S3 alike.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import BinaryIO
 
-from eaglenest.foundation.storage import BucketStore, S3Uri, StorageError
+from eaglenest.foundation.storage import BucketStore, ObjectInfo, S3Uri, StorageError
 
 
 def unowned_reason(bucket: str, account_id: str) -> str:
@@ -29,6 +30,16 @@ class AccessDenied(StorageError):
         super().__init__(f"AccessDenied: {uri}: {why}")
         self.uri, self.bucket, self.account_id = uri, bucket, account_id
         self.unowned = unowned
+
+
+class BucketTaken(StorageError):
+    """CreateBucket of a bucket that already has an owner: this account (`mine`) or
+    another."""
+
+    def __init__(self, bucket: str, mine: bool) -> None:
+        whose = "you already own it" if mine else "another account owns it"
+        super().__init__(f"bucket '{bucket}' exists: {whose}")
+        self.bucket, self.mine = bucket, mine
 
 
 class AccountStore:
@@ -80,3 +91,52 @@ class AccountStore:
     def delete(self, uri: S3Uri) -> None:
         self._allow(uri, write=True)
         self.store.delete(uri)
+
+    # -- the S3-compatible API's calls (api/s3), under the same rule --
+    def stat(self, uri: S3Uri) -> ObjectInfo | None:
+        self._allow(uri, write=False)
+        return self.store.stat(uri)
+
+    def list_objects(self, prefix: S3Uri) -> list[ObjectInfo]:
+        self._allow(prefix, write=False)
+        return self.store.list_objects(prefix)
+
+    def open_object(self, uri: S3Uri, start: int = 0, end: int | None = None) -> BinaryIO:
+        self._allow(uri, write=False)
+        return self.store.open_object(uri, start, end)
+
+    def adopt_file(self, uri: S3Uri, path: Path) -> None:
+        self._allow(uri, write=True)
+        self.store.adopt_file(uri, path)
+
+    def check_read(self, bucket: str) -> None:
+        """AccessDenied unless this account may read `bucket` (HeadBucket)."""
+        self._allow(S3Uri(bucket, ""), write=False)
+
+    def check_write(self, bucket: str) -> None:
+        """AccessDenied unless this account may write into `bucket` (claims an unowned
+        one: the first writer owns it)."""
+        self._allow(S3Uri(bucket, ""), write=True)
+
+    def my_buckets(self) -> dict[str, float]:
+        """The buckets this account owns -> creation time (never another account's)."""
+        return {name: created for name, created in self.store.buckets().items()
+                if self.store.owner(name) == self.account_id}
+
+    def create_bucket(self, bucket: str) -> None:
+        """Claim `bucket` and make it exist; BucketTaken when it already has an owner."""
+        owner = self.store.owner(bucket)
+        if owner is not None:
+            raise BucketTaken(bucket, owner == self.account_id)
+        self.store.create_bucket(bucket)  # first: S3 keeps the owner record in the bucket
+        if self.store.claim(bucket, self.account_id) != self.account_id:
+            raise BucketTaken(bucket, False)  # another account's claim came first
+        self._mine.add(bucket)
+
+    def delete_bucket(self, bucket: str) -> None:
+        """Delete this account's empty bucket (AccessDenied for any other, an unowned one
+        included; BucketNotEmpty when it holds objects)."""
+        if self.store.owner(bucket) != self.account_id:
+            raise AccessDenied(f"s3://{bucket}", bucket, self.account_id)
+        self.store.delete_bucket(bucket)
+        self._mine.discard(bucket)

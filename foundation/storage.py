@@ -19,6 +19,8 @@ account owns. Every access made for an account goes through its view,
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import os
 import re
@@ -26,7 +28,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any, Protocol
+from typing import BinaryIO, Protocol
 
 from eaglenest.foundation.settings import Settings
 
@@ -41,6 +43,20 @@ class StorageError(Exception):
     """A user-actionable storage failure (bad URI, missing object)."""
 
 
+class BucketNotEmpty(StorageError):
+    """A bucket to delete still holds objects."""
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """One object: its key, size in bytes, last modification (POSIX seconds) and an opaque
+    entity tag (S3's ETag, quotes included; the local store derives it from size and
+    modification time: it changes when the object is rewritten, it is not an MD5)."""
+
+    key: str
+    size: int
+    mtime: float
+    etag: str
 
 
 @dataclass(frozen=True)
@@ -156,8 +172,41 @@ class BucketStore(ArtifactStore, Protocol):
         """The operator's: leave `bucket` with no owner (no error if it has none)."""
         ...
 
+    # -- what the S3-compatible API (api/s3) needs besides the calls above --
+    def stat(self, uri: S3Uri) -> ObjectInfo | None:
+        """The object at `uri`, or None when there is none."""
+        ...
 
-def _check_bucket(bucket: str) -> str:
+    def list_objects(self, prefix: S3Uri) -> list[ObjectInfo]:
+        """The objects whose keys start with `prefix.key`, sorted by key."""
+        ...
+
+    def open_object(self, uri: S3Uri, start: int = 0, end: int | None = None) -> BinaryIO:
+        """A reader of bytes `start`..`end` (inclusive; None: to the end) of the object;
+        StorageError when it does not exist. The caller closes it."""
+        ...
+
+    def adopt_file(self, uri: S3Uri, path: Path) -> None:
+        """Store the file `path` as the object `uri` (whole, at once) and remove `path`."""
+        ...
+
+    def buckets(self) -> dict[str, float]:
+        """Every bucket (the ones with an owner record included) -> its creation time."""
+        ...
+
+    def bucket_exists(self, bucket: str) -> bool: ...
+
+    def create_bucket(self, bucket: str) -> None:
+        """Make `bucket` exist (no error if it does); ownership is `claim`'s."""
+        ...
+
+    def delete_bucket(self, bucket: str) -> None:
+        """Remove an empty bucket and its owner record; BucketNotEmpty if it holds objects."""
+        ...
+
+
+def check_bucket(bucket: str) -> str:
+    """`bucket` if it is a valid bucket name, else StorageError naming it."""
     if _URI.match(f"s3://{bucket}") is None:
         raise StorageError(f"'{bucket}' is not a bucket name")
     return bucket
@@ -173,7 +222,7 @@ class LocalStore:
         self.default_account = default_account
 
     def _owner_path(self, bucket: str) -> Path:
-        return self.root / ".owners" / _check_bucket(bucket)
+        return self.root / ".owners" / check_bucket(bucket)
 
     def owner(self, bucket: str) -> str | None:
         try:
@@ -256,113 +305,75 @@ class LocalStore:
         """Remove one object (no error if it is already gone)."""
         self._path(uri).unlink(missing_ok=True)
 
-
-def _code(exc: Exception) -> str:
-    return str(getattr(exc, "response", {}).get("Error", {}).get("Code", ""))
-
-
-_MISSING = ("NoSuchKey", "404", "NoSuchBucket", "NotFound")
-
-
-class S3Store:
-    """Real S3. The owner of a bucket is its object `.eaglenest/owner`, written with
-    `If-None-Match: *` (a conditional write: AWS S3, MinIO) so that only the first claim
-    creates it; listings leave it out and `parse_uri` refuses its key."""
-
-    def __init__(self, endpoint_url: str | None, region: str,
-                 default_account: str | None = None, **client_kw: Any) -> None:
-        import boto3
-
-        self.default_account = default_account
-        self.client = boto3.client("s3", endpoint_url=endpoint_url, region_name=region,
-                                   **client_kw)
-
-    def owner(self, bucket: str) -> str | None:
+    def _info(self, key: str, path: Path) -> ObjectInfo | None:
         try:
-            obj = self.client.get_object(Bucket=_check_bucket(bucket), Key=OWNER_KEY)
-        except Exception as exc:
-            if _code(exc) in _MISSING:
-                return None
-            raise
-        return bytes(obj["Body"].read()).decode().strip() or None
+            st = path.stat()
+        except OSError:
+            return None
+        tag = hashlib.md5(f"{st.st_size}:{st.st_mtime_ns}".encode(), usedforsecurity=False)
+        return ObjectInfo(key, st.st_size, st.st_mtime, f'"{tag.hexdigest()}"')
 
-    def claim(self, bucket: str, account_id: str) -> str:
-        for _ in range(5):  # 409: a concurrent conditional write was in flight; ask again
-            try:
-                self.client.put_object(Bucket=_check_bucket(bucket), Key=OWNER_KEY,
-                                       Body=account_id.encode(), IfNoneMatch="*")
-            except Exception as exc:
-                if _code(exc) == "NoSuchBucket":
-                    raise StorageError(f"s3://{bucket}/ does not exist") from exc
-                if _code(exc) not in ("PreconditionFailed", "412",
-                                      "ConditionalRequestConflict", "409"):
-                    raise
-            owner = self.owner(bucket)
-            if owner is not None:
-                return owner
-        raise StorageError(f"s3://{bucket}/: could not record the bucket's owner")
+    def stat(self, uri: S3Uri) -> ObjectInfo | None:
+        path = self._path(uri)
+        return self._info(uri.key, path) if path.is_file() and uri.key else None
 
-    def assign(self, bucket: str, account_id: str) -> None:
+    def list_objects(self, prefix: S3Uri) -> list[ObjectInfo]:
+        base = self._path(S3Uri(prefix.bucket, ""))
+        found = (self._info(k, base / k) for k in self.list_keys(prefix))
+        return [info for info in found if info is not None]
+
+    def open_object(self, uri: S3Uri, start: int = 0, end: int | None = None) -> BinaryIO:
+        path = self._path(uri)
+        if not uri.key or not path.is_file():
+            raise StorageError(f"{uri} does not exist")
+        fh = path.open("rb")
+        fh.seek(start)
+        return fh
+
+    def adopt_file(self, uri: S3Uri, path: Path) -> None:
+        dest = self._path(uri)
+        dest.parent.mkdir(parents=True, exist_ok=True)
         try:
-            self.client.put_object(Bucket=_check_bucket(bucket), Key=OWNER_KEY,
-                                   Body=account_id.encode())
-        except Exception as exc:
-            if _code(exc) == "NoSuchBucket":
-                raise StorageError(f"s3://{bucket}/ does not exist") from exc
-            raise
+            os.replace(path, dest)  # same file system: at once
+        except OSError:
+            self.put_file(uri, path)
+            path.unlink()
 
-    def release(self, bucket: str) -> None:
-        try:
-            self.client.delete_object(Bucket=_check_bucket(bucket), Key=OWNER_KEY)
-        except Exception as exc:
-            if _code(exc) not in _MISSING:
-                raise
+    def buckets(self) -> dict[str, float]:
+        found: dict[str, float] = {}
+        for folder in (self.root, self.root / ".owners"):
+            for entry in folder.iterdir() if folder.is_dir() else []:
+                if _URI.match(f"s3://{entry.name}") is None or entry.is_symlink():
+                    continue  # '.owners', temporary files: never a bucket
+                with contextlib.suppress(OSError):
+                    found.setdefault(entry.name, entry.stat().st_mtime)
+        return found
 
-    def _missing(self, exc: Exception, uri: S3Uri) -> Exception:
-        if _code(exc) in _MISSING:
-            return StorageError(f"{uri} does not exist")
-        return exc
+    def bucket_exists(self, bucket: str) -> bool:
+        return (self.root / check_bucket(bucket)).is_dir() or self.owner(bucket) is not None
 
-    def put_bytes(self, uri: S3Uri, data: bytes) -> None:
-        self.client.put_object(Bucket=uri.bucket, Key=uri.key, Body=data)
+    def create_bucket(self, bucket: str) -> None:
+        (self.root / check_bucket(bucket)).mkdir(parents=True, exist_ok=True)
 
-    def get_bytes(self, uri: S3Uri) -> bytes:
-        try:
-            body: bytes = self.client.get_object(Bucket=uri.bucket, Key=uri.key)["Body"].read()
-        except Exception as exc:
-            raise self._missing(exc, uri) from exc
-        return body
-
-    def list_keys(self, prefix: S3Uri) -> list[str]:
-        keys: list[str] = []
-        try:
-            pages = self.client.get_paginator("list_objects_v2").paginate(
-                Bucket=prefix.bucket, Prefix=prefix.key)
-            for page in pages:
-                keys += [o["Key"] for o in page.get("Contents", [])
-                         if not o["Key"].startswith(RESERVED_PREFIX)]
-        except Exception as exc:
-            raise self._missing(exc, prefix) from exc
-        return sorted(keys)
-
-    def put_file(self, uri: S3Uri, path: Path) -> None:
-        self.client.upload_file(str(path), uri.bucket, uri.key)
-
-    def get_file(self, uri: S3Uri, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            self.client.download_file(uri.bucket, uri.key, str(path))
-        except Exception as exc:
-            raise self._missing(exc, uri) from exc
-
-    def delete(self, uri: S3Uri) -> None:
-        self.client.delete_object(Bucket=uri.bucket, Key=uri.key)
+    def delete_bucket(self, bucket: str) -> None:
+        folder = self.root / check_bucket(bucket)
+        if self.list_keys(S3Uri(bucket, "")):
+            raise BucketNotEmpty(f"s3://{bucket}/ is not empty")
+        if folder.is_dir():
+            for sub in sorted(folder.rglob("*"), key=lambda p: len(p.parts), reverse=True):
+                if sub.is_dir() and not sub.is_symlink():
+                    sub.rmdir()  # empty folders only: an object written meanwhile stays
+            folder.rmdir()
+        self.release(bucket)
 
 
 def make_store(settings: Settings) -> BucketStore:
     """S3 when EAGLENEST_S3_ENDPOINT_URL is set, else the local directory store; either
     with the operator's default account (Settings.account_id)."""
     if settings.s3_endpoint_url:
+        # boto3 is imported only where S3 is configured (foundation/s3_store.py)
+        from eaglenest.foundation.s3_store import S3Store
+
         return S3Store(settings.s3_endpoint_url, settings.region, settings.account_id)
     return LocalStore(settings.artifact_dir, settings.account_id)
 

@@ -29,14 +29,14 @@ import logging
 import random
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from fastapi import FastAPI
 from starlette.datastructures import URL
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from eaglenest.api.bounded import declared_length, read_capped
+from eaglenest.api.bounded import asgi_chunks, declared_length, read_capped
 from eaglenest.api.keyring import KeyRing
 from eaglenest.api.observability import ApiMetrics
 from eaglenest.api.registry import Context
@@ -370,21 +370,11 @@ class RuntimeASGI:
         declared = declared_length(headers)
         if declared is not None and declared > MAX_BODY:
             raise body_too_large()
-        raw = await read_capped(_chunks(receive), MAX_BODY)
+        raw = await read_capped(asgi_chunks(receive), MAX_BODY)
         if raw is None:
             raise body_too_large()
         check_signature(IncomingRequest("POST", str(URL(scope=scope)), headers, raw), claim)
         return raw, keys[claim.access_key].account_id
-
-
-async def _chunks(receive: Receive) -> AsyncIterator[bytes]:
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return
-        yield message.get("body", b"")
-        if not message.get("more_body", False):
-            return
 
 
 def install(app: FastAPI, ctx: Context) -> None:

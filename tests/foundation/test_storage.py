@@ -18,9 +18,9 @@ import pytest
 
 from eaglenest.foundation.buckets import AccessDenied, AccountStore
 from eaglenest.foundation.processes import free_port
+from eaglenest.foundation.s3_store import S3Store
 from eaglenest.foundation.storage import (
     LocalStore,
-    S3Store,
     StorageError,
     download_prefix,
     parse_uri,

@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
+from eaglenest.foundation.s3_store import S3Store
 from eaglenest.foundation.storage import (
     LocalStore,
-    S3Store,
     S3Uri,
     StorageError,
     download_prefix,

@@ -1,6 +1,7 @@
 """`eaglenest s3 cp SRC DST` and `eaglenest s3 ls URI`: move model folders and datasets into
 (or out of) the artifact store the workers read: the local store by default, real S3 when
-EAGLENEST_S3_ENDPOINT_URL is set.
+EAGLENEST_S3_ENDPOINT_URL is set. `eaglenest s3 cp s3://bucket/key -` writes one object to
+stdout as it is read, `eaglenest s3 cp - s3://bucket/key` uploads stdin (as `aws s3 cp`).
 
 Each command acts for one account, through its view of the store (foundation/buckets.py):
 by default the account of the credentials file's first-start profile (`eaglenest`), else
@@ -17,7 +18,9 @@ from __future__ import annotations
 
 import argparse
 import re
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 from eaglenest.foundation.buckets import AccessDenied, AccountStore
@@ -75,6 +78,10 @@ def cmd_cp(args: argparse.Namespace) -> int:
     store, who = _store(args)
     src, dst = args.src, args.dst
     try:
+        if src.startswith("s3://") and dst == "-":
+            return _to_stdout(store, src)
+        if src == "-" and dst.startswith("s3://"):
+            return _from_stdin(store, dst)
         if src.startswith("s3://") and not dst.startswith("s3://"):
             for path in download_prefix(store, src, Path(dst)):
                 print(f"download: -> {path}")
@@ -85,6 +92,36 @@ def cmd_cp(args: argparse.Namespace) -> int:
         return _failed(exc, who)
     print("error: exactly one of SRC and DST must be an s3:// URI", file=sys.stderr)
     return 2
+
+
+def _to_stdout(store: AccountStore, src: str) -> int:
+    """`cp s3://b/k -`: the object's bytes to stdout as they are read (as `aws s3 cp`)."""
+    uri = parse_uri(src)
+    if not uri.key or uri.key.endswith("/"):
+        print(f"error: {src}: streaming to stdout takes one object, not a prefix",
+              file=sys.stderr)
+        return 1
+    out = sys.stdout.buffer
+    with store.open_object(uri) as reader:
+        while block := reader.read(1024 * 1024):
+            out.write(block)
+    out.flush()
+    return 0
+
+
+def _from_stdin(store: AccountStore, dst: str) -> int:
+    """`cp - s3://b/k`: stdin, spooled to a temporary file, becomes the object."""
+    uri = parse_uri(dst)
+    if not uri.key or uri.key.endswith("/"):
+        print(f"error: {dst}: uploading stdin needs an object key", file=sys.stderr)
+        return 1
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "stdin"
+        with path.open("wb") as fh:
+            shutil.copyfileobj(sys.stdin.buffer, fh, 1024 * 1024)
+        store.put_file(uri, path)
+    print(f"upload: - -> {uri}", file=sys.stderr)
+    return 0
 
 
 def _upload(store: ArtifactStore, src: Path, dst: str) -> int:
@@ -167,9 +204,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     cp = s3sub.add_parser("cp", help="cp SRC DST (a file or a folder, recursively)",
                           description="copy a file or a folder (recursively) into the store "
                                       "or out of it")
-    cp.add_argument("src", help="a local path, or an s3:// URI to download")
+    cp.add_argument("src", help="a local path, or an s3:// URI to download ('-': "
+                                "stdin, uploaded to one object)")
     cp.add_argument("dst", help="an s3:// URI to upload to (ending in /: a prefix), or a "
-                                "local folder")
+                                "local folder ('-': the object to stdout)")
     add_data_dir_option(cp)
     _add_key_options(cp)
     cp.set_defaults(func=cmd_cp)

@@ -1,0 +1,150 @@
+"""The S3 API as a plain ASGI layer ahead of everything else of the app (the runtime's
+layer, FastAPI's router): a request api/s3/routing.py takes for S3's is answered here,
+any other goes on. Errors are S3's XML (api/s3/errors.py); a HEAD's carry no body."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Mapping
+from typing import BinaryIO
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from eaglenest.api.keyring import KeyRing
+from eaglenest.api.s3 import routing
+from eaglenest.api.s3.common import run
+from eaglenest.api.s3.errors import S3Error, from_auth, from_storage
+from eaglenest.api.s3.request import Reply, S3Request
+from eaglenest.foundation.buckets import AccountStore
+from eaglenest.foundation.errors import ServiceError
+from eaglenest.foundation.settings import Settings
+from eaglenest.foundation.storage import BucketStore, StorageError
+
+log = logging.getLogger("eaglenest.s3")
+BLOCK = 1024 * 1024
+
+
+class BodyTracker:
+    """The request's `receive`, remembering whether the body was read to its end."""
+
+    #: an unread rest up to this size is read and dropped (the connection stays open)
+    DRAIN = 64 * 1024
+
+    def __init__(self, receive: Receive, headers: Mapping[str, str]) -> None:
+        self._receive = receive
+        length = headers.get("content-length", "0")
+        chunked = "chunked" in headers.get("transfer-encoding", "")
+        self.left = -1 if chunked else int(length) if length.isdigit() else 0
+        self.done = self.left == 0
+
+    async def receive(self) -> Message:
+        message = await self._receive()
+        if message["type"] != "http.request" or not message.get("more_body", False):
+            self.done = True
+        elif self.left > 0:
+            self.left -= len(message.get("body", b""))
+        return message
+
+    async def drained(self) -> bool:
+        """True when the body is read, reading a small rest; False: close the connection."""
+        if self.done:
+            return True
+        if not 0 <= self.left <= self.DRAIN:
+            return False
+        while not self.done:
+            await self.receive()
+        return True
+
+
+class S3ASGI:
+    """Answers the S3 API's requests (api/s3/routing.py is_s3); passes any other on."""
+
+    def __init__(self, app: ASGIApp, store: BucketStore, settings: Settings,
+                 keyring: KeyRing) -> None:
+        self.app, self.store, self.settings, self.keyring = app, store, settings, keyring
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1")
+                   for k, v in scope["headers"]}
+        query = routing.query_of(scope)
+        if not routing.is_s3(scope, headers, query):
+            await self.app(scope, receive, send)
+            return
+        request_id = uuid.uuid4().hex[:16].upper()
+        body = BodyTracker(receive, headers)
+        reply = await self._answer(scope, body.receive, headers, query)
+        if not await body.drained():
+            # the rest of an unread body would be read as the next request: close instead
+            reply.headers["connection"] = "close"
+        await _send(send, reply, scope["method"] == "HEAD", request_id)
+
+    async def _answer(self, scope: Scope, receive: Receive, headers: dict[str, str],
+                      query: dict[str, str]) -> Reply | S3Error:
+        resource = str(scope.get("path", "/"))
+        try:
+            keys = self.keyring.current()
+            try:
+                claim = routing.authenticate(scope, headers, query,
+                                             {k: v.secret for k, v in keys.items()},
+                                             self.settings)
+            except ServiceError as exc:
+                return from_auth(exc, resource)
+            bucket, key = routing.split_path(scope)
+            req = S3Request(scope["method"], bucket, key, query, headers, claim,
+                            AccountStore(self.store, keys[claim.access_key].account_id),
+                            receive, self.settings)
+            resource = req.resource
+            return await routing.handler(req.method, bucket, key, query, resource)(req)
+        except S3Error as exc:
+            return exc
+        except StorageError as exc:
+            return from_storage(exc, resource)
+        except UnicodeDecodeError:
+            return S3Error("InvalidURI", "Couldn't parse the specified URI.", resource)
+        except Exception:
+            log.exception("S3 %s %s failed", scope["method"], resource)
+            return S3Error("InternalError", "We encountered an internal error. Please try "
+                           "again.", resource)
+
+
+def _base_headers(request_id: str, extra: Mapping[str, str]) -> list[tuple[bytes, bytes]]:
+    out = [(b"x-amz-request-id", request_id.encode())]
+    out += [(k.encode(), v.encode("latin-1", "replace")) for k, v in extra.items()]
+    return out
+
+
+async def _send(send: Send, reply: Reply | S3Error, head: bool, request_id: str) -> None:
+    """The reply; a HEAD's without its body (its content-length is the object's)."""
+    if isinstance(reply, S3Error):
+        reply = Reply(reply.status, reply.xml(request_id),
+                      {**reply.headers, "content-type": "application/xml"})
+    stream = reply.stream
+    length = reply.length if stream is not None or (head and reply.length) else \
+        len(reply.body)
+    out = _base_headers(request_id, reply.headers) + [(b"content-length",
+                                                       str(length).encode())]
+    await send({"type": "http.response.start", "status": reply.status, "headers": out})
+    if head or stream is None:
+        if stream is not None:
+            stream.close()
+        await send({"type": "http.response.body", "body": b"" if head else reply.body,
+                    "more_body": False})
+        return
+    try:
+        await _stream(send, reply.length, stream)
+    finally:
+        stream.close()
+
+
+async def _stream(send: Send, left: int, reader: BinaryIO) -> None:
+    """`left` bytes of `reader`, block by block, each read in a worker thread."""
+    while left > 0:
+        block = await run(reader.read, min(BLOCK, left))
+        if not block:
+            raise OSError("the object was cut short while it was read")
+        left -= len(block)
+        await send({"type": "http.response.body", "body": block, "more_body": left > 0})
