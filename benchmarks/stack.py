@@ -66,7 +66,7 @@ class Stack:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"eaglenest up exited: {self.log()[-3000:]}")
+                raise RuntimeError(f"eaglenest up exited: {self.console()[-3000:]}")
             try:
                 if httpx.get(f"{self.url}/ping", timeout=1).status_code == 200:
                     return self
@@ -86,6 +86,13 @@ class Stack:
         self.proc = None
 
     def log(self) -> str:
+        """Everything the stack wrote: `up`'s log file (its children's output, its own
+        records and what it printed), or its console before that file exists."""
+        path = self.data_dir / "eaglenest.log"
+        return path.read_text(errors="replace") if path.exists() else self.console()
+
+    def console(self) -> str:
+        """What `up` printed on its console (stdout and stderr)."""
         path = self.data_dir / "stack.log"
         return path.read_text(errors="replace") if path.exists() else ""
 

@@ -25,15 +25,40 @@ ensure_venv() {
   if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
     return 0
   fi
-  local pip=(_quiet_pip "$PY" -m pip install -q --disable-pip-version-check --no-deps)
-  # torch's CPU build is not on PyPI: a local wheel (find-links) or PyTorch's CPU index.
-  local torch_pin
-  torch_pin=$(grep -E '^torch==' "$lock")
-  "${pip[@]}" "$torch_pin" 2>/dev/null \
-    || "${pip[@]}" --index-url https://download.pytorch.org/whl/cpu "$torch_pin"
-  "${pip[@]}" -r "$lock"
-  "${pip[@]}" -e .
+  echo "EagleNest: installing $lock into $venv (the first time takes minutes;" \
+    "a line every ${EAGLENEST_HEARTBEAT_SECONDS:-15} s until it is done)"
+  _heartbeat "${EAGLENEST_HEARTBEAT_SECONDS:-15}" &
+  local beat=$! rc=0
+  _install_lock "$lock" || rc=$?
+  kill "$beat" 2>/dev/null || true
+  wait "$beat" 2>/dev/null || true
+  if [ "$rc" -ne 0 ]; then
+    echo "EagleNest: installing $lock failed (pip's errors above)" >&2
+    return "$rc"
+  fi
+  echo "EagleNest: installed $lock"
   echo "$want" > "$stamp"
+}
+
+# torch first (its CPU build is not on PyPI: a local wheel (find-links) or PyTorch's CPU
+# index), then the lock, then EagleNest itself; returns non-zero at the first failure.
+_install_lock() {
+  local lock=$1 torch_pin
+  local pip=(_quiet_pip "$PY" -m pip install -q --disable-pip-version-check --no-deps)
+  torch_pin=$(grep -E '^torch==' "$lock") || return 1
+  "${pip[@]}" "$torch_pin" 2>/dev/null \
+    || "${pip[@]}" --index-url https://download.pytorch.org/whl/cpu "$torch_pin" || return 1
+  "${pip[@]}" -r "$lock" || return 1
+  "${pip[@]}" -e . || return 1
+}
+
+# "EagleNest: still installing (<n> s)" every $1 seconds, until killed.
+_heartbeat() {
+  local every=$1 waited=0
+  while sleep "$every"; do
+    waited=$((waited + every))
+    echo "EagleNest: still installing (${waited} s)"
+  done
 }
 
 # pip without the warnings about index locations a machine lists but lacks (noise, not errors).

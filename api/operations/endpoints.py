@@ -17,6 +17,7 @@ from eaglenest.db.common import find, list_rows
 from eaglenest.db.quotas import Limits
 from eaglenest.db.tables import EndpointConfigRow, EndpointRow
 from eaglenest.foundation import queue as q
+from eaglenest.foundation.deployment import variant_summaries
 from eaglenest.foundation.shapes.endpoints import (
     CreateEndpointInput,
     DeleteEndpointInput,
@@ -62,7 +63,7 @@ def describe_endpoint(ctx: Context, req: DescribeEndpointInput) -> dict[str, Any
             "EndpointConfigName": row.config_name, "EndpointStatus": row.status,
             "CreationTime": row.creation_time, "LastModifiedTime": row.last_modified_time,
             "FailureReason": row.failure_reason,
-            "ProductionVariants": row.deployment.get("ProductionVariants"),
+            "ProductionVariants": variant_summaries(row.deployment),
             "DataCaptureConfig": _capture_summary(retention.capture_config(
                 row.spec, _spec_of(find(s, EndpointConfigRow, row.config_name,
                                         account_id=row.account_id)))),

@@ -68,13 +68,19 @@ def test_up_sh_installs_a_fresh_venv_and_serves(fresh_venv: Path, tmp_path: Path
             assert proc.poll() is None, log.read_text(errors="replace")[-4000:]
             assert time.monotonic() < deadline, log.read_text(errors="replace")[-4000:]
             time.sleep(0.5)
-        first_line = log.read_text(errors="replace").splitlines()[0]
+        first_line, second_line = log.read_text(errors="replace").splitlines()[:2]
         assert first_line.startswith(f"EagleNest: virtualenv {fresh_venv}"), first_line
+        # a line while pip installs, then a quiet console: Celery's banner and library
+        # warnings go to the data dir's log file (workers/infra/console.py)
+        assert second_line.startswith("EagleNest: installing requirements/service.txt into")
         time.sleep(5)  # long enough for a crash-looping child to show
         kids = children_of(proc.pid)
         assert any("workers.cli api" in k for k in kids), kids
         assert any("workers.cli worker" in k for k in kids), kids
         text = log.read_text(errors="replace")
+        assert " -------------- " not in text and "SecurityWarning" not in text, text[-4000:]
+        text += (tmp_path / "data" / "eaglenest.log").read_text(errors="replace")
+        assert " -------------- [queues]" in text  # the worker's banner, in the log file
         assert "restarting" not in text and "Traceback" not in text, text[-4000:]
     finally:
         os.killpg(proc.pid, signal.SIGTERM)

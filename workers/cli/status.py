@@ -1,8 +1,10 @@
 """`eaglenest status`: jobs, endpoints, GPU hosts (each GPU and what holds it), workers
-and queues at a glance; under each running job its stage and, while it trains, its
-progress (step/total, loss, accuracy, tokens/s, ETA), as its worker last recorded them;
-under a job or endpoint, the variables of its request that EagleNest ignores
-(foundation/environment.py).
+and queues at a glance; under each endpoint, the backend serving each variant (its resolved
+image); under each running job its stage and, while it trains, its progress (step/total,
+loss, training accuracy, tokens/s, ETA), while it benchmarks, which server starts or which
+level, row and round it measures (requests done/total, ETA), as its worker last recorded
+them (workers/jobs/progress.py); under a job or endpoint, the variables of its request that
+EagleNest ignores (foundation/environment.py).
 
 The database and broker clients are imported when the command runs, not when the `eaglenest`
 parser is built (`eaglenest <command> --help` stays quick)."""
@@ -108,6 +110,22 @@ def host_lines(s: Any, lease_seconds: float) -> list[str]:
     return out
 
 
+def variant_lines(endpoint: Any) -> list[str]:
+    """`    variant <name>: <resolved image> (Image <specified>), <n> instance(s)` per variant
+    the endpoint's deployment record lists: which backend serves it
+    (foundation/deployment.py)."""
+    from eaglenest.foundation.deployment import deployed_images, instances_of
+
+    out = []
+    for name, record in ((endpoint.deployment or {}).get("Servers") or {}).items():
+        image = (deployed_images(record) or [{}])[0]
+        specified = f" (Image {image['SpecifiedImage']})" if "SpecifiedImage" in image else ""
+        count = len(instances_of(record))
+        out.append(f"    variant {name}: {image.get('ResolvedImage', 'backend unknown')}"
+                   f"{specified}, {count} instance{'s' if count != 1 else ''}")
+    return out
+
+
 def _rows(s: Any, table: Any) -> list[Any]:
     """The ten last modified rows, and for jobs every running one besides."""
     from sqlalchemy import select
@@ -150,6 +168,7 @@ def _database(settings: Settings) -> tuple[list[str], bool]:
                     line = progress_line(r.progress, time.time()) if running else None
                     out += [line] if line else []
                     out += ignored_lines(s, r)
+                    out += variant_lines(r) if table is EndpointRow else []
             out += host_lines(s, settings.job_lease_seconds)
     except Exception as exc:
         out.append(f"database: unreachable ({exc.__class__.__name__}: {exc})"[:200])

@@ -58,8 +58,8 @@ def _write_private(path: Path, parser: configparser.ConfigParser) -> None:
 
 #: files of the data dir that hold secrets or everything (tightened to 0600 at start)
 PRIVATE_FILES = ("eaglenest.db", "eaglenest.db-wal", "eaglenest.db-shm", "eaglenest.db-journal",
-                 "broker.aof", "broker.json", "broker.conf", "broker.password", "broker.log",
-                 "config")
+                 "eaglenest.log", "broker.aof", "broker.json", "broker.conf", "broker.password",
+                 "broker.log", "config")
 
 
 def private_data_dir(data_dir: Path) -> None:

@@ -18,6 +18,9 @@ Contract:
   `up` of that data dir is alive it refuses (exit 1, naming its pid and its children's).
 - "Listening" means the API child itself holds the port (checked in /proc): an old process
   that answers /ping on it does not count.
+- The children's stdout and stderr go to `<data-dir>/eaglenest.log`, their errors to the
+  console too; the console shows the banner, `up`'s warnings and its errors
+  (workers/infra/console.py).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from types import FrameType
 from eaglenest.foundation import children
 from eaglenest.foundation.settings import Settings
 from eaglenest.workers.infra.broker import EmbeddedBroker
+from eaglenest.workers.infra.console import ErrorLines, UpLog, attach
 from eaglenest.workers.infra.credentials import usage
 
 log = logging.getLogger("eaglenest.up")
@@ -61,6 +65,8 @@ class Child:
     argv: list[str]
     env: dict[str, str]
     registry: Path | None = None
+    #: where its output goes (None: all of it to our stderr)
+    up_log: UpLog | None = None
     proc: subprocess.Popen[bytes] | None = None
     record: children.ChildRecord | None = None
     started: float = 0.0
@@ -74,23 +80,29 @@ class Child:
         self._forget()
         self.proc, self.record = children.spawn(
             [sys.executable, "-m", "eaglenest.workers.cli", *self.argv], role=f"up-{self.name}",
-            resource="up", registry=self.registry, env=self.env, stderr=subprocess.PIPE)
+            resource="up", registry=self.registry, env=self.env, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT)
         self.started = time.monotonic()
         self.restart_at = None
         threading.Thread(target=self._relay, args=(self.proc,), daemon=True).start()
 
     def _relay(self, proc: subprocess.Popen[bytes]) -> None:
-        """Pass the child's stderr through to ours, keeping its last lines. A line our
-        stderr refuses (closed, full disk) is dropped, never the thread: a relay that died
-        would leave the child blocked on a full pipe."""
-        assert proc.stderr is not None
-        for raw in proc.stderr:
+        """Pass the child's output to the log file and its errors to our stderr (without a
+        log file, all of it to our stderr), keeping its last lines. A line a stream
+        refuses (closed, full disk) is dropped, never the thread: a relay that died would
+        leave the child blocked on a full pipe."""
+        assert proc.stdout is not None
+        errors = ErrorLines()
+        for raw in proc.stdout:
             line = raw.decode(errors="replace")
             self.tail.append(line.rstrip("\n"))
             try:
-                sys.stderr.write(line)
-                sys.stderr.flush()
-            except (OSError, ValueError):  # ValueError: our stderr was closed
+                if self.up_log is not None:
+                    self.up_log.write(line)
+                if self.up_log is None or errors.shows(line):
+                    sys.stderr.write(line)
+                    sys.stderr.flush()
+            except (OSError, ValueError):  # ValueError: a stream was closed
                 continue
 
     def exited(self, now: float) -> bool:
@@ -105,9 +117,13 @@ class Child:
         delay = min(MAX_BACKOFF_SECONDS, 2.0 ** (self.exits_in_a_row - 1))
         self.restart_at = now + delay
         assert self.proc is not None
-        log.warning("%s exited with %s after %.1f s; restarting in %.0f s",
-                    self.name, self.proc.returncode, ran, delay)
+        log.warning("%s exited with %s after %.1f s; restarting in %.0f s%s",
+                    self.name, self.proc.returncode, ran, delay, self.see_log())
         return False
+
+    def see_log(self) -> str:
+        """` (its output: <log file>)`, or "" without a log file."""
+        return f" (its output: {self.up_log.path})" if self.up_log is not None else ""
 
     def _forget(self) -> None:
         if self.record is not None:
@@ -140,9 +156,13 @@ def _answers_ping(host: str, port: int) -> bool:
 def _give_up(child: Child) -> int:
     assert child.proc is not None
     lines = "\n".join(f"  {line}" for line in list(child.tail)[-TAIL_LINES:]) or "  (no output)"
-    print(f"eaglenest up: the {child.name} process exited with code {child.proc.returncode} "
-          f"within {QUICK_EXIT_SECONDS:.0f} s of starting, {GIVE_UP_AFTER} times in a row; "
-          f"giving up. Its last output:\n{lines}", file=sys.stderr, flush=True)
+    text = (f"eaglenest up: the {child.name} process exited with code {child.proc.returncode} "
+            f"within {QUICK_EXIT_SECONDS:.0f} s of starting, {GIVE_UP_AFTER} times in a row; "
+            f"giving up. Its last output:\n{lines}")
+    if child.up_log is not None:
+        child.up_log.say(f"{text}\nAll of its output: {child.up_log.path}", sys.stderr)
+    else:
+        print(text, file=sys.stderr, flush=True)
     return 1
 
 
@@ -162,10 +182,20 @@ def claim_data_dir(registry: Path) -> str | None:
 
 
 def run_stack(settings: Settings, host: str, port: int) -> int:
+    """Run the stack until a signal (0) or a child that never comes up (1); its output goes
+    to the data dir's log file (workers/infra/console.py)."""
+    up_log = attach(settings)
+    try:
+        return _run_stack(settings, host, port, up_log)
+    finally:
+        up_log.close()
+
+
+def _run_stack(settings: Settings, host: str, port: int, up_log: UpLog) -> int:
     registry = settings.data_dir / UP_RECORDS
     refused = claim_data_dir(registry)
     if refused:
-        print(refused, file=sys.stderr, flush=True)
+        up_log.say(refused, sys.stderr)
         return 1
     broker: EmbeddedBroker | None = None
     broker_url = settings.broker_url
@@ -174,11 +204,11 @@ def run_stack(settings: Settings, host: str, port: int) -> int:
         broker_url = broker.attach_or_start()
     env = {**os.environ, "EAGLENEST_BROKER_URL": broker_url,
            "EAGLENEST_DATA_DIR": str(settings.data_dir.resolve()),
-           "EAGLENEST_SUPERVISED": "1"}
-    procs = [Child("api", ["api", "--host", host, "--port", str(port)], env, registry)]
+           "EAGLENEST_SUPERVISED": "1", "PYTHONUNBUFFERED": "1"}  # lines reach the log as written
+    procs = [Child("api", ["api", "--host", host, "--port", str(port)], env, registry, up_log)]
     if settings.worker_queues.strip():
         procs.append(Child("worker", ["worker", "--queues", settings.worker_queues], env,
-                           registry))
+                           registry, up_log))
     stopping = threading.Event()
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
@@ -196,7 +226,7 @@ def run_stack(settings: Settings, host: str, port: int) -> int:
 
     try:
         return _supervise(procs, broker, stopping, ready,
-                          lambda: print(usage(settings, host, port), flush=True))
+                          lambda: up_log.say(usage(settings, host, port)))
     finally:
         for child in reversed(procs):  # the worker first, then the API
             child.stop(timeout=60 if child.name == "worker" else 15)

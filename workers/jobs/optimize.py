@@ -53,10 +53,12 @@ from eaglenest.workers.jobs.inputs import (
     resolve_sources,
 )
 from eaglenest.workers.jobs.options import OptionError, parse_options
-from eaglenest.workers.serving.process import ServingError
+from eaglenest.workers.serving.process import ServingError, default_backend
 from eaglenest.workers.serving.schedule import ENV_NAME as SCHEDULE_ENV
 
 log = logging.getLogger("eaglenest.optimize")
+#: the model container variable naming the serving backend (workers/serving/deploy.py)
+BACKEND_ENV = "EAGLENEST_SERVING_BACKEND"
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
@@ -185,14 +187,15 @@ def _execute(ctx: WorkerContext, ref: ResourceRef, name: str,
                         compute_budget=compute_budget(ctx.settings.max_compute_processes),
                         max_stored_bytes=ctx.settings.max_stored_bytes)
     result = pipeline.run()
-    output = {"OptimizationOutput": {"RecommendedInferenceImage": "vllm"},
+    backend = result.backend or serving_backend(options.backend, model)
+    output = {"OptimizationOutput": {"RecommendedInferenceImage": backend},
               "ArtifactUri": result.output_uri, "HeadUri": result.head_uri, "Head": result.head,
               "Train": result.train, "Benchmark": result.benchmark}
     target = job.OutputConfig.SageMakerModel
     if not (target and target.ModelName):
         return output, None
     return output, to_wire(_output_model(target.ModelName, job, model, sources.model_uri,
-                                         result.head_uri, result.schedule))
+                                         result.head_uri, result.schedule, backend))
 
 
 def _memory_gib(job: CreateOptimizationJobRequest) -> float:
@@ -202,18 +205,30 @@ def _memory_gib(job: CreateOptimizationJobRequest) -> float:
         return 0.0
 
 
+def serving_backend(chosen: str | None, source: CreateModelInput | None) -> str:
+    """The backend a job's output serves with when the job did not benchmark: the job's
+    EAGLENEST_SERVING_BACKEND, else its source model container's, else this worker's default
+    (vllm when installed, else embedded)."""
+    if chosen:
+        return chosen
+    env = (model_container(source).Environment or {}) if source else {}
+    return env.get(BACKEND_ENV) or default_backend()
+
+
 def _output_model(name: str, job: CreateOptimizationJobRequest, source: CreateModelInput | None,
-                  model_uri: str, head_uri: str, schedule: str | None) -> CreateModelInput:
+                  model_uri: str, head_uri: str, schedule: str | None,
+                  backend: str) -> CreateModelInput:
     """The CreateModel request of the output model: the source model's container (or, for
-    ModelSource.S3, a vllm container of ``model_uri``) plus the head as
-    AdditionalModelDataSources channel `eagle_model` (what SageMaker's optimized model looks
-    like) and, when the job benchmarked, the speculation schedule in its Environment.
-    Registered by _complete, in the transaction that completes the job."""
+    ModelSource.S3, a container of ``model_uri`` whose Image names `backend`, the one the
+    job recommends) plus the head as AdditionalModelDataSources channel `eagle_model`
+    (what SageMaker's optimized model looks like) and, when the job benchmarked, the
+    speculation schedule and the backend it was measured on (EAGLENEST_SERVING_BACKEND) in
+    its Environment. Registered by _complete, in the transaction that completes the job."""
     if source:
         container = model_container(source)
         role = source.ExecutionRoleArn or job.RoleArn
     else:
-        container = ContainerDefinition(Image="vllm", ModelDataSource=ModelDataSource(
+        container = ContainerDefinition(Image=backend, ModelDataSource=ModelDataSource(
             S3DataSource=_s3_prefix(model_uri)))
         role = job.RoleArn
     extras = [e for e in container.AdditionalModelDataSources or []
@@ -221,8 +236,9 @@ def _output_model(name: str, job: CreateOptimizationJobRequest, source: CreateMo
     extras.append(AdditionalModelDataSource(ChannelName=EAGLE_CHANNEL,
                                             S3DataSource=_s3_prefix(head_uri)))
     update: dict[str, Any] = {"AdditionalModelDataSources": extras}
-    if schedule is not None:
-        update["Environment"] = {**(container.Environment or {}), SCHEDULE_ENV: schedule}
+    if schedule is not None:  # the job benchmarked, on `backend`
+        update["Environment"] = {**(container.Environment or {}), SCHEDULE_ENV: schedule,
+                                 BACKEND_ENV: backend}
     container = container.model_copy(update=update)
     return CreateModelInput(ModelName=name, ExecutionRoleArn=role, PrimaryContainer=container)
 

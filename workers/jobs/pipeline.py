@@ -31,7 +31,7 @@ from eaglenest.workers.jobs.control import JobControl
 from eaglenest.workers.jobs.inputs import InputError, JobSources, fetch_data, fetch_tree
 from eaglenest.workers.jobs.options import JobOptions
 from eaglenest.workers.jobs.placing import JobGpus
-from eaglenest.workers.jobs.progress import LOG_NAME, TrainingProgress
+from eaglenest.workers.jobs.progress import LOG_NAME, BenchProgress, TrainingProgress
 from eaglenest.workers.serving.process import default_backend
 from eaglenest.workers.serving.schedule import schedule_from
 
@@ -48,6 +48,8 @@ class PipelineResult:
     benchmark: dict[str, Any] | None = None
     #: the derived speculation schedule as its Environment value (None: no benchmark)
     schedule: str | None = None
+    #: the serving backend the benchmark ran on (None: no benchmark)
+    backend: str | None = None
     stages: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -75,7 +77,7 @@ class Pipeline:
     work: Path
     control: JobControl
     #: where the job's child processes are recorded (foundation/children.py)
-    registry: Path | None = None
+    children_dir: Path | None = None
     #: `<account>/<name>` (foundation/accounts.ResourceRef.local_key): what tells this job's
     #: processes apart from another account's job of the same name on this host
     key: str = ""
@@ -122,11 +124,11 @@ class Pipeline:
         check_model_files(model_dir)
         _, support = read_architecture(model_dir)
         head_kind = self.options.head or support.head
-        spec, listed = HEADS[head_kind], HEADS[support.head]
-        if spec.uses_aux and not listed.uses_aux:
+        head_spec, listed = HEADS[head_kind], HEADS[support.head]
+        if head_spec.uses_aux and not listed.uses_aux:
             raise InputError(f"{support.architecture} supports only EAGLE-2 heads "
                              f"(EAGLENEST_HEAD={listed.kind}), not {head_kind}")
-        if not spec.multi_layer and self.options.num_layers != 1:
+        if not head_spec.multi_layer and self.options.num_layers != 1:
             raise InputError(f"EAGLENEST_NUM_LAYERS={self.options.num_layers}: EAGLE-2 heads "
                              f"(the {support.architecture} default) have one layer")
         self.stage("load data")
@@ -192,8 +194,8 @@ class Pipeline:
             self.output_base + LOG_NAME, self.work / "out" / LOG_NAME, self.control.report)
         config.on_step = progress.row
         procs = self.options.train_processes or 1
-        registry = Registry()
-        running = registry.admit(procs, self.compute_budget)  # else the job fails
+        compute = Registry()
+        running = compute.admit(procs, self.compute_budget)  # else the job fails
         threads = plan_threads(running + procs)  # each rank: one share
         log.info("job %s: %s per training process", self.name, threads.describe())
         if procs > 1:
@@ -201,7 +203,7 @@ class Pipeline:
                                             threads.sharing)
         else:
             apply_torch(threads)
-            with registry.entry("training", threads, key=self._key.replace("/", "-")):
+            with compute.entry("training", threads, key=self._key.replace("/", "-")):
                 result = train(config, TrainData(target, samples, source=self._data_label()),
                                self._device())
             summary = {"steps": result.steps, "loss": result.loss,
@@ -228,7 +230,7 @@ class Pipeline:
         run = write_run(self.work / "ddp", config, Path(target.folder),
                         self._device(ranks=True), self._data_label(), samples)
         summary = launch(run, procs, self.control.should_stop, config.on_checkpoint,
-                         self.registry, f"job:{self._key}", on_row=progress.row,
+                         self.children_dir, f"job:{self._key}", on_row=progress.row,
                          env={SHARING_ENV: str(sharing), **self.gpus.env})
         summary["processes"] = procs
         return summary
@@ -271,18 +273,20 @@ class Pipeline:
                 shutil.copy2(self.work / "train" / f, head_dir / f)
         bench = None
         if self.options.benchmark:
-            self.stage("benchmark baseline vs EAGLE")
+            label = "benchmark baseline vs EAGLE"
+            self.stage(label)
             # its servers (the baseline and one per K) stay loaded together
             Registry().admit(1 + len(self.options.measured_ks()), self.compute_budget)
             plan = BenchPlan(model_dir, head_dir, prompts, self.options.backend or
                              default_backend(), self.options.concurrency,
                              self.options.bench_max_tokens, self.options.num_speculative_tokens,
                              mode=HEADS[head].default_mode,
-                             registry=self.registry, resource=f"job:{self._key}",
+                             registry=self.children_dir, resource=f"job:{self._key}",
                              ks=self.options.measured_ks(), schedule_dir=head_dir,
                              rounds=self.options.bench_rounds, gpus=self.gpus.indexes,
                              gpu_env=self.gpus.env, gpu_memory_gib=self.gpus.memory_gib)
-            bench = run_benchmark(plan, out, self.control.should_stop)
+            bench = run_benchmark(plan, out, self.control.should_stop,
+                                  BenchProgress(self.name, label, self.control.report))
         self.stage("upload outputs")
         (out / "provenance.json").write_text(json.dumps(
             {"job": self.name, "sources": self.sources.__dict__, "options":
@@ -295,4 +299,5 @@ class Pipeline:
         if bench is not None:
             schedule = schedule_from(bench["schedule"], "benchmark").to_env()
         return PipelineResult(head=head, output_uri=base, head_uri=base + "eagle_model/",
-                              train=train, benchmark=bench, schedule=schedule)
+                              train=train, benchmark=bench, schedule=schedule,
+                              backend=bench.get("backend") if bench else None)

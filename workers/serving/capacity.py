@@ -21,7 +21,8 @@ from eaglenest.foundation.accounts import ResourceRef
 from eaglenest.foundation.queue import SERVE_QUEUE
 from eaglenest.workers.infra.context import WorkerContext
 from eaglenest.workers.infra.placement import NoCapacity, capacity_reason
-from eaglenest.workers.serving.deploy import DeployError, Placement, stop_servers, units_of
+from eaglenest.workers.serving.deploy import DeployError, Placement
+from eaglenest.workers.serving.records import stop_servers, units_of
 
 log = logging.getLogger("eaglenest.endpoints")
 

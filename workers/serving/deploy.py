@@ -28,7 +28,7 @@ from sqlalchemy.orm import Session
 
 from eaglenest.db.common import find
 from eaglenest.db.tables import EndpointConfigRow, ModelRow
-from eaglenest.foundation import children, environment, instance_auth
+from eaglenest.foundation import environment, instance_auth
 from eaglenest.foundation.deployment import instances_of
 from eaglenest.foundation.instance_types import InstanceType, UnsupportedInstanceType, lookup
 from eaglenest.foundation.limits import LimitError, check_length
@@ -50,6 +50,7 @@ from eaglenest.workers.serving.process import (
     cuda_available,
     default_backend,
 )
+from eaglenest.workers.serving.records import resolved_image, stop_servers
 from eaglenest.workers.serving.schedule import ENV_NAME as SCHEDULE_ENV
 from eaglenest.workers.serving.schedule import (
     Schedule,
@@ -87,6 +88,8 @@ class VariantPlan:
     vllm_module: str = "vllm.entrypoints.openai.api_server"
     #: the host's budget of compute processes (foundation/threads.py; 0: not checked)
     compute_budget: int = 0
+    #: the model container's Image as specified ("" when it has none)
+    image: str = ""
 
 
 @dataclass
@@ -127,7 +130,7 @@ def plan_variants(session: Session, account_id: str, config_name: str) -> list[V
             health_timeout=int(DEFAULT_HEALTH_TIMEOUT if timeout is None else timeout),
             model_uri=model_uri, head_uri=head_uri,
             env=dict(container.Environment or {}), account_id=config.account_id,
-            instance_type=str(v.InstanceType or ""),
+            instance_type=str(v.InstanceType or ""), image=str(container.Image or ""),
         ))
     return plans
 
@@ -252,7 +255,8 @@ def start_variant(store: ArtifactStore, workdir: Path, endpoint: str, plan: Vari
                                       registry, resource, placement)
     return {**started[0], "served_name": endpoint, "resource": resource,
             "instance_type": plan.instance_type,
-            "backend": specs[0].backend,
+            "backend": specs[0].backend, "image": plan.image,
+            "resolved_image": resolved_image(specs[0].backend), "resolved_at": time.time(),
             "weight": plan.weight, "dir": str(base), "speculative": head_dir is not None,
             "k": specs[0].num_speculative_tokens, "instances": started,
             "schedule": specs[0].schedule.to_list() if specs[0].schedule else None}
@@ -382,33 +386,3 @@ def _check_model(model_dir: Path, variant: str) -> None:
         check_model_files(model_dir)
     except TargetError as exc:
         raise DeployError(f"Variant {variant}: {exc}") from exc
-
-
-def stop_servers(servers: dict[str, Any], registry: Path | None = None) -> None:
-    """Stop every instance of these variant records with its process tree, and forget its
-    record. An instance is signalled only when its `child` record matches the live process
-    (foundation/children.py): never one on another host, after a reboot or a reused pid."""
-    recs = []
-    for record in servers.values():
-        for info in instances_of(record):
-            if info.get("child"):
-                recs.append(children.ChildRecord.from_dict(info["child"]))
-            else:
-                log.warning("instance %s has no process record; not signalling pid %s",
-                            info.get("url"), info.get("pid"))
-    for child in children.stop_all(recs):
-        children.forget(registry, child)
-
-
-def units_of(servers: dict[str, Any]) -> list[str]:
-    """The placement units (GPU holdings) of these variant records' instances."""
-    return [str(i["unit"]) for r in servers.values() for i in instances_of(r) if i.get("unit")]
-
-
-def deployment(plans: list[VariantPlan], servers: dict[str, Any]) -> dict[str, Any]:
-    """What DescribeEndpoint shows (ProductionVariantSummary) plus where each variant runs."""
-    variants = [{"VariantName": p.variant, "CurrentWeight": p.weight, "DesiredWeight": p.weight,
-                 "CurrentInstanceCount": len(instances_of(servers[p.variant])),
-                 "DesiredInstanceCount": p.instance_count}
-                for p in plans]
-    return {"ProductionVariants": variants, "Servers": servers}

@@ -57,13 +57,13 @@ from eaglenest.workers.serving.deploy import (
     DeployError,
     VariantPlan,
     add_instances,
-    deployment,
     plan_variants,
     restart_instances,
     start_variant,
 )
 from eaglenest.workers.serving.endpoint_lease import EndpointLease
 from eaglenest.workers.serving.process import ServingError
+from eaglenest.workers.serving.records import deployment
 
 log = logging.getLogger("eaglenest.endpoints")
 

@@ -37,14 +37,24 @@ def test_job_trains_benchmarks_and_publishes(stack):
     assert d["OptimizationJobStatus"] == "COMPLETED", d.get("FailureReason")
     assert d["OptimizationStartTime"] <= d["OptimizationEndTime"]
     progress = re.findall(r"INFO eaglenest.optimize job tiny-eagle3: (step \d+/4 \(\d+%\)  "
-                          r"loss [\d.]+  accuracy [\d./]+  [\d,]+ tokens/s  ETA \w+) "
+                          r"loss [\d.]+  train acc@[\d/]+ [\d./]+  [\d,]+ tokens/s  ETA \w+) "
                           rf"\[job={ACCOUNT}/tiny-eagle3\]", stack.log())
     assert [p.split()[1] for p in progress] == ["2/4", "4/4"], stack.log()[-3000:]
+    # the benchmark: a line per server start and per row measured (2 levels x 3 rows x 2
+    # rounds), none per HTTP request
+    bench_lines = re.findall(r"INFO eaglenest.optimize job tiny-eagle3: benchmark: (.*) "
+                             rf"\[job={ACCOUNT}/tiny-eagle3\]", stack.log())
+    assert len(bench_lines) == 3 + 12, stack.log()[-3000:]
+    assert bench_lines[0] == "starting the baseline server (1/3, embedded)"
+    assert re.fullmatch(r"concurrency 2 \(level 2/2\)  baseline \(embedded\)  round 2/2  "
+                        r"[\d,.]+ tok/s  requests (\d+)/\1 \(100%\)  ETA 0s", bench_lines[-1])
+    assert "HTTP Request" not in stack.log()
     # tqdm (transformers' "Loading weights" bar) goes through logging at INFO
     assert "celery.redirected" not in stack.log()
     assert re.search(rf"INFO eaglenest.stderr Loading weights: 100%.* "
                      rf"\[job={ACCOUNT}/tiny-eagle3\]$", stack.log(), re.M), stack.log()[-3000:]
-    assert d["OptimizationOutput"] == {"RecommendedInferenceImage": "vllm"}
+    # the backend the job benchmarked on (tests/support/jobs.py: embedded), not a fixed vllm
+    assert d["OptimizationOutput"] == {"RecommendedInferenceImage": "embedded"}
     out = stack.data_dir / "s3" / "output" / "jobs" / "tiny-eagle3"
     manifest = json.loads((out / "_MANIFEST.json").read_text())["files"]
     for f in ("eagle_model/config.json", "eagle_model/model.safetensors",
@@ -89,6 +99,8 @@ def test_job_trains_benchmarks_and_publishes(stack):
     model = sm.describe_model(ModelName="optimized")
     env = model["PrimaryContainer"]["Environment"]
     assert json.loads(env["EAGLENEST_SPECULATION_SCHEDULE"]) == schedule["thresholds"]
+    assert env["EAGLENEST_SERVING_BACKEND"] == "embedded"
+    assert model["PrimaryContainer"]["Image"] == "embedded"  # ModelSource.S3: the backend
     extra = model["PrimaryContainer"]["AdditionalModelDataSources"]
     assert extra == [{"ChannelName": "eagle_model", "S3DataSource": {
         "S3Uri": "s3://output/jobs/tiny-eagle3/eagle_model/", "S3DataType": "S3Prefix",
@@ -155,7 +167,7 @@ def test_stop_during_training(stack):
     assert steps == list(range(1, len(steps) + 1))
     status = _status(stack)
     running = re.search(r"^  to-stop +INPROGRESS .*\n    train eagle3 head on \d+ samples: "
-                        r"step (\d+)/100000 \(0%\)  loss [\d.]+  accuracy [\d./]+  "
+                        r"step (\d+)/100000 \(0%\)  loss [\d.]+  train acc@[\d/]+ [\d./]+  "
                         r"[\d,]+ tokens/s  ETA \w+  \(updated \w+ ago\)$", status, re.M)
     assert running and int(running.group(1)) >= 2, status
     d = sm.describe_optimization_job(OptimizationJobName="to-stop")

