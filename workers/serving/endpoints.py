@@ -38,7 +38,6 @@ from eaglenest.db import endpoint_retention as retention
 from eaglenest.db import endpoints_repo as eps
 from eaglenest.db.common import locate, resolve
 from eaglenest.db.tables import EndpointRow
-from eaglenest.foundation import instance_auth
 from eaglenest.foundation.accounts import ResourceRef
 from eaglenest.foundation.buckets import AccountStore
 from eaglenest.foundation.deployment import instances_of
@@ -63,7 +62,11 @@ from eaglenest.workers.serving.deploy import (
 )
 from eaglenest.workers.serving.endpoint_lease import EndpointLease
 from eaglenest.workers.serving.process import ServingError
-from eaglenest.workers.serving.records import deployment
+from eaglenest.workers.serving.records import (
+    dead_instances,
+    deployment,
+    read_state,
+)
 
 log = logging.getLogger("eaglenest.endpoints")
 
@@ -87,14 +90,6 @@ def _by_arn(run: Callable[[WorkerContext, ResourceRef], str]
 def work_dir(ctx: WorkerContext, ep: ResourceRef) -> Path:
     """The endpoint's files on this host (model copies, server logs)."""
     return ctx.settings.data_dir / "endpoints" / ep.local_key
-
-
-def _row(ctx: WorkerContext, ep: ResourceRef) -> tuple[str, str, str | None, dict[str, Any]] | None:
-    with ctx.db.session() as s:
-        row = locate(s, EndpointRow, ep.arn)
-        if row is None:
-            return None
-        return row.status, row.config_name, row.pending_config_name, dict(row.deployment)
 
 
 def _overrides(ctx: WorkerContext, ep: ResourceRef,
@@ -169,16 +164,16 @@ def create(ctx: WorkerContext, ep: ResourceRef) -> str:
 
 def _create(ctx: WorkerContext, ep: ResourceRef) -> str:
     with EndpointLease(ctx, ep.arn, eps.CREATING) as lease:
-        state = _row(ctx, ep) if lease.held else None
+        state = read_state(ctx, ep) if lease.held else None
         if state is None:
             return "skipped (not Creating, or another worker has it)"
         try:
-            dep = _launch(ctx, ep, state[1])
+            dep = _launch(ctx, ep, state.config_name)
         except capacity.WaitingForCapacity:
             raise
         except Exception as exc:
             with ctx.db.session() as s:
-                eps.mark_failed(s, ep.arn, _reason(ep, exc)[:1024])
+                eps.mark_failed(s, ep.arn, _reason(ep, exc))
             return eps.FAILED
         with ctx.db.session() as s:
             ok = eps.mark_in_service(s, ep.arn, dep)
@@ -204,12 +199,12 @@ def _update(ctx: WorkerContext, ep: ResourceRef) -> str:
     retired: list[dict[str, Any]] = []
     try:
         with EndpointLease(ctx, ep.arn, eps.UPDATING) as lease:
-            state = _row(ctx, ep) if lease.held else None
+            state = read_state(ctx, ep) if lease.held else None
             if state is None:
                 return "skipped (not Updating, or another worker has it)"
-            if not state[2]:
-                return _scale(ctx, ep, state[1], state[3].get("Servers", {}), retired)
-            return _replace_fleet(ctx, ep, state[2], state[3].get("Servers", {}), retired)
+            if not state.pending_config_name:
+                return _scale(ctx, ep, state.config_name, state.servers, retired)
+            return _replace_fleet(ctx, ep, state.pending_config_name, state.servers, retired)
     finally:
         for servers in retired:
             capacity.stop(ctx, ep, servers)
@@ -224,7 +219,7 @@ def _replace_fleet(ctx: WorkerContext, ep: ResourceRef, config_name: str,
     try:
         dep = _launch(ctx, ep, config_name, _overrides(ctx, ep, new_config=True))
         plan = shift.plan_of(ctx, ep.arn, dep)
-        if plan.gradual and not shift.run(ctx, ep.arn, config_name, dep, plan, _dead):
+        if plan.gradual and not shift.run(ctx, ep.arn, config_name, dep, plan, dead_instances):
             capacity.stop(ctx, ep, dep["Servers"])
             return "superseded"
     except capacity.WaitingForCapacity:
@@ -233,7 +228,7 @@ def _replace_fleet(ctx: WorkerContext, ep: ResourceRef, config_name: str,
         why = str(exc) if isinstance(exc, shift.ShiftFailed) else _reason(ep, exc)
         with ctx.db.session() as s:
             eps.rollback_update(s, ep.arn, f"Update to {config_name} failed and was rolled "
-                                         f"back: {why}"[:1024])
+                                         f"back: {why}")
         if dep is not None:
             capacity.stop(ctx, ep, dep["Servers"])
         return "rolled-back"
@@ -284,7 +279,7 @@ def _scale(ctx: WorkerContext, ep: ResourceRef, config_name: str,
         capacity.stop(ctx, ep, {"new": {"instances": started}})
         with ctx.db.session() as s:
             eps.rollback_weights(s, ep.arn, "Weights and capacities update failed: "
-                                          f"{_reason(ep, exc)}"[:1024])
+                                          f"{_reason(ep, exc)}")
         return "rolled-back"
     with ctx.db.session() as s:
         ok = eps.finish_weights(s, ep.arn, deployment(list(plans.values()), new_servers))
@@ -295,33 +290,20 @@ def _scale(ctx: WorkerContext, ep: ResourceRef, config_name: str,
 @_by_arn
 def delete(ctx: WorkerContext, ep: ResourceRef) -> str:
     with EndpointLease(ctx, ep.arn, eps.DELETING) as lease:
-        state = _row(ctx, ep) if lease.held else None
+        state = read_state(ctx, ep) if lease.held else None
         if state is None:
             return "skipped (not Deleting, or another worker has it)"
         try:
-            capacity.stop(ctx, ep, state[3].get("Servers", {}))
+            capacity.stop(ctx, ep, state.servers)
             ctx.placer.release(ep.arn)  # and whatever else it still held
             shutil.rmtree(work_dir(ctx, ep), ignore_errors=True)
         except Exception as exc:
             with ctx.db.session() as s:
-                eps.mark_failed(s, ep.arn, f"Deleting failed: {_reason(ep, exc)}"[:1024])
+                eps.mark_failed(s, ep.arn, f"Deleting failed: {_reason(ep, exc)}")
             return eps.FAILED
         with ctx.db.session() as s:
             eps.finish_delete(s, ep.arn)
         return "deleted"
-
-
-def _answers(instance: dict[str, Any]) -> bool:
-    """/health answers, from the very instance started (it proves its secret): a process
-    that took a dead instance's port does not pass."""
-    return instance_auth.probe(instance["url"], instance.get("secret"))
-
-
-def _dead(servers: dict[str, Any]) -> dict[str, list[int]]:
-    """Variant -> indexes of its instances whose /health does not answer."""
-    dead = {v: [i for i, inst in enumerate(instances_of(rec)) if not _answers(inst)]
-            for v, rec in servers.items()}
-    return {v: idx for v, idx in dead.items() if idx}
 
 
 def _replace_dead(ctx: WorkerContext, ep: ResourceRef, config_name: str, servers: dict[str, Any],
@@ -367,12 +349,12 @@ def recover(ctx: WorkerContext, ep: ResourceRef) -> str:
 
 
 def _recover(ctx: WorkerContext, ep: ResourceRef) -> str:
-    state = _row(ctx, ep)
-    if state is None or state[0] not in (eps.IN_SERVICE, eps.SYSTEM_UPDATING):
+    state = read_state(ctx, ep)
+    if state is None or state.status not in (eps.IN_SERVICE, eps.SYSTEM_UPDATING):
         return "skipped"
-    servers: dict[str, Any] = state[3].get("Servers", {})
-    dead = _dead(servers)
-    if state[0] == eps.IN_SERVICE:  # SystemUpdating: a recovery was cut short; redo it
+    servers = state.servers
+    dead = dead_instances(servers)
+    if state.status == eps.IN_SERVICE:  # SystemUpdating: a recovery was cut short; redo it
         if servers and not dead:
             return "healthy"
         with ctx.db.session() as s:
@@ -382,7 +364,7 @@ def _recover(ctx: WorkerContext, ep: ResourceRef) -> str:
         with EndpointLease(ctx, ep.arn, eps.SYSTEM_UPDATING) as lease:
             if not lease.held:
                 return "skipped (another worker recovers it)"
-            return _restart(ctx, ep, state[1], servers, dead)
+            return _restart(ctx, ep, state.config_name, servers, dead)
     except capacity.WaitingForCapacity as waiting:
         return capacity.hand_on(ctx, ep, ENDPOINT_RECOVER_TASK, waiting)
 
@@ -405,7 +387,7 @@ def _restart(ctx: WorkerContext, ep: ResourceRef, config_name: str, servers: dic
         capacity.stop(ctx, ep, servers)
         with ctx.db.session() as s:
             eps.mark_failed(s, ep.arn, f"Serving processes died and could not be restarted: "
-                                     f"{_reason(ep, exc)}"[:1024])
+                                     f"{_reason(ep, exc)}")
         return eps.FAILED
     with ctx.db.session() as s:
         if not eps.finish_recovery(s, ep.arn, dep):

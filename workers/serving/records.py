@@ -1,6 +1,7 @@
 """The endpoint's deployment record as a serve worker writes it (its format:
 foundation/deployment.py): the variant summaries, what serves each variant (the image the
-model's container specified and the one resolved to), and stopping what a record lists.
+model's container specified and the one resolved to), stopping what a record lists, the
+endpoint's row as a task reads it (`read_state`) and which instances answer (`dead_instances`).
 
 A resolved image names the backend that serves and its version (`resolved_image`):
 ``eaglenest/embedded:<EagleNest's version>`` for the embedded engine,
@@ -13,14 +14,19 @@ from __future__ import annotations
 import functools
 import importlib.metadata
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from eaglenest.foundation import children
+from eaglenest.db.common import locate
+from eaglenest.db.tables import EndpointRow
+from eaglenest.foundation import children, instance_auth
+from eaglenest.foundation.accounts import ResourceRef
 from eaglenest.foundation.deployment import instances_of
 from eaglenest.workers.serving.process import EMBEDDED, VLLM
 
 if TYPE_CHECKING:
+    from eaglenest.workers.infra.context import WorkerContext
     from eaglenest.workers.serving.deploy import VariantPlan
 
 log = logging.getLogger("eaglenest.endpoints")
@@ -70,3 +76,41 @@ def deployment(plans: list[VariantPlan], servers: dict[str, Any]) -> dict[str, A
                  "DesiredInstanceCount": p.instance_count}
                 for p in plans]
     return {"ProductionVariants": variants, "Servers": servers}
+
+
+@dataclass(frozen=True)
+class EndpointState:
+    """What a task reads of its endpoint's row before it acts."""
+
+    status: str
+    config_name: str
+    pending_config_name: str | None
+    deployment: dict[str, Any]
+
+    @property
+    def servers(self) -> dict[str, Any]:
+        """The deployment record's servers by variant (none before the first launch)."""
+        return dict(self.deployment.get("Servers", {}))
+
+
+def read_state(ctx: WorkerContext, ep: ResourceRef) -> EndpointState | None:
+    """The endpoint's row as a task reads it (None: the endpoint is gone)."""
+    with ctx.db.session() as s:
+        row = locate(s, EndpointRow, ep.arn)
+        if row is None:
+            return None
+        return EndpointState(row.status, row.config_name, row.pending_config_name,
+                             dict(row.deployment))
+
+
+def answers(instance: dict[str, Any]) -> bool:
+    """/health answers, from the very instance started (it proves its secret): a process
+    that took a dead instance's port does not pass."""
+    return instance_auth.probe(instance["url"], instance.get("secret"))
+
+
+def dead_instances(servers: dict[str, Any]) -> dict[str, list[int]]:
+    """Variant -> indexes of its instances whose /health does not answer."""
+    dead = {v: [i for i, inst in enumerate(instances_of(rec)) if not answers(inst)]
+            for v, rec in servers.items()}
+    return {v: idx for v, idx in dead.items() if idx}
