@@ -72,6 +72,12 @@ def get(session: Session, account: Account, name: str, *, lock: bool = False) ->
     return row
 
 
+def config_spec(session: Session, row: EndpointRow) -> dict[str, Any] | None:
+    """The request of the endpoint config the endpoint runs (None: deleted since)."""
+    config = find(session, EndpointConfigRow, row.config_name, account_id=row.account_id)
+    return config.spec if config is not None else None
+
+
 def _set(row: EndpointRow, status: str, reason: str | None = None) -> None:
     row.status = status
     row.failure_reason = failure_reason(reason)

@@ -13,9 +13,9 @@ from eaglenest.api.operations.common import list_query, page, spec_of
 from eaglenest.api.registry import Context, operation
 from eaglenest.db import endpoint_retention as retention
 from eaglenest.db import endpoints_repo
-from eaglenest.db.common import find, list_rows
+from eaglenest.db.common import list_rows
 from eaglenest.db.quotas import Limits
-from eaglenest.db.tables import EndpointConfigRow, EndpointRow
+from eaglenest.db.tables import EndpointRow
 from eaglenest.foundation import queue as q
 from eaglenest.foundation.deployment import variant_summaries
 from eaglenest.foundation.shapes.endpoints import (
@@ -35,10 +35,6 @@ def create_endpoint(ctx: Context, req: CreateEndpointInput) -> dict[str, Any]:
         arn = row.arn
     ctx.queue.send(q.ENDPOINT_CREATE_TASK, arn, q.SERVE_QUEUE)
     return {"EndpointArn": arn}
-
-
-def _spec_of(config: EndpointConfigRow | None) -> dict[str, Any] | None:
-    return config.spec if config is not None else None
 
 
 def _capture_summary(capture: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -65,8 +61,7 @@ def describe_endpoint(ctx: Context, req: DescribeEndpointInput) -> dict[str, Any
             "FailureReason": row.failure_reason,
             "ProductionVariants": variant_summaries(row.deployment),
             "DataCaptureConfig": _capture_summary(retention.capture_config(
-                row.spec, _spec_of(find(s, EndpointConfigRow, row.config_name,
-                                        account_id=row.account_id)))),
+                row.spec, endpoints_repo.config_spec(s, row))),
             "LastDeploymentConfig": row.spec.get("DeploymentConfig"),
         }
         out["PendingDeploymentSummary"] = endpoints_repo.pending_summary(row)
