@@ -45,7 +45,7 @@ from botocore.credentials import Credentials
 from botocore.eventstream import EventStreamBuffer
 
 from benchmarks.proxy_cpu import runtime_counters
-from benchmarks.stack import ACCESS_KEY, REGION, SECRET_KEY, Stack
+from tests.support.stack import ACCESS_KEY, REGION, SECRET_KEY, Stack
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.stack import Stack
+from tests.support.stack import Stack
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,4 +1,4 @@
-"""Shared fixtures: the running stack and boto3 clients (see benchmarks/stack.py), and the
+"""Shared fixtures: the running stack and boto3 clients (see tests/support/stack.py), and the
 tiny Llama target folder."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from benchmarks.stack import ACCESS_KEY, REGION, SECRET_KEY, Stack
+from tests.support.stack import ACCESS_KEY, REGION, SECRET_KEY, Stack
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -14,7 +14,7 @@ ROLE = "arn:aws:iam::123456789012:role/EagleNestRole"
 
 
 def aws(stack, *args: str) -> subprocess.CompletedProcess[str]:
-    from benchmarks.stack import ACCESS_KEY, REGION, SECRET_KEY
+    from tests.support.stack import ACCESS_KEY, REGION, SECRET_KEY
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     env.update(AWS_ACCESS_KEY_ID=ACCESS_KEY, AWS_SECRET_ACCESS_KEY=SECRET_KEY,

@@ -49,10 +49,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.strategies import SearchStrategy
 
-from benchmarks.stack import Stack
 from eaglenest.db.pagination import fingerprint
 from eaglenest.foundation.shapes import INPUT_SHAPES
 from eaglenest.foundation.shapes.base import java_to_python
+from tests.support.stack import Stack
 
 SAGEMAKER: ServiceModel = botocore.session.get_session().get_service_model("sagemaker")
 OPERATIONS = list(INPUT_SHAPES)

@@ -13,7 +13,7 @@ import pytest
 from botocore.config import Config
 from botocore.exceptions import ClientError
 
-from benchmarks.stack import ACCESS_KEY, REGION, SECRET_KEY
+from tests.support.stack import ACCESS_KEY, REGION, SECRET_KEY
 
 ROLE = "arn:aws:iam::123456789012:role/EagleNestRole"
 ARN_PREFIX = "arn:aws:sagemaker:us-east-1:123456789012"

@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
-from benchmarks.stack import ACCESS_KEY, REGION, SECRET_KEY, Stack
 from tests.support.jobs import ROLE, job, upload
+from tests.support.stack import ACCESS_KEY, REGION, SECRET_KEY, Stack
 
 pytest.importorskip("sagemaker.core.resources")
 

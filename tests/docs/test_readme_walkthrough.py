@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.readme_walkthrough import Example, examples, readme
-from benchmarks.stack import ACCESS_KEY, ACCOUNT, REGION, SECRET_KEY, Stack
+from tests.support.stack import ACCESS_KEY, ACCOUNT, REGION, SECRET_KEY, Stack
 
 README_URL = "http://127.0.0.1:8080"
 README_ACCOUNT = "000000000000"

@@ -22,11 +22,11 @@ import httpx
 import psutil
 import pytest
 
-from benchmarks.stack import ACCOUNT, Stack
 from eaglenest.db import placement_repo
 from eaglenest.db.session import Database
 from eaglenest.db.tables import EndpointRow
 from eaglenest.foundation.queue import OPTIMIZE_TASK, TaskQueue
+from tests.support.stack import ACCOUNT, Stack
 from tests.support.workers import ROOT, Worker, start_worker, upload
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
-from benchmarks.stack import ACCOUNT, REGION, Stack
+from tests.support.stack import ACCOUNT, REGION, Stack
 
 ROLE = "arn:aws:iam::123456789012:role/EagleNestRole"
 LEAKS = ("Traceback", 'File "', "psycopg", "sqlalchemy", "OperationalError")

@@ -9,7 +9,7 @@ import pytest
 import redis
 from botocore.exceptions import ClientError
 
-from benchmarks.stack import Stack
+from tests.support.stack import Stack
 
 ROLE = "arn:aws:iam::123456789012:role/EagleNestRole"
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.stack import ACCOUNT, Stack
+from tests.support.stack import ACCOUNT, Stack
 from tests.support.workers import Worker, start_worker, upload
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import psutil
 
-from benchmarks.stack import Stack
+from tests.support.stack import Stack
 
 ROOT = Path(__file__).resolve().parents[2]
 ROLE = "arn:aws:iam::123456789012:role/EagleNestRole"

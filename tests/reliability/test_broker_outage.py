@@ -13,7 +13,6 @@ import httpx
 import pytest
 import redis
 
-from benchmarks.stack import ACCOUNT, REGION, Stack, free_port
 from eaglenest.workers.infra.broker import redis_server_binary
 from tests.reliability.reliability_helpers import (
     endpoint_status,
@@ -23,6 +22,7 @@ from tests.reliability.reliability_helpers import (
     serving_env,
     wait_for,
 )
+from tests.support.stack import ACCOUNT, REGION, Stack, free_port
 
 
 class Broker:

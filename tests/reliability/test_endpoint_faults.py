@@ -12,7 +12,6 @@ import time
 
 import pytest
 
-from benchmarks.stack import Stack
 from eaglenest.db.session import Database
 from eaglenest.db.tables import EndpointRow
 from tests.reliability.reliability_helpers import (
@@ -26,6 +25,7 @@ from tests.reliability.reliability_helpers import (
     wait_endpoint,
     wait_for,
 )
+from tests.support.stack import Stack
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,6 @@ import time
 
 import pytest
 
-from benchmarks.stack import ACCOUNT, Stack
 from tests.reliability.reliability_helpers import (
     assert_no_strays,
     job_args,
@@ -22,6 +21,7 @@ from tests.reliability.reliability_helpers import (
     wait_job,
     worker_pid,
 )
+from tests.support.stack import ACCOUNT, Stack
 
 
 @pytest.fixture

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from benchmarks.stack import ACCOUNT, Stack
 from tests.support.jobs import ROOT, upload
+from tests.support.stack import ACCOUNT, Stack
 
 ROLE = "arn:aws:iam::123456789012:role/EagleNestRole"
 #: set in the worker's environment only: a model server that sees it got the worker's own

@@ -22,10 +22,10 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
-from benchmarks.stack import ACCOUNT, Stack
 from tests.security.conftest import ROLE, container, error_of
 from tests.security.test_isolation import Caller, keys_cli
 from tests.support.jobs import ROOT, wait_status
+from tests.support.stack import ACCOUNT, Stack
 
 MODEL_DATA = ("Could not access model data at {uri}. Please ensure that the role \"" + ROLE +
               "\" exists and that its trust relationship policy allows the action "

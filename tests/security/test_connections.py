@@ -23,7 +23,7 @@ from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 
-from benchmarks.stack import ACCESS_KEY, REGION, SECRET_KEY, Stack
+from tests.support.stack import ACCESS_KEY, REGION, SECRET_KEY, Stack
 
 HEADER_TIMEOUT = 3.0
 BODY_TIMEOUT = 3.0

@@ -13,7 +13,6 @@ import psutil
 import pytest
 from botocore.exceptions import ClientError
 
-from benchmarks.stack import ACCESS_KEY, SECRET_KEY, Stack
 from tests.security.conftest import (
     ROLE,
     SENTINEL,
@@ -24,6 +23,7 @@ from tests.security.conftest import (
     instances,
 )
 from tests.support.jobs import ROOT
+from tests.support.stack import ACCESS_KEY, SECRET_KEY, Stack
 
 #: what existing SageMaker scripts send: accepted, echoed by Describe, passed to no process
 SAGEMAKER_SCRIPT = {"HF_TOKEN": "hf_secret_of_the_caller", "HF_MODEL_ID": "org/model"}

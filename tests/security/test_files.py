@@ -14,10 +14,10 @@ import pytest
 import redis
 from botocore.exceptions import ClientError
 
-from benchmarks.stack import Stack
 from eaglenest.workers.infra.broker import embedded_url
 from tests.security.conftest import ROLE, error_of
 from tests.support.jobs import ROOT
+from tests.support.stack import Stack
 
 
 def mode(path: Path) -> int:

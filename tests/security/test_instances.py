@@ -18,8 +18,8 @@ import psutil
 import pytest
 from botocore.exceptions import ClientError
 
-from benchmarks.stack import Stack
 from tests.security.conftest import error_of, instances
+from tests.support.stack import Stack
 
 
 def invoke(stack: Stack, name: str, text: str) -> dict:

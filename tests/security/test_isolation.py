@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
-from benchmarks.stack import ACCOUNT, Stack
 from tests.security.conftest import ROLE, Caller, container, error_of, keys_cli, new_account
 from tests.support.jobs import upload
+from tests.support.stack import ACCOUNT, Stack
 
 
 @pytest.fixture(scope="module")

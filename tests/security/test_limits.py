@@ -19,8 +19,8 @@ import httpx
 import pytest
 from botocore.exceptions import ClientError
 
-from benchmarks.stack import Stack
 from tests.security.conftest import SERVING_ENV, instances
+from tests.support.stack import Stack
 
 MAX_MODEL_LEN = int(SERVING_ENV["EAGLENEST_MAX_MODEL_LEN"])
 

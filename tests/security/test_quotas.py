@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
-from benchmarks.stack import Stack
 from tests.security.conftest import ROLE, container, error_of
 from tests.support.jobs import upload
+from tests.support.stack import Stack
 
 LIMITS = {"EAGLENEST_MAX_ENDPOINTS": "3", "EAGLENEST_MAX_INSTANCES": "3",
           "EAGLENEST_MAX_CONCURRENT_OPTIMIZATION_JOBS": "1"}

@@ -17,9 +17,9 @@ from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 
-from benchmarks.stack import ACCESS_KEY, REGION, SECRET_KEY, Stack
 from eaglenest.api.bounded import MAX_JSON_DEPTH
 from eaglenest.api.runtime.checks import MAX_BODY
+from tests.support.stack import ACCESS_KEY, REGION, SECRET_KEY, Stack
 
 CONTROL_LIMIT = 8 * 1024 * 1024
 MIB = 1024 * 1024

@@ -26,10 +26,10 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
-from benchmarks.stack import ACCOUNT, Stack
 from tests.security.conftest import ROLE, SERVING_ENV, container, error_of
 from tests.support.jobs import job as tiny_job
 from tests.support.jobs import upload, wait_status
+from tests.support.stack import ACCOUNT, Stack
 
 CPUS = len(os.sched_getaffinity(0))  # the API runs on this host: its CPUs are the ceiling
 THREADS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "EAGLENEST_TORCH_THREADS")

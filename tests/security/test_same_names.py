@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
-from benchmarks.stack import ACCOUNT, Stack
 from tests.security.conftest import (
     ROLE,
     SERVING_ENV,
@@ -26,6 +25,7 @@ from tests.security.conftest import (
     new_account,
 )
 from tests.support.jobs import job, upload, wait_status
+from tests.support.stack import ACCOUNT, Stack
 
 NAME = "same"  # every resource of both accounts
 PROMPT = "The quick brown fox"

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import psutil
 
-from benchmarks.stack import Stack
+from tests.support.stack import Stack
 
 BANNER = "EagleNest is listening on"
 

@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.stack import Stack
+from tests.support.stack import Stack
 
 ROLE = "arn:aws:iam::123456789012:role/EagleNestRole"
 ROOT = Path(__file__).resolve().parents[2]

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.stack import Stack
+from tests.support.stack import Stack
 
 ROOT = Path(__file__).resolve().parents[2]
 

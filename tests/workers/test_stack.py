@@ -11,7 +11,7 @@ import pytest
 import redis
 from botocore.exceptions import ClientError, EndpointConnectionError
 
-from benchmarks.stack import Stack
+from tests.support.stack import Stack
 
 ROLE = "arn:aws:iam::123456789012:role/EagleNestRole"
 JOB = {

@@ -13,8 +13,8 @@ import boto3
 import pytest
 from botocore.config import Config
 
-from benchmarks.stack import ACCESS_KEY, REGION, SECRET_KEY, Stack
 from tests.support.jobs import ROOT
+from tests.support.stack import ACCESS_KEY, REGION, SECRET_KEY, Stack
 
 
 @dataclass(frozen=True)

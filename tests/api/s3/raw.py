@@ -11,7 +11,7 @@ from botocore.auth import S3SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 
-from benchmarks.stack import ACCESS_KEY, REGION, SECRET_KEY, Stack
+from tests.support.stack import ACCESS_KEY, REGION, SECRET_KEY, Stack
 
 
 class DeclaredPayload(S3SigV4Auth):

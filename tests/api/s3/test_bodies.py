@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from benchmarks.stack import REGION, SECRET_KEY, Stack
 from tests.api.s3.raw import send
+from tests.support.stack import REGION, SECRET_KEY, Stack
 
 EMPTY = hashlib.sha256(b"").hexdigest()
 

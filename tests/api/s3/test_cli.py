@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from benchmarks.stack import ACCESS_KEY, REGION, SECRET_KEY, Stack
 from tests.support.jobs import ROOT
+from tests.support.stack import ACCESS_KEY, REGION, SECRET_KEY, Stack
 
 
 def aws_s3(stack: Stack, tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:

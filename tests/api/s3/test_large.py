@@ -14,8 +14,8 @@ import psutil
 import pytest
 from boto3.s3.transfer import TransferConfig
 
-from benchmarks.stack import Stack
 from tests.api.s3.conftest import s3_client
+from tests.support.stack import Stack
 
 GIB = 1024**3
 

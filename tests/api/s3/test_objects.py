@@ -9,8 +9,8 @@ import httpx
 import pytest
 from botocore.exceptions import ClientError
 
-from benchmarks.stack import ACCOUNT, Stack
 from tests.api.s3.conftest import Key, s3_client
+from tests.support.stack import ACCOUNT, Stack
 
 KEY = "dir/sp ace+plus%25é.txt"
 

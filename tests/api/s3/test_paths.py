@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from benchmarks.stack import Stack
 from tests.api.s3.raw import send
+from tests.support.stack import Stack
 
 ESCAPES = [
     "/{b}/..%2F..%2Fescaped", "/{b}/a/../../escaped", "/{b}/%2E%2E/escaped",

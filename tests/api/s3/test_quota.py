@@ -10,8 +10,8 @@ from collections.abc import Iterator
 import pytest
 from botocore.exceptions import ClientError
 
-from benchmarks.stack import Stack
 from tests.api.s3.conftest import s3_client
+from tests.support.stack import Stack
 
 MIB = 1024 * 1024
 

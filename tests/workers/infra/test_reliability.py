@@ -11,8 +11,8 @@ import time
 import psutil
 import pytest
 
-from benchmarks.stack import ACCOUNT, Stack
 from tests.support.jobs import job, upload, wait_status
+from tests.support.stack import ACCOUNT, Stack
 
 
 @pytest.fixture

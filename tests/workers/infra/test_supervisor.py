@@ -15,8 +15,8 @@ from pathlib import Path
 
 import redis
 
-from benchmarks.stack import Stack
 from eaglenest.foundation.processes import free_port
+from tests.support.stack import Stack
 
 BANNER = "EagleNest is listening on"
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.stack import ACCOUNT, Stack
 from tests.support.jobs import job, upload, wait_status
+from tests.support.stack import ACCOUNT, Stack
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 
-from benchmarks.stack import Stack
 from tests.support.jobs import ROLE, upload, wait_status
+from tests.support.stack import Stack
 
 SHAREGPT = [
     {"conversations": [{"from": "human", "value": f"What is {a} plus {b}?"},

@@ -15,9 +15,9 @@ import httpx
 import pytest
 from botocore.exceptions import ClientError, WaiterError
 
-from benchmarks.stack import Stack
 from tests.support.jobs import upload
 from tests.support.processes import wait_group_gone
+from tests.support.stack import Stack
 
 ROLE = "arn:aws:iam::123456789012:role/EagleNestRole"
 #: OMP_NUM_THREADS reaches the model server's process like any container Environment entry
@@ -485,7 +485,7 @@ def test_caller_gone_mid_stream_stops_generation(stack):
     from botocore.credentials import Credentials
     from botocore.eventstream import EventStreamBuffer
 
-    from benchmarks.stack import ACCESS_KEY, REGION, SECRET_KEY
+    from tests.support.stack import ACCESS_KEY, REGION, SECRET_KEY
 
     sm, rt = stack.client(), stack.client("sagemaker-runtime")
     make_config(sm, "cfg-gone", "tiny-base")

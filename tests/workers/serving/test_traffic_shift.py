@@ -15,8 +15,8 @@ import pytest
 from botocore.exceptions import ClientError
 from scipy.stats import binomtest
 
-from benchmarks.stack import Stack
 from tests.support.jobs import ROLE, upload
+from tests.support.stack import Stack
 from tests.workers.serving.test_endpoint_serving import _get, _gone, container, in_service
 
 #: a binomial test of the observed split fails a correct router once in this many runs

@@ -34,11 +34,11 @@ import httpx
 import pytest
 import torch
 
-from benchmarks.stack import Stack
 from eaglenest.workers.serving.embedded.metrics import parse_spec_counters
 from eaglenest.workers.serving.process import vllm_installed
 from tests.support.jobs import upload
 from tests.support.processes import wait_group_gone
+from tests.support.stack import Stack
 
 pytestmark = [
     pytest.mark.vllm,
