@@ -22,7 +22,8 @@ Greedy decoding is lossless, so each row reports how many outputs differ from hf
 (0 expected in fp32; vLLM compares its own target-only row). ``--dtype bfloat16`` runs every
 row in bf16 (the baseline too): there a batched verification forward can round differently
 from a one-token step and flip a near-tie, so a few outputs may differ; the column shows how
-many. Then ``--concurrency`` levels through the
+many. The header names each engine row's linear kernels (models/decode/kernels.py; forced
+by ``EAGLENEST_LINEAR_KERNEL``). Then ``--concurrency`` levels through the
 OpenAI servers (embedded with and without the head, vLLM with and without), output tokens/s.
 """
 
@@ -30,7 +31,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
+import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -42,6 +45,8 @@ import torch
 from benchmarks.train_heads import first_user_prompt, split_builtin
 from eaglenest.foundation.processes import free_port
 from eaglenest.models.decode.engine import SpeculativeEngine
+from eaglenest.models.decode.kernel_cache import cpu_model
+from eaglenest.models.decode.kernels import AUTO, KernelPolicy
 from eaglenest.models.decode.modes import DecodeMode
 from eaglenest.models.decode.stats import SpecStats
 from eaglenest.models.target import Target
@@ -127,24 +132,28 @@ def engine_rows(target: Target, head: Any, peagle: Any, args: argparse.Namespace
                 ) -> dict[str, SpeculativeEngine]:
     tree = dict(depth=args.depth, topk=args.topk, total_tokens=args.total_tokens)
     model = target.model
-    rows = {"ours plain": SpeculativeEngine(model, None)}
+    kernels = KernelPolicy(force=os.environ.get("EAGLENEST_LINEAR_KERNEL", AUTO))
+    make = functools.partial(SpeculativeEngine, kernels=kernels)
+    rows = {"ours plain": make(model, None)}
     for k in args.ks:
-        rows[f"ours chain K={k}"] = SpeculativeEngine(model, head, DecodeMode.CHAIN, k=k)
-    rows[f"ours tree d={args.depth} top{args.topk} n={args.total_tokens}"] = SpeculativeEngine(
+        rows[f"ours chain K={k}"] = make(model, head, DecodeMode.CHAIN, k=k)
+    rows[f"ours tree d={args.depth} top{args.topk} n={args.total_tokens}"] = make(
         model, head, DecodeMode.TREE, **tree)
     for d, n in args.more_trees:  # larger trees: more acceptance for a larger verification
-        rows[f"ours tree d={d} top{args.topk} n={n}"] = SpeculativeEngine(
+        rows[f"ours tree d={d} top{args.topk} n={n}"] = make(
             model, head, DecodeMode.TREE, depth=d, topk=args.topk, total_tokens=n)
-    rows["ours chain adaptive"] = SpeculativeEngine(model, head, DecodeMode.CHAIN, k=max(args.ks),
-                                                    adaptive=True)
-    rows["ours tree adaptive"] = SpeculativeEngine(model, head, DecodeMode.TREE, adaptive=True,
-                                                   **tree)
+    rows["ours chain adaptive"] = make(model, head, DecodeMode.CHAIN, k=max(args.ks),
+                                       adaptive=True)
+    rows["ours tree adaptive"] = make(model, head, DecodeMode.TREE, adaptive=True, **tree)
     if peagle is not None:
         for k in args.ks:
-            rows[f"ours parallel K={k}"] = SpeculativeEngine(model, peagle, DecodeMode.PARALLEL,
-                                                             k=k)
-        rows["ours parallel adaptive"] = SpeculativeEngine(model, peagle, DecodeMode.PARALLEL,
-                                                           k=max(args.ks), adaptive=True)
+            rows[f"ours parallel K={k}"] = make(model, peagle, DecodeMode.PARALLEL, k=k)
+        rows["ours parallel adaptive"] = make(model, peagle, DecodeMode.PARALLEL,
+                                              k=max(args.ks), adaptive=True)
+    print(f"# linear kernels ({cpu_model()}, {torch.get_num_threads()} threads; "
+          f"EAGLENEST_LINEAR_KERNEL={kernels.force}):")
+    for name, engine in rows.items():
+        print(f"#   {name}: {engine.kernels.summary()}")
     return rows
 
 

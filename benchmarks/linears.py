@@ -1,49 +1,41 @@
-"""Stock PyTorch linears vs oneDNN-packed ones (models/decode/onednn.py), side by side.
+"""The linear-kernel chooser's own benchmark (models/decode/kernels.py): every candidate per
+family and row count, the choice it makes, and whole forwards with each candidate.
 
     python -m benchmarks.linears [--target DIR] [--rows 1,6,16] [--repeat 20]
 
-For the target (default: the prepared SmolLM2-135M), float32 on CPU, prints per row count:
-the time of all its decoder linears applied once each (every layer's own weights, so
-weights stream from memory as in a real forward), of the lm_head, and of a whole KV-cached
-target forward (TargetRunner over a 200-token context) with the stock model and with the
-engine's oneDNN copy, plus their ratio. Also checks the two forwards' logits agree.
+For the target (default: the prepared SmolLM2-135M), float32 on CPU. The header names the
+host and the chooser's choice for plain decoding (1 row) and for a chain round with K=5 (a
+6-row verification), lossless (the default) and with bf16 allowed (``--allow-bf16``). Then,
+per row count: the time of each family (the decoder-layer linears, every layer's own
+weights so that they stream from memory as in a real forward, and the lm_head) under each
+candidate usable on this host, measured as the chooser measures (its sample, scaled to the
+whole family), and of a whole KV-cached target forward (TargetRunner over a 200-token
+context) with every linear on that candidate; ratios against stock, and the largest logit
+difference from stock.
 """
 
 from __future__ import annotations
 
 import argparse
-import time
+import functools
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
-from eaglenest.models.decode.onednn import OneDNNLinear, onednn_copy
+from eaglenest.models.decode import kernel_cache
+from eaglenest.models.decode.kernels import (
+    KernelPolicy,
+    TimingCase,
+    apply,
+    choose,
+    family_linears,
+    interleaved_timer,
+    measure,
+    round_calls,
+)
 from eaglenest.models.decode.runner import TargetRunner
-
-
-def _ms(fn: Callable[[], object], repeat: int) -> float:
-    for _ in range(3):
-        fn()
-    start = time.perf_counter()
-    for _ in range(repeat):
-        fn()
-    return 1000 * (time.perf_counter() - start) / repeat
-
-
-def _linears(model: Any) -> list[Any]:
-    return [m for m in model.model.layers.modules() if isinstance(m, nn.Linear | OneDNNLinear)]
-
-
-def _apply_all(layers: list[Any], rows: int) -> Callable[[], None]:
-    inputs = {m.in_features: torch.randn(rows, m.in_features) for m in layers}
-
-    def go() -> None:
-        for m in layers:
-            m(inputs[m.in_features])
-
-    return go
 
 
 def _forward(model: nn.Module, rows: int) -> Callable[[], torch.Tensor]:
@@ -56,9 +48,20 @@ def _forward(model: nn.Module, rows: int) -> Callable[[], torch.Tensor]:
     def go() -> torch.Tensor:
         out = runner.forward(new)
         runner.commit(new, 0)  # drop them again: every call sees the same 200-token context
-        return out.logits
+        return out.logits  # [rows, vocab]
 
     return go
+
+
+def _header(model: nn.Module) -> None:
+    fams = family_linears(model)
+    print(f"# host: {kernel_cache.host_key()}; bf16 units: {kernel_cache.cpu_has_bf16()}")
+    for what, calls in (("plain (1 row)", round_calls(1, 0, 1)),
+                        ("chain K=5 (6-row verify)", round_calls(6, 5, 1))):
+        for lossy in (False, True):
+            report = choose(fams, calls, KernelPolicy(lossy=lossy))
+            print(f"# choice, {what}, {'bf16 allowed' if lossy else 'lossless'}: "
+                  f"{report.summary()} ({report.seconds:.2f}s)")
 
 
 @torch.no_grad()
@@ -72,20 +75,36 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=20)
     args = ap.parse_args(argv)
     model: Any = load_target(args.target or str(cached_smollm2()), dtype=torch.float32).model.eval()
-    fast: Any = onednn_copy(model)
-    print(f"{'rows':>4} {'what':<12} {'stock ms':>9} {'oneDNN ms':>10} {'speedup':>8}")
+    _header(model)
+    timer = functools.partial(interleaved_timer, warmup=3, repeat=args.repeat)
+    policy = KernelPolicy(lossy=True, timer=timer)
+    fams = family_linears(model)
+    names = [n for n, c in policy.candidates.items()
+             if all(c.usable(lin) for f in fams.values() for lin in f.values())]
+    copies = {n: apply(model, fams, dict.fromkeys(fams, n), policy) for n in names}
+    print(f"{'rows':>4} {'what':<8} " + " ".join(f"{n + ' ms':>10} {'x':>5}" for n in names)
+          + "  forward: max |logit - stock|")
     for rows in (int(r) for r in args.rows.split(",")):
-        pairs = {
-            "layer linears": (_apply_all(_linears(model), rows), _apply_all(_linears(fast), rows)),
-            "lm_head": (_apply_all([model.lm_head], rows), _apply_all([fast.lm_head], rows)),
-            "forward": (_forward(model, rows), _forward(fast, rows)),
-        }
-        for what, (stock, packed) in pairs.items():
-            a, b = _ms(stock, args.repeat), _ms(packed, args.repeat)
-            print(f"{rows:>4} {what:<12} {a:>9.2f} {b:>10.2f} {a / b:>7.2f}x")
-        diff = (pairs["forward"][0]() - pairs["forward"][1]()).abs().max().item()  # type: ignore[operator]
-        print(f"{rows:>4} max |logit difference| {diff:.2e}")
+        for fam, named in fams.items():
+            timings, _ = measure(fam, list(named.values()), names, [rows], policy)
+            _row(rows, fam, {n: timings[n][rows] for n in names}, "")
+        forwards = {n: _forward(copies[n], rows) for n in names}
+        ms = dict(zip(names, _interleaved(list(forwards.values()), args.repeat), strict=True))
+        stock = forwards["stock"]()
+        diffs = {n: (forwards[n]() - stock).abs().max().item() for n in names if n != "stock"}
+        _row(rows, "forward", ms, " ".join(f"{n} {d:.1e}" for n, d in diffs.items()))
     return 0
+
+
+def _interleaved(fns: list[Callable[[], object]], repeat: int) -> list[float]:
+    """Fastest ms of each fn, timed one of each in turn (as the chooser times)."""
+    cases = [TimingCase("forward", str(i), 0, fn) for i, fn in enumerate(fns)]
+    return [min(calls) for calls in interleaved_timer(cases, warmup=3, repeat=repeat)]
+
+
+def _row(rows: int, what: str, ms: dict[str, float], tail: str) -> None:
+    cells = " ".join(f"{t:>10.2f} {ms['stock'] / t:>4.2f}x" for t in ms.values())
+    print(f"{rows:>4} {what:<8} {cells}  {tail}")
 
 
 if __name__ == "__main__":

@@ -2,18 +2,25 @@
 
     eaglenest generate --target DIR [--head DIR] --prompt TEXT [--mode chain|tree|parallel]
                        [--k N] [--adaptive] [--max-new-tokens N] [--temperature T]
+                       [--linear-kernel auto|stock|onednn|bf16] [--allow-bf16] [--explain]
+
+The linear kernels are chosen per host at load (models/decode/kernels.py); the choice is
+forced by ``--linear-kernel`` or, where that is not given, ``EAGLENEST_LINEAR_KERNEL``.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from eaglenest.models.decode.modes import SPECULATIVE_MODES, DecodeMode
 
 if TYPE_CHECKING:  # torch is imported when a command runs, not when it is parsed
     from eaglenest.models.decode.engine import SpeculativeEngine
+    from eaglenest.models.decode.kernels import KernelPolicy
 
 
 def register(subparsers: Any) -> None:
@@ -36,8 +43,18 @@ def register(subparsers: Any) -> None:
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
                    help="weights and activations")
-    p.add_argument("--no-onednn", action="store_true",
-                   help="stock PyTorch linears (default on CPU in float32: oneDNN-packed)")
+    p.add_argument("--linear-kernel", default=os.environ.get("EAGLENEST_LINEAR_KERNEL", "auto"),
+                   help="auto (timed per host at load) or one candidate of "
+                        "models/decode/kernels.py: stock, onednn, bf16 "
+                        "(default: $EAGLENEST_LINEAR_KERNEL, else auto)")
+    p.add_argument("--no-onednn", action="store_true", help="same as --linear-kernel stock")
+    p.add_argument("--allow-bf16", action="store_true",
+                   help="let auto pick bfloat16 linears where the CPU has bf16 units (lossy)")
+    p.add_argument("--kernel-cache", default=None,
+                   help="folder of the kernel timing cache (default: $EAGLENEST_CACHE/kernels, "
+                        "else ~/.cache/eaglenest/kernels; empty: measure every time)")
+    p.add_argument("--explain", action="store_true",
+                   help="print the linear-kernel choice and its timings")
     p.set_defaults(func=cmd_generate)
 
 
@@ -63,9 +80,21 @@ def build_engine(args: argparse.Namespace) -> tuple[SpeculativeEngine, Any]:
         topk=args.topk,
         total_tokens=args.total_tokens,
         adaptive=args.adaptive,
-        onednn=False if args.no_onednn else None,
+        kernels=kernel_policy(args),
     )
     return engine, target.tokenizer
+
+
+def kernel_policy(args: argparse.Namespace) -> KernelPolicy:
+    from eaglenest.models.decode.kernels import KernelPolicy
+    from eaglenest.models.prepare import CACHE
+
+    folder = CACHE / "kernels" if args.kernel_cache is None else args.kernel_cache
+    return KernelPolicy(
+        force="stock" if args.no_onednn else args.linear_kernel,
+        lossy=args.allow_bf16,
+        cache_dir=Path(folder) if folder else None,
+    )
 
 
 def encode_prompt(tokenizer: Any, text: str, chat: bool) -> list[int]:
@@ -78,6 +107,8 @@ def encode_prompt(tokenizer: Any, text: str, chat: bool) -> list[int]:
 
 def cmd_generate(args: argparse.Namespace) -> int:
     engine, tok = build_engine(args)
+    if args.explain:
+        print("\n".join(engine.kernels.lines()))
     prompt = encode_prompt(tok, args.prompt, args.chat)
     stop = [tok.eos_token_id] if tok.eos_token_id is not None else []
     started = time.perf_counter()

@@ -25,8 +25,8 @@ from torch import nn
 
 from eaglenest.models.decode.adaptive import AdaptiveDepth
 from eaglenest.models.decode.drafter import HeadDrafter
+from eaglenest.models.decode.kernels import KernelPolicy, KernelReport, round_calls, use_kernels
 from eaglenest.models.decode.modes import DecodeMode
-from eaglenest.models.decode.onednn import onednn_available, onednn_copy
 from eaglenest.models.decode.runner import StepOutput, TargetRunner
 from eaglenest.models.decode.sampling import (
     SamplingParams,
@@ -66,11 +66,6 @@ def _causal_lm(target: nn.Module | Target) -> nn.Module:
     return target.model if isinstance(target, Target) else target
 
 
-def _fast(module: nn.Module, onednn: bool | None) -> nn.Module:
-    use = onednn_available(module) if onednn is None else onednn
-    return onednn_copy(module) if use else module
-
-
 class SpeculativeEngine:
     """Batch-1 speculative decoding of one target with an optional draft head."""
 
@@ -86,14 +81,15 @@ class SpeculativeEngine:
         total_tokens: int = 16,
         k_max: int = 8,
         drafter_factory: Callable[[], HeadDrafter] | None = None,
-        onednn: bool | None = None,
+        kernels: KernelPolicy | None = None,
     ) -> None:
         """``drafter_factory`` replaces the head with any HeadDrafter-like draft source (tests
-        use oracle drafters); either it or ``head`` turns speculation on. ``onednn``: run the
-        target's and head's linears through oneDNN (models/decode/onednn.py); None = where
-        it applies (float32 on CPU)."""
-        self.model = _fast(_causal_lm(target).eval(), onednn)
-        self.head = _fast(head.eval(), onednn) if head is not None else None
+        use oracle drafters); either it or ``head`` turns speculation on. ``kernels``: how
+        the target's and head's linears are run (models/decode/kernels.py; default: timed
+        per family at load, float32-exact candidates only, no cache); ``self.kernels``
+        reports the choice."""
+        self.model: nn.Module = _causal_lm(target).eval()
+        self.head = head.eval() if head is not None else None
         self.drafter_factory = drafter_factory
         speculative = head is not None or drafter_factory is not None
         self.mode = DecodeMode(mode) if speculative else DecodeMode.PLAIN
@@ -117,8 +113,22 @@ class SpeculativeEngine:
                 parallel=self.mode.spec.parallel,
             )
         self.current_k = start
+        self.kernels = self._use_kernels(kernels or KernelPolicy())
         self.stats = SpecStats()
         self.request_stats = SpecStats()
+
+    def _use_kernels(self, policy: KernelPolicy) -> KernelReport:
+        """Choose the linear kernels for this engine's round shape (kernels.round_calls):
+        chain K drafts of 1 row, tree ``depth`` drafts of ``topk`` rows, parallel one of K."""
+        spec, k = self.mode.spec, self.current_k
+        if not spec.drafts:
+            calls = round_calls(1, 0, 1)
+        elif spec.tree:
+            calls = round_calls(self._size_of(k), k, self.topk)
+        else:
+            calls = round_calls(k + 1, 1 if spec.parallel else k, k if spec.parallel else 1)
+        self.model, self.head, report = use_kernels(self.model, self.head, calls, policy)
+        return report
 
     # ---- public ------------------------------------------------------------------------
     @torch.no_grad()

@@ -24,33 +24,42 @@ from torch import nn
 class OneDNNLinear(nn.Module):
     """``nn.Linear`` inference through oneDNN with the weight reordered once into the
     blocked layout its GEMM wants (``mkldnn._reorder_linear_weight``, the packing
-    TorchInductor uses on CPU); dense input and output, no per-call layout conversion."""
+    TorchInductor uses on CPU); dense input and output, no per-call layout conversion.
+
+    ``compute_dtype`` (default: the weight's) packs the weight in that dtype and runs the
+    GEMM in it, casting the input in and the output back (bfloat16: lossy)."""
 
     PACK_ROWS = 64  # batch-size hint for the packing (any row count stays correct)
 
-    def __init__(self, linear: nn.Linear) -> None:
+    def __init__(self, linear: nn.Linear, compute_dtype: torch.dtype | None = None) -> None:
         super().__init__()
         self.in_features = linear.in_features
         self.out_features = linear.out_features
-        weight = linear.weight.detach()  # [out, in]
+        self.compute_dtype = compute_dtype or linear.weight.dtype
+        weight = linear.weight.detach().to(self.compute_dtype)  # [out, in]
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, self.PACK_ROWS)
-        self.bias = None if linear.bias is None else linear.bias.detach()
+        bias = None if linear.bias is None else linear.bias.detach()
+        self.bias = None if bias is None else bias.to(self.compute_dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
-        rows = x.reshape(-1, self.in_features)
+        rows = x.reshape(-1, self.in_features).to(self.compute_dtype)  # [rows, in]
         out = torch.ops.mkldnn._linear_pointwise(rows, self.packed, self.bias, "none", [], "")
-        return out.view(*x.shape[:-1], self.out_features)
+        return out.to(x.dtype).view(*x.shape[:-1], self.out_features)
 
 
-def onednn_available(model: nn.Module) -> bool:
-    """True where the repacking applies: float32 weights on CPU, oneDNN built in."""
-    p = next(model.parameters())
+def packing_available(weight: torch.Tensor) -> bool:
+    """True where the repacking applies to this weight: float32 on CPU, oneDNN built in."""
     return (
-        p.device.type == "cpu"
-        and p.dtype == torch.float32
+        weight.device.type == "cpu"
+        and weight.dtype == torch.float32
         and torch.backends.mkldnn.is_available()
         and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
     )
+
+
+def onednn_available(model: nn.Module) -> bool:
+    """True where the repacking applies to ``model`` (its first parameter decides)."""
+    return packing_available(next(model.parameters()))
 
 
 _COPIES: weakref.WeakKeyDictionary[nn.Module, nn.Module] = weakref.WeakKeyDictionary()
