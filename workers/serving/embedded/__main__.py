@@ -45,7 +45,7 @@ def build_server(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     from eaglenest.models.checkpoint import load_head
     from eaglenest.models.decode.batch import BatchEngine
     from eaglenest.models.decode.engine import DecodeMode, SpeculativeEngine
-    from eaglenest.models.decode.onednn import onednn_available, repack_linears
+    from eaglenest.models.decode.kernels import KernelPolicy
     from eaglenest.models.heads.registry import head_spec
     from eaglenest.models.target import load_target
     from eaglenest.workers.serving.embedded.server import EmbeddedServer
@@ -67,11 +67,10 @@ def build_server(args: argparse.Namespace):  # type: ignore[no-untyped-def]
         if mode is DecodeMode.PARALLEL and not head_spec(head).parallel:
             logging.warning("parallel drafting needs a P-EAGLE head; using chain drafting")
             mode = DecodeMode.CHAIN
-    for module in (target.model, head):  # this process only serves: repack in place
-        if module is not None and onednn_available(module):
-            repack_linears(module)
+    # this process only serves: the kernels chosen for this host replace the linears in
+    # place (models/decode/kernels.py; timed at load, float32-exact candidates only)
     kw = dict(k=args.num_speculative_tokens, adaptive=args.adaptive,
-              depth=args.num_speculative_tokens)
+              depth=args.num_speculative_tokens, kernels=KernelPolicy(in_place=True))
     layer_types = getattr(target.model.config, "layer_types", None) or []
     engine: SpeculativeEngine
     if args.max_num_seqs > 1 and "linear_attention" not in layer_types:
