@@ -12,10 +12,19 @@ error.
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
 
 from starlette.types import Receive
 
+from eaglenest.api.sigv4 import (
+    REQUIRED,
+    SERVICE,
+    IncomingRequest,
+    Verified,
+    check_header,
+    check_signature,
+)
 from eaglenest.foundation.errors import SerializationException, ServiceError
 
 MAX_JSON_DEPTH = 64
@@ -58,6 +67,36 @@ async def asgi_chunks(receive: Receive) -> AsyncIterator[bytes]:
         yield message.get("body", b"")
         if not message.get("more_body", False):
             return
+
+
+@dataclass(frozen=True)
+class SignedRequest:
+    """What a signed request is checked against (api.sigv4), and its body's limit."""
+
+    method: str
+    url: str  # scheme://host/path?query exactly as received
+    headers: Mapping[str, str]  # lower-cased names
+    limit: int
+    too_large: Callable[[], ServiceError]  # the plane's own error for an oversized body
+    service: str = SERVICE
+    required: tuple[str, ...] = REQUIRED
+
+
+async def read_signed(req: SignedRequest, chunks: AsyncIterator[bytes],
+                      secrets: Mapping[str, str], region: str, max_skew: int
+                      ) -> tuple[bytes, Verified]:
+    """The body of a request whose signature is valid, and who signed it. The Authorization
+    header is checked first and the body read only up to `req.limit` (a declared length
+    over it is refused unread): an unsigned or oversized request costs no body. The one
+    path of both planes (the control plane's POST /, sagemaker-runtime)."""
+    claim = check_header(req.headers, secrets, region, max_skew, req.service, req.required)
+    declared = declared_length(req.headers)
+    if declared is not None and declared > req.limit:
+        raise req.too_large()
+    body = await read_capped(chunks, req.limit)
+    if body is None:
+        raise req.too_large()
+    return body, check_signature(IncomingRequest(req.method, req.url, req.headers, body), claim)
 
 
 def too_large(limit: int) -> RequestTooLarge:

@@ -19,11 +19,11 @@ from sqlalchemy.exc import OperationalError
 
 from eaglenest.api import operations as _ops  # noqa: F401  (registers the handlers)
 from eaglenest.api import tagging
-from eaglenest.api.bounded import check_depth, declared_length, read_capped, too_large
+from eaglenest.api.bounded import SignedRequest, check_depth, read_signed, too_large
 from eaglenest.api.keyring import KeyRing
 from eaglenest.api.observability import ApiMetrics, BrokerProbe
 from eaglenest.api.registry import REGISTRY, Context
-from eaglenest.api.sigv4 import REQUIRED_JSON, IncomingRequest, check_header, check_signature
+from eaglenest.api.sigv4 import REQUIRED_JSON
 from eaglenest.foundation import shapes
 from eaglenest.foundation.accounts import Account
 from eaglenest.foundation.errors import (
@@ -54,23 +54,14 @@ def error_response(err: ServiceError) -> Response:
 
 async def authenticated_body(request: Request, ctx: Context, secrets: Mapping[str, str],
                              service: str = "sagemaker") -> tuple[bytes, str]:
-    """The body of a request whose signature is valid, and its access key id. The
-    Authorization header is checked
-    first and the body read only up to `max_request_bytes` (api.bounded): an unsigned or
-    oversized request is refused without reading it."""
+    """The body of a request whose signature is valid, and its access key id
+    (api.bounded.read_signed, at most `max_request_bytes`)."""
     headers = {k.lower(): v for k, v in request.headers.items()}
-    settings = ctx.settings
-    claim = check_header(headers, secrets, settings.region, settings.signature_max_skew,
-                         service, REQUIRED_JSON)
-    limit = settings.max_request_bytes
-    declared = declared_length(headers)
-    if declared is not None and declared > limit:
-        raise too_large(limit)
-    body = await read_capped(request.stream(), limit)
-    if body is None:
-        raise too_large(limit)
-    verified = check_signature(IncomingRequest(request.method, str(request.url), headers,
-                                               body), claim)
+    settings, limit = ctx.settings, ctx.settings.max_request_bytes
+    body, verified = await read_signed(
+        SignedRequest(request.method, str(request.url), headers, limit,
+                      lambda: too_large(limit), service, REQUIRED_JSON),
+        request.stream(), secrets, settings.region, settings.signature_max_skew)
     return body, verified.access_key
 
 

@@ -36,7 +36,7 @@ from fastapi import FastAPI
 from starlette.datastructures import URL
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from eaglenest.api.bounded import asgi_chunks, declared_length, read_capped
+from eaglenest.api.bounded import SignedRequest, asgi_chunks, read_signed
 from eaglenest.api.keyring import KeyRing
 from eaglenest.api.observability import ApiMetrics
 from eaglenest.api.registry import Context
@@ -54,7 +54,6 @@ from eaglenest.api.runtime.capture import CaptureWriter
 from eaglenest.api.runtime.checks import MAX_BODY, body_too_large, check_request
 from eaglenest.api.runtime.relay import FrameRelay
 from eaglenest.api.runtime.routes import Route, Routes
-from eaglenest.api.sigv4 import IncomingRequest, check_header, check_signature
 from eaglenest.foundation import queue as q
 from eaglenest.foundation.accounts import ResourceRef
 from eaglenest.foundation.backend_http import (
@@ -364,17 +363,11 @@ class RuntimeASGI:
         Authorization header is checked first and at most MAX_BODY bytes are read: an
         unsigned or oversized request is refused without reading its body."""
         keys = self.keyring.current()
-        claim = check_header(headers, {k: v.secret for k, v in keys.items()},
-                             self.settings.region,
-                             self.settings.signature_max_skew)
-        declared = declared_length(headers)
-        if declared is not None and declared > MAX_BODY:
-            raise body_too_large()
-        raw = await read_capped(asgi_chunks(receive), MAX_BODY)
-        if raw is None:
-            raise body_too_large()
-        check_signature(IncomingRequest("POST", str(URL(scope=scope)), headers, raw), claim)
-        return raw, keys[claim.access_key].account_id
+        raw, verified = await read_signed(
+            SignedRequest("POST", str(URL(scope=scope)), headers, MAX_BODY, body_too_large),
+            asgi_chunks(receive), {k: v.secret for k, v in keys.items()},
+            self.settings.region, self.settings.signature_max_skew)
+        return raw, keys[verified.access_key].account_id
 
 
 def install(app: FastAPI, ctx: Context) -> None:
