@@ -64,7 +64,7 @@ def test_up_warns_about_a_readable_credentials_file(tmp_path: Path) -> None:
     os.chmod(creds, 0o644)
     stack = Stack(tmp_path, extra_env={"EAGLENEST_WORKER_QUEUES": ""}).start()
     try:
-        assert f"{creds} (mode 644) can be read by other users" in stack.log()
+        assert f"{creds} (mode 644) can be read by other users" in stack.console()
         assert mode(creds) == 0o644  # the operator's file: reported, not changed
         assert mode(tmp_path) == 0o700
     finally:
