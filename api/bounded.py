@@ -15,8 +15,6 @@ import re
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 
-from starlette.types import Receive
-
 from eaglenest.api.sigv4 import (
     REQUIRED,
     SERVICE,
@@ -56,17 +54,6 @@ async def read_capped(chunks: AsyncIterator[bytes], limit: int) -> bytes | None:
             return None
         parts.append(chunk)
     return b"".join(parts)
-
-
-async def asgi_chunks(receive: Receive) -> AsyncIterator[bytes]:
-    """A raw ASGI request's body chunks, as they arrive (ends at a disconnect)."""
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return
-        yield message.get("body", b"")
-        if not message.get("more_body", False):
-            return
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,8 @@ import os
 import secrets
 from typing import Any
 
+from eaglenest.foundation.asgi import reply
+
 SECRET_ENV = "EAGLENEST_INSTANCE_SECRET"
 CHALLENGE = "x-eaglenest-challenge"
 PROOF = "x-eaglenest-proof"
@@ -75,10 +77,7 @@ class InstanceGuard:
         if not hmac.compare_digest(headers.get(b"authorization", b""), self._bearer):
             body = json.dumps({"object": "error", "message": "missing or wrong instance key",
                                "type": "Unauthorized", "code": 401}).encode()
-            await send({"type": "http.response.start", "status": 401, "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode())]})
-            await send({"type": "http.response.body", "body": body})
+            await reply(send, 401, body, b"application/json")
             return
         challenge = headers.get(CHALLENGE.encode())
         if challenge is None:

@@ -36,7 +36,7 @@ from fastapi import FastAPI
 from starlette.datastructures import URL
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from eaglenest.api.bounded import SignedRequest, asgi_chunks, read_signed
+from eaglenest.api.bounded import SignedRequest, read_signed
 from eaglenest.api.keyring import KeyRing
 from eaglenest.api.observability import ApiMetrics
 from eaglenest.api.registry import Context
@@ -56,6 +56,7 @@ from eaglenest.api.runtime.relay import FrameRelay
 from eaglenest.api.runtime.routes import Route, Routes
 from eaglenest.foundation import queue as q
 from eaglenest.foundation.accounts import ResourceRef
+from eaglenest.foundation.asgi import body_chunks, reply
 from eaglenest.foundation.backend_http import (
     BackendClient,
     BackendConnectError,
@@ -136,10 +137,7 @@ def _request_id() -> tuple[bytes, bytes]:
 
 async def _reply(send: Send, status: int, body: bytes, content_type: bytes,
                  headers: Headers) -> None:
-    await send({"type": "http.response.start", "status": status, "headers": [
-        (b"content-type", content_type), (b"content-length", str(len(body)).encode()),
-        _request_id(), *headers]})
-    await send({"type": "http.response.body", "body": body, "more_body": False})
+    await reply(send, status, body, content_type, [_request_id(), *headers])
 
 
 async def _error_reply(send: Send, err: ServiceError) -> None:
@@ -365,7 +363,7 @@ class RuntimeASGI:
         keys = self.keyring.current()
         raw, verified = await read_signed(
             SignedRequest("POST", str(URL(scope=scope)), headers, MAX_BODY, body_too_large),
-            asgi_chunks(receive), {k: v.secret for k, v in keys.items()},
+            body_chunks(receive), {k: v.secret for k, v in keys.items()},
             self.settings.region, self.settings.signature_max_skew)
         return raw, keys[verified.access_key].account_id
 

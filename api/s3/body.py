@@ -24,10 +24,11 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
-from eaglenest.api.bounded import asgi_chunks, declared_length
+from eaglenest.api.bounded import declared_length
 from eaglenest.api.s3.errors import S3Error
 from eaglenest.api.s3.request import S3Request
 from eaglenest.api.sigv4 import Claim, chunk_signature
+from eaglenest.foundation.asgi import body_chunks
 
 UNSIGNED = "UNSIGNED-PAYLOAD"
 SIGNED_STREAMING = ("STREAMING-AWS4-HMAC-SHA256-PAYLOAD",
@@ -196,7 +197,7 @@ def _mode(req: S3Request) -> str:
 
 async def _decoded(req: S3Request) -> AsyncIterator[bytes]:
     mode = _mode(req)
-    chunks = asgi_chunks(req.receive)
+    chunks = body_chunks(req.receive)
     if not mode.startswith("STREAMING-"):
         async for chunk in chunks:
             yield chunk

@@ -60,7 +60,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from starlette.types import Receive, Send
+
 from eaglenest.foundation import instance_auth
+from eaglenest.foundation.asgi import read_body, reply
 from eaglenest.foundation.backend_http import BackendClient, BackendError
 from eaglenest.foundation.children import die_with_parent
 from eaglenest.foundation.loops import Loop
@@ -194,10 +197,6 @@ class Backends:
                 p.wait()
 
 
-Send = Callable[[dict[str, Any]], Awaitable[None]]
-Receive = Callable[[], Awaitable[dict[str, Any]]]
-
-
 class SplitApp:
     """The router's ASGI app (wrapped in InstanceGuard by `main`)."""
 
@@ -253,7 +252,7 @@ class SplitApp:
         path = scope["path"]
         if path == "/health":
             ok = self.warm and await self.healthy()
-            await _reply(send, 200 if ok else 503, b"" if ok else b"model servers starting")
+            await reply(send, 200 if ok else 503, b"" if ok else b"model servers starting")
             return
         if path == "/metrics":
             await self._metrics(scope, send)
@@ -270,10 +269,10 @@ class SplitApp:
         try:
             status, page = await self._fetch("GET", f"{self.backends.urls[SPEC]}/metrics")
         except BackendError as exc:
-            await _reply(send, 502, f"model server unreachable: {exc}".encode())
+            await reply(send, 502, f"model server unreachable: {exc}".encode())
             return
         body = page if status != 200 else page.rstrip(b"\n") + b"\n" + self.policy.metrics()
-        await _reply(send, status, body)
+        await reply(send, status, body)
 
     async def _relay(self, scope: dict[str, Any], receive: Receive, send: Send,
                      base: str) -> None:
@@ -281,7 +280,7 @@ class SplitApp:
         secret, which the router has already checked: `main`'s InstanceGuard), the reply
         streamed back chunk by chunk. A caller who goes away closes the connection to the
         model server, which then stops generating."""
-        body = await _read_body(receive)
+        body = await read_body(receive)
         drop = _HOP | {b"authorization"} if self.secret else _HOP
         headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]
                    if k.lower() not in drop]
@@ -292,7 +291,7 @@ class SplitApp:
             upstream = await self.client.request(scope["method"], url, body, headers,
                                                  self.secret)
         except BackendError as exc:
-            await _reply(send, 502, f"model server unreachable: {exc}".encode())
+            await reply(send, 502, f"model server unreachable: {exc}".encode())
             return
         try:
             await send({"type": "http.response.start", "status": upstream.status_code,
@@ -306,22 +305,6 @@ class SplitApp:
             log.warning("relay from %s ended early: %s", base, exc)
         finally:
             upstream.close()
-
-
-async def _read_body(receive: Receive) -> bytes:
-    parts = []
-    while True:
-        message = await receive()
-        parts.append(message.get("body", b""))
-        if not message.get("more_body"):
-            return b"".join(parts)
-
-
-async def _reply(send: Send, status: int, body: bytes) -> None:
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"text/plain"),
-                            (b"content-length", str(len(body)).encode())]})
-    await send({"type": "http.response.body", "body": body})
 
 
 async def _lifespan(receive: Receive, send: Send, close: Callable[[], Awaitable[None]]
