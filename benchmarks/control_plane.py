@@ -6,7 +6,7 @@
 
 Part 1, throughput: each iteration is CreateModel + DescribeModel + ListModels(MaxResults=10),
 run at 1 and 8 client threads (one boto3 client per thread, no retries, errors counted and
-not retried) against a fresh EagleNest (`python -m eaglenest.workers.cli up`, temp data dir) and a
+not retried) against a fresh EagleNest (`python -m eaglenest.cli up`, temp data dir) and a
 fresh `moto_server`, both started here on free loopback ports. Runs are interleaved
 (repeat x threads x server); moto is reset before each of its runs. The median over repeats
 of requests/s and of p50/p95 per operation is reported, with the EagleNest/moto ratio.
@@ -163,7 +163,7 @@ class Server:
 @dataclass
 class EagleNest(Server):
     def command(self) -> list[str]:
-        return [sys.executable, "-m", "eaglenest.workers.cli", "up", "--port", str(self.port)]
+        return [sys.executable, "-m", "eaglenest.cli", "up", "--port", str(self.port)]
 
     def env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("EAGLENEST_")}

@@ -150,7 +150,7 @@ def deploy(stack: Stack, target: Path, backend: str = "embedded",
     import subprocess
 
     env = {**stack.env()}
-    subprocess.run([sys.executable, "-m", "eaglenest.workers.cli", "s3", "cp", str(target),
+    subprocess.run([sys.executable, "-m", "eaglenest.cli", "s3", "cp", str(target),
                     "s3://models/bench/"], env=env, check=True, capture_output=True, cwd=ROOT)
     sm = stack.client()
     sm.create_model(ModelName="bench", ExecutionRoleArn="arn:aws:iam::123456789012:role/r",

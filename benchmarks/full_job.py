@@ -72,7 +72,7 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="eaglenest-job-"))
     stack = Stack(tmp).start()
     try:
-        subprocess.run([sys.executable, "-m", "eaglenest.workers.cli", "s3", "cp", str(args.target),
+        subprocess.run([sys.executable, "-m", "eaglenest.cli", "s3", "cp", str(args.target),
                         "s3://models/target/"], env=stack.env(), check=True, cwd=ROOT)
         sm = stack.client()
         sm.create_model(  # type: ignore[attr-defined]

@@ -39,7 +39,7 @@ PORT=$("$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); pri
 EAGLENEST_DATA_DIR=$WORK/data EAGLENEST_ACCESS_KEY_ID=FOOBARKEY \
   EAGLENEST_SECRET_ACCESS_KEY=FOOBARSECRET EAGLENEST_ACCOUNT_ID=123456789012 \
   EAGLENEST_REGION=us-east-1 EAGLENEST_WORKER_QUEUES="" \
-  "$PY" -m eaglenest.workers.cli up --port "$PORT" >"$WORK/stack.log" 2>&1 &
+  "$PY" -m eaglenest.cli up --port "$PORT" >"$WORK/stack.log" 2>&1 &
 STACK_PID=$!
 for _ in $(seq 1 120); do
   if "$PY" -c "import httpx,sys; sys.exit(httpx.get('http://127.0.0.1:$PORT/ping').status_code != 200)" 2>/dev/null; then

@@ -12,7 +12,7 @@ import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-FOLDERS = ("api", "db", "models", "workers", "migrations", "foundation")
+FOLDERS = ("api", "db", "models", "workers", "migrations", "foundation", "cli")
 SKIP = {"eaglenest", "build", "dist", "node_modules"}
 
 

@@ -44,7 +44,7 @@ def _env(data_dir: Path) -> dict[str, str]:
 
 
 def _cli(env: dict[str, str], *args: str) -> str:
-    done = subprocess.run([sys.executable, "-m", "eaglenest.workers.cli", *args], env=env,
+    done = subprocess.run([sys.executable, "-m", "eaglenest.cli", *args], env=env,
                           capture_output=True, text=True, cwd=ROOT, timeout=1800)
     if done.returncode != 0:
         raise RuntimeError(f"eaglenest {' '.join(args)}: {done.stderr[-2000:]}")
@@ -149,7 +149,7 @@ def drive(model: Path, data_dir: Path, steps: int) -> dict[str, Any]:
     env, report = _env(data_dir), {"steps": steps, "type": TYPE}
     port = free_port()
     log = open(data_dir.parent / "service-up.log", "ab")  # noqa: SIM115 (the child's)
-    up = subprocess.Popen([sys.executable, "-m", "eaglenest.workers.cli", "up", "--port",
+    up = subprocess.Popen([sys.executable, "-m", "eaglenest.cli", "up", "--port",
                            str(port)], env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:

@@ -107,7 +107,7 @@ def test_reap_leaves_the_children_of_a_live_owner(tmp_path: Path) -> None:
 def test_a_prefork_worker_refuses_the_serve_queue(tmp_path: Path) -> None:
     """A prefork pool process exits after each task, and serving processes die with it."""
     env = {**os.environ, "EAGLENEST_DATA_DIR": str(tmp_path)}
-    done = subprocess.run([sys.executable, "-m", "eaglenest.workers.cli", "worker", "--pool", "prefork",
+    done = subprocess.run([sys.executable, "-m", "eaglenest.cli", "worker", "--pool", "prefork",
                            "--queues", "train,serve"], env=env, capture_output=True, text=True,
                           cwd=Path(__file__).resolve().parents[2], timeout=60)
     assert done.returncode == 2

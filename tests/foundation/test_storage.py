@@ -105,15 +105,15 @@ def test_cli_cp_into_local_store(tmp_path):
     env = {**os.environ, "EAGLENEST_DATA_DIR": str(tmp_path / "dd")}
     env.pop("EAGLENEST_S3_ENDPOINT_URL", None)
     root = Path(__file__).resolve().parents[2]
-    migrate = subprocess.run([sys.executable, "-m", "eaglenest.workers.cli", "migrate"],
+    migrate = subprocess.run([sys.executable, "-m", "eaglenest.cli", "migrate"],
                              env=env, capture_output=True, text=True, cwd=root)
     assert migrate.returncode == 0, migrate.stderr  # s3 cp needs an initialised data dir
-    r = subprocess.run([sys.executable, "-m", "eaglenest.workers.cli", "s3", "cp", str(src),
+    r = subprocess.run([sys.executable, "-m", "eaglenest.cli", "s3", "cp", str(src),
                         "s3://datasets/train/"], env=env, capture_output=True, text=True,
                        cwd=root)
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "dd/s3/datasets/train/data.jsonl").read_text() == src.read_text()
-    r = subprocess.run([sys.executable, "-m", "eaglenest.workers.cli", "s3", "cp", str(src),
+    r = subprocess.run([sys.executable, "-m", "eaglenest.cli", "s3", "cp", str(src),
                         "s3://datasets/../x"], env=env, capture_output=True, text=True, cwd=root)
     assert r.returncode != 0
 

@@ -156,7 +156,7 @@ def test_four_gpu_type_lands_on_the_host_that_has_four(hosts):
     held = [(h, i) for h, i, holder, *_ in _holdings(stack) if holder == _arn("endpoint", "big")]
     assert sorted(held) == [("host-b", i) for i in range(4)]
     # seen by operators: `eaglenest status` and /metrics
-    status = subprocess.run([sys.executable, "-m", "eaglenest.workers.cli", "status"],
+    status = subprocess.run([sys.executable, "-m", "eaglenest.cli", "status"],
                             env=stack.env(), capture_output=True, text=True, cwd=ROOT)
     lines = status.stdout.splitlines()
     assert "hosts: 2" in lines, status.stdout

@@ -123,7 +123,7 @@ def upload(stack: Stack, src: Path, dst: str) -> None:
     """`eaglenest s3 cp` as the stack's default account (the one its test key acts for)."""
     env = {**os.environ, "EAGLENEST_DATA_DIR": str(stack.data_dir),
            "EAGLENEST_ACCOUNT_ID": stack.env()["EAGLENEST_ACCOUNT_ID"]}
-    r = subprocess.run([sys.executable, "-m", "eaglenest.workers.cli", "s3", "cp", str(src), dst],
+    r = subprocess.run([sys.executable, "-m", "eaglenest.cli", "s3", "cp", str(src), dst],
                        env=env, capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, r.stderr
 

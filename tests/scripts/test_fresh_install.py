@@ -75,8 +75,8 @@ def test_up_sh_installs_a_fresh_venv_and_serves(fresh_venv: Path, tmp_path: Path
         assert second_line.startswith("EagleNest: installing requirements/service.txt into")
         time.sleep(5)  # long enough for a crash-looping child to show
         kids = children_of(proc.pid)
-        assert any("workers.cli api" in k for k in kids), kids
-        assert any("workers.cli worker" in k for k in kids), kids
+        assert any("eaglenest.cli api" in k for k in kids), kids
+        assert any("eaglenest.cli worker" in k for k in kids), kids
         text = log.read_text(errors="replace")
         assert " -------------- " not in text and "SecurityWarning" not in text, text[-4000:]
         text += (tmp_path / "data" / "eaglenest.log").read_text(errors="replace")

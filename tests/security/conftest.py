@@ -71,7 +71,7 @@ def error_of(exc_info: pytest.ExceptionInfo[Any]) -> tuple[str, str]:
 
 def keys_cli(stack: Stack, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "EAGLENEST_DATA_DIR": str(stack.data_dir)}
-    return subprocess.run([sys.executable, "-m", "eaglenest.workers.cli", "keys", *args],
+    return subprocess.run([sys.executable, "-m", "eaglenest.cli", "keys", *args],
                           env=env, capture_output=True, text=True, cwd=ROOT, check=False)
 
 

@@ -194,7 +194,7 @@ def s3_cli(stack: Stack, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "EAGLENEST_DATA_DIR": str(stack.data_dir),
            "EAGLENEST_ACCOUNT_ID": ACCOUNT}
     env.pop("EAGLENEST_S3_ENDPOINT_URL", None)
-    return subprocess.run([sys.executable, "-m", "eaglenest.workers.cli", "s3", *args],
+    return subprocess.run([sys.executable, "-m", "eaglenest.cli", "s3", *args],
                           env=env, capture_output=True, text=True, cwd=ROOT, check=False)
 
 
@@ -232,7 +232,7 @@ def test_s3_cli_acts_for_one_account(pair: tuple[Stack, Caller, Caller], tmp_pat
 
 def start_train_worker(stack: Stack) -> subprocess.Popen[bytes]:
     log = open(stack.data_dir / "worker-train.log", "ab")  # noqa: SIM115 (the child's)
-    return subprocess.Popen([sys.executable, "-m", "eaglenest.workers.cli", "worker",
+    return subprocess.Popen([sys.executable, "-m", "eaglenest.cli", "worker",
                              "--queues", "train"], env=stack.env(), cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=log)
 

@@ -44,7 +44,7 @@ def no_environment_key(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def keys_cli(data_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("EAGLENEST_")}
-    return subprocess.run([sys.executable, "-m", "eaglenest.workers.cli", "keys", *args,
+    return subprocess.run([sys.executable, "-m", "eaglenest.cli", "keys", *args,
                            "--data-dir", str(data_dir)],
                           env=env, capture_output=True, text=True, cwd=ROOT, check=False)
 

@@ -103,7 +103,7 @@ def test_model_server_environment_holds_no_control_plane_setting(secure: Stack,
 def status_under(stack: Stack, row: str) -> list[str]:
     """The warnings (`ignores ...` lines) `eaglenest status` prints under its first row of
     resource `row` (an endpoint's other lines, such as its variants' backends, are left out)."""
-    r = subprocess.run([sys.executable, "-m", "eaglenest.workers.cli", "status"],
+    r = subprocess.run([sys.executable, "-m", "eaglenest.cli", "status"],
                        env=stack.env(), capture_output=True, text=True, cwd=ROOT, check=False)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()

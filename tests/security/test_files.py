@@ -74,7 +74,7 @@ def test_up_warns_about_a_readable_credentials_file(tmp_path: Path) -> None:
 def cp(stack: Stack, src: str, dst: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "EAGLENEST_DATA_DIR": str(stack.data_dir),
            "EAGLENEST_ACCOUNT_ID": stack.env()["EAGLENEST_ACCOUNT_ID"]}
-    return subprocess.run([sys.executable, "-m", "eaglenest.workers.cli", "s3", "cp", src, dst],
+    return subprocess.run([sys.executable, "-m", "eaglenest.cli", "s3", "cp", src, dst],
                           env=env, capture_output=True, text=True, cwd=ROOT)
 
 

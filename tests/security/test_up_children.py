@@ -64,7 +64,7 @@ def test_a_second_up_beside_a_live_one_refuses_naming_it(tmp_path: Path) -> None
     try:
         assert first.proc is not None
         other = Stack(tmp_path)
-        done = subprocess.run([sys.executable, "-m", "eaglenest.workers.cli", "up", "--port",
+        done = subprocess.run([sys.executable, "-m", "eaglenest.cli", "up", "--port",
                                str(other.port)], env=other.env(), capture_output=True,
                               text=True, timeout=60)
         assert done.returncode == 1, done.stderr[-2000:]
@@ -93,7 +93,7 @@ def test_no_banner_while_another_process_answers_on_the_port(tmp_path: Path) -> 
     try:
         port = server.server_address[1]
         env = Stack(tmp_path, extra_env={"EAGLENEST_WORKER_QUEUES": ""}).env()
-        done = subprocess.run([sys.executable, "-m", "eaglenest.workers.cli", "up", "--port",
+        done = subprocess.run([sys.executable, "-m", "eaglenest.cli", "up", "--port",
                                str(port)], env=env, capture_output=True, text=True, timeout=120)
     finally:
         server.shutdown()

@@ -20,7 +20,7 @@ def upload(stack: Stack, src: Path, dst: str, account: str | None = None) -> Non
     env = {**os.environ, "EAGLENEST_DATA_DIR": str(stack.data_dir),
            "EAGLENEST_ACCOUNT_ID": account or stack.env()["EAGLENEST_ACCOUNT_ID"]}
     env.pop("EAGLENEST_S3_ENDPOINT_URL", None)
-    r = subprocess.run([sys.executable, "-m", "eaglenest.workers.cli", "s3", "cp", str(src), dst],
+    r = subprocess.run([sys.executable, "-m", "eaglenest.cli", "s3", "cp", str(src), dst],
                        env=env, capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, r.stderr
 

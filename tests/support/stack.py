@@ -59,7 +59,7 @@ class Stack:
     def start(self) -> Stack:
         log = open(self.data_dir / "stack.log", "ab")  # noqa: SIM115
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "eaglenest.workers.cli", "up", "--port", str(self.port)],
+            [sys.executable, "-m", "eaglenest.cli", "up", "--port", str(self.port)],
             env=self.env(), stdout=log, stderr=subprocess.STDOUT,
             cwd=Path(__file__).resolve().parent.parent,
         )

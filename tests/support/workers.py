@@ -54,13 +54,13 @@ def start_worker(stack: Stack, queue: str, *args: str, name: str | None = None,
     log_path = stack.data_dir / f"worker-{name or queue}.log"
     with open(log_path, "ab") as log:  # the child keeps its own descriptor
         proc = subprocess.Popen(
-            [sys.executable, "-m", "eaglenest.workers.cli", "worker", "--queues", queue, *args],
+            [sys.executable, "-m", "eaglenest.cli", "worker", "--queues", queue, *args],
             env={**stack.env(), **(env or {})}, cwd=ROOT, stdout=subprocess.DEVNULL,
             stderr=log)
     return Worker(queue, proc, log_path)
 
 
 def upload(stack: Stack, src: Path, dst: str) -> None:
-    r = subprocess.run([sys.executable, "-m", "eaglenest.workers.cli", "s3", "cp", str(src), dst],
+    r = subprocess.run([sys.executable, "-m", "eaglenest.cli", "s3", "cp", str(src), dst],
                        env=stack.env(), capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, r.stderr

@@ -98,7 +98,7 @@ def test_reconcile_runs_jobs_accepted_while_no_worker_ran(tmp_path):
         assert "reconciled: re-enqueued 1 jobs" in stack.log()
         assert broker(stack).llen("train") == 0
         status = subprocess.run(
-            [sys.executable, "-m", "eaglenest.workers.cli", "status"], env=stack.env(),
+            [sys.executable, "-m", "eaglenest.cli", "status"], env=stack.env(),
             capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2])
         assert status.returncode == 0, status.stderr
         assert "jobs: FAILED 1" in status.stdout

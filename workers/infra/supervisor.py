@@ -79,7 +79,7 @@ class Child:
     def spawn(self) -> None:
         self._forget()
         self.proc, self.record = children.spawn(
-            [sys.executable, "-m", "eaglenest.workers.cli", *self.argv], role=f"up-{self.name}",
+            [sys.executable, "-m", "eaglenest.cli", *self.argv], role=f"up-{self.name}",
             resource="up", registry=self.registry, env=self.env, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT)
         self.started = time.monotonic()

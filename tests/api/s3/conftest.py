@@ -40,7 +40,7 @@ def s3(stack: Stack) -> Any:
 @pytest.fixture(scope="session")
 def other_key(stack: Stack) -> Key:
     env = {**os.environ, "EAGLENEST_DATA_DIR": str(stack.data_dir)}
-    r = subprocess.run([sys.executable, "-m", "eaglenest.workers.cli", "keys", "create",
+    r = subprocess.run([sys.executable, "-m", "eaglenest.cli", "keys", "create",
                         "--name", "s3-other", "--new-account"], env=env, capture_output=True,
                        text=True, cwd=ROOT, check=False)
     assert r.returncode == 0, r.stderr

@@ -78,7 +78,7 @@ def test_eaglenest_s3_cp_to_stdout(stack: Stack, s3: Any, bucket: str,
     body = os.urandom(3 * 1024 * 1024)
     s3.put_object(Bucket=bucket, Key="blob", Body=body)
     env = stack.env()  # the stack's data dir and account
-    cli = [sys.executable, "-m", "eaglenest.workers.cli", "s3", "cp"]
+    cli = [sys.executable, "-m", "eaglenest.cli", "s3", "cp"]
     r = subprocess.run([*cli, f"s3://{bucket}/blob", "-"], env=env, capture_output=True,
                        cwd=ROOT, check=False, timeout=60)
     assert r.returncode == 0, r.stderr

@@ -185,13 +185,13 @@ def test_celery_tasks_log_with_their_job_or_endpoint(tmp_path):
 
 
 def test_worker_process_logs_json_lines(tmp_path):
-    """A real `python -m eaglenest.workers.cli worker` with EAGLENEST_LOG_FORMAT=json and a broker
+    """A real `python -m eaglenest.cli worker` with EAGLENEST_LOG_FORMAT=json and a broker
     that refuses connections: Celery's own error record comes out as a JSON line."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("EAGLENEST_")}
     env.update(EAGLENEST_LOG_FORMAT="json", EAGLENEST_DATA_DIR=str(tmp_path),
                EAGLENEST_BROKER_URL=f"redis://127.0.0.1:{free_port()}/0", PYTHONUNBUFFERED="1")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "eaglenest.workers.cli", "worker", "--queues", "serve",
+        [sys.executable, "-m", "eaglenest.cli", "worker", "--queues", "serve",
          "--concurrency", "1"], env=env, cwd=ROOT, text=True,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     lines: list[str] = []

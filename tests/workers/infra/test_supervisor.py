@@ -42,7 +42,7 @@ def test_console_shows_the_readme_lines_and_the_log_file_the_rest(tmp_path: Path
     port = free_port()
     env = {k: v for k, v in Stack(tmp_path).env().items()
            if k not in ("EAGLENEST_ACCESS_KEY_ID", "EAGLENEST_SECRET_ACCESS_KEY")}
-    proc = subprocess.Popen([sys.executable, "-m", "eaglenest.workers.cli", "up", "--port",
+    proc = subprocess.Popen([sys.executable, "-m", "eaglenest.cli", "up", "--port",
                              str(port)], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     log = tmp_path / "eaglenest.log"
@@ -81,7 +81,7 @@ def test_a_child_that_never_comes_up_ends_up_with_its_last_lines(tmp_path: Path)
         port = taken.getsockname()[1]
         env = Stack(tmp_path, extra_env={"EAGLENEST_WORKER_QUEUES": ""}).env()
         started = time.monotonic()
-        done = subprocess.run([sys.executable, "-m", "eaglenest.workers.cli", "up", "--port", str(port)],
+        done = subprocess.run([sys.executable, "-m", "eaglenest.cli", "up", "--port", str(port)],
                               env=env, capture_output=True, text=True, timeout=120)
     took = time.monotonic() - started
     assert done.returncode == 1, done.stderr[-3000:]

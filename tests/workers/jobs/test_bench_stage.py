@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from eaglenest.workers.cli.status import progress_line
+from eaglenest.cli.status import progress_line
 from eaglenest.workers.jobs import bench_stage
 from eaglenest.workers.jobs.bench_stage import BenchPlan, measure_rows
 from eaglenest.workers.jobs.loadgen import LevelResult

@@ -145,7 +145,7 @@ def test_bring_your_own_eagle_trains_further(stack):
 
 
 def _status(stack: Stack) -> str:
-    r = subprocess.run([sys.executable, "-m", "eaglenest.workers.cli", "status"],
+    r = subprocess.run([sys.executable, "-m", "eaglenest.cli", "status"],
                        env=stack.env(), capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, r.stderr
     return r.stdout
@@ -309,7 +309,7 @@ def test_bench_cli(tiny_llama_dir, tiny_eagle3_dir, tmp_path):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("Natalia sold 48 clips\ndef add(a, b):\n")
     r = subprocess.run(
-        [sys.executable, "-m", "eaglenest.workers.cli", "bench", "--target", str(tiny_llama_dir),
+        [sys.executable, "-m", "eaglenest.cli", "bench", "--target", str(tiny_llama_dir),
          "--head", str(tiny_eagle3_dir), "--out", str(tmp_path / "out"), "--prompts",
          str(prompts), "--concurrency", "1", "--max-tokens", "8", "--backend", "embedded",
          "--num-speculative-tokens", "3"], capture_output=True, text=True, cwd=ROOT, timeout=600)

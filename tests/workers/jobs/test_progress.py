@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from eaglenest.cli.status import progress_line
 from eaglenest.foundation.storage import LocalStore, StorageError, parse_uri
-from eaglenest.workers.cli.status import progress_line
 from eaglenest.workers.jobs.progress import BenchProgress, TrainingProgress, describe
 
 URI = "s3://output/jobs/j1/training_log.jsonl"

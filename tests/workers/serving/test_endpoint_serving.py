@@ -339,7 +339,7 @@ def test_two_variants_split_traffic_and_target_variant(stack):
         [image] = v["DeployedImages"]
         assert image["SpecifiedImage"] == "eaglenest" and image["ResolvedImage"] == embedded
         assert image["ResolutionTime"] >= d["CreationTime"], d
-    status = subprocess.run([sys.executable, "-m", "eaglenest.workers.cli", "status"],
+    status = subprocess.run([sys.executable, "-m", "eaglenest.cli", "status"],
                             env=stack.env(), capture_output=True, text=True, timeout=60)
     assert status.returncode == 0, status.stderr
     for v in ("A", "B"):

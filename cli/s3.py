@@ -23,6 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from eaglenest.cli.datadir import add_data_dir_option, require_eaglenest, settings_for
 from eaglenest.foundation.buckets import AccessDenied, AccountStore
 from eaglenest.foundation.settings import CREDENTIALS_PROFILE, Settings
 from eaglenest.foundation.storage import (
@@ -34,7 +35,6 @@ from eaglenest.foundation.storage import (
     parse_uri,
     regular_files,
 )
-from eaglenest.workers.cli.datadir import add_data_dir_option, require_eaglenest, settings_for
 
 
 def _settings(args: argparse.Namespace) -> Settings:

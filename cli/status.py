@@ -17,9 +17,9 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
+from eaglenest.cli.datadir import add_data_dir_option, require_eaglenest, settings_for
 from eaglenest.foundation.environment import ignored_warning
 from eaglenest.foundation.settings import Settings
-from eaglenest.workers.cli.datadir import add_data_dir_option, require_eaglenest, settings_for
 from eaglenest.workers.infra.broker import embedded_url
 from eaglenest.workers.jobs.progress import describe, format_duration
 

@@ -9,9 +9,9 @@ import os
 import sys
 
 from eaglenest import __version__
+from eaglenest.cli.datadir import add_data_dir_option, settings_for
+from eaglenest.cli.parsing import Parser
 from eaglenest.foundation.settings import CredentialsError, Settings
-from eaglenest.workers.cli.datadir import add_data_dir_option, settings_for
-from eaglenest.workers.cli.parsing import Parser
 from eaglenest.workers.infra.credentials import (
     ensure_credentials,
     loose_credentials,
@@ -186,7 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
                        description="apply database migrations (alembic upgrade head)")
     add_data_dir_option(m)
     m.set_defaults(func=cmd_migrate)
-    from eaglenest.workers.cli import bench, keys, s3, status
+    from eaglenest.cli import bench, keys, s3, status
 
     keys.register(sub)
     s3.register(sub)

@@ -14,8 +14,8 @@ from collections.abc import Iterator
 import pytest
 
 from eaglenest import __version__
-from eaglenest.workers.cli.main import _LAZY, build_parser
-from eaglenest.workers.cli.parsing import HelpFormatter, Parser
+from eaglenest.cli.main import _LAZY, build_parser
+from eaglenest.cli.parsing import HelpFormatter, Parser
 
 COMMANDS = ["up", "api", "worker", "migrate", "keys", "keys create", "keys list",
             "keys revoke", "s3", "s3 cp", "s3 ls", "s3 owner", "status", "bench", "train",
@@ -75,7 +75,7 @@ def test_defaults_are_shown_in_the_help_output():
 
 def run_help(*args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("EAGLENEST_")}
-    return subprocess.run([sys.executable, "-X", "importtime", "-m", "eaglenest.workers.cli",
+    return subprocess.run([sys.executable, "-X", "importtime", "-m", "eaglenest.cli",
                            *args], env=env, capture_output=True, text=True, timeout=120)
 
 
@@ -91,7 +91,7 @@ def test_help_does_not_import_torch(command):
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.startswith(f"usage: eaglenest {command}"), r.stdout[:200]
     modules = imported(r.stderr)
-    assert "eaglenest.workers.cli.main" in modules  # the scan sees the imports
+    assert "eaglenest.cli.main" in modules  # the scan sees the imports
     heavy = sorted(m for m in modules if m.split(".")[0] in HEAVY)
     assert not heavy, (command, heavy[:10])
 

@@ -19,8 +19,8 @@ import re
 import secrets
 import sys
 
+from eaglenest.cli.datadir import add_data_dir_option, settings_for
 from eaglenest.foundation.settings import ACCOUNT_OPTION, CredentialsError, Settings, read_keys
-from eaglenest.workers.cli.datadir import add_data_dir_option, settings_for
 from eaglenest.workers.infra.credentials import new_key_pair, private_data_dir, write_config
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")

@@ -26,7 +26,7 @@ def eaglenest(home: Path, *args: str, **env: str) -> subprocess.CompletedProcess
     """`eaglenest ARGS` from a directory that is not the data dir, as a user with HOME."""
     base = {k: v for k, v in os.environ.items()
             if not k.startswith("EAGLENEST_") and k != "XDG_DATA_HOME"}
-    return subprocess.run([sys.executable, "-m", "eaglenest.workers.cli", *args],
+    return subprocess.run([sys.executable, "-m", "eaglenest.cli", *args],
                           env={**base, "HOME": str(home), **env}, cwd=home.parent / "elsewhere",
                           capture_output=True, text=True, timeout=120)
 
