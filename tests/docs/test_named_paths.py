@@ -15,13 +15,13 @@ import tokenize
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-FOLDERS = ("api", "db", "foundation", "models", "workers", "migrations", "docker", "tests",
+FOLDERS = ("api", "cli", "db", "foundation", "models", "workers", "migrations", "docker", "tests",
            "docs", "scripts", "benchmarks", "requirements", ".ci")
 #: a path: a top-level folder, then segments, ending in `name.ext`
 _TOPS = "|".join(re.escape(f) for f in FOLDERS)
 PATH = re.compile(rf"(?<![\w./<-])(?:eaglenest/)?((?:{_TOPS})/[\w./-]*\.(?:py|md|sh|yml|"
                   r"yaml|json|toml|svg|txt|ini|cfg))(?![\w/<*]|\.\w)")
-SOURCES = ("api", "db", "foundation", "models", "workers", "migrations", "tests", "scripts",
+SOURCES = ("api", "cli", "db", "foundation", "models", "workers", "migrations", "tests", "scripts",
            "benchmarks", "docs", "docker", ".ci")
 
 
@@ -32,6 +32,17 @@ def _files() -> list[Path]:
             if p.is_file() and p.suffix in (".py", ".md", ".sh", ".yml", ".toml", "") \
                     and "__pycache__" not in p.parts and p.stat().st_size < 2_000_000:
                 out.append(p)
+    return out
+
+
+def _texts() -> list[tuple[Path, str]]:
+    """(file, its text) of every file checked (files that are not text are left out)."""
+    out = []
+    for f in _files():
+        try:
+            out.append((f, f.read_text()))
+        except UnicodeDecodeError:
+            continue
     return out
 
 
@@ -47,11 +58,7 @@ def test_the_pattern_finds_paths_and_skips_placeholders() -> None:
 
 def test_every_named_path_exists() -> None:
     missing: list[str] = []
-    for f in _files():
-        try:
-            text = f.read_text()
-        except UnicodeDecodeError:
-            continue
+    for f, text in _texts():
         for path in sorted(named_paths(text)):
             if not (ROOT / path).exists():
                 missing.append(f"{f.relative_to(ROOT)}: {path}")
@@ -59,7 +66,7 @@ def test_every_named_path_exists() -> None:
 
 
 #: a dotted name of our code: `eaglenest.api.runtime.capture` or `eaglenest.db.common.now`
-DOTTED = re.compile(r"\beaglenest\.((?:api|db|foundation|models|workers)(?:\.\w+)+)")
+DOTTED = re.compile(r"\beaglenest\.((?:api|cli|db|foundation|models|workers)(?:\.\w+)+)")
 
 
 def dotted_problem(name: str) -> str | None:
@@ -81,11 +88,7 @@ def dotted_problem(name: str) -> str | None:
 
 def test_every_dotted_name_exists() -> None:
     missing: list[str] = []
-    for f in _files():
-        try:
-            text = f.read_text()
-        except UnicodeDecodeError:
-            continue
+    for f, text in _texts():
         for name in sorted({m.group(1) for m in DOTTED.finditer(text)}):
             why = dotted_problem(name)
             if why:
@@ -94,7 +97,7 @@ def test_every_dotted_name_exists() -> None:
 
 
 #: in prose (docstrings, comments, documents) the prefix is often left out: `api.app`
-BARE = re.compile(r"(?<![\w./-])((?:api|db|foundation|models|workers)(?:\.[a-z_]\w*)+)"
+BARE = re.compile(r"(?<![\w./-])((?:api|cli|db|foundation|models|workers)(?:\.[a-z_]\w*)+)"
                   r"(?![\w(/-])")
 
 
