@@ -11,20 +11,15 @@ import sys
 import zipfile
 from pathlib import Path
 
+from tests.support import sources
+
 ROOT = Path(__file__).resolve().parents[1]
 FOLDERS = ("api", "db", "models", "workers", "migrations", "foundation", "cli")
-SKIP = {"eaglenest", "build", "dist", "node_modules"}
 
 
 def python_files() -> list[Path]:
-    """Every .py file of the repository, once (not through the eaglenest/ symlinks)."""
-    out = []
-    for path in ROOT.rglob("*.py"):
-        parts = path.relative_to(ROOT).parts
-        if parts[0] in SKIP or any(p.startswith(".") or p.endswith(".egg-info") for p in parts):
-            continue
-        out.append(path)
-    return sorted(out)
+    """Every .py file of the repository, once (tests/support/sources.py)."""
+    return [ROOT / rel for rel in sources.python_files()]
 
 
 def _bare(module: str) -> bool:

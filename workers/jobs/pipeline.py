@@ -3,6 +3,9 @@
 fetch model -> check files -> load target -> load data (+ optional regeneration) -> train
 (resumable; checks for stop between steps) -> export head -> benchmark -> publish under
 `S3OutputLocation/<job-name>/` -> register the output SageMaker model.
+
+The models/ modules that load torch (target, train, regenerate, train_launch) are imported
+inside the stages that run them, so importing this module costs no torch.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from eaglenest.foundation.disk_usage import (
 from eaglenest.foundation.shapes.optimization_jobs import CreateOptimizationJobRequest
 from eaglenest.foundation.storage import ArtifactStore, StorageError, parse_uri, publish_dir
 from eaglenest.foundation.threads import SHARING_ENV, Registry, apply_torch, plan_threads
+from eaglenest.models.data import Chat, builtin_path, encode_examples, load_examples
 from eaglenest.models.heads.registry import HEADS
 from eaglenest.workers.infra.checkpoint_sync import CheckpointSync
 from eaglenest.workers.jobs.bench_stage import BenchPlan, run_benchmark
@@ -54,8 +58,6 @@ class PipelineResult:
 
 
 def _prompt_text(example: Any, tokenizer: Any) -> str:
-    from eaglenest.models.data import Chat
-
     if isinstance(example, Chat):
         head: list[dict[str, str]] = []
         for m in example.messages:
@@ -94,8 +96,6 @@ class Pipeline:
         self.control.report({"stage": label, "updated": time.time()})
 
     def load_examples(self, data_files: list[Path]) -> list[Any]:
-        from eaglenest.models.data import builtin_path, load_examples
-
         if not data_files:
             names = (self.options.dataset or "").split(",") if self.options.dataset else None
             from eaglenest.models.data import BUILTIN_NAMES
@@ -161,7 +161,6 @@ class Pipeline:
 
     def _train(self, target: Any, examples: list[Any], head: str,
                init_head: Path | None) -> dict[str, Any]:
-        from eaglenest.models.data import encode_examples
         from eaglenest.models.data.regenerate import regenerate
         from eaglenest.models.train import TrainConfig, TrainData, latest_checkpoint, train
 

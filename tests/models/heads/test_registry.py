@@ -21,24 +21,17 @@ from eaglenest.models.heads.registry import (
     vllm_speculative_method,
 )
 from eaglenest.models.train import TrainConfig
+from tests.support import sources
 
 ROOT = Path(__file__).resolve().parents[3]
 REGISTRY = Path("models/heads/registry.py")
-SKIP = {"eaglenest", "tests", "build", "dist", "node_modules"}
 #: (file, kind string) -> why the literal stays
 ALLOWED: dict[tuple[Path, str], str] = {}
 
 
 def python_files() -> list[Path]:
-    """Every .py file outside tests/ (once: not through the eaglenest/ symlinks)."""
-    out = []
-    for path in ROOT.rglob("*.py"):
-        rel = path.relative_to(ROOT)
-        if rel.parts[0] in SKIP or any(p.startswith(".") or p.endswith(".egg-info")
-                                       for p in rel.parts):
-            continue
-        out.append(rel)
-    return sorted(out)
+    """Every .py file outside tests/ (tests/support/sources.py)."""
+    return sources.python_files(skip=frozenset({"tests"}))
 
 
 def kind_literals(tree: ast.AST) -> list[tuple[int, str]]:
