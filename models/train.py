@@ -4,6 +4,10 @@ AdamW with linear warmup then cosine decay, gradient clipping, fp32 on CPU and b
 autocast on CUDA, checkpoints every N steps that resume exactly (head weights, optimizer,
 scheduler, data position and RNG), optional start from an existing head, tqdm progress
 with the loss and the per-step greedy draft accuracy. Same seed, same data -> same head.
+Held-out accuracy (models/evaluate.py) every ``eval_every`` steps and at the last, in that
+step's row (``heldout_accuracy``). Training ends at ``max_steps`` or earlier (``stop_after``,
+``max_seconds``, a held-out plateau, ``should_stop``: ``TrainResult.stop_reason``); the LR
+schedule spans ``max_steps``, so an early stop ends it part-way (LR above its floor).
 Every step appends a row to the history (step, loss, lr, accuracy, tokens over all ranks,
 `ts`: ISO-8601 UTC) and hands it to ``TrainConfig.on_step`` on the main process.
 Under torchrun the same call trains data-parallel (DDP) on every process: see
@@ -28,12 +32,15 @@ from eaglenest.models import distributed
 from eaglenest.models.capture_cache import CaptureCache, CaptureSource
 from eaglenest.models.checkpoint import head_kind, load_head, save_head
 from eaglenest.models.data.template import Sample
-from eaglenest.models.heads.base import HeadBatch, draft_head
+from eaglenest.models.evaluate import HELDOUT_KEY, HeldOut, Stopper, collate
+from eaglenest.models.heads.base import draft_head
 from eaglenest.models.heads.registry import DEFAULT_KIND, HEADS
 from eaglenest.models.optim import make_optimizer
 from eaglenest.models.target import Target
 
 STATE_FILE = "trainer_state.pt"
+#: TrainResult.stop_reason values
+STOP_REASONS = ("max steps", "stop_after", "time budget", "plateau", "stopped")
 
 
 @dataclass
@@ -67,6 +74,13 @@ class TrainConfig:
     checkpoint_every: int = 0  # 0: only the final save
     stop_after: int | None = None  # stop early at this step (schedule still spans max_steps)
     max_seconds: float | None = None  # wall-clock budget; a resumable checkpoint is saved
+    eval_every: int = 0  # steps between held-out evaluations (TrainData.heldout); 0: none
+    #: stop when held-out acc@1 has not risen by plateau_margin over its best for this many
+    #: consecutive evaluations; 0: never
+    plateau_evals: int = 0
+    plateau_margin: float = 0.005
+    #: seconds for max_seconds (default time.perf_counter; tests inject a fake clock)
+    clock: Callable[[], float] | None = field(default=None, repr=False, compare=False)
     #: polled before every step; True ends training early with a resumable checkpoint
     #: (the optimization job's stop / max-runtime check). Not part of provenance.
     should_stop: Callable[[], bool] | None = field(default=None, repr=False, compare=False)
@@ -92,6 +106,8 @@ class TrainData:
     #: captures shared across runs on the same samples (e.g. several heads), or read from
     #: capture shards (models/capture_shards.py); None: own in-process cache
     cache: CaptureSource | None = field(default=None, repr=False, compare=False)
+    #: samples never trained on, encoded like ``samples``: the held-out accuracy's
+    heldout: list[Sample] = field(default_factory=list, repr=False, compare=False)
 
 
 @dataclass
@@ -104,6 +120,12 @@ class TrainResult:
     seconds: float
     history: list[dict[str, Any]] = field(default_factory=list)
     out_dir: Path | None = None
+    #: why training ended: one of STOP_REASONS
+    stop_reason: str = "max steps"
+    #: the last held-out evaluation, one per depth ([] when none ran), and its step
+    heldout_accuracy: list[float] = field(default_factory=list)
+    heldout_step: int | None = None
+    eval_seconds: float = 0.0  # of ``seconds``, spent on held-out evaluations
 
 
 # ---- head construction: models/heads/registry.py (``HEADS[kind].build(target, samples,
@@ -139,20 +161,6 @@ class BatchStream:
 
     def load_state(self, state: dict[str, int]) -> None:
         self.epoch, self.pos = int(state["epoch"]), int(state["pos"])
-
-
-def collate(samples: list[Sample], pad_id: int, device: str | torch.device) -> HeadBatch:
-    """Right-pad to the longest sample."""
-    width = max(len(s.input_ids) for s in samples)
-    ids = torch.full((len(samples), width), pad_id, dtype=torch.long)
-    loss = torch.zeros((len(samples), width), dtype=torch.bool)
-    attn = torch.zeros((len(samples), width), dtype=torch.long)
-    for row, s in enumerate(samples):
-        n = len(s.input_ids)
-        ids[row, :n] = torch.tensor(s.input_ids)
-        loss[row, :n] = torch.tensor(s.loss_mask, dtype=torch.bool)
-        attn[row, :n] = 1
-    return HeadBatch(ids.to(device), loss.to(device), attn.to(device))
 
 
 # ---- optimisation ------------------------------------------------------------------------
@@ -217,7 +225,7 @@ def latest_checkpoint(out_dir: str | Path) -> Path | None:
     return pointer.parent / pointer.read_text().strip() if pointer.is_file() else None
 
 
-_HOOKS = ("should_stop", "on_checkpoint", "on_step")
+_HOOKS = ("should_stop", "on_checkpoint", "on_step", "clock")
 
 
 def config_record(config: TrainConfig) -> dict[str, Any]:
@@ -327,29 +335,28 @@ def _run(
     if cache is None or cache.samples is not data.samples:
         cache = CaptureCache(data.target, data.samples, config.capture_cache_mb << 20,
                              _autocast(device))
-    tokens, start = 0, time.perf_counter()
+    heldout = HeldOut(data.target, data.heldout, config.capture_cache_mb << 20,
+                      config.batch_size, _autocast(device)) if data.heldout else None
+    tokens, start, stopper, eval_seconds = 0, time.perf_counter(), Stopper(config), 0.0
     show = config.progress and place.is_main
     bar = tqdm(total=config.max_steps, initial=step, disable=not show, desc="train")
     end = min(config.max_steps, config.stop_after or config.max_steps)
-    while step < end:
-        stop = config.max_seconds is not None and time.perf_counter() - start > config.max_seconds
-        stop = stop or (config.should_stop is not None and config.should_stop())
-        if distributed.agree(stop, place, device):  # all ranks stop at the same step
+    while True:
+        reason = stopper.reason(step, history)
+        if distributed.agree(reason is not None, place, device):  # all ranks stop together
             break
         indices = distributed.shard(stream.next_indices(), place)  # this rank's share
         batch = collate([data.samples[i] for i in indices], pad, device)
         cap = cache.capture(indices, batch.input_ids.shape[1], device)
-        with _autocast(device):
-            result = loss_fn(batch, cap)
-        opt.zero_grad(set_to_none=True)
-        result.loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, config.grad_clip)
-        opt.step()
-        sched.step()
+        result = _optimise(loss_fn, batch, cap, opt, sched, params, config.grad_clip, device)
         step += 1
         step_tokens = int(batch.attention_mask.sum())
         tokens += step_tokens
         row = _step_row(step, result, step_tokens, sched.get_last_lr()[0], place, device)
+        if heldout and config.eval_every and (step % config.eval_every == 0 or step == end):
+            clock = time.perf_counter()
+            row[HELDOUT_KEY] = heldout.accuracy(head, kwargs, device)
+            eval_seconds += time.perf_counter() - clock
         history.append(row)
         if config.on_step is not None and place.is_main:
             config.on_step(dict(row))
@@ -366,16 +373,34 @@ def _run(
     if out and place.is_main:
         _save_head(head, out, data, config, step, history)
     distributed.barrier(place)  # the output is complete when train() returns on any rank
+    return _result(head, step, history, tokens, seconds, out, reason or "stopped",
+                   eval_seconds)
+
+
+def _optimise(loss_fn: Any, batch: Any, cap: Any, opt: Any, sched: Any,
+              params: list[nn.Parameter], grad_clip: float, device: torch.device) -> Any:
+    """One optimiser and scheduler step on ``batch``; its HeadLoss."""
+    with _autocast(device):
+        result = loss_fn(batch, cap)
+    opt.zero_grad(set_to_none=True)
+    result.loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, grad_clip)
+    opt.step()
+    sched.step()
+    return result
+
+
+def _result(head: nn.Module, step: int, history: list[dict[str, Any]], tokens: int,
+            seconds: float, out: Path | None, reason: str, eval_seconds: float
+            ) -> TrainResult:
+    """Training accuracy: the mean over the last 10 steps; held-out: the last evaluation."""
     recent = history[-10:]
     depth = len(recent[-1]["accuracy"]) if recent else 0
     acc = [sum(h["accuracy"][j] for h in recent) / len(recent) for j in range(depth)]
-    return TrainResult(
-        head=head,
-        steps=step,
-        loss=recent[-1]["loss"] if recent else float("nan"),
-        step_accuracy=acc,
-        tokens_per_second=tokens / max(seconds, 1e-9),
-        seconds=seconds,
-        history=history,
-        out_dir=out,
-    )
+    evaluated = [h for h in history if h.get(HELDOUT_KEY)]
+    last = evaluated[-1] if evaluated else {}
+    return TrainResult(head=head, steps=step, loss=recent[-1]["loss"] if recent else float("nan"),
+                       step_accuracy=acc, tokens_per_second=tokens / max(seconds, 1e-9),
+                       seconds=seconds, history=history, out_dir=out, stop_reason=reason,
+                       heldout_accuracy=list(last.get(HELDOUT_KEY, [])),
+                       heldout_step=last.get("step"), eval_seconds=eval_seconds)
