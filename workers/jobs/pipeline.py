@@ -1,6 +1,7 @@
 """The optimization-job pipeline, stage by stage (all real work; models/ does the torch).
 
-fetch model -> check files -> load target -> load data (+ optional regeneration) -> train
+fetch model -> check files -> load target -> load data (+ optional regeneration) -> capture
+hidden states (EAGLENEST_CAPTURE_BACKEND=hf only: workers/jobs/capture_stage.py) -> train
 (resumable; checks for stop between steps) -> export head -> benchmark -> publish under
 `S3OutputLocation/<job-name>/` -> register the output SageMaker model.
 
@@ -30,7 +31,9 @@ from eaglenest.foundation.threads import SHARING_ENV, Registry, apply_torch, pla
 from eaglenest.models.data import Chat, builtin_path, encode_examples, load_examples
 from eaglenest.models.heads.registry import HEADS
 from eaglenest.workers.infra.checkpoint_sync import CheckpointSync
+from eaglenest.workers.jobs import capture_stage
 from eaglenest.workers.jobs.bench_stage import BenchPlan, run_benchmark
+from eaglenest.workers.jobs.capture_stage import CaptureInfo
 from eaglenest.workers.jobs.control import JobControl
 from eaglenest.workers.jobs.inputs import InputError, JobSources, fetch_data, fetch_tree
 from eaglenest.workers.jobs.options import JobOptions
@@ -113,6 +116,17 @@ class Pipeline:
         return examples
 
     def run(self) -> PipelineResult:
+        """The job; at its end the capture folder goes (capture_stage.discard)."""
+        try:
+            result = self._stages()
+        except BaseException as exc:
+            capture_stage.discard(self.work / capture_stage.CAPTURE_DIR,
+                                  self.options.keep_capture, exc)
+            raise
+        capture_stage.discard(self.work / capture_stage.CAPTURE_DIR, False, None)
+        return result
+
+    def _stages(self) -> PipelineResult:
         self.stage("download model")
         model_dir = fetch_tree(self.store, self.sources.model_uri, self.work / "model")
         init_head = None
@@ -137,7 +151,7 @@ class Pipeline:
         holdout, train_examples = examples[cut:], examples[:cut]
         target = load_target(model_dir, device=self._device())
         prompts = [_prompt_text(e, target.tokenizer) for e in holdout]
-        train_out = self._train(target, train_examples, head_kind, init_head)
+        train_out = self._train(target, train_examples, head_kind, init_head, holdout)
         del target
         return self._finish(model_dir, head_kind, train_out, prompts)
 
@@ -154,21 +168,37 @@ class Pipeline:
             return "cuda"
         return f"cuda:{self.gpus.indexes[0]}"
 
+    def _heldout_samples(self, target: Any, holdout: list[Any]) -> list[Any]:
+        """The held-out accuracy's samples: the benchmark's examples as written (not
+        regenerated), encoded like training's; none (no held-out accuracy, the job goes on)
+        when EAGLENEST_EVAL_EVERY=0 or no held-out example keeps an assistant token."""
+        if not (holdout and self.options.eval_every):
+            return []
+        from eaglenest.models.data import DataError
+
+        try:
+            return encode_examples(holdout, target.tokenizer, self.options.max_length)
+        except DataError as exc:
+            log.warning("job %s: no held-out accuracy: %s", self.name, exc)
+            return []
+
     def _regenerated(self, done: int, total: int) -> None:
         """Between regeneration batches: a progress line, and a stop ends the job here."""
         log.info("job %s: regenerated %d/%d assistant turns", self.name, done, total)
         self.control.check()
 
     def _train(self, target: Any, examples: list[Any], head: str,
-               init_head: Path | None) -> dict[str, Any]:
+               init_head: Path | None, holdout: list[Any] | None = None) -> dict[str, Any]:
         from eaglenest.models.data.regenerate import regenerate
-        from eaglenest.models.train import TrainConfig, TrainData, latest_checkpoint, train
+        from eaglenest.models.train import TrainConfig, latest_checkpoint, train
 
         if self.options.regenerate:
             self.stage("regenerate assistant turns with the target")
             examples = regenerate(examples, target, seed=self.options.seed,
                                   progress=self._regenerated)
         samples = encode_examples(examples, target.tokenizer, self.options.max_length)
+        heldout = self._heldout_samples(target, holdout or [])
+        data, capture = self._capture(target, samples, heldout)
         label = f"train {head} head on {len(samples)} samples"
         self.stage(label)
         out_dir = self.work / "train"
@@ -187,6 +217,8 @@ class Pipeline:
             checkpoint_format=HEADS[head].job_format,
             speculative_tokens=self.options.num_speculative_tokens, progress=False,
             should_stop=self.control.should_stop, on_checkpoint=sync.upload,
+            eval_every=self.options.eval_every, plateau_evals=self.options.plateau_evals,
+            max_seconds=self.options.max_train_minutes * 60 or None,
         )
         progress = TrainingProgress(
             self.name, label, config.max_steps, self.options.progress_every, self.store,
@@ -199,35 +231,76 @@ class Pipeline:
         log.info("job %s: %s per training process", self.name, threads.describe())
         if procs > 1:
             summary = self._train_processes(config, target, samples, procs, progress,
-                                            threads.sharing)
+                                            threads.sharing, capture.folder)
         else:
             apply_torch(threads)
             with compute.entry("training", threads, key=self._key.replace("/", "-")):
-                result = train(config, TrainData(target, samples, source=self._data_label()),
-                               self._device())
+                result = train(config, data, self._device())
             summary = {"steps": result.steps, "loss": result.loss,
                        "step_accuracy": result.step_accuracy,
                        "tokens_per_second": result.tokens_per_second,
-                       "seconds": result.seconds, "history": result.history}
+                       "seconds": result.seconds, "history": result.history,
+                       "stop_reason": result.stop_reason,
+                       "heldout_accuracy": result.heldout_accuracy,
+                       "heldout_step": result.heldout_step, "eval_seconds": result.eval_seconds}
         summary["threads"] = threads.to_dict()
         self.control.check()  # a stop during the last steps ends the job here
         progress.finish()
         (self.work / "out").mkdir(parents=True, exist_ok=True)
+        self._record_capture(capture, data, summary)
         with open(self.work / "out" / LOG_NAME, "w") as fh:
             for row in summary.pop("history"):
                 fh.write(json.dumps(row) + "\n")
         return summary
 
+    def _capture(self, target: Any, samples: list[Any],
+                 heldout: list[Any]) -> tuple[Any, CaptureInfo]:
+        """The training data: the live target with an in-process cache (auto), or shards
+        written by the capture stage and read without the target's decoder (hf: no
+        held-out evaluation, which needs the live target)."""
+        from eaglenest.models.capture_cache import CaptureCache
+        from eaglenest.models.shard_source import shard_train_data
+        from eaglenest.models.train import TrainConfig, TrainData
+
+        if self.options.capture_backend != "hf":
+            device = next(target.model.parameters()).device
+            cache = CaptureCache(target, samples, TrainConfig.capture_cache_mb << 20,
+                                 capture_stage.autocast(device))
+            return (TrainData(target, samples, source=self._data_label(), cache=cache,
+                              heldout=heldout), CaptureInfo("in-process"))
+        self.stage(capture_stage.STAGE)
+        info = capture_stage.capture(self.work / capture_stage.CAPTURE_DIR, target, samples,
+                                     self.options.capture_shard_samples, self.name,
+                                     self.control.report, self.control.check)
+        data = shard_train_data(info.folder or "", self._device(), source=self._data_label())
+        return data, info
+
+    def _record_capture(self, info: CaptureInfo, data: Any, summary: dict[str, Any]) -> None:
+        """The capture's record in the job's and the head's provenance.json; with
+        EAGLENEST_KEEP_CAPTURE=1 the shards join the outputs (capture/)."""
+        if info.backend != "hf":
+            info.bytes = getattr(data.cache, "used", None)
+        elif self.options.keep_capture:
+            capture_stage.keep(info, self.work / "out")
+        summary["capture"] = info.record()
+        head_prov = self.work / "train" / "provenance.json"
+        if head_prov.is_file():
+            record = json.loads(head_prov.read_text())
+            record["capture"] = summary["capture"]
+            head_prov.write_text(json.dumps(record, indent=2, default=str) + "\n")
+
     def _train_processes(self, config: Any, target: Any, samples: list[Any], procs: int,
-                         progress: TrainingProgress, sharing: int) -> dict[str, Any]:
-        """Train in ``procs`` data-parallel processes (workers/jobs/train_launch.py)."""
+                         progress: TrainingProgress, sharing: int,
+                         capture: Path | None) -> dict[str, Any]:
+        """Train in ``procs`` data-parallel processes (workers/jobs/train_launch.py); with
+        a ``capture`` folder the ranks read the shards instead of loading the target."""
         from eaglenest.workers.jobs.train_launch import launch, write_run
 
         self.stage(f"train in {procs} data-parallel processes (torchrun)")
         if next(target.model.parameters()).is_cuda:  # the ranks load their own copies
             target.model.to("cpu")
         run = write_run(self.work / "ddp", config, Path(target.folder),
-                        self._device(ranks=True), self._data_label(), samples)
+                        self._device(ranks=True), self._data_label(), samples, capture)
         summary = launch(run, procs, self.control.should_stop, config.on_checkpoint,
                          self.children_dir, f"job:{self._key}", on_row=progress.row,
                          env={SHARING_ENV: str(sharing), **self.gpus.env})

@@ -4,17 +4,23 @@
 `TrainingProgress.row` takes each training step's history row (models.train's `on_step`, or
 the ranks' rows under torchrun: workers/jobs/train_launch.py). Every `every` steps, and at
 the last step (`finish`), it
-- logs one line, `job NAME: step 40/200 (20%)  loss 2.314  train acc@1/2/3 0.41/0.22/0.10
-  1,234 tokens/s  ETA 5m20s` (the record also carries job=NAME: the task's log context).
-  The accuracy is the step's greedy draft accuracy per depth on its training batch
-  (models/train.py): the trainer measures none on held-out data (EAGLENEST_HOLDOUT only sets
-  the benchmark's prompts aside), so a high figure does not yet mean a strong head;
+- logs one line, `job NAME: step 100/200 (50%)  loss 2.314  train acc@1/2/3 0.94/0.95/0.98
+  held-out acc@1/2/3 0.61/0.42/0.30  1,234 tokens/s  ETA 5m20s` (the record also carries
+  job=NAME: the task's log context). `train` is the step's greedy draft accuracy per depth
+  on its training batch, which a head can learn by heart; `held-out` is the same metric on
+  the EAGLENEST_HOLDOUT samples (models/evaluate.py), measured every EAGLENEST_EVAL_EVERY
+  steps: shown from the first evaluation on, with `(step N)` after it when it was measured
+  at an earlier step than the line's;
 - records the same figures with the stage in the job's row (JobControl.report), which
   `eaglenest status` shows for running jobs; no API shape returns them;
 - uploads `training_log.jsonl` (one row per step so far, each with its `ts`) to
   `<output prefix>/training_log.jsonl`, so a watcher of the prefix sees it grow. The job's
   final upload replaces it with the complete log.
 A resumed job keeps the published rows before the step it resumes at.
+
+`CaptureProgress` (workers/jobs/capture_stage.py) logs and records a line per capture shard
+(EAGLENEST_CAPTURE_BACKEND=hf), `job NAME: capture: shard 3/8 (37%)  samples 192/500
+12.3 samples/s  1.2 MB  ETA 40s`; `describe` shows its records too.
 
 `BenchProgress` does the same for the benchmark stage (workers/jobs/bench_stage.py): a log
 line as each server starts and as each row (baseline or K=n) finishes a round at a level,
@@ -37,6 +43,7 @@ from eaglenest.foundation.storage import ArtifactStore, StorageError, parse_uri
 
 log = logging.getLogger("eaglenest.optimize")
 LOG_NAME = "training_log.jsonl"
+HELDOUT_KEY = "heldout_accuracy"  # models/evaluate.py HELDOUT_KEY (no torch import here)
 
 
 def format_duration(seconds: float) -> str:
@@ -51,6 +58,8 @@ def format_duration(seconds: float) -> str:
 def describe(progress: dict[str, Any]) -> str:
     """A progress record as one line (the log line's text and `eaglenest status`); "" for a
     record with its stage only."""
+    if "shard" in progress:
+        return _describe_capture(progress)
     if "phase" in progress:
         return _describe_bench(progress)
     if "step" not in progress:
@@ -59,11 +68,31 @@ def describe(progress: dict[str, Any]) -> str:
     parts = [f"step {step}/{total} ({100 * step // total}%)", f"loss {progress['loss']:.3f}"]
     accuracy = progress.get("accuracy") or []
     if accuracy:  # on the training batch, per draft depth
-        depths = "/".join(str(d) for d in range(1, len(accuracy) + 1))
-        parts.append(f"train acc@{depths} " + "/".join(f"{a:.2f}" for a in accuracy))
+        parts.append(f"train {_accuracy(accuracy)}")
+    heldout = progress.get("heldout_accuracy") or []
+    if heldout:  # the last held-out evaluation, per draft depth
+        when = progress.get("heldout_step", step)
+        parts.append(f"held-out {_accuracy(heldout)}" + (f" (step {when})" if when != step
+                                                          else ""))
     parts.append(f"{progress['tokens_per_second']:,.0f} tokens/s")
     parts.append(f"ETA {format_duration(progress['eta_seconds'])}")
     return "  ".join(parts)
+
+
+def _accuracy(accuracy: list[float]) -> str:
+    """`acc@1/2/3 0.41/0.22/0.10`: one figure per draft depth."""
+    depths = "/".join(str(d) for d in range(1, len(accuracy) + 1))
+    return f"acc@{depths} " + "/".join(f"{a:.2f}" for a in accuracy)
+
+
+def _describe_capture(p: dict[str, Any]) -> str:
+    """The capture stage's record (workers/jobs/capture_stage.py ``CaptureProgress``)."""
+    shards = max(int(p["shards"]), 1)
+    return "  ".join([
+        f"shard {p['shard']}/{shards} ({100 * p['shard'] // shards}%)",
+        f"samples {p['samples']}/{p['samples_total']}",
+        f"{p['samples_per_second']:,.1f} samples/s", f"{p['bytes'] / 1e6:,.1f} MB",
+        f"ETA {format_duration(p['eta_seconds'])}"])
 
 
 def _describe_bench(p: dict[str, Any]) -> str:
@@ -94,6 +123,7 @@ class TrainingProgress:
         self.window_tokens = 0
         self.first_step: int | None = None
         self.reported = 0
+        self.heldout: dict[str, Any] = {}  # the last evaluation: heldout_accuracy, _step
 
     def _published(self) -> list[dict[str, Any]]:
         try:
@@ -107,10 +137,17 @@ class TrainingProgress:
         if self.first_step is None:  # resumed: drop the published rows from here on
             self.first_step = step
             self.rows = [r for r in self.rows if int(r["step"]) < step]
+            for kept in self.rows:
+                self._note_heldout(kept)
+        self._note_heldout(row)
         self.rows.append(row)
         self.window_tokens += int(row.get("tokens", 0))
         if step % self.every == 0 or step >= self.total:
             self._publish(row)
+
+    def _note_heldout(self, row: dict[str, Any]) -> None:
+        if row.get(HELDOUT_KEY):
+            self.heldout = {HELDOUT_KEY: row[HELDOUT_KEY], "heldout_step": int(row["step"])}
 
     def finish(self) -> None:
         """After the last step: report it unless it was already."""
@@ -123,7 +160,7 @@ class TrainingProgress:
         done = step - (self.first_step or step) + 1
         progress = {
             "stage": self.stage, "step": step, "total": self.total, "loss": row["loss"],
-            "accuracy": row.get("accuracy", []),
+            "accuracy": row.get("accuracy", []), **self.heldout,
             "tokens_per_second": self.window_tokens / max(now - self.window_start, 1e-9),
             "eta_seconds": (self.total - step) * (now - self.started) / done,
             "updated": time.time(),

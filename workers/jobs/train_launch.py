@@ -3,13 +3,17 @@
 With ``EAGLENEST_TRAIN_PROCESSES`` = N > 1 (the job's ``OptimizationEnvironment``, else the
 worker's setting of the same name) the pipeline does not call ``train()`` itself: it writes
 the run to ``<work>/ddp/`` (``run.json``: the TrainConfig fields, target folder, device;
-``samples.json``: the encoded samples) and starts (as ``python -m torch.distributed.run``)
+``samples.json``: the encoded samples; ``capture``: the capture shards' folder, or none) and
+starts (as ``python -m torch.distributed.run``)
 
     torchrun --standalone --nproc-per-node N -m eaglenest.workers.jobs.train_launch RUN
 
 as an owned child (foundation/children.py: its own process group, killed when the worker
 dies; each rank also dies with torchrun). Each rank loads the target on its device
-(``cuda:LOCAL_RANK``, or the CPU with gloo) and runs ``train()`` (models/distributed.py
+(``cuda:LOCAL_RANK``, or the CPU with gloo), or with a capture folder
+(EAGLENEST_CAPTURE_BACKEND=hf) reads the shards (models/shard_source.py
+``shard_train_data``: every rank sees all shards and loads those its share of each global
+batch lands in), and runs ``train()`` (models/distributed.py
 does the rest). The job keeps
 control from the parent, by files, because the ranks cannot reach the job's database
 session or store:
@@ -57,7 +61,7 @@ class LaunchError(RuntimeError):
 
 
 def write_run(run_dir: Path, config: Any, target_dir: Path, device: str, source: str,
-              samples: list[Any]) -> Path:
+              samples: list[Any], capture: Path | None = None) -> Path:
     """Write what every rank needs to ``run_dir``; the path of ``run.json``."""
     run_dir.mkdir(parents=True, exist_ok=True)
     from eaglenest.models.train import config_record
@@ -65,7 +69,8 @@ def write_run(run_dir: Path, config: Any, target_dir: Path, device: str, source:
     fields = config_record(config)
     (run_dir / "samples.json").write_text(json.dumps(
         [{"input_ids": s.input_ids, "loss_mask": s.loss_mask} for s in samples]))
-    run = {"config": fields, "target": str(target_dir), "device": device, "source": source}
+    run = {"config": fields, "target": str(target_dir), "device": device, "source": source,
+           "capture": str(capture) if capture else None}
     (run_dir / "run.json").write_text(json.dumps(run))
     for name in ("stop", "result.json", PROGRESS_FILE):
         (run_dir / name).unlink(missing_ok=True)
@@ -189,8 +194,7 @@ def rank_main(run_file: Path) -> int:
     """One rank (run by torchrun): load the target, train, rank 0 writes result.json."""
     from eaglenest.models import distributed
     from eaglenest.models.data.template import Sample
-    from eaglenest.models.target import load_target
-    from eaglenest.models.train import TrainConfig, TrainData, train
+    from eaglenest.models.train import TrainConfig, train
 
     children.die_with_parent()  # torchrun killed (its worker died): the ranks go too
     run_dir = run_file.parent
@@ -209,8 +213,7 @@ def rank_main(run_file: Path) -> int:
     apply_torch(threads)
     try:
         with Registry().entry("training", threads):
-            target = load_target(run["target"], device=device)
-            result = train(config, TrainData(target, samples, source=run["source"]), device)
+            result = train(config, _rank_data(run, samples, device), device)
     finally:
         distributed.shutdown()
     if int(os.environ.get("RANK", "0")) == 0:
@@ -221,6 +224,18 @@ def rank_main(run_file: Path) -> int:
         (run_dir / "result.json.part").write_text(json.dumps(out))
         (run_dir / "result.json.part").replace(run_dir / "result.json")
     return 0
+
+
+def _rank_data(run: dict[str, Any], samples: list[Any], device: Any) -> Any:
+    """The rank's TrainData: from the capture shards when the run names them, else the
+    target loaded on the rank's device."""
+    from eaglenest.models.shard_source import shard_train_data
+    from eaglenest.models.target import load_target
+    from eaglenest.models.train import TrainData
+
+    if run.get("capture"):
+        return shard_train_data(run["capture"], device, source=run["source"])
+    return TrainData(load_target(run["target"], device=device), samples, source=run["source"])
 
 
 if __name__ == "__main__":

@@ -37,7 +37,9 @@ def test_job_trains_benchmarks_and_publishes(stack):
     assert d["OptimizationJobStatus"] == "COMPLETED", d.get("FailureReason")
     assert d["OptimizationStartTime"] <= d["OptimizationEndTime"]
     progress = re.findall(r"INFO eaglenest.optimize job tiny-eagle3: (step \d+/4 \(\d+%\)  "
-                          r"loss [\d.]+  train acc@[\d/]+ [\d./]+  [\d,]+ tokens/s  ETA \w+) "
+                          r"loss [\d.]+  train acc@[\d/]+ [\d./]+"
+                          r"(?:  held-out acc@[\d/]+ [\d./]+(?: \(step \d+\))?)?"
+                          r"  [\d,]+ tokens/s  ETA \w+) "
                           rf"\[job={ACCOUNT}/tiny-eagle3\]", stack.log())
     assert [p.split()[1] for p in progress] == ["2/4", "4/4"], stack.log()[-3000:]
     # the benchmark: a line per server start and per row measured (2 levels x 3 rows x 2

@@ -58,3 +58,16 @@ def test_bench_rounds_defaults_to_two_and_names_the_variable() -> None:
         with pytest.raises(OptionError) as exc:
             parse_options({"EAGLENEST_BENCH_ROUNDS": raw})
         assert str(exc.value) == message
+
+
+def test_training_stop_options_default_and_name_the_variable() -> None:
+    opts = parse_options({})
+    assert (opts.eval_every, opts.max_train_minutes, opts.plateau_evals) == (50, 0.0, 0)
+    opts = parse_options({"EAGLENEST_EVAL_EVERY": "10", "EAGLENEST_MAX_TRAIN_MINUTES": "1.5",
+                          "EAGLENEST_PLATEAU_EVALS": "3"})
+    assert (opts.eval_every, opts.max_train_minutes, opts.plateau_evals) == (10, 1.5, 3)
+    for name, raw in [("EAGLENEST_MAX_TRAIN_MINUTES", "-1"), ("EAGLENEST_MAX_TRAIN_MINUTES", "soon"),
+                      ("EAGLENEST_PLATEAU_EVALS", "-2"), ("EAGLENEST_EVAL_EVERY", "x")]:
+        with pytest.raises(OptionError) as exc:
+            parse_options({name: raw})
+        assert name in str(exc.value)

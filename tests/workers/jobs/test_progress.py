@@ -177,3 +177,23 @@ def test_bench_progress_without_a_job_names_none(caplog):
     progress.starting("eagle K=1", 2, 3)
     assert caplog.records[-1].getMessage() == (
         "benchmark: starting the eagle K=1 server (2/3, vllm)")
+
+
+def test_heldout_accuracy_is_shown_labelled_and_dated(tmp_path, caplog):
+    """Lines before the first evaluation show training accuracy only; the evaluated step's
+    line shows held-out accuracy beside it; later lines keep it with the step it was
+    measured at; the record carries it for `eaglenest status`."""
+    store, reports, clock = LocalStore(tmp_path / "s3"), [], Clock()
+    progress = make(tmp_path, store, reports, clock, total=12, every=4)
+    caplog.set_level(logging.INFO, logger="eaglenest.optimize")
+    for step in range(1, 13):
+        clock.t += 1.0
+        progress.row({**row(step), **({"heldout_accuracy": [0.61, 0.42]} if step == 8 else {})})
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines[0] == (
+        "job j1: step 4/12 (33%)  loss 1.250  train acc@1/2 0.50/0.25  300 tokens/s  ETA 8s")
+    assert lines[1] == ("job j1: step 8/12 (66%)  loss 0.625  train acc@1/2 0.50/0.25  "
+                        "held-out acc@1/2 0.61/0.42  300 tokens/s  ETA 4s")
+    assert lines[2] == ("job j1: step 12/12 (100%)  loss 0.417  train acc@1/2 0.50/0.25  "
+                        "held-out acc@1/2 0.61/0.42 (step 8)  300 tokens/s  ETA 0s")
+    assert (reports[-1]["heldout_accuracy"], reports[-1]["heldout_step"]) == ([0.61, 0.42], 8)
