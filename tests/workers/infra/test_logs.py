@@ -26,6 +26,7 @@ from eaglenest.workers.infra.logs import (
     current_context,
     log_context,
 )
+from tests.support.logs import configured_logging
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -127,10 +128,7 @@ def test_http_clients_log_no_line_per_request(capfd):
     ("HTTP Request: POST ... 200 OK"); its warnings still pass."""
     import httpx
 
-    root = logging.getLogger()
-    saved = (list(root.handlers), root.level)
-    try:
-        configure_logging("text")
+    with configured_logging("text"):
         transport = httpx.MockTransport(lambda request: httpx.Response(200, json={}))
         with httpx.Client(transport=transport) as client:
             assert client.post("http://server/v1/completions", json={}).status_code == 200
@@ -140,13 +138,6 @@ def test_http_clients_log_no_line_per_request(capfd):
         assert "HTTP Request" not in err and "INFO eaglenest.x ours" in err
         assert "WARNING httpx a client warning" in err
         assert logging.getLogger("httpcore").getEffectiveLevel() == logging.WARNING
-    finally:
-        for h in list(root.handlers):
-            root.removeHandler(h)
-        for h in saved[0]:
-            root.addHandler(h)
-        root.setLevel(saved[1])
-        logging.captureWarnings(False)
 
 
 def test_settings_log_format(monkeypatch):

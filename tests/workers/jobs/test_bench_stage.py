@@ -114,24 +114,14 @@ def test_a_real_benchmark_logs_its_rows_and_no_requests(tiny_llama_dir, tiny_eag
                                                         tmp_path, capfd):
     """The tiny target and head on the embedded backend, under the worker's logging set-up
     (workers/infra/logs.py configure_logging): our lines, none of httpx's per request."""
-    from eaglenest.workers.infra.logs import configure_logging
+    from tests.support.logs import configured_logging
 
-    root = logging.getLogger()
-    saved = (list(root.handlers), root.level)
     reports: list = []
     bench = BenchPlan(tiny_llama_dir, tiny_eagle3_dir, ["Hello", "The capital of"],
                       "embedded", (1, 2), 4, 1, ks=(1,), rounds=1, startup_timeout=120)
-    try:
-        configure_logging("text")
+    with configured_logging("text"):
         report = bench_stage.run_benchmark(bench, tmp_path, lambda: False, BenchProgress(
             "tiny", "benchmark baseline vs EAGLE", reports.append))
-    finally:
-        for h in list(root.handlers):
-            root.removeHandler(h)
-        for h in saved[0]:
-            root.addHandler(h)
-        root.setLevel(saved[1])
-        logging.captureWarnings(False)
     err = capfd.readouterr().err
     print(err)
     assert list(report["results"]) == ["baseline", "eagle K=1"]
