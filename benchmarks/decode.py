@@ -15,6 +15,12 @@ row in turn, so that drift in machine speed hits all rows alike):
 * ``ours plain``, ``ours chain K``, ``ours tree`` (``--depth/--topk/--total-tokens``, plus
   one row per ``--more-trees`` DEPTH:TOTAL), ``ours parallel K`` (P-EAGLE head),
   ``ours chain adaptive`` and ``ours tree adaptive``: models.decode.SpeculativeEngine;
+* ``ours chain K=<k> oracle`` per K of ``--ks``: chain K whose drafts are read from the same
+  prompt's ``ours plain`` output (benchmarks/oracle.py; that output is decoded again,
+  untimed, before the prompt's rows), so every draft is accepted: tau = K + 1 but for a
+  prompt's last round, whose drafts past the known output need not be. It costs what
+  verifying K + 1 tokens a round costs, no head work: the engine's ceiling for chain K on
+  this box, in this run;
 * ``vllm`` and ``vllm eagle K``: vLLM's OpenAI server (when installed) through
   workers.jobs.loadgen at concurrency 1 (HTTP and streaming included, so slightly pessimistic).
 
@@ -22,9 +28,14 @@ Greedy decoding is lossless, so each row reports how many outputs differ from hf
 (0 expected in fp32; vLLM compares its own target-only row). ``--dtype bfloat16`` runs every
 row in bf16 (the baseline too): there a batched verification forward can round differently
 from a one-token step and flip a near-tie, so a few outputs may differ; the column shows how
-many. The header names each engine row's linear kernels (models/decode/kernels.py; forced
-by ``EAGLENEST_LINEAR_KERNEL``). Then ``--concurrency`` levels through the
-OpenAI servers (embedded with and without the head, vLLM with and without), output tokens/s.
+many (and the oracle rows, drafting plain's bf16 output, may fall short of tau = K + 1).
+The header names each engine row's linear kernels (models/decode/kernels.py; forced by
+``EAGLENEST_LINEAR_KERNEL``). After the rows' table, per prompt set, ``best / oracle``: the
+fastest ``ours`` row that is not an oracle row (tokens/s) over the fastest oracle row (the
+best measured K with perfect drafts, not necessarily the best row's K), both named: the
+share of this box's ceiling our best mode reaches, comparable across machines (also under
+"ceiling" in ``--json``). Then ``--concurrency`` levels through the OpenAI servers
+(embedded with and without the head, vLLM with and without), output tokens/s.
 """
 
 from __future__ import annotations
@@ -42,6 +53,7 @@ from typing import Any
 
 import torch
 
+from benchmarks.oracle import OracleSource
 from benchmarks.train_heads import first_user_prompt, split_builtin
 from eaglenest.foundation.processes import free_port
 from eaglenest.models.decode.engine import SpeculativeEngine
@@ -54,6 +66,7 @@ from eaglenest.workers.jobs.loadgen import BenchConfig, run
 from eaglenest.workers.serving.process import EMBEDDED, VLLM, ServerProcess, ServerSpec
 
 CODE_SETS = ("magicoder", "opencodeinstruct", "swebench")
+ORACLE = " oracle"  # name suffix of the oracle rows (drafts read from plain's output)
 
 
 @dataclass
@@ -88,17 +101,20 @@ Fn = Callable[[list[int]], tuple[list[int], SpecStats | None]]
 
 
 def time_rows(fns: dict[str, Fn], prompts: list[list[int]],
+              prepare: Callable[[list[int]], object] | None = None,
               ) -> dict[str, tuple[float, float | None, list[list[int]]]]:
     """Every row on every prompt, interleaved: prompt by prompt, each row in turn (the order
     reversed every other prompt), so that a drift in machine speed (a shared host's varies
-    over minutes) hits all rows alike. Per row: (output tokens/s over all
-    prompts, acceptance length or None, outputs)."""
+    over minutes) hits all rows alike; ``prepare(prompt)`` runs first, untimed. Per row:
+    (output tokens/s over all prompts, acceptance length or None, outputs)."""
     elapsed = dict.fromkeys(fns, 0.0)
     outs: dict[str, list[list[int]]] = {name: [] for name in fns}
     stats = {name: SpecStats() for name in fns}
     speculative: set[str] = set()
     names = list(fns)
     for i, ids in enumerate(prompts):
+        if prepare is not None:
+            prepare(ids)
         for name in names if i % 2 == 0 else names[::-1]:
             t0 = time.perf_counter()
             out, st = fns[name](ids)
@@ -129,7 +145,7 @@ def hf_rows(target: Target, n: int, eos: int | None) -> dict[str, Callable]:
 
 
 def engine_rows(target: Target, head: Any, peagle: Any, args: argparse.Namespace,
-                ) -> dict[str, SpeculativeEngine]:
+                oracle: OracleSource) -> dict[str, SpeculativeEngine]:
     tree = dict(depth=args.depth, topk=args.topk, total_tokens=args.total_tokens)
     model = target.model
     kernels = KernelPolicy(force=os.environ.get("EAGLENEST_LINEAR_KERNEL", AUTO))
@@ -137,6 +153,8 @@ def engine_rows(target: Target, head: Any, peagle: Any, args: argparse.Namespace
     rows = {"ours plain": make(model, None)}
     for k in args.ks:
         rows[f"ours chain K={k}"] = make(model, head, DecodeMode.CHAIN, k=k)
+        rows[f"ours chain K={k}{ORACLE}"] = make(model, None, DecodeMode.CHAIN, k=k,
+                                                 drafter_factory=oracle.drafter)
     rows[f"ours tree d={args.depth} top{args.topk} n={args.total_tokens}"] = make(
         model, head, DecodeMode.TREE, **tree)
     for d, n in args.more_trees:  # larger trees: more acceptance for a larger verification
@@ -162,7 +180,7 @@ def engine_fn(engine: SpeculativeEngine, n: int, eos: int | None) -> Callable:
 
     def go(ids: list[int]) -> tuple[list[int], SpecStats | None]:
         out = engine.generate_ids(ids, n, stop_token_ids=stop)
-        return out, (engine.request_stats if engine.head is not None else None)
+        return out, (engine.request_stats if engine.mode.spec.drafts else None)
     return go
 
 
@@ -199,6 +217,22 @@ def _vllm_installed() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
+def ceilings(rows: list[Row]) -> list[dict[str, Any]]:
+    """Per prompt set: our fastest non-oracle row over the fastest oracle row (the ceiling:
+    the best measured K with perfect drafts), tokens/s of each and ``best_over_oracle``."""
+    out = []
+    for set_name in dict.fromkeys(r.prompt_set for r in rows):
+        ours = [r for r in rows if r.prompt_set == set_name and r.name.startswith("ours ")]
+        best = max((r for r in ours if not r.name.endswith(ORACLE)),
+                   key=lambda r: r.tokens_per_second)
+        top = max((r for r in ours if r.name.endswith(ORACLE)), key=lambda r: r.tokens_per_second)
+        out.append({"prompt_set": set_name, "best": best.name,
+                    "best_tps": best.tokens_per_second, "oracle": top.name,
+                    "oracle_tps": top.tokens_per_second,
+                    "best_over_oracle": best.tokens_per_second / top.tokens_per_second})
+    return out
+
+
 def markdown(rows: list[Row], levels: list[dict[str, Any]]) -> str:
     lines = ["| prompts | row | tok/s | vs hf generate | tau | outputs differing |",
              "|---|---|---|---|---|---|"]
@@ -206,6 +240,10 @@ def markdown(rows: list[Row], levels: list[dict[str, Any]]) -> str:
         tau = f"{r.tau:.2f}" if r.tau else "-"
         lines.append(f"| {r.prompt_set} | {r.name} | {r.tokens_per_second:.1f} | "
                      f"{r.speedup:.2f}x | {tau} | {r.differ} |")
+    lines += ["", "| prompts | best row | tok/s | oracle row | tok/s | best / oracle |",
+              "|---|---|---|---|---|---|"]
+    lines += [f"| {c['prompt_set']} | {c['best']} | {c['best_tps']:.1f} | {c['oracle']} | "
+              f"{c['oracle_tps']:.1f} | {c['best_over_oracle']:.1%} |" for c in ceilings(rows)]
     if levels:
         lines += ["", "| server | concurrency | output tok/s | TTFT p50 ms | tau |",
                   "|---|---|---|---|---|"]
@@ -243,14 +281,20 @@ def in_process(target: Target, head: Any, peagle: Any, sets: dict[str, list[list
                args: argparse.Namespace) -> list[Row]:
     eos = target.tokenizer.eos_token_id
     n = args.max_new_tokens
+    oracle = OracleSource(end=eos if eos is not None else 0)
     fns: dict[str, Callable] = hf_rows(target, n, eos)
     fns.update({name: engine_fn(e, n, eos)
-                for name, e in engine_rows(target, head, peagle, args).items()})
-    time_rows(fns, next(iter(sets.values()))[:1])  # warm-up (oneDNN primitives, caches)
+                for name, e in engine_rows(target, head, peagle, args, oracle).items()})
+    plain = fns["ours plain"]
+
+    def prepare(ids: list[int]) -> None:  # the oracle rows' drafts: plain's output, untimed
+        oracle.load(ids + plain(ids)[0])
+
+    time_rows(fns, next(iter(sets.values()))[:1], prepare)  # warm-up (oneDNN, caches)
     rows: list[Row] = []
     for set_name, prompts in sets.items():
         base: Row | None = None
-        for name, (rate, tau, outs) in time_rows(fns, prompts).items():
+        for name, (rate, tau, outs) in time_rows(fns, prompts, prepare).items():
             ref = base.outputs if base else outs
             row = Row(name, set_name, rate, tau, sum(a != b for a, b in zip(outs, ref,
                                                                             strict=True)),
@@ -340,6 +384,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps({"rows": [{k: v for k, v in asdict(r).items()
                                                    if k != "outputs"} for r in rows],
+                                         "ceiling": ceilings(rows),
                                          "levels": levels}, indent=2))
     return 0
 

@@ -1,4 +1,5 @@
-"""Random Llama targets built on the device, random heads, an oracle drafter, timing helpers."""
+"""Random Llama targets built on the device, random heads, timing helpers (the oracle drafter:
+benchmarks/oracle.py)."""
 
 from __future__ import annotations
 
@@ -185,46 +186,3 @@ class Bench:
         gc.collect()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
-
-
-def oracle_factory(seq: list[int]) -> Callable[[], Any]:
-    """Drafter factory whose drafts are read from ``seq`` (prompt + the greedy output): full
-    acceptance wherever ``seq`` is what the target emits. No head, no device work."""
-    from eaglenest.models.decode.drafter import HeadDrafter
-    from eaglenest.models.decode.runner import StepOutput
-    from eaglenest.models.decode.sampling import SamplingParams
-
-    class Oracle(HeadDrafter):
-        def __init__(self) -> None:  # no head: the HeadDrafter fields drafting reads
-            self.head = None  # type: ignore[assignment]
-            self.uses_aux, self.parallel = False, True
-            self.target_ids = torch.tensor([*seq, EOS])  # logit i -> seq[i]; last: past the end
-            self.vocab_size = len(seq) + 1
-            self.device, self.dtype = torch.device("cpu"), torch.float32
-            self.reset()
-
-        def logits_at(self, slot: int) -> torch.Tensor:  # slot p drafts seq[p + 2]
-            out = torch.zeros(self.vocab_size)
-            out[min(slot + 2, len(seq))] = 1.0
-            return out
-
-        def features(self, out: StepOutput, rows: list[int] | slice) -> torch.Tensor:
-            return out.last_hidden[rows]
-
-        def extend(self, tokens: list[int], feats: torch.Tensor) -> None:
-            self.slots += len(tokens)
-            self.last_logits, self.last_out = self.logits_at(self.slots - 1), torch.zeros(1, 1, 1)
-
-        def crop(self) -> None:
-            pass
-
-        def step(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
-                 mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            rows = torch.stack([self.logits_at(int(p)) for p in positions.view(-1)])
-            return rows, torch.zeros(1, rows.shape[0], 1)
-
-        def draft_parallel(self, k: int, params: SamplingParams,
-                           gen: torch.Generator | None) -> tuple[list[int], None]:
-            return [seq[min(self.slots + 1 + j, len(seq) - 1)] for j in range(k)], None
-
-    return Oracle

@@ -12,7 +12,8 @@ from typing import Any
 import torch
 
 from benchmarks.gpu_check import CEILING_FORMULA
-from benchmarks.gpu_check.build import EOS, PAD, Bench, median_ms, oracle_factory, random_ids, sync
+from benchmarks.gpu_check.build import EOS, PAD, Bench, median_ms, random_ids, sync
+from benchmarks.oracle import oracle_factory
 from eaglenest.models.decode.modes import DecodeMode
 from eaglenest.models.heads.registry import EAGLE3, HEADS, PEAGLE
 
@@ -206,8 +207,9 @@ def _row_set(bench: Bench, dtype: torch.dtype, prompt: list[int],
     if heads:
         engines[f"ours chain K={K}"] = _engine(bench, DecodeMode.CHAIN, EAGLE3.kind, dtype)
         engines[f"ours parallel K={K}"] = _engine(bench, DecodeMode.PARALLEL, PEAGLE.kind, dtype)
+    oracle = oracle_factory(prompt + plain, EOS)
     engines[f"ours chain K={K} oracle"] = _engine(bench, DecodeMode.CHAIN, None, dtype,
-                                                 drafter_factory=oracle_factory(prompt + plain))
+                                                 drafter_factory=oracle)
     fns: dict[str, Any] = {"hf generate" + suffix: lambda k: hf_greedy(target.model, prompt, k)}
     for name, engine in engines.items():
         fns[name + suffix] = partial(engine.generate_ids, prompt, stop_token_ids=[EOS])
