@@ -4,6 +4,8 @@ them). ``write_shards(target, samples, folder, samples_per_shard)`` lays out:
 
     manifest.json              format version, target identity, the plan of shards and which
                                of them are complete (see ``plan``)
+    samples.safetensors        every sample's input ids and loss mask (``samples_file``):
+                               what a reader needs of the samples without opening a shard
     shard-00000.safetensors    samples 0..N-1; per sample i (its index in ``samples``):
                                  "i.aux"         [seq, n_aux * hidden]  (manifest dtype)
                                  "i.last_hidden" [seq, hidden]          (manifest dtype)
@@ -14,6 +16,9 @@ them). ``write_shards(target, samples, folder, samples_per_shard)`` lays out:
                                its config and tokenizer (save_pretrained) and ends.safetensors
                                ("embed" [vocab, hidden], "lm_head" [vocab, hidden] unless
                                tied to the embeddings, "lm_head_bias" [vocab] if any)
+    heldout-manifest.json,     the held-out split (``split="heldout"``): samples never trained
+    heldout-samples.safetensors, on, for the held-out accuracy; the same layout and rules
+    heldout-shard-00000.safetensors, ...  with their own indices from 0 (shares target/)
 
 Each sample is captured alone (batch 1) through ``CaptureCache.entry``, so a shard holds
 exactly what the in-process cache would: training from shards is the same run. Logits are
@@ -25,7 +30,8 @@ complete; a shard is written to a temporary file, renamed into place, and only t
 complete, so a capture killed at any point resumes by skipping the complete shards. A
 manifest whose target (config.json hash, folder name, architecture), aux layers, hidden
 size, dtype, shard size or samples (a hash of each sample's input ids and loss mask)
-differ from this call's is refused with ``ShardMismatchError``, never reused.
+differ from this call's is refused with ``ShardMismatchError``, never reused. Each split
+has its own manifest, checked and resumed on its own.
 
 Memory: one shard's tensors (and their serialised bytes while written) at a time, whatever
 the number of samples.
@@ -35,6 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import json
 import os
 from dataclasses import dataclass, field
@@ -49,14 +56,15 @@ from eaglenest.models.data.template import Sample
 from eaglenest.models.target import Target
 
 FORMAT = "eaglenest-capture-shards"
-VERSION = 1
-MANIFEST = "manifest.json"
+VERSION = 2  # 2: samples.safetensors, splits
+MANIFEST = "manifest.json"  # the training split's
+TRAIN, HELDOUT = "train", "heldout"  # the splits; files of any but TRAIN carry its prefix
 TARGET_DIR = "target"  # config, tokenizer and ends.safetensors
 ENDS = "ends.safetensors"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 #: manifest keys that must be equal for an existing capture to be reused
-IDENTITY_KEYS = ("format", "version", "target", "aux_layer_ids", "hidden_size", "dtype",
-                 "samples_per_shard", "num_samples")
+IDENTITY_KEYS = ("format", "version", "split", "target", "aux_layer_ids", "hidden_size",
+                 "dtype", "samples_per_shard", "num_samples")
 
 
 class ShardMismatchError(ValueError):
@@ -77,8 +85,41 @@ class ShardReport:
     bytes: int = 0  # bytes of the shards written by this call
 
 
-def shard_name(k: int) -> str:
-    return f"shard-{k:05d}.safetensors"
+def _prefix(split: str) -> str:
+    if split not in (TRAIN, HELDOUT):
+        raise ValueError(f"unknown split {split!r}: {TRAIN} or {HELDOUT}")
+    return "" if split == TRAIN else f"{split}-"
+
+
+def shard_name(k: int, split: str = TRAIN) -> str:
+    """shard-00003.safetensors; heldout-shard-00003.safetensors for the held-out split."""
+    return f"{_prefix(split)}shard-{k:05d}.safetensors"
+
+
+def manifest_name(split: str = TRAIN) -> str:
+    return _prefix(split) + MANIFEST
+
+
+def samples_name(split: str = TRAIN) -> str:
+    return f"{_prefix(split)}samples.safetensors"
+
+
+def samples_file(samples: list[Sample]) -> bytes:
+    """The samples' input ids and loss masks, concatenated, with each sample's bounds:
+    "input_ids" [tokens] int64, "loss_mask" [tokens] uint8, "offsets" [samples + 1] int64
+    (sample i is ``offsets[i]:offsets[i + 1]``).
+
+    Example: samples [5, 6, 7] and [8, 9] -> input_ids [5, 6, 7, 8, 9], offsets [0, 3, 5].
+    """
+    lengths = [len(s.input_ids) for s in samples]
+    return save({
+        "input_ids": torch.tensor([t for s in samples for t in s.input_ids],
+                                  dtype=torch.int64),  # [tokens]
+        "loss_mask": torch.tensor([m for s in samples for m in s.loss_mask],
+                                  dtype=torch.uint8),  # [tokens]
+        "offsets": torch.tensor([0, *itertools.accumulate(lengths)],
+                                dtype=torch.int64),  # [samples + 1]
+    })
 
 
 def sample_hash(sample: Sample) -> str:
@@ -106,7 +147,7 @@ def target_identity(target: Target) -> dict[str, str]:
 
 
 def plan(target: Target, samples: list[Sample], samples_per_shard: int,
-         dtype: torch.dtype) -> dict[str, Any]:
+         dtype: torch.dtype, split: str = TRAIN) -> dict[str, Any]:
     """The manifest of a capture not started yet: every shard planned, none complete.
 
     Example: 5 samples, samples_per_shard=2 -> shards [0, 1], [2, 3], [4].
@@ -119,12 +160,13 @@ def plan(target: Target, samples: list[Sample], samples_per_shard: int,
     shards = []
     for k, start in enumerate(range(0, len(samples), samples_per_shard)):
         ids = list(range(start, min(start + samples_per_shard, len(samples))))
-        shards.append({"file": shard_name(k), "samples": ids,
+        shards.append({"file": shard_name(k, split), "samples": ids,
                        "sample_sha256": [sample_hash(samples[i]) for i in ids],
                        "complete": False})
     return {
         "format": FORMAT,
         "version": VERSION,
+        "split": split,
         "target": target_identity(target),
         "aux_layer_ids": list(target.aux_layer_ids),
         "hidden_size": target.hidden_size,
@@ -135,8 +177,8 @@ def plan(target: Target, samples: list[Sample], samples_per_shard: int,
     }
 
 
-def read_manifest(folder: str | Path) -> dict[str, Any]:
-    path = Path(folder) / MANIFEST
+def read_manifest(folder: str | Path, split: str = TRAIN) -> dict[str, Any]:
+    path = Path(folder) / manifest_name(split)
     if not path.is_file():
         raise FileNotFoundError(f"no capture manifest at {path}")
     manifest: dict[str, Any] = json.loads(path.read_text())
@@ -146,7 +188,7 @@ def read_manifest(folder: str | Path) -> dict[str, Any]:
     return manifest
 
 
-def check_same_plan(old: dict[str, Any], new: dict[str, Any], where: Path) -> None:
+def check_same_plan(old: dict[str, Any], new: dict[str, Any], where: str | Path) -> None:
     """Raise ShardMismatchError naming the first field in which two plans differ."""
     for key in IDENTITY_KEYS:
         a, b = old.get(key), new.get(key)
@@ -175,7 +217,22 @@ def atomic_write(path: Path, data: bytes) -> None:
 
 
 def _write_manifest(folder: Path, manifest: dict[str, Any]) -> None:
-    atomic_write(folder / MANIFEST, json.dumps(manifest, indent=1).encode())
+    atomic_write(folder / manifest_name(manifest["split"]),
+                 json.dumps(manifest, indent=1).encode())
+
+
+def _open_plan(out: Path, manifest: dict[str, Any], samples: list[Sample]) -> dict[str, Any]:
+    """The manifest to continue: the one in ``out`` if it has this plan (else
+    ShardMismatchError), or ``manifest``, written after the samples file (so a manifest
+    on disk always has its samples file)."""
+    split = manifest["split"]
+    if (out / manifest_name(split)).is_file():
+        old = read_manifest(out, split)
+        check_same_plan(old, manifest, out if split == TRAIN else f"{out} ({split} split)")
+        return old
+    atomic_write(out / samples_name(split), samples_file(samples))
+    _write_manifest(out, manifest)
+    return manifest
 
 
 def _write_target_files(target: Target, out: Path) -> None:
@@ -218,21 +275,17 @@ def write_shards(
     dtype: torch.dtype = torch.float32,
     autocast: contextlib.AbstractContextManager | None = None,
     max_new_shards: int | None = None,
+    split: str = TRAIN,
 ) -> ShardReport:
-    """Capture ``samples`` into ``folder``, resuming a capture of the same plan there.
+    """Capture ``samples`` into ``folder`` as ``split`` (TRAIN or HELDOUT), resuming a
+    capture of the same plan there.
 
     ``max_new_shards`` stops after writing that many shards (a time-sliced capture; call
     again to continue). Raises ShardMismatchError for a folder of another plan.
     """
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
-    manifest = plan(target, samples, samples_per_shard, dtype)
-    if (out / MANIFEST).is_file():
-        old = read_manifest(out)
-        check_same_plan(old, manifest, out)
-        manifest = old
-    else:
-        _write_manifest(out, manifest)
+    manifest = _open_plan(out, plan(target, samples, samples_per_shard, dtype, split), samples)
     _write_target_files(target, out / TARGET_DIR)
     device = next(target.model.parameters()).device
     cache = CaptureCache(target, samples, budget_bytes=0, autocast=autocast)

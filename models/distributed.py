@@ -9,16 +9,22 @@ same samples (the draft vocabulary counts every sample, so it is identical on ev
 and wraps it in DDP, which broadcasts rank 0's parameters at construction and all-reduces
 (averages) the gradients during ``backward()``.
 
-Who trains on what (:func:`shard`): ``BatchStream`` keeps its deterministic order but
-yields a *global* batch of ``batch_size * world_size`` indices; rank r takes the r-th
-contiguous share. Example: 10 samples, ``batch_size=2``, 2 ranks: the epoch order is a
-seeded permutation, say ``[7, 2, 9, 0, 4, 1, 8, 3, 6, 5]``; step 1's global batch is
-``[7, 2, 9, 0]``, rank 0 trains on ``[7, 2]`` and rank 1 on ``[9, 0]``; step 2 is
-``[4, 1, 8, 3]`` -> ``[4, 1]`` / ``[8, 3]``; ``[6, 5]`` do not fill a global batch, so
-the epoch ends there (as a single process drops an incomplete batch), and step 3 starts
-epoch 1's permutation. The stream position saved in checkpoints is this global position,
-so a resumed run continues with the same batches (and a one-process run with
-``batch_size=4`` walks the same global batches).
+Who trains on what (:func:`shard`): the stream (models/batches.py ``batch_stream``) yields
+a *global* batch of ``batch_size * world_size`` indices; rank r takes the r-th contiguous
+share. Which stream: training from capture shards (models/shard_source.py) uses
+``RankStream``, whose rank r share is drawn from rank r's own shard files only (a
+deterministic seeded order per rank, see its docstring), so no two ranks open the same
+shard file; every other run uses ``BatchStream``, one global order, as below.
+
+``BatchStream`` example: 10 samples, ``batch_size=2``, 2 ranks: the epoch order is a seeded
+permutation, say ``[7, 2, 9, 0, 4, 1, 8, 3, 6, 5]``; step 1's global batch is ``[7, 2, 9,
+0]``, rank 0 trains on ``[7, 2]`` and rank 1 on ``[9, 0]``; step 2 is ``[4, 1, 8, 3]`` ->
+``[4, 1]`` / ``[8, 3]``; ``[6, 5]`` do not fill a global batch, so the epoch ends there
+(as a single process drops an incomplete batch), and step 3 starts epoch 1's permutation.
+The stream position saved in checkpoints is this global position, so a resumed run
+continues with the same batches (and a one-process run with ``batch_size=4`` walks the
+same global batches; not so with ``RankStream``, whose order depends on the number of
+ranks, and which a resumed run with the same ranks also continues exactly).
 
 What the gradients mean: every head's loss is a masked mean over the scored positions of
 its own batch, and DDP averages the ranks' gradients, so an N-rank step optimises the mean

@@ -4,8 +4,10 @@
 draft depth; models/heads/base.py ``scored_steps``) measured on samples the head never
 trains on: the head in eval mode under ``torch.no_grad``, each depth's hits summed over
 every held-out sample and divided by its scored positions (token-weighted, so the batching
-does not change the figure). The target runs once per held-out sample: the captures are
-kept in their own ``CaptureCache``, as training keeps its own. The global RNG (P-EAGLE's
+does not change the figure). The captures come from ``source`` when given (the held-out
+split of capture shards, models/shard_source.py: no target forward, the same tensors),
+else the target runs once per held-out sample and they are kept in their own
+``CaptureCache``, as training keeps its own. The global RNG (P-EAGLE's
 drop-token draws) is forked and seeded, so an evaluation is deterministic and leaves
 training's random stream exactly as it was (a run with evaluations trains the same head).
 
@@ -22,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from eaglenest.models.capture_cache import CaptureCache
+from eaglenest.models.capture_cache import CaptureCache, CaptureSource
 from eaglenest.models.data.template import Sample
 from eaglenest.models.heads.base import HeadBatch, HeadLoss
 from eaglenest.models.target import Target
@@ -53,13 +55,18 @@ class HeldOut:
     """Samples set aside from training, with their captures (computed on first use)."""
 
     def __init__(self, target: Target, samples: list[Sample], budget_bytes: int,
-                 batch_size: int, autocast: contextlib.AbstractContextManager | None = None
-                 ) -> None:
+                 batch_size: int, autocast: contextlib.AbstractContextManager | None = None,
+                 source: CaptureSource | None = None) -> None:
+        """``source``: the captures of exactly ``samples``, in order (else ValueError);
+        None: the target computes them."""
         if not samples:
             raise ValueError("no held-out samples")
+        if source is not None and source.samples != samples:
+            raise ValueError("the held-out capture source holds other samples")
         self.samples, self.batch_size = samples, max(1, batch_size)
         self.autocast = autocast or contextlib.nullcontext()
-        self.cache = CaptureCache(target, samples, budget_bytes, autocast)
+        self.cache: CaptureSource = source if source is not None else CaptureCache(
+            target, samples, budget_bytes, autocast)
         tok = target.tokenizer
         self.pad = tok.pad_token_id if tok.pad_token_id is not None else 0
 

@@ -2,6 +2,8 @@
 
     data = shard_train_data(folder, device)  # TrainData: stand-in target, samples, shards
     train(config, data, device)              # the same run as with the live target
+    shard_train_data(folder, heldout=True)   # also the held-out split, for the held-out
+                                             # accuracy (models/evaluate.py ``HeldOut``)
 
 ``ShardTarget`` is a ``Target`` holding only what heads and losses use of the target: its
 config, tokenizer, input embeddings and lm_head (read from the capture's target/ folder; the
@@ -10,6 +12,11 @@ final norm is not needed, ``last_hidden`` is stored after it). Its decoder does 
 device)`` pads per-sample entries read from the shards, keeping at most ``max_loaded``
 shards in memory (least recently used first out), and leaves the logits to be recomputed
 from ``last_hidden`` with the lm_head, as the in-process ``CaptureCache`` does.
+
+Files opened: the samples come from the split's samples.safetensors, and a shard file is
+opened only when one of its samples is asked for. ``ShardSource.groups`` lists the samples
+of each shard file, which is how data-parallel training (models/batches.py ``RankStream``)
+keeps each rank to its own shard files.
 """
 
 from __future__ import annotations
@@ -19,18 +26,20 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
 from safetensors.torch import load_file
 from torch import nn
 
 from eaglenest.models.capture_cache import CaptureEntry, padded_capture
 from eaglenest.models.capture_shards import (
     ENDS,
+    HELDOUT,
     TARGET_DIR,
+    TRAIN,
     IncompleteCaptureError,
     ShardMismatchError,
     read_manifest,
     sample_hash,
+    samples_name,
 )
 from eaglenest.models.data.template import Sample
 from eaglenest.models.target import Capture, Target
@@ -91,46 +100,35 @@ class ShardTarget(Target):
         raise TypeError("a ShardTarget cannot run the target: read captures from the shards")
 
 
-def rank_shards(num_shards: int, rank: int, world_size: int) -> list[int]:
-    """Rank ``rank``'s contiguous share of the shards; shares are disjoint, cover all shards
-    and differ by at most one shard.
-
-    Example: 5 shards, 2 ranks -> rank 0: [0, 1], rank 1: [2, 3, 4] (r * n // w bounds).
-    """
-    if not 0 <= rank < world_size or num_shards < world_size:
-        raise ValueError(f"{num_shards} shards cannot feed rank {rank} of {world_size}")
-    return list(range(rank * num_shards // world_size, (rank + 1) * num_shards // world_size))
-
-
-def read_samples(folder: str | Path, shard_ids: list[int] | None = None) -> list[Sample]:
-    """The samples stored in the shards (all, or those of ``shard_ids``), in index order.
-
-    Reads only the input-id and loss-mask tensors (safetensors loads tensors lazily).
-    """
-    manifest = _complete_manifest(folder)
-    out: list[Sample] = []
-    for k in shard_ids if shard_ids is not None else range(len(manifest["shards"])):
-        shard = manifest["shards"][k]
-        with safe_open(str(Path(folder) / shard["file"]), framework="pt") as f:
-            for i in shard["samples"]:
-                ids, mask = f.get_tensor(f"{i}.input_ids"), f.get_tensor(f"{i}.loss_mask")
-                out.append(Sample(ids.tolist(), [int(m) for m in mask.tolist()]))
-    return out
+def read_samples(folder: str | Path, shard_ids: list[int] | None = None,
+                 split: str = TRAIN) -> list[Sample]:
+    """The samples of a complete capture's ``split`` (all, or those of ``shard_ids``), in
+    index order. Reads the split's samples file only, never a shard file."""
+    manifest = _complete_manifest(folder, split)
+    t = load_file(Path(folder) / samples_name(split))
+    ids, mask = t["input_ids"].tolist(), t["loss_mask"].tolist()  # [tokens] each
+    bounds = t["offsets"].tolist()  # [samples + 1]: sample i is bounds[i]:bounds[i + 1]
+    shards = manifest["shards"]
+    picked = [i for k in (shard_ids if shard_ids is not None else range(len(shards)))
+              for i in shards[k]["samples"]]
+    return [Sample(ids[bounds[i]:bounds[i + 1]], mask[bounds[i]:bounds[i + 1]])
+            for i in picked]
 
 
-def _complete_manifest(folder: str | Path) -> dict[str, Any]:
-    manifest = read_manifest(folder)
+def _complete_manifest(folder: str | Path, split: str = TRAIN) -> dict[str, Any]:
+    manifest = read_manifest(folder, split)
     todo = [k for k, s in enumerate(manifest["shards"]) if not s["complete"]]
     if todo:
         raise IncompleteCaptureError(
-            f"capture at {folder} is incomplete: shards {todo} of {len(manifest['shards'])} "
-            "are not written (run the capture again to finish it)")
+            f"capture at {folder} is incomplete: {split} shards {todo} of "
+            f"{len(manifest['shards'])} are not written (run the capture again to finish it)")
     return manifest
 
 
 class ShardSource:
-    """Captures read from shards; ``samples`` must be the capture's samples, in order
-    (``read_samples``), or the subset of ``shard_ids`` (then indices count within it)."""
+    """Captures read from the shards of ``split``; ``samples`` must be the split's samples,
+    in order (``read_samples``), or the subset of ``shard_ids`` (then indices count within
+    it)."""
 
     def __init__(
         self,
@@ -139,9 +137,10 @@ class ShardSource:
         samples: list[Sample] | None = None,
         max_loaded: int = 2,
         shard_ids: list[int] | None = None,
+        split: str = TRAIN,
     ) -> None:
         self.folder = Path(folder)
-        self.manifest = _complete_manifest(folder)
+        self.manifest = _complete_manifest(folder, split)
         if list(target.aux_layer_ids) != self.manifest["aux_layer_ids"]:
             raise ShardMismatchError(f"capture at {folder} has aux layers "
                                      f"{self.manifest['aux_layer_ids']}, the target "
@@ -153,11 +152,22 @@ class ShardSource:
         #: Example: shards [[0, 1], [2, 3], [4]], shard_ids [1, 2] -> {0: (1, 2), 1: (1, 3),
         #: 2: (2, 4)}.
         self.where = [(k, i) for k in ids for i in shards[k]["samples"]]
-        self.samples = samples if samples is not None else read_samples(folder, ids)
+        self.samples = samples if samples is not None else read_samples(folder, ids, split)
         self._check_samples()
         self.max_loaded = max(1, max_loaded)
         self.loaded: OrderedDict[int, dict[str, torch.Tensor]] = OrderedDict()
         self.loads = 0  # shard files read (tests and logs)
+
+    @property
+    def groups(self) -> list[list[int]]:
+        """Per shard file of this source, the indices (in ``samples``) of its samples.
+
+        Example: shards [[0, 1], [2, 3], [4]], shard_ids [1, 2] -> [[0, 1], [2]].
+        """
+        out: dict[int, list[int]] = {}
+        for index, (k, _) in enumerate(self.where):
+            out.setdefault(k, []).append(index)
+        return list(out.values())
 
     def _check_samples(self) -> None:
         hashes = {i: h for s in self.manifest["shards"]
@@ -196,9 +206,14 @@ def shard_train_data(
     device: str | torch.device = "cpu",
     max_loaded: int = 2,
     source: str = "",
+    heldout: bool = False,
 ) -> TrainData:
-    """Everything ``train()`` needs from a complete capture folder, without the decoder."""
+    """Everything ``train()`` needs from a complete capture folder, without the decoder;
+    with ``heldout`` also the held-out split's samples and captures (its manifest must be
+    there and complete)."""
     target = ShardTarget(folder, device)
     shards = ShardSource(folder, target, max_loaded=max_loaded)
-    return TrainData(target, shards.samples, source=source, cache=shards)
+    held = ShardSource(folder, target, max_loaded=max_loaded, split=HELDOUT) if heldout else None
+    return TrainData(target, shards.samples, source=source, cache=shards,
+                     heldout=held.samples if held else [], heldout_cache=held)
 

@@ -11,7 +11,7 @@ schedule spans ``max_steps``, so an early stop ends it part-way (LR above its fl
 Every step appends a row to the history (step, loss, lr, accuracy, tokens over all ranks,
 `ts`: ISO-8601 UTC) and hands it to ``TrainConfig.on_step`` on the main process.
 Under torchrun the same call trains data-parallel (DDP) on every process: see
-``models/distributed.py``.
+``models/distributed.py`` (and ``models/batches.py`` for each rank's samples).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from torch import nn
 from tqdm import tqdm
 
 from eaglenest.models import distributed
+from eaglenest.models.batches import BatchStream, RankStream, batch_stream
 from eaglenest.models.capture_cache import CaptureCache, CaptureSource
 from eaglenest.models.checkpoint import head_kind, load_head, save_head
 from eaglenest.models.data.template import Sample
@@ -108,6 +109,8 @@ class TrainData:
     cache: CaptureSource | None = field(default=None, repr=False, compare=False)
     #: samples never trained on, encoded like ``samples``: the held-out accuracy's
     heldout: list[Sample] = field(default_factory=list, repr=False, compare=False)
+    #: their captures read from shards (samples ``heldout``); None: the target runs them
+    heldout_cache: CaptureSource | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass
@@ -132,37 +135,6 @@ class TrainResult:
 # config)``, ``.loss_kwargs``) ------------------------------------------------------------
 
 
-# ---- data --------------------------------------------------------------------------------
-class BatchStream:
-    """Deterministic batches: a seeded permutation per epoch, position kept for resume."""
-
-    def __init__(self, samples: list[Sample], batch_size: int, seed: int) -> None:
-        if not samples:
-            raise ValueError("no training samples")
-        self.samples, self.batch_size, self.seed = samples, min(batch_size, len(samples)), seed
-        self.epoch, self.pos = 0, 0
-
-    def _order(self) -> list[int]:
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
-        return torch.randperm(len(self.samples), generator=g).tolist()
-
-    def next_indices(self) -> list[int]:
-        if self.pos + self.batch_size > len(self.samples):
-            self.epoch, self.pos = self.epoch + 1, 0
-        idx = self._order()[self.pos : self.pos + self.batch_size]
-        self.pos += self.batch_size
-        return idx
-
-    def next(self) -> list[Sample]:
-        return [self.samples[i] for i in self.next_indices()]
-
-    def state(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "pos": self.pos}
-
-    def load_state(self, state: dict[str, int]) -> None:
-        self.epoch, self.pos = int(state["epoch"]), int(state["pos"])
-
-
 # ---- optimisation ------------------------------------------------------------------------
 def _autocast(device: torch.device) -> contextlib.AbstractContextManager:
     if device.type == "cuda":
@@ -177,7 +149,7 @@ def _save_state(
     head: nn.Module,
     opt: Any,
     sched: Any,
-    stream: BatchStream,
+    stream: BatchStream | RankStream,
     history: list[dict[str, Any]],
     data: TrainData,
     config: TrainConfig,
@@ -290,7 +262,7 @@ def train(config: TrainConfig, data: TrainData, device: str | torch.device = "cp
         head = HEADS[config.head].build(data.target, data.samples, config)
     head.to(device).train()
     opt, sched = make_optimizer(head, config)
-    stream = BatchStream(data.samples, config.batch_size * place.world_size, config.seed)
+    stream = batch_stream(data.samples, data.cache, config.batch_size, config.seed, place)
     step, history = 0, []
     if ckpt is not None:
         state = torch.load(ckpt / STATE_FILE, map_location="cpu", weights_only=True)
@@ -317,7 +289,7 @@ def _run(
     head: nn.Module,
     opt: Any,
     sched: Any,
-    stream: BatchStream,
+    stream: BatchStream | RankStream,
     step: int,
     history: list[dict[str, Any]],
     data: TrainData,
@@ -336,7 +308,8 @@ def _run(
         cache = CaptureCache(data.target, data.samples, config.capture_cache_mb << 20,
                              _autocast(device))
     heldout = HeldOut(data.target, data.heldout, config.capture_cache_mb << 20,
-                      config.batch_size, _autocast(device)) if data.heldout else None
+                      config.batch_size, _autocast(device), data.heldout_cache
+                      ) if data.heldout else None
     tokens, start, stopper, eval_seconds = 0, time.perf_counter(), Stopper(config), 0.0
     show = config.progress and place.is_main
     bar = tqdm(total=config.max_steps, initial=step, disable=not show, desc="train")

@@ -1,5 +1,7 @@
 """Capture shards on disk (models/capture_shards.py) and training from them
-(models/shard_source.py): same tensors, same head, resume, refusal, rank assignment."""
+(models/shard_source.py): same tensors, same head, resume, refusal, rank assignment, the
+samples file (no shard opened for the samples), and the held-out split (the same held-out
+accuracy as the live target)."""
 
 from __future__ import annotations
 
@@ -9,19 +11,24 @@ from pathlib import Path
 import pytest
 import torch
 
+import eaglenest.models.shard_source as shard_source_module
+from eaglenest.models.batches import rank_shards
 from eaglenest.models.capture_shards import (
+    HELDOUT,
     MANIFEST,
     ShardMismatchError,
     read_manifest,
     shard_name,
     write_shards,
 )
+from eaglenest.models.data import encode_examples, load_examples
 from eaglenest.models.data.template import Sample
+from eaglenest.models.evaluate import HELDOUT_KEY, HeldOut
+from eaglenest.models.heads.registry import HEADS
 from eaglenest.models.shard_source import (
     IncompleteCaptureError,
     ShardSource,
     ShardTarget,
-    rank_shards,
     read_samples,
     shard_train_data,
 )
@@ -186,3 +193,99 @@ def test_ranks_get_disjoint_shards_covering_all(captured: Path, samples) -> None
     torch.testing.assert_close(ranks[1].entry(0).aux,  # rank 1's first sample is sample 5
                                ShardSource(captured, target, samples).entry(5).aux)
     assert ranks[1].loads == 1 and ranks[1].where[0] == (1, 5)
+
+
+def _recording(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the files shard_source reads (every read goes through load_file)."""
+    opened: list[str] = []
+    real = shard_source_module.load_file
+
+    def load_file(path, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        opened.append(Path(path).name)
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(shard_source_module, "load_file", load_file)
+    return opened
+
+
+def test_samples_are_read_without_opening_a_shard(captured: Path, samples,  # noqa: ANN001
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    target = ShardTarget(captured)
+    opened = _recording(monkeypatch)
+    source = ShardSource(captured, target)
+    assert source.samples == samples and opened == ["samples.safetensors"]
+    assert read_samples(captured, [2]) == samples[10:]
+    assert source.groups == [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9], [10, 11]]
+    assert ShardSource(captured, target, shard_ids=[1, 2]).groups == [[0, 1, 2, 3, 4], [5, 6]]
+    source.entry(6)
+    assert opened[-1] == shard_name(1)
+
+
+def test_an_older_format_is_refused(llama, samples, tmp_path: Path) -> None:  # noqa: ANN001
+    write_shards(llama, samples[:2], tmp_path, samples_per_shard=2, max_new_shards=0)
+    manifest = read_manifest(tmp_path)
+    (tmp_path / MANIFEST).write_text(json.dumps({**manifest, "version": 1}))
+    with pytest.raises(ShardMismatchError, match="version 1, expected"):
+        write_shards(llama, samples[:2], tmp_path, samples_per_shard=2)
+
+
+@pytest.fixture(scope="module")
+def heldout(llama) -> list[Sample]:  # noqa: ANN001
+    examples = load_examples("gsm8k_training.jsonl")[12:17]  # not among `samples` ([:12])
+    return encode_examples(examples, llama.tokenizer, max_length=160)
+
+
+@pytest.fixture(scope="module")
+def with_heldout(llama, samples, heldout, tmp_path_factory: pytest.TempPathFactory) -> Path:  # noqa: ANN001
+    """6 training samples in one shard, the 5 held-out ones in shards of 2 (2 + 2 + 1)."""
+    folder = tmp_path_factory.mktemp("heldout")
+    write_shards(llama, samples[:6], folder, samples_per_shard=6)
+    report = write_shards(llama, heldout, folder, samples_per_shard=2, split=HELDOUT)
+    assert report.written == [0, 1, 2] and report.forwards == len(heldout)
+    return folder
+
+
+def test_heldout_split_sits_beside_the_training_shards(with_heldout: Path, llama, samples,  # noqa: ANN001
+                                                       heldout) -> None:
+    names = sorted(p.name for p in with_heldout.iterdir())
+    assert names == ["heldout-manifest.json", "heldout-samples.safetensors",
+                     "heldout-shard-00000.safetensors", "heldout-shard-00001.safetensors",
+                     "heldout-shard-00002.safetensors", MANIFEST, "samples.safetensors",
+                     shard_name(0), "target"]
+    assert read_manifest(with_heldout, HELDOUT)["split"] == HELDOUT
+    data = shard_train_data(with_heldout, heldout=True)
+    assert data.samples == samples[:6] and data.heldout == heldout
+    assert shard_train_data(with_heldout).heldout == []
+    again = write_shards(llama, heldout, with_heldout, samples_per_shard=2, split=HELDOUT)
+    assert again.written == [] and again.skipped == [0, 1, 2]  # resumed: nothing to do
+    with pytest.raises(ShardMismatchError, match=r"\(heldout split\) was made with num_samples"):
+        write_shards(llama, heldout[:4], with_heldout, samples_per_shard=2, split=HELDOUT)
+    with pytest.raises(ValueError, match="other samples"):
+        HeldOut(data.target, heldout[:4], 0, 2, source=data.heldout_cache)
+
+
+def test_heldout_needs_its_split(captured: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="heldout-manifest.json"):
+        shard_train_data(captured, heldout=True)
+
+
+@pytest.mark.parametrize("head", ["eagle", "eagle3", "peagle"])
+def test_heldout_accuracy_from_shards_equals_live(head: str, with_heldout: Path, llama,  # noqa: ANN001
+                                                  samples, heldout) -> None:
+    """The same head, the same figures (fp32, within 1e-6); and train() logs the same
+    held-out accuracy from shards as from the live target."""
+    config = TrainConfig(head=head, max_steps=4, batch_size=2, draft_vocab_size=64,
+                         progress=False, lr=2e-3, warmup_steps=1, eval_every=2)
+    live = train(config, TrainData(llama, samples[:6], heldout=heldout))
+    data = shard_train_data(with_heldout, heldout=True)
+    kwargs, cpu = HEADS[head].loss_kwargs(config), torch.device("cpu")
+    want = HeldOut(llama, heldout, 1 << 30, 2).accuracy(live.head, kwargs, cpu)
+    got = HeldOut(data.target, data.heldout, 0, 2, source=data.heldout_cache).accuracy(
+        live.head, kwargs, cpu)
+    assert any(a > 0 for a in want)  # a figure worth comparing
+    assert got == pytest.approx(want, abs=1e-6)
+    shards = train(config, data)
+    assert [r.get(HELDOUT_KEY) for r in shards.history] == [
+        pytest.approx(r[HELDOUT_KEY], abs=1e-6) if HELDOUT_KEY in r else None
+        for r in live.history]
+    assert shards.heldout_step == 4 and shards.heldout_accuracy

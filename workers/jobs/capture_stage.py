@@ -2,8 +2,10 @@
 
 With ``hf`` the job runs the transformers target once per training sample and writes the
 hidden states as capture shards (models/capture_shards.py ``write_shards``) to
-``<work>/capture/``; training then reads them (models/shard_source.py
-``shard_train_data``) instead of capturing in its own process. ``auto`` (the default) keeps
+``<work>/capture/``, then does the same for the held-out samples (the held-out split, in
+the same folder); training then reads both (models/shard_source.py ``shard_train_data``)
+instead of capturing in its own process, and the held-out accuracy is measured from the
+held-out shards. ``auto`` (the default) keeps
 the in-process capture. ``vllm`` is refused when the options are read
 (workers/jobs/options.py ``VLLM_CAPTURE_REFUSAL``).
 
@@ -13,8 +15,10 @@ Contract:
   `job NAME: capture: shard 3/8 (37%)  samples 192/500  12.3 samples/s  1.2 MB  ETA 40s`;
 - resume: the work dir survives a worker's death and a shutdown hand-back (optimize.py
   deletes it only when the job ends), so a re-run finds the complete shards and skips them
-  (no target forward for them); a folder of another plan (other data, options or target) is
-  cleared and captured again;
+  (no target forward for them); a folder of another plan (other data, options or target),
+  in either split, is cleared and captured again (both splits);
+- held-out: after the training shards, one call writes the held-out shards (a few samples:
+  no stop check or progress record between them; one log line);
 - the folder's end (``discard``): deleted when the job ends, whatever the outcome, except
   a shutdown hand-back (the job resumes) or EAGLENEST_KEEP_CAPTURE=1: then a completed
   job publishes it with its outputs as ``capture/`` (``keep``) and a failed one leaves it
@@ -52,13 +56,15 @@ class CaptureInfo:
     samples_per_second: float | None = None
     target: dict[str, str] | None = None  # the manifest's target identity
     manifest_sha256: str | None = None
+    heldout_shards: int = 0  # of the held-out split (0: none captured)
 
     def record(self) -> dict[str, Any]:
         out: dict[str, Any] = {"backend": self.backend, "cache_bytes": self.bytes}
         if self.backend == "hf":
             out.update(shards=self.shards, reused_shards=self.reused,
                        samples_per_second=self.samples_per_second, target=self.target,
-                       manifest_sha256=self.manifest_sha256)
+                       manifest_sha256=self.manifest_sha256,
+                       heldout_shards=self.heldout_shards)
         return out
 
 
@@ -104,27 +110,37 @@ def autocast(device: Any) -> contextlib.AbstractContextManager:
     return contextlib.nullcontext()
 
 
-def capture(folder: Path, target: Any, samples: list[Any], per_shard: int, job: str,
-            report: Callable[[dict[str, Any]], None], check: Callable[[], None]) -> CaptureInfo:
-    """Write (or finish) the shards of ``samples`` in ``folder``; ``check`` raises to stop
-    between shards (JobControl.check)."""
-    from eaglenest.models.capture_shards import (
-        MANIFEST,
-        ShardMismatchError,
-        read_manifest,
-        write_shards,
-    )
+def _plan(folder: Path, target: Any, samples: list[Any], heldout: list[Any],
+          per_shard: int, cast: Any, job: str) -> None:
+    """Plan both splits (or check the plans found) and write target/, no shard yet; a
+    folder of another plan, in either split, is cleared and planned afresh."""
+    from eaglenest.models.capture_shards import HELDOUT, ShardMismatchError, write_shards
 
-    device = next(target.model.parameters()).device
-    cast = autocast(device)
-    try:  # plan (or check the plan found) and write target/, no shard yet
+    def plan_all() -> None:
         write_shards(target, samples, folder, per_shard, autocast=cast, max_new_shards=0)
+        if heldout:
+            write_shards(target, heldout, folder, per_shard, autocast=cast, max_new_shards=0,
+                         split=HELDOUT)
+
+    try:
+        plan_all()
     except ShardMismatchError as exc:  # another plan in this work dir: not reusable
         log.warning("job %s: capture: %s; capturing again", job, exc)
         shutil.rmtree(folder, ignore_errors=True)
-        write_shards(target, samples, folder, per_shard, autocast=cast, max_new_shards=0)
-    manifest = read_manifest(folder)
-    shards = manifest["shards"]
+        plan_all()
+
+
+def capture(folder: Path, target: Any, samples: list[Any], per_shard: int, job: str,
+            report: Callable[[dict[str, Any]], None], check: Callable[[], None],
+            heldout: list[Any] | None = None) -> CaptureInfo:
+    """Write (or finish) the shards of ``samples`` in ``folder``, then those of ``heldout``
+    (the held-out split; none: not captured); ``check`` raises to stop between shards
+    (JobControl.check)."""
+    from eaglenest.models.capture_shards import MANIFEST, read_manifest, write_shards
+
+    cast = autocast(next(target.model.parameters()).device)
+    _plan(folder, target, samples, heldout or [], per_shard, cast, job)
+    shards = read_manifest(folder)["shards"]
     progress = CaptureProgress(job, len(shards), len(samples), report)
     done = [s for s in shards if s["complete"]]
     progress.reused(len(done), sum(len(s["samples"]) for s in done),
@@ -138,11 +154,26 @@ def capture(folder: Path, target: Any, samples: list[Any], per_shard: int, job: 
             break
         shard = shards[step.written[0]]
         rate = progress.shard(len(shard["samples"]), step.bytes)
+    held = _capture_heldout(folder, target, heldout or [], per_shard, cast, job, check)
     manifest = read_manifest(folder)
     return CaptureInfo(
-        "hf", folder, sum(int(s["bytes"]) for s in manifest["shards"]), len(shards),
+        "hf", folder, sum(int(s["bytes"]) for s in manifest["shards"] + held), len(shards),
         len(done), rate, manifest["target"],
-        hashlib.sha256((folder / MANIFEST).read_bytes()).hexdigest())
+        hashlib.sha256((folder / MANIFEST).read_bytes()).hexdigest(), len(held))
+
+
+def _capture_heldout(folder: Path, target: Any, heldout: list[Any], per_shard: int,
+                     cast: Any, job: str, check: Callable[[], None]) -> list[dict[str, Any]]:
+    """Write the held-out split's shards (all in one call); its manifest's shards."""
+    from eaglenest.models.capture_shards import HELDOUT, read_manifest, write_shards
+
+    if not heldout:
+        return []
+    check()
+    step = write_shards(target, heldout, folder, per_shard, autocast=cast, split=HELDOUT)
+    log.info("job %s: capture: held-out: %d sample(s), %d shard(s) written, %d reused",
+             job, len(heldout), len(step.written), len(step.skipped))
+    return list(read_manifest(folder, HELDOUT)["shards"])
 
 
 def keep(info: CaptureInfo | None, out: Path) -> None:

@@ -12,9 +12,9 @@ as an owned child (foundation/children.py: its own process group, killed when th
 dies; each rank also dies with torchrun). Each rank loads the target on its device
 (``cuda:LOCAL_RANK``, or the CPU with gloo), or with a capture folder
 (EAGLENEST_CAPTURE_BACKEND=hf) reads the shards (models/shard_source.py
-``shard_train_data``: every rank sees all shards and loads those its share of each global
-batch lands in), and runs ``train()`` (models/distributed.py
-does the rest). The job keeps
+``shard_train_data``: every rank reads the samples' tokens, but opens only the shard
+files of its own share: models/batches.py ``RankStream``), and runs ``train()``
+(models/distributed.py does the rest). The job keeps
 control from the parent, by files, because the ranks cannot reach the job's database
 session or store:
 

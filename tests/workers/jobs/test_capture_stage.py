@@ -1,8 +1,9 @@
 """EAGLENEST_CAPTURE_BACKEND in the optimization pipeline (workers/jobs/capture_stage.py):
 the pipeline run in this process on the tiny target with a local store (no stack), the
 benchmark off. hf (capture shards, then training from them) trains the same head as the
-in-process capture; the shards go at the job's end unless EAGLENEST_KEEP_CAPTURE=1; a
-shutdown hand-back keeps them and the re-run reuses them."""
+in-process capture, and logs the same held-out accuracy (read from the held-out split); the
+shards go at the job's end unless EAGLENEST_KEEP_CAPTURE=1; a shutdown hand-back keeps
+them and the re-run reuses them; a held-out split of another plan is captured again."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from eaglenest.foundation.environment import Kind, classify
 from eaglenest.foundation.shapes import rebuild
 from eaglenest.foundation.shapes.optimization_jobs import CreateOptimizationJobRequest
 from eaglenest.foundation.storage import LocalStore, parse_uri
+from eaglenest.workers.jobs import capture_stage
 from eaglenest.workers.jobs.control import JobStopped
 from eaglenest.workers.jobs.inputs import JobSources
 from eaglenest.workers.jobs.options import OptionError, parse_options
@@ -29,7 +31,10 @@ from tests.support.jobs import job
 ENV = {"EAGLENEST_MAX_STEPS": "4", "EAGLENEST_MAX_LENGTH": "128",
        "EAGLENEST_DATASET": "gsm8k_training.jsonl", "EAGLENEST_HOLDOUT": "2",
        "EAGLENEST_BENCHMARK": "0", "EAGLENEST_CHECKPOINT_EVERY": "0",
-       "EAGLENEST_CAPTURE_SHARD_SAMPLES": "16", "EAGLENEST_DEVICE": "cpu"}
+       "EAGLENEST_CAPTURE_SHARD_SAMPLES": "16", "EAGLENEST_DEVICE": "cpu",
+       # the data as written, the steps asked for (as tests/support/jobs.py)
+       "EAGLENEST_REGENERATE": "0", "EAGLENEST_PLATEAU_EVALS": "0",
+       "EAGLENEST_MAX_TRAIN_MINUTES": "0"}
 
 
 class Control:
@@ -178,3 +183,47 @@ def test_data_parallel_ranks_read_the_shards(store, tmp_path):
     assert run["capture"] == str(tmp_path / "capture")
     assert "Loading weights" not in (tmp_path / "ddp" / "ranks.log").read_text()
     assert not (tmp_path / "capture").exists()
+
+
+def _heldout_rows(out: Path) -> list[tuple[int, list[float]]]:
+    rows = [json.loads(x) for x in (out / "training_log.jsonl").read_text().splitlines()]
+    return [(r["step"], r["heldout_accuracy"]) for r in rows if r.get("heldout_accuracy")]
+
+
+def test_hf_job_logs_the_held_out_accuracy_of_the_in_process_job(store, in_process, tmp_path):
+    """The held-out samples are captured as the held-out split and the accuracy is read
+    from there: the same figures as the in-process job (which runs the live target)."""
+    result = _pipeline(store, tmp_path, "hf-heldout", EAGLENEST_CAPTURE_BACKEND="hf",
+                       EAGLENEST_KEEP_CAPTURE="1").run()
+    hf, auto = _heldout_rows(_out(store, "hf-heldout")), _heldout_rows(_out(store, "auto-job"))
+    assert [step for step, _ in hf] == [step for step, _ in auto] == [4]
+    assert hf[0][1] == pytest.approx(auto[0][1], abs=1e-5)
+    assert result.train["heldout_step"] == 4 and result.train["heldout_accuracy"]
+    assert result.train["capture"]["heldout_shards"] == 1
+    kept = _out(store, "hf-heldout") / "capture"
+    manifest = json.loads((kept / "heldout-manifest.json").read_text())
+    assert manifest["split"] == "heldout" and manifest["num_samples"] == 2
+    assert all(s["complete"] for s in manifest["shards"])
+
+
+def test_a_held_out_split_of_another_plan_is_captured_again(tiny_llama_dir, tmp_path, caplog):
+    from eaglenest.models.capture_shards import HELDOUT, read_manifest
+    from eaglenest.models.data import encode_examples, load_examples
+    from eaglenest.models.target import load_target
+
+    target = load_target(tiny_llama_dir)
+    encoded = encode_examples(load_examples("gsm8k_training.jsonl")[:8], target.tokenizer, 128)
+    train, held, records = encoded[:5], encoded[5:], []
+    info = capture_stage.capture(tmp_path, target, train, 4, "j", records.append,
+                                 lambda: None, held)
+    assert (info.shards, info.heldout_shards, len(records)) == (2, 1, 2)
+    assert read_manifest(tmp_path, HELDOUT)["num_samples"] == len(held)
+    again = capture_stage.capture(tmp_path, target, train, 4, "j", records.append,
+                                  lambda: None, held)
+    assert again.reused == 2 and len(records) == 2  # the same plan: nothing captured
+    with caplog.at_level(logging.WARNING, logger="eaglenest.optimize"):
+        other = capture_stage.capture(tmp_path, target, train, 4, "j", records.append,
+                                      lambda: None, held[:1])
+    assert "(heldout split) was made with num_samples" in caplog.text
+    assert other.reused == 0 and len(records) == 4  # both splits captured again
+    assert read_manifest(tmp_path, HELDOUT)["num_samples"] == 1
