@@ -126,7 +126,10 @@ def regenerate(
             if progress is not None:
                 progress(done, total)
     out = [p.result() for p in pending]
-    if keep_empty:
-        return out
-    return [e for e in out if not isinstance(e, Chat) or any(
-        m["role"] == "assistant" and m["content"] for m in e.messages)]
+    return out if keep_empty else [e for e in out if answered(e)]
+
+
+def answered(example: Example) -> bool:
+    """False for a chat whose assistant turns all came back empty (nothing to train on)."""
+    return not isinstance(example, Chat) or any(
+        m["role"] == "assistant" and m["content"] for m in example.messages)

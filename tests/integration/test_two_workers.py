@@ -76,6 +76,7 @@ def test_train_and_serve_workers_split_the_work(cluster):
         DeploymentInstanceType="ml.g5.2xlarge",
         OptimizationEnvironment={
             "EAGLENEST_MAX_STEPS": "3", "EAGLENEST_MAX_LENGTH": "128",
+            "EAGLENEST_REGENERATE": "0",
             "EAGLENEST_DATASET": "gsm8k_training.jsonl", "EAGLENEST_HOLDOUT": "2",
             "EAGLENEST_DRAFT_VOCAB_SIZE": "64", "EAGLENEST_BENCHMARK": "0",
             "EAGLENEST_CHECKPOINT_EVERY": "100", "EAGLENEST_DEVICE": "cpu"},

@@ -134,6 +134,8 @@ def job_args(model_uri: str, **env: str) -> dict[str, Any]:
         "DeploymentInstanceType": "ml.g5.2xlarge",
         "OptimizationEnvironment": {
             "EAGLENEST_MAX_LENGTH": "128", "EAGLENEST_DATASET": "gsm8k_training.jsonl",
+            "EAGLENEST_REGENERATE": "0", "EAGLENEST_PLATEAU_EVALS": "0",
+            "EAGLENEST_MAX_TRAIN_MINUTES": "0",
             "EAGLENEST_HOLDOUT": "2", "EAGLENEST_BENCH_CONCURRENCY": "1",
             "EAGLENEST_BENCH_MAX_TOKENS": "8", "EAGLENEST_SERVING_BACKEND": "embedded",
             "EAGLENEST_NUM_SPECULATIVE_TOKENS": "3", **env},

@@ -32,7 +32,10 @@ def job(model_uri: str, output_model: str | None = None, **env: str) -> dict:
         "RoleArn": ROLE, "ModelSource": {"S3": {"S3Uri": model_uri}},
         "DeploymentInstanceType": "ml.g5.2xlarge",
         "OptimizationEnvironment": {
+            # tests train the steps they ask for, on the data as written
             "EAGLENEST_MAX_STEPS": "4", "EAGLENEST_MAX_LENGTH": "192",
+            "EAGLENEST_REGENERATE": "0", "EAGLENEST_PLATEAU_EVALS": "0",
+            "EAGLENEST_MAX_TRAIN_MINUTES": "0",
             "EAGLENEST_DATASET": "gsm8k_training.jsonl", "EAGLENEST_HOLDOUT": "2",
             "EAGLENEST_BENCH_CONCURRENCY": "1,2", "EAGLENEST_BENCH_MAX_TOKENS": "8",
             "EAGLENEST_BENCH_KS": "3",

@@ -121,7 +121,7 @@ class JobOptions(BaseModel):
     #: a registry kind (models/heads/registry.py); None: the architecture's default
     head: Annotated[str | None, _one_of(KINDS), Field(alias="EAGLENEST_HEAD")] = None
     max_steps: Annotated[int, _limited("EAGLENEST_MAX_STEPS"),
-                         Field(alias="EAGLENEST_MAX_STEPS")] = 200
+                         Field(alias="EAGLENEST_MAX_STEPS")] = 100_000
     batch_size: Annotated[int, _limited("EAGLENEST_BATCH_SIZE"),
                           Field(alias="EAGLENEST_BATCH_SIZE")] = 2
     lr: Annotated[float, _parser(_number), Field(alias="EAGLENEST_LEARNING_RATE")] = 3e-4
@@ -144,15 +144,16 @@ class JobOptions(BaseModel):
     #: one at the last step); 0: none (docs/configuration.md: why 50)
     eval_every: Annotated[int, _between(0, 10_000_000),
                           Field(alias="EAGLENEST_EVAL_EVERY")] = 50
-    #: wall-clock training budget in minutes (a resumable checkpoint is kept); 0: none
+    #: wall-clock training budget in minutes (a resumable checkpoint is kept); 0: none.
+    #: With the plateau below it ends training by default; EAGLENEST_MAX_STEPS is a cap
     max_train_minutes: Annotated[float, _parser(_minutes),
-                                 Field(alias="EAGLENEST_MAX_TRAIN_MINUTES")] = 0.0
+                                 Field(alias="EAGLENEST_MAX_TRAIN_MINUTES")] = 30.0
     #: stop after this many evaluations without held-out acc@1 improving; 0: never
-    plateau_evals: Annotated[int, _between(0, 1000), Field(alias="EAGLENEST_PLATEAU_EVALS")] = 0
+    plateau_evals: Annotated[int, _between(0, 1000), Field(alias="EAGLENEST_PLATEAU_EVALS")] = 4
     #: built-in dataset name(s), comma-separated
     dataset: Annotated[str | None, Field(alias="EAGLENEST_DATASET")] = None
-    #: 1 = the target rewrites the assistant turns before training
-    regenerate: Annotated[bool, _parser(_flag), Field(alias="EAGLENEST_REGENERATE")] = False
+    #: 1 (default) = the target rewrites the assistant turns (training and held-out) first
+    regenerate: Annotated[bool, _parser(_flag), Field(alias="EAGLENEST_REGENERATE")] = True
     #: samples kept out of training for the benchmark
     holdout: Annotated[int, _between(1, 10_000), Field(alias="EAGLENEST_HOLDOUT")] = 8
     #: 0 skips the benchmark stage

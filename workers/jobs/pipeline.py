@@ -1,7 +1,8 @@
 """The optimization-job pipeline, stage by stage (all real work; models/ does the torch).
 
-fetch model -> check files -> load target -> load data (+ optional regeneration) -> capture
-hidden states (EAGLENEST_CAPTURE_BACKEND=hf only: workers/jobs/capture_stage.py) -> train
+fetch model -> check files -> load target -> load data (workers/jobs/job_data.py; the target
+regenerates the answers unless EAGLENEST_REGENERATE=0) -> capture hidden states
+(EAGLENEST_CAPTURE_BACKEND=hf only: workers/jobs/capture_stage.py) -> train
 (resumable; checks for stop between steps) -> export head -> benchmark -> publish under
 `S3OutputLocation/<job-name>/` -> register the output SageMaker model.
 
@@ -11,10 +12,12 @@ inside the stages that run them, so importing this module costs no torch.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import shutil
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,11 +30,17 @@ from eaglenest.foundation.disk_usage import (
 )
 from eaglenest.foundation.shapes.optimization_jobs import CreateOptimizationJobRequest
 from eaglenest.foundation.storage import ArtifactStore, StorageError, parse_uri, publish_dir
-from eaglenest.foundation.threads import SHARING_ENV, Registry, apply_torch, plan_threads
-from eaglenest.models.data import Chat, builtin_path, encode_examples, load_examples
+from eaglenest.foundation.threads import (
+    SHARING_ENV,
+    Registry,
+    ThreadPlan,
+    apply_torch,
+    plan_threads,
+)
+from eaglenest.models.data import encode_examples
 from eaglenest.models.heads.registry import HEADS
 from eaglenest.workers.infra.checkpoint_sync import CheckpointSync
-from eaglenest.workers.jobs import capture_stage
+from eaglenest.workers.jobs import capture_stage, job_data
 from eaglenest.workers.jobs.bench_stage import BenchPlan, run_benchmark
 from eaglenest.workers.jobs.capture_stage import CaptureInfo
 from eaglenest.workers.jobs.control import JobControl
@@ -60,18 +69,6 @@ class PipelineResult:
     stages: list[dict[str, Any]] = field(default_factory=list)
 
 
-def _prompt_text(example: Any, tokenizer: Any) -> str:
-    if isinstance(example, Chat):
-        head: list[dict[str, str]] = []
-        for m in example.messages:
-            if m["role"] == "assistant":
-                break
-            head.append(m)
-        return str(tokenizer.apply_chat_template(head, tokenize=False,
-                                                 add_generation_prompt=True))
-    return str(example.prompt)
-
-
 @dataclass
 class Pipeline:
     name: str
@@ -97,23 +94,6 @@ class Pipeline:
         self.control.check()
         log.info("job %s: %s", self.name, label)
         self.control.report({"stage": label, "updated": time.time()})
-
-    def load_examples(self, data_files: list[Path]) -> list[Any]:
-        if not data_files:
-            names = (self.options.dataset or "").split(",") if self.options.dataset else None
-            from eaglenest.models.data import BUILTIN_NAMES
-
-            try:
-                data_files = [builtin_path(n.strip()) for n in (names or BUILTIN_NAMES)]
-            except KeyError as exc:
-                raise InputError(f"EAGLENEST_DATASET: {exc.args[0]}") from exc
-        examples: list[Any] = []
-        for f in data_files:
-            examples += load_examples(f)
-        if len(examples) <= self.options.holdout:
-            raise InputError(f"training data has {len(examples)} usable samples; need more "
-                             f"than the {self.options.holdout} held out for the benchmark")
-        return examples
 
     def run(self) -> PipelineResult:
         """The job; at its end the capture folder goes (capture_stage.discard)."""
@@ -146,11 +126,12 @@ class Pipeline:
             raise InputError(f"EAGLENEST_NUM_LAYERS={self.options.num_layers}: EAGLE-2 heads "
                              f"(the {support.architecture} default) have one layer")
         self.stage("load data")
-        examples = self.load_examples(fetch_data(self.store, self.sources, self.work / "data"))
+        examples = job_data.load(self.options, fetch_data(self.store, self.sources,
+                                                         self.work / "data"))
         cut = len(examples) - self.options.holdout
         holdout, train_examples = examples[cut:], examples[:cut]
         target = load_target(model_dir, device=self._device())
-        prompts = [_prompt_text(e, target.tokenizer) for e in holdout]
+        prompts = [job_data.prompt_text(e, target.tokenizer) for e in holdout]
         train_out = self._train(target, train_examples, head_kind, init_head, holdout)
         del target
         return self._finish(model_dir, head_kind, train_out, prompts)
@@ -168,36 +149,35 @@ class Pipeline:
             return "cuda"
         return f"cuda:{self.gpus.indexes[0]}"
 
-    def _heldout_samples(self, target: Any, holdout: list[Any]) -> list[Any]:
-        """The held-out accuracy's samples: the benchmark's examples as written (not
-        regenerated), encoded like training's; none (no held-out accuracy, the job goes on)
-        when EAGLENEST_EVAL_EVERY=0 or no held-out example keeps an assistant token."""
-        if not (holdout and self.options.eval_every):
-            return []
-        from eaglenest.models.data import DataError
-
-        try:
-            return encode_examples(holdout, target.tokenizer, self.options.max_length)
-        except DataError as exc:
-            log.warning("job %s: no held-out accuracy: %s", self.name, exc)
-            return []
-
     def _regenerated(self, done: int, total: int) -> None:
         """Between regeneration batches: a progress line, and a stop ends the job here."""
         log.info("job %s: regenerated %d/%d assistant turns", self.name, done, total)
         self.control.check()
 
+    @contextlib.contextmanager
+    def _compute(self, role: str) -> Iterator[ThreadPlan]:
+        """Torch work in this process (regeneration, in-process training): admitted against
+        the host's compute budget (else the job fails), counted in the host's registry while
+        it runs, on the thread plan that gives it its share of the CPUs."""
+        compute = Registry()
+        threads = plan_threads(compute.admit(1, self.compute_budget) + 1)
+        log.info("job %s: %s for %s", self.name, threads.describe(), role)
+        apply_torch(threads)
+        with compute.entry(role, threads, key=self._key.replace("/", "-")):
+            yield threads
+
     def _train(self, target: Any, examples: list[Any], head: str,
                init_head: Path | None, holdout: list[Any] | None = None) -> dict[str, Any]:
-        from eaglenest.models.data.regenerate import regenerate
         from eaglenest.models.train import TrainConfig, latest_checkpoint, train
 
+        holdout = holdout or []
         if self.options.regenerate:
             self.stage("regenerate assistant turns with the target")
-            examples = regenerate(examples, target, seed=self.options.seed,
-                                  progress=self._regenerated)
+            with self._compute("regeneration"):
+                examples, holdout = job_data.regenerate_both(
+                    target, examples, holdout, self.options.seed, self._regenerated)
         samples = encode_examples(examples, target.tokenizer, self.options.max_length)
-        heldout = self._heldout_samples(target, holdout or [])
+        heldout = job_data.heldout_samples(target, holdout, self.options, self.name)
         data, capture = self._capture(target, samples, heldout)
         label = f"train {head} head on {len(samples)} samples"
         self.stage(label)
@@ -222,19 +202,18 @@ class Pipeline:
         )
         progress = TrainingProgress(
             self.name, label, config.max_steps, self.options.progress_every, self.store,
-            self.output_base + LOG_NAME, self.work / "out" / LOG_NAME, self.control.report)
+            self.output_base + LOG_NAME, self.work / "out" / LOG_NAME, self.control.report,
+            budget_seconds=config.max_seconds)
         config.on_step = progress.row
         procs = self.options.train_processes or 1
-        compute = Registry()
-        running = compute.admit(procs, self.compute_budget)  # else the job fails
-        threads = plan_threads(running + procs)  # each rank: one share
-        log.info("job %s: %s per training process", self.name, threads.describe())
         if procs > 1:
+            running = Registry().admit(procs, self.compute_budget)  # else the job fails
+            threads = plan_threads(running + procs)  # each rank: one share
+            log.info("job %s: %s per training process", self.name, threads.describe())
             summary = self._train_processes(config, target, samples, procs, progress,
                                             threads.sharing, capture.folder)
         else:
-            apply_torch(threads)
-            with compute.entry("training", threads, key=self._key.replace("/", "-")):
+            with self._compute("training") as threads:
                 result = train(config, data, self._device())
             summary = {"steps": result.steps, "loss": result.loss,
                        "step_accuracy": result.step_accuracy,
@@ -256,8 +235,9 @@ class Pipeline:
     def _capture(self, target: Any, samples: list[Any],
                  heldout: list[Any]) -> tuple[Any, CaptureInfo]:
         """The training data: the live target with an in-process cache (auto), or shards
-        written by the capture stage and read without the target's decoder (hf: no
-        held-out evaluation, which needs the live target)."""
+        written by the capture stage and read without the target's decoder (hf: the
+        held-out samples, if any, are captured too, as their own split, and the held-out
+        accuracy reads them from there)."""
         from eaglenest.models.capture_cache import CaptureCache
         from eaglenest.models.shard_source import shard_train_data
         from eaglenest.models.train import TrainConfig, TrainData
@@ -271,8 +251,9 @@ class Pipeline:
         self.stage(capture_stage.STAGE)
         info = capture_stage.capture(self.work / capture_stage.CAPTURE_DIR, target, samples,
                                      self.options.capture_shard_samples, self.name,
-                                     self.control.report, self.control.check)
-        data = shard_train_data(info.folder or "", self._device(), source=self._data_label())
+                                     self.control.report, self.control.check, heldout)
+        data = shard_train_data(info.folder or "", self._device(), source=self._data_label(),
+                                heldout=bool(heldout))
         return data, info
 
     def _record_capture(self, info: CaptureInfo, data: Any, summary: dict[str, Any]) -> None:

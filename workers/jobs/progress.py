@@ -10,7 +10,9 @@ the last step (`finish`), it
   on its training batch, which a head can learn by heart; `held-out` is the same metric on
   the EAGLENEST_HOLDOUT samples (models/evaluate.py), measured every EAGLENEST_EVAL_EVERY
   steps: shown from the first evaluation on, with `(step N)` after it when it was measured
-  at an earlier step than the line's;
+  at an earlier step than the line's. Where the time budget (EAGLENEST_MAX_TRAIN_MINUTES)
+  will end training before the step cap, the line starts `step 412 (40% of 30m00s)` and the
+  ETA is what is left of the budget;
 - records the same figures with the stage in the job's row (JobControl.report), which
   `eaglenest status` shows for running jobs; no API shape returns them;
 - uploads `training_log.jsonl` (one row per step so far, each with its `ts`) to
@@ -65,7 +67,12 @@ def describe(progress: dict[str, Any]) -> str:
     if "step" not in progress:
         return ""
     step, total = progress["step"], max(int(progress["total"]), 1)
-    parts = [f"step {step}/{total} ({100 * step // total}%)", f"loss {progress['loss']:.3f}"]
+    if progress.get("budget_seconds"):  # a time budget, not the step cap, ends training
+        used = min(int(100 * progress["budget_used"]), 100)
+        where = f"step {step} ({used}% of {format_duration(progress['budget_seconds'])})"
+    else:
+        where = f"step {step}/{total} ({100 * step // total}%)"
+    parts = [where, f"loss {progress['loss']:.3f}"]
     accuracy = progress.get("accuracy") or []
     if accuracy:  # on the training batch, per draft depth
         parts.append(f"train {_accuracy(accuracy)}")
@@ -114,8 +121,10 @@ def _describe_bench(p: dict[str, Any]) -> str:
 class TrainingProgress:
     def __init__(self, job: str, stage: str, total: int, every: int, store: ArtifactStore,
                  uri: str, path: Path, report: Callable[[dict[str, Any]], None],
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 budget_seconds: float | None = None) -> None:
         self.job, self.stage, self.total, self.every = job, stage, total, every
+        self.budget = budget_seconds  # EAGLENEST_MAX_TRAIN_MINUTES, from this process's start
         self.store, self.uri, self.path, self.report = store, uri, path, report
         self.clock = clock
         self.rows = self._published()
@@ -158,13 +167,17 @@ class TrainingProgress:
         now = self.clock()
         step = int(row["step"])
         done = step - (self.first_step or step) + 1
+        elapsed = now - self.started
+        eta = (self.total - step) * elapsed / done
         progress = {
             "stage": self.stage, "step": step, "total": self.total, "loss": row["loss"],
             "accuracy": row.get("accuracy", []), **self.heldout,
             "tokens_per_second": self.window_tokens / max(now - self.window_start, 1e-9),
-            "eta_seconds": (self.total - step) * (now - self.started) / done,
-            "updated": time.time(),
+            "eta_seconds": eta, "updated": time.time(),
         }
+        if self.budget is not None and self.budget - elapsed < eta:  # the budget ends first
+            progress.update(eta_seconds=max(self.budget - elapsed, 0.0),
+                            budget_seconds=self.budget, budget_used=elapsed / self.budget)
         self.window_start, self.window_tokens, self.reported = now, 0, step
         log.info("job %s: %s", self.job, describe(progress))
         self.report(progress)

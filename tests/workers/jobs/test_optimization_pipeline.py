@@ -153,6 +153,31 @@ def _status(stack: Stack) -> str:
     return r.stdout
 
 
+def test_default_job_regenerates_and_trains_to_its_time_budget(stack):
+    """Without the test pins (tests/support/jobs.py), a job regenerates every assistant turn,
+    the held-out ones included, and its time budget, not the step cap, ends training."""
+    args = job("s3://models/tiny-llama/", EAGLENEST_MAX_STEPS="100000",
+               EAGLENEST_MAX_TRAIN_MINUTES="0.1", EAGLENEST_PROGRESS_EVERY="5",
+               EAGLENEST_BENCHMARK="0")
+    for pinned in ("EAGLENEST_REGENERATE", "EAGLENEST_PLATEAU_EVALS"):
+        del args["OptimizationEnvironment"][pinned]
+    sm = stack.client()
+    sm.create_optimization_job(OptimizationJobName="defaults", **args)
+    d = wait_status(sm, "defaults", {"COMPLETED", "FAILED"})
+    assert d["OptimizationJobStatus"] == "COMPLETED", d.get("FailureReason")
+    turns = sum(1 for line in (ROOT / "models/data/builtin/gsm8k_training.jsonl").open()
+                for m in json.loads(line)["messages"] if m["role"] == "assistant")
+    assert f"job defaults: regenerated {turns}/{turns} assistant turns" in stack.log()
+    prov = json.loads((stack.data_dir / "s3" / "output" / "jobs" / "defaults"
+                       / "provenance.json").read_text())
+    assert prov["options"]["regenerate"] is True and prov["options"]["plateau_evals"] == 4
+    assert prov["train"]["stop_reason"] == "time budget", prov["train"]
+    assert 0 < prov["train"]["steps"] < 100000
+    lines = re.findall(r"job defaults: step \d+ \((\d+)% of 6s\)  loss .*  ETA (\w+) ",
+                       stack.log())
+    assert lines and all(0 <= int(p) <= 100 for p, _ in lines), stack.log()[-3000:]
+
+
 def test_stop_during_training(stack):
     """A training job's progress shows in `eaglenest status` and its training_log.jsonl grows
     under the output prefix while it runs (DescribeOptimizationJob stays SageMaker's shape)."""

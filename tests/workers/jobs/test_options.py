@@ -62,7 +62,8 @@ def test_bench_rounds_defaults_to_two_and_names_the_variable() -> None:
 
 def test_training_stop_options_default_and_name_the_variable() -> None:
     opts = parse_options({})
-    assert (opts.eval_every, opts.max_train_minutes, opts.plateau_evals) == (50, 0.0, 0)
+    assert (opts.eval_every, opts.max_train_minutes, opts.plateau_evals) == (50, 30.0, 4)
+    assert (opts.max_steps, opts.regenerate) == (100_000, True)
     opts = parse_options({"EAGLENEST_EVAL_EVERY": "10", "EAGLENEST_MAX_TRAIN_MINUTES": "1.5",
                           "EAGLENEST_PLATEAU_EVALS": "3"})
     assert (opts.eval_every, opts.max_train_minutes, opts.plateau_evals) == (10, 1.5, 3)

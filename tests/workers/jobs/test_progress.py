@@ -197,3 +197,27 @@ def test_heldout_accuracy_is_shown_labelled_and_dated(tmp_path, caplog):
     assert lines[2] == ("job j1: step 12/12 (100%)  loss 0.417  train acc@1/2 0.50/0.25  "
                         "held-out acc@1/2 0.61/0.42 (step 8)  300 tokens/s  ETA 0s")
     assert (reports[-1]["heldout_accuracy"], reports[-1]["heldout_step"]) == ([0.61, 0.42], 8)
+
+
+def test_a_time_budget_that_ends_first_sets_the_eta(tmp_path, caplog):
+    """EAGLENEST_MAX_TRAIN_MINUTES: while the budget would end training before the step cap,
+    the line shows the budget's share used and its time left; else steps as usual."""
+    store, reports, clock = LocalStore(tmp_path / "s3"), [], Clock()
+    progress = TrainingProgress("j1", "train", 100_000, 4, store, URI,
+                                tmp_path / "work" / "training_log.jsonl", reports.append,
+                                clock, budget_seconds=60.0)
+    caplog.set_level(logging.INFO, logger="eaglenest.optimize")
+    for step in range(1, 5):
+        clock.t += 3.0
+        progress.row(row(step))  # 12 s of 60: the cap is days away, the budget 48 s
+    assert reports[-1]["eta_seconds"] == pytest.approx(48.0)
+    assert reports[-1]["budget_used"] == pytest.approx(0.2)
+    assert caplog.records[-1].getMessage().startswith("job j1: step 4 (20% of 1m00s)  loss ")
+    assert caplog.records[-1].getMessage().endswith("ETA 48s")
+    short = TrainingProgress("j2", "train", 8, 4, store, "s3://output/jobs/j2/log.jsonl",
+                             tmp_path / "j2.jsonl", reports.append, clock, budget_seconds=60.0)
+    for step in range(1, 5):
+        clock.t += 3.0
+        short.row(row(step))  # 4 steps left at 3 s: the steps end first
+    assert "budget_seconds" not in reports[-1] and reports[-1]["eta_seconds"] == 12.0
+    assert describe(reports[-1]).startswith("step 4/8 (50%)")

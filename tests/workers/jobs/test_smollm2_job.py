@@ -33,7 +33,7 @@ def test_smollm2_sharegpt_job(tmp_path, smollm2_dir):
             ModelSource={"SageMakerModel": {"ModelName": "smollm2"}},
             DeploymentInstanceType="ml.g5.2xlarge",
             OptimizationEnvironment={
-                "EAGLENEST_MAX_STEPS": "2", "EAGLENEST_HOLDOUT": "2",
+                "EAGLENEST_MAX_STEPS": "2", "EAGLENEST_HOLDOUT": "2", "EAGLENEST_REGENERATE": "0",
                 "EAGLENEST_DRAFT_VOCAB_SIZE": "2048", "EAGLENEST_BENCH_CONCURRENCY": "1",
                 "EAGLENEST_BENCH_MAX_TOKENS": "8", "EAGLENEST_SERVING_BACKEND": "embedded",
                 "EAGLENEST_NUM_SPECULATIVE_TOKENS": "3", "EAGLENEST_BENCH_KS": "3"},
