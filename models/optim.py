@@ -3,7 +3,8 @@
 AdamW alone (the default), or Muon for the draft layer's weight matrices plus AdamW for
 everything else (norms, vocabulary matrices, ``mask_hidden``), stepped together through
 ``Optimizers`` so training and resume treat them as one. The schedule is linear warm-up
-then cosine decay to ``min_lr_ratio``, the same factor for every optimizer.
+then cosine decay to ``min_lr_ratio`` over ``max_steps`` or the time budget, whichever ends
+first, the same factor for every optimizer.
 """
 
 from __future__ import annotations
@@ -18,30 +19,50 @@ from torch import nn
 if TYPE_CHECKING:
     from eaglenest.models.train import TrainConfig
 
-__all__ = ["NS_DTYPES", "OPTIMIZERS", "Muon", "Optimizers", "lr_lambda", "make_optimizer",
-           "ns_dtype", "orthogonalize"]
+__all__ = ["NS_DTYPES", "OPTIMIZERS", "BudgetShare", "Muon", "Optimizers", "lr_lambda",
+           "make_optimizer", "ns_dtype", "orthogonalize"]
 
 
-def lr_lambda(config: TrainConfig) -> Callable[[int], float]:
-    """Linear warmup to 1, then cosine decay to min_lr_ratio at max_steps."""
+class BudgetShare:
+    """The share of ``TrainConfig.max_seconds`` spent, as the ranks agreed it before the
+    current step (models.train sets ``used``; the LR schedule reads it)."""
+
+    def __init__(self) -> None:
+        self.used = 0.0
+
+    def __call__(self) -> float:
+        return self.used
+
+
+def lr_lambda(config: TrainConfig,
+              budget_used: Callable[[], float] | None = None) -> Callable[[int], float]:
+    """Linear warmup to 1, then cosine decay to min_lr_ratio at max_steps, or sooner: with
+    ``budget_used`` (the share of ``max_seconds`` spent, the same on every rank) the decay
+    follows whichever is further along, so a run stopped by its time budget ends at the
+    floor. Example (warmup 10, max_steps 100000, half the budget spent at step 500): the
+    steps say 0.5%, the clock 50%, so the factor is the cosine's at 50%."""
 
     def factor(step: int) -> float:
         if step < config.warmup_steps:
             return (step + 1) / config.warmup_steps
         span = max(config.max_steps - config.warmup_steps, 1)
         progress = min((step - config.warmup_steps) / span, 1.0)
+        if budget_used is not None:
+            progress = max(progress, min(budget_used(), 1.0))
         cosine = 0.5 * (1 + math.cos(math.pi * progress))
         return config.min_lr_ratio + (1 - config.min_lr_ratio) * cosine
 
     return factor
 
 
-def make_optimizer(head: nn.Module, config: TrainConfig) -> tuple[Any, Any]:
-    """(optimizer, scheduler): AdamW, or Muon + AdamW stepped together (``Optimizers``)."""
+def make_optimizer(head: nn.Module, config: TrainConfig,
+                   budget_used: Callable[[], float] | None = None) -> tuple[Any, Any]:
+    """(optimizer, scheduler): AdamW, or Muon + AdamW stepped together (``Optimizers``);
+    ``budget_used``: see ``lr_lambda``."""
     if config.optimizer not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {config.optimizer!r}; one of {OPTIMIZERS}")
     named = [(n, p) for n, p in head.named_parameters() if p.requires_grad]
-    factor = lr_lambda(config)
+    factor = lr_lambda(config, budget_used)
     if config.optimizer == "adamw":
         opt = torch.optim.AdamW([p for _, p in named], lr=config.lr,
                                 weight_decay=config.weight_decay)

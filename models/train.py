@@ -7,7 +7,8 @@ with the loss and the per-step greedy draft accuracy. Same seed, same data -> sa
 Held-out accuracy (models/evaluate.py) every ``eval_every`` steps and at the last, in that
 step's row (``heldout_accuracy``). Training ends at ``max_steps`` or earlier (``stop_after``,
 ``max_seconds``, a held-out plateau, ``should_stop``: ``TrainResult.stop_reason``); the LR
-schedule spans ``max_steps``, so an early stop ends it part-way (LR above its floor).
+schedule spans ``max_steps``, or ``max_seconds`` of wall clock where that ends first, so
+only a plateau or a stop ends it part-way (LR above its floor).
 Every step appends a row to the history (step, loss, lr, accuracy, tokens over all ranks,
 `ts`: ISO-8601 UTC) and hands it to ``TrainConfig.on_step`` on the main process.
 Under torchrun the same call trains data-parallel (DDP) on every process: see
@@ -36,7 +37,7 @@ from eaglenest.models.data.template import Sample
 from eaglenest.models.evaluate import HELDOUT_KEY, HeldOut, Stopper, collate
 from eaglenest.models.heads.base import draft_head
 from eaglenest.models.heads.registry import DEFAULT_KIND, HEADS
-from eaglenest.models.optim import make_optimizer
+from eaglenest.models.optim import BudgetShare, make_optimizer
 from eaglenest.models.target import Target
 
 STATE_FILE = "trainer_state.pt"
@@ -261,7 +262,8 @@ def train(config: TrainConfig, data: TrainData, device: str | torch.device = "cp
     else:
         head = HEADS[config.head].build(data.target, data.samples, config)
     head.to(device).train()
-    opt, sched = make_optimizer(head, config)
+    budget = BudgetShare() if config.max_seconds else None
+    opt, sched = make_optimizer(head, config, budget)
     stream = batch_stream(data.samples, data.cache, config.batch_size, config.seed, place)
     step, history = 0, []
     if ckpt is not None:
@@ -271,7 +273,8 @@ def train(config: TrainConfig, data: TrainData, device: str | torch.device = "cp
         stream.load_state(state["stream"])
         step, history = int(state["step"]), list(state["history"])
         _load_rng(state, place)
-    return _run(head, opt, sched, stream, step, history, data, config, device, out, place)
+    return _run(head, opt, sched, stream, step, history, data, config, device, out, place,
+                budget)
 
 
 def _step_row(step: int, result: Any, step_tokens: int, lr: float, place: distributed.Dist,
@@ -297,6 +300,7 @@ def _run(
     device: torch.device,
     out: Path | None,
     place: distributed.Dist = distributed.Dist(),
+    budget: BudgetShare | None = None,
 ) -> TrainResult:
     tok = data.target.tokenizer
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
@@ -318,6 +322,9 @@ def _run(
         reason = stopper.reason(step, history)
         if distributed.agree(reason is not None, place, device):  # all ranks stop together
             break
+        if budget is not None and config.max_seconds:  # one LR on every rank
+            used = (time.perf_counter() - start) / config.max_seconds
+            budget.used = distributed.mean([used], place, device)[0]
         indices = distributed.shard(stream.next_indices(), place)  # this rank's share
         batch = collate([data.samples[i] for i in indices], pad, device)
         cap = cache.capture(indices, batch.input_ids.shape[1], device)

@@ -8,7 +8,7 @@ import torch
 from eaglenest.models.checkpoint import load_head
 from eaglenest.models.data import encode_examples, load_examples
 from eaglenest.models.heads.registry import HEADS
-from eaglenest.models.optim import Muon, lr_lambda, make_optimizer
+from eaglenest.models.optim import BudgetShare, Muon, lr_lambda, make_optimizer
 from eaglenest.models.tiny import ARCHITECTURES
 from eaglenest.models.train import (
     BatchStream,
@@ -114,6 +114,25 @@ def test_schedule_and_stream() -> None:
     seen = [tuple(stream.next()) for _ in range(3)]
     assert stream.state() == {"epoch": 1, "pos": 2}
     assert sorted(seen[0] + seen[1]) != list(range(5))  # an epoch drops the remainder
+
+
+def test_the_schedule_decays_with_the_time_budget(llama, samples, tmp_path) -> None:  # noqa: ANN001
+    """Where the time budget ends before max_steps, the cosine follows the clock: a half
+    spent budget is half the decay whatever the step, a spent one the floor."""
+    budget = BudgetShare()
+    f = lr_lambda(TrainConfig(max_steps=100_000, warmup_steps=2, min_lr_ratio=0.1), budget)
+    assert round(f(10), 4) == 1.0  # nothing spent: the steps' 0.008%
+    budget.used = 0.5
+    assert round(f(10), 3) == 0.55  # 0.1 + 0.9 * (1 + cos(pi / 2)) / 2
+    budget.used = 1.7
+    assert round(f(10), 3) == 0.1
+    assert round(f(1), 3) == 1.0  # warmup stays by steps
+    # a run stopped by its budget ends at the floor: the last step's LR is near min_lr_ratio
+    result = train(cfg(tmp_path, max_steps=100_000, max_seconds=4.0, warmup_steps=2,
+                       min_lr_ratio=0.1, lr=1e-3), TrainData(llama, samples))
+    assert result.stop_reason == "time budget"
+    lrs = [h["lr"] for h in result.history]
+    assert lrs[-1] < 0.2e-3 < 0.9e-3 < lrs[2], lrs
 
 
 def test_muon_takes_the_layer_matrices_adamw_the_rest(llama, samples) -> None:  # noqa: ANN001
