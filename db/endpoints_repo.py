@@ -30,6 +30,7 @@ from sqlalchemy.orm import Session
 from eaglenest.db import common, endpoint_configs_repo, quotas, tags_repo, traffic_policy
 from eaglenest.db import endpoint_retention as retention
 from eaglenest.db.common import failure_reason, find, insert_unique, locate, now
+from eaglenest.db.endpoint_spread import drop_placing, next_deployment, settled
 from eaglenest.db.tables import EndpointConfigRow, EndpointRow
 from eaglenest.foundation.accounts import Account
 from eaglenest.foundation.deployment import variant_summaries
@@ -242,7 +243,7 @@ def finish_weights(session: Session, ref: str, deployment: dict[str, Any]) -> bo
         return False
     spec = {k: v for k, v in row.spec.items() if k != PENDING_WEIGHTS}
     row.spec = {**spec, OVERRIDES: effective_overrides(row.spec)}
-    row.deployment = deployment
+    row.deployment = next_deployment(row.deployment, deployment)
     _set(row, IN_SERVICE)
     return True
 
@@ -276,7 +277,7 @@ def mark_in_service(session: Session, ref: str, deployment: dict[str, Any]) -> b
     row = locate(session, EndpointRow, ref, lock=True)
     if row is None or row.status != CREATING:
         return False
-    row.deployment = deployment
+    row.deployment = next_deployment(row.deployment, deployment)
     _set(row, IN_SERVICE)
     return True
 
@@ -361,7 +362,7 @@ def finish_recovery(session: Session, ref: str, deployment: dict[str, Any]) -> b
     row = locate(session, EndpointRow, ref, lock=True)
     if row is None or row.status != SYSTEM_UPDATING:
         return False
-    row.deployment = deployment
+    row.deployment = next_deployment(row.deployment, deployment)
     _set(row, IN_SERVICE)
     return True
 
@@ -372,7 +373,7 @@ def finish_update(session: Session, ref: str, deployment: dict[str, Any]) -> boo
         return False
     row.config_name = row.pending_config_name
     row.pending_config_name = None
-    row.deployment = deployment
+    row.deployment = next_deployment(row.deployment, deployment)
     row.spec = retention.settle(row.spec, applied=True)
     _set(row, IN_SERVICE)
     return True
@@ -386,12 +387,15 @@ def rollback_update(session: Session, ref: str, reason: str) -> None:
 
 def _rollback(row: EndpointRow, reason: str) -> None:
     row.pending_config_name = None
-    row.deployment = {k: v for k, v in row.deployment.items() if k != SHIFT}
+    row.deployment = drop_placing(row.deployment, SHIFT)
     row.spec = retention.settle(row.spec, applied=False)
     _set(row, IN_SERVICE, reason)
 
 
-def finish_delete(session: Session, ref: str) -> None:
+def finish_delete(session: Session, ref: str) -> bool:
+    """Remove the row unless a host has instances of it to stop (db/endpoint_spread.py)."""
     row = locate(session, EndpointRow, ref, lock=True)
-    if row is not None and row.status == DELETING:
-        session.delete(row)
+    if row is None or row.status != DELETING or not settled(row.deployment):
+        return False
+    session.delete(row)
+    return True

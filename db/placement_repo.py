@@ -98,11 +98,15 @@ def take(session: Session, worker: WorkerInfo, holder: str, unit: str, count: in
     return None
 
 
-def release(session: Session, holder: str, units: Iterable[str] | None = None) -> int:
-    """Free the holder's GPUs (only those of `units` when given); how many were freed."""
+def release(session: Session, holder: str, units: Iterable[str] | None = None,
+            hosts: Iterable[str] | None = None) -> int:
+    """Free the holder's GPUs (only those of `units`, and on `hosts`, when given); how many
+    were freed."""
     stmt = delete(GpuHoldingRow).where(GpuHoldingRow.holder == holder)
     if units is not None:
         stmt = stmt.where(GpuHoldingRow.unit.in_(list(units)))
+    if hosts is not None:
+        stmt = stmt.where(GpuHoldingRow.host.in_(list(hosts)))
     return int(session.execute(stmt).rowcount)  # type: ignore[attr-defined]
 
 
@@ -188,6 +192,28 @@ def hosts_that_fit(session: Session, queue: str, count: int, memory_gib: float,
         if len(free) >= count and w.host not in free_now:
             free_now.append(w.host)
     return free_now, ever
+
+
+def free_slots(session: Session, queue: str, count: int, memory_gib: float,
+               lease_seconds: float) -> dict[str, int]:
+    """Host -> how many instances of `count` GPUs that fit `memory_gib` its free GPUs hold
+    now, for every host whose live workers consume `queue` (0: none)."""
+    taken: dict[str, set[int]] = {}
+    for host, index in session.execute(select(GpuHoldingRow.host, GpuHoldingRow.gpu_index)):
+        taken.setdefault(host, set()).add(index)
+    free: dict[str, set[int]] = {}
+    for w in live_workers(session, lease_seconds):
+        if queue in w.queues.split(","):
+            free.setdefault(w.host, set()).update(
+                g.index for g in map(Gpu.from_dict, w.gpus)
+                if g.fits(memory_gib) and g.index not in taken.get(w.host, set()))
+    return {h: len(gpus) // max(count, 1) for h, gpus in free.items()}
+
+
+def live_hosts(session: Session, queue: str, lease_seconds: float) -> set[str]:
+    """Hosts with a live worker that consumes `queue`."""
+    return {w.host for w in live_workers(session, lease_seconds)
+            if queue in w.queues.split(",")}
 
 
 def any_gpus(session: Session, lease_seconds: float) -> bool:

@@ -16,6 +16,9 @@ ENDPOINT_CREATE_TASK = "eaglenest.endpoint.create"
 ENDPOINT_UPDATE_TASK = "eaglenest.endpoint.update"
 ENDPOINT_DELETE_TASK = "eaglenest.endpoint.delete"
 ENDPOINT_RECOVER_TASK = "eaglenest.endpoint.recover"
+#: worker to worker, on a host's own queue: stop the endpoint's instances that host is to
+#: stop (workers/serving/spread.py)
+ENDPOINT_RETIRE_TASK = "eaglenest.endpoint.retire"
 
 
 class TaskQueue:

@@ -9,6 +9,7 @@ process was started with (psutil); the job trains the tiny Llama target on the C
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import importlib.util
 import os
 import signal
@@ -49,9 +50,20 @@ def _start(stack: Stack, host: str) -> Worker:
 @pytest.fixture(scope="module")
 def hosts(tmp_path_factory, postgres_server, redis_server, tiny_llama_dir
           ) -> Iterator[tuple[Stack, dict[str, Worker]]]:
-    database = postgres_server.create_database("gpu_hosts")
-    broker = redis_server.url.rsplit("/", 1)[0] + "/8"
-    stack = Stack(tmp_path_factory.mktemp("gpu-hosts"), extra_env={
+    with two_hosts(tmp_path_factory, postgres_server, redis_server, tiny_llama_dir,
+                   "gpu_hosts", 8) as out:
+        yield out
+
+
+@contextlib.contextmanager
+def two_hosts(tmp_path_factory: Any, postgres_server: Any, redis_server: Any,
+              tiny_llama_dir: Any, db_name: str, broker_db: int
+              ) -> Iterator[tuple[Stack, dict[str, Worker]]]:
+    """The stack and the workers of HOSTS on database `db_name` and Redis db `broker_db` (a
+    module's own: a fixture of each module that uses it)."""
+    database = postgres_server.create_database(db_name)
+    broker = redis_server.url.rsplit("/", 1)[0] + f"/{broker_db}"
+    stack = Stack(tmp_path_factory.mktemp(db_name.replace("_", "-")), extra_env={
         "EAGLENEST_DATABASE_URL": database, "EAGLENEST_BROKER_URL": broker,
         "EAGLENEST_WORKER_QUEUES": "", "EAGLENEST_CAPACITY_WAIT_SECONDS": str(WAIT),
         "EAGLENEST_VLLM_MODULE": "tests.support.fake_vllm", "EAGLENEST_LOG_FORMAT": "json"})

@@ -1,7 +1,8 @@
 """An endpoint transition's GPUs: where its instances are placed, how they are freed, and
 what a transition does while no host can place them (workers/infra/placement.py).
 
-Contract: `stop()` stops instances and frees the GPUs they held. A transition whose
+Contract: `stop()` stops instances and frees the GPUs they held (on any host: its own
+worker stops them, workers/serving/spread.py). A transition whose
 instances cannot be placed raises `WaitingForCapacity` while it is younger than
 EAGLENEST_CAPACITY_WAIT_SECONDS (`capacity()`), and the task body hands the task on with
 `hand_on()` once its EndpointLease is released (so that another host's worker can claim
@@ -20,9 +21,14 @@ from eaglenest.db.tables import EndpointRow
 from eaglenest.foundation.accounts import ResourceRef
 from eaglenest.foundation.queue import SERVE_QUEUE
 from eaglenest.workers.infra.context import WorkerContext
-from eaglenest.workers.infra.placement import NoCapacity, capacity_reason
+from eaglenest.workers.infra.placement import (
+    RETRY_SECONDS,
+    NoCapacity,
+    capacity_reason,
+    host_queue,
+)
+from eaglenest.workers.serving import spread
 from eaglenest.workers.serving.deploy import DeployError, Placement
-from eaglenest.workers.serving.records import stop_servers, units_of
 
 log = logging.getLogger("eaglenest.endpoints")
 
@@ -32,22 +38,28 @@ def placement(ctx: WorkerContext, ep: ResourceRef) -> Placement:
 
 
 def stop(ctx: WorkerContext, ep: ResourceRef, servers: dict[str, Any]) -> None:
-    """Stop these instances and free the GPUs they held."""
+    """Stop these instances and free the GPUs they held: this host's here, another host's
+    by its worker (workers/serving/spread.py)."""
+    here, away = spread.split(ctx, servers)
     try:
-        stop_servers(servers, ctx.children_dir)
+        spread.stop_here(ctx, ep, here)
     finally:
-        units = units_of(servers)
-        if units:
-            ctx.placer.release(ep.arn, units)
+        spread.retire_remote(ctx, ep, away)
+
+
+class Superseded(Exception):
+    """The transition is no longer this worker's (deleted, timed out, taken over) while it
+    was being handed to another host: what it started is stopped, nothing is marked."""
 
 
 class WaitingForCapacity(Exception):
-    """No host can place the transition's instances yet, and its wait is not over: the
-    task is handed on (workers/infra/placement.py route) once its lease is released."""
+    """The transition goes on on another host once its lease is released: no host can
+    place its instances yet and its wait is not over (`cause`: the task is routed by
+    workers/infra/placement.py), or host `then` is to start the rest of them."""
 
-    def __init__(self, cause: NoCapacity) -> None:
-        super().__init__(str(cause))
-        self.cause = cause
+    def __init__(self, cause: NoCapacity | None, then: str | None = None) -> None:
+        super().__init__(str(cause) if cause else f"host {then} goes on with it")
+        self.cause, self.then = cause, then
 
 
 def capacity(ctx: WorkerContext, ep: ResourceRef, exc: NoCapacity) -> Exception:
@@ -63,6 +75,15 @@ def capacity(ctx: WorkerContext, ep: ResourceRef, exc: NoCapacity) -> Exception:
 
 def hand_on(ctx: WorkerContext, ep: ResourceRef, task: str, waiting: WaitingForCapacity
              ) -> str:
+    if waiting.cause is None:
+        where = host_queue(SERVE_QUEUE, str(waiting.then))
+        ctx.queue.send(task, ep.arn, where)
+        log.info("endpoint %s: %s; task sent to %s", ep.name, waiting, where)
+        return f"handed to {where}"
+    if isinstance(waiting.cause, spread.Nowhere):  # no host to go to: its queue, later
+        ctx.queue.send(task, ep.arn, SERVE_QUEUE, countdown=RETRY_SECONDS)
+        log.info("endpoint %s waits for capacity (%s)", ep.name, waiting)
+        return f"waiting for capacity ({SERVE_QUEUE})"
     where = ctx.placer.route(ctx.queue, task, ep.arn, SERVE_QUEUE, waiting.cause.instance_type)
     log.info("endpoint %s waits for capacity (%s); task sent to %s", ep.name, waiting, where)
     return f"waiting for capacity ({where})"

@@ -264,12 +264,14 @@ def start_variant(store: ArtifactStore, workdir: Path, endpoint: str, plan: Vari
 
 def _start_instances(plan: VariantPlan, base: Path, model_dir: Path, head_dir: Path | None,
                      endpoint: str, advertise_host: str, indexes: list[int],
-                     registry: Path | None, resource: str, placement: Placement | None = None
+                     registry: Path | None, resource: str, placement: Placement | None = None,
+                     units: list[str] | None = None
                      ) -> tuple[list[ServerSpec], list[dict[str, Any]]]:
     """Place each instance (its GPUs), launch one server per index (log `server-<i>.log`),
     then wait for all of them under one deadline; if any fails, stop every one of them,
-    free their GPUs and raise (NoCapacity when the host cannot place them)."""
-    units = [f"{base.name}-{i}" for i in indexes]
+    free their GPUs and raise (NoCapacity when the host cannot place them). `units`: the
+    instances' placement units (default `<base>-<index>`; a restart keeps the old ones)."""
+    units = units or [f"{base.name}-{i}" for i in indexes]
     try:
         specs = _specs(plan, model_dir, head_dir, endpoint, advertise_host, units, placement)
         servers = [ServerProcess(spec, base / f"server-{i}.log", registry, resource,
@@ -293,7 +295,7 @@ def _start_instances(plan: VariantPlan, base: Path, model_dir: Path, head_dir: P
     return specs, [{"url": f"http://{advertise_host}:{srv.spec.port}",
                     "pid": srv.proc.pid if srv.proc else 0, "secret": srv.spec.secret,
                     "child": srv.record.to_dict() if srv.record else None,
-                    "unit": unit, "host": host, "gpus": gpus}
+                    "unit": unit, "host": host, "gpus": gpus, "dir": str(base)}
                    for srv, unit, gpus in zip(servers, units, [s.gpus for s in specs],
                                               strict=True)]
 
@@ -342,15 +344,17 @@ def restart_instances(plan: VariantPlan, record: dict[str, Any], dead: list[int]
                       placement: Placement | None = None) -> dict[str, Any]:
     """Replace the instances at `dead` of a running variant (same model files, new ports),
     keeping the others. Returns the updated record; the new instances are the ones at
-    `dead` in its `instances`."""
-    base = Path(record["dir"])
+    `dead` in its `instances` (all of this host: their model files are the first's `dir`)."""
+    old = instances_of(record)
+    base = Path((old[dead[0]].get("dir") if dead else None) or record["dir"])
     head_dir = base / "head" if record.get("speculative") else None
     if not (base / "model").is_dir() or (head_dir is not None and not head_dir.is_dir()):
         raise DeployError(f"Variant {plan.variant}: its model files are gone from {base}.")
-    old = instances_of(record)
     stop_servers({str(i): old[i] for i in dead}, registry)  # one that hangs must not linger
+    units = [str(old[i]["unit"]) for i in dead if old[i].get("unit")]
     _, started = _start_instances(plan, base, base / "model", head_dir, record["served_name"],
-                                  advertise_host, dead, registry, _resource(record), placement)
+                                  advertise_host, dead, registry, _resource(record), placement,
+                                  units if len(units) == len(dead) else None)
     new = list(old)
     for i, inst in zip(dead, started, strict=True):
         new[i] = inst

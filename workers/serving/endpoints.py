@@ -10,6 +10,13 @@ InService endpoint; restart only the ones that no longer answer (the others keep
 status SystemUpdating meanwhile), all of them when none answers (after a restart), or mark
 it Failed.
 
+A variant whose instances no single host can place, but the hosts together can, is placed
+over several (workers/serving/fleet.py, spread.py): the transition goes from host to host,
+each host's worker starting the instances that hold its GPUs, and ends on the last. Every
+instance is stopped by a worker of its own host: another host's are handed to it (retire:
+`serve.<host>`), a dead one is restarted by its host's worker, and a Deleting endpoint's
+row goes once every host has stopped its instances.
+
 Every task holds its transition with an EndpointLease (one worker at a time; a dead one's
 task is sent again). Any exception ends the transition: Failed with the reason (create,
 delete, recover) or a rollback to the config that serves (update); never left transitional.
@@ -29,36 +36,31 @@ import logging
 import shutil
 import threading
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from celery import Celery
 
-from eaglenest.db import endpoint_retention as retention
+from eaglenest.db import endpoint_spread, placement_repo
 from eaglenest.db import endpoints_repo as eps
-from eaglenest.db.common import locate, resolve
+from eaglenest.db.common import resolve
 from eaglenest.db.tables import EndpointRow
 from eaglenest.foundation.accounts import ResourceRef
-from eaglenest.foundation.buckets import AccountStore
 from eaglenest.foundation.deployment import instances_of
 from eaglenest.foundation.queue import (
     ENDPOINT_CREATE_TASK,
     ENDPOINT_DELETE_TASK,
     ENDPOINT_RECOVER_TASK,
+    ENDPOINT_RETIRE_TASK,
     ENDPOINT_UPDATE_TASK,
 )
-from eaglenest.foundation.storage import make_store
-from eaglenest.foundation.threads import compute_budget
 from eaglenest.workers.infra.context import WorkerContext
 from eaglenest.workers.infra.placement import NoCapacity
-from eaglenest.workers.serving import capacity, shift
+from eaglenest.workers.serving import capacity, fleet, shift, spread
 from eaglenest.workers.serving.deploy import (
     DeployError,
     VariantPlan,
     add_instances,
-    plan_variants,
     restart_instances,
-    start_variant,
 )
 from eaglenest.workers.serving.endpoint_lease import EndpointLease
 from eaglenest.workers.serving.process import ServingError
@@ -87,64 +89,6 @@ def _by_arn(run: Callable[[WorkerContext, ResourceRef], str]
     return task
 
 
-def work_dir(ctx: WorkerContext, ep: ResourceRef) -> Path:
-    """The endpoint's files on this host (model copies, server logs)."""
-    return ctx.settings.data_dir / "endpoints" / ep.local_key
-
-
-def _overrides(ctx: WorkerContext, ep: ResourceRef,
-               new_config: bool = False) -> dict[str, dict[str, Any]]:
-    """The endpoint's weights and counts that replace its config's (a pending change
-    included), or with `new_config` those retained for a pending UpdateEndpoint's."""
-    with ctx.db.session() as s:
-        row = locate(s, EndpointRow, ep.arn)
-        if row is None:
-            return {}
-        if new_config:
-            return dict(row.spec.get(retention.PENDING_OVERRIDES) or {})
-        return eps.effective_overrides(row.spec)
-
-
-def _plans(ctx: WorkerContext, ep: ResourceRef, config_name: str,
-           overrides: dict[str, dict[str, Any]] | None = None) -> list[VariantPlan]:
-    with ctx.db.session() as s:
-        plans = plan_variants(s, ep.account_id, config_name)
-    cap = ctx.settings.max_instances_per_variant
-    for plan in plans:
-        o = (overrides or {}).get(plan.variant, {})
-        plan.weight = float(o.get("DesiredWeight", plan.weight))
-        plan.instance_count = int(o.get("DesiredInstanceCount", plan.instance_count))
-    for plan in plans:  # the config may predate a lower cap on this worker
-        plan.vllm_module = ctx.settings.vllm_module
-        plan.compute_budget = compute_budget(ctx.settings.max_compute_processes)
-        if plan.instance_count > cap:
-            raise DeployError(f"Variant {plan.variant} asks for {plan.instance_count} "
-                              f"instances; this worker allows at most {cap} "
-                              "(EAGLENEST_MAX_INSTANCES_PER_VARIANT).")
-    return plans
-
-
-def _launch(ctx: WorkerContext, ep: ResourceRef, config_name: str,
-            overrides: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
-    """Start every variant of `config_name` (weights and counts from `overrides` where it
-    has them); on any failure stop what started and raise."""
-    plans = _plans(ctx, ep, config_name, overrides)
-    store, servers = make_store(ctx.settings), {}
-    try:
-        for plan in plans:  # the model and head as the config's account may read them
-            servers[plan.variant] = start_variant(
-                AccountStore(store, plan.account_id), work_dir(ctx, ep), ep.name, plan,
-                ctx.settings.advertise_host, ctx.children_dir,
-                resource=f"endpoint:{ep.local_key}", placement=capacity.placement(ctx, ep))
-    except NoCapacity as exc:
-        capacity.stop(ctx, ep, servers)
-        raise capacity.capacity(ctx, ep, exc) from exc
-    except BaseException:
-        capacity.stop(ctx, ep, servers)
-        raise
-    return deployment(plans, servers)
-
-
 def _reason(ep: ResourceRef, exc: Exception) -> str:
     """A failed task's FailureReason: the message of a deploy/serving error as it stands,
     anything else as an internal error (logged with its traceback)."""
@@ -168,9 +112,11 @@ def _create(ctx: WorkerContext, ep: ResourceRef) -> str:
         if state is None:
             return "skipped (not Creating, or another worker has it)"
         try:
-            dep = _launch(ctx, ep, state.config_name)
+            dep = fleet.launch(ctx, ep, state.config_name, None, eps.CREATING)
         except capacity.WaitingForCapacity:
             raise
+        except capacity.Superseded:
+            return "superseded"
         except Exception as exc:
             with ctx.db.session() as s:
                 eps.mark_failed(s, ep.arn, _reason(ep, exc))
@@ -217,13 +163,16 @@ def _replace_fleet(ctx: WorkerContext, ep: ResourceRef, config_name: str,
     failure stops the new fleet and keeps the old one serving."""
     dep: dict[str, Any] | None = None
     try:
-        dep = _launch(ctx, ep, config_name, _overrides(ctx, ep, new_config=True))
+        dep = fleet.launch(ctx, ep, config_name, fleet.overrides(ctx, ep, new_config=True),
+                           eps.UPDATING)
         plan = shift.plan_of(ctx, ep.arn, dep)
         if plan.gradual and not shift.run(ctx, ep.arn, config_name, dep, plan, dead_instances):
             capacity.stop(ctx, ep, dep["Servers"])
             return "superseded"
     except capacity.WaitingForCapacity:
-        raise  # _launch stopped what it started; the old fleet serves meanwhile
+        raise  # launch stopped what it started; the old fleet serves meanwhile
+    except capacity.Superseded:
+        return "superseded"
     except Exception as exc:
         why = str(exc) if isinstance(exc, shift.ShiftFailed) else _reason(ep, exc)
         with ctx.db.session() as s:
@@ -268,7 +217,7 @@ def _scale(ctx: WorkerContext, ep: ResourceRef, config_name: str,
     others keep serving; the new weights take effect when the endpoint is InService."""
     started: list[dict[str, Any]] = []
     try:
-        plans = {p.variant: p for p in _plans(ctx, ep, config_name, _overrides(ctx, ep))}
+        plans = {p.variant: p for p in fleet.plans(ctx, ep, config_name, fleet.overrides(ctx, ep))}
         if set(plans) != set(servers):
             raise DeployError(f"The variants of {config_name} no longer match the running ones.")
         new_servers, surplus = _resize(ctx, ep, plans, servers, started)
@@ -293,17 +242,21 @@ def delete(ctx: WorkerContext, ep: ResourceRef) -> str:
         state = read_state(ctx, ep) if lease.held else None
         if state is None:
             return "skipped (not Deleting, or another worker has it)"
-        try:
-            capacity.stop(ctx, ep, state.servers)
-            ctx.placer.release(ep.arn)  # and whatever else it still held
-            shutil.rmtree(work_dir(ctx, ep), ignore_errors=True)
+        try:  # every instance: serving, shifted to, being placed; another host's by its own
+            servers = spread.every_server(state.deployment)
+            capacity.stop(ctx, ep, servers)
+            spread.retire_pending(ctx, ep, sent=spread.split(ctx, servers)[1])
+            with ctx.db.session() as s:  # and whatever else it still holds on this host
+                placement_repo.release(s, ep.arn, hosts=[ctx.placer.host])
+                endpoint_spread.handed_off(s, ep.arn, eps.DELETING)
+            shutil.rmtree(fleet.work_dir(ctx, ep), ignore_errors=True)
         except Exception as exc:
             with ctx.db.session() as s:
                 eps.mark_failed(s, ep.arn, f"Deleting failed: {_reason(ep, exc)}")
             return eps.FAILED
         with ctx.db.session() as s:
-            eps.finish_delete(s, ep.arn)
-        return "deleted"
+            done = eps.finish_delete(s, ep.arn)
+        return "deleted" if done else "deleting (other hosts stop their instances)"
 
 
 def _replace_dead(ctx: WorkerContext, ep: ResourceRef, config_name: str, servers: dict[str, Any],
@@ -311,7 +264,7 @@ def _replace_dead(ctx: WorkerContext, ep: ResourceRef, config_name: str, servers
                   ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Restart only the dead instances. Returns the new deployment and, to stop if it cannot
     be stored, the new instances alone (as variant records)."""
-    plans = {p.variant: p for p in _plans(ctx, ep, config_name, overrides)}
+    plans = {p.variant: p for p in fleet.plans(ctx, ep, config_name, overrides)}
     if set(plans) != set(servers):
         raise DeployError(f"The variants of {config_name} no longer match the running ones.")
     new_servers, started = dict(servers), {}
@@ -327,6 +280,12 @@ def _replace_dead(ctx: WorkerContext, ep: ResourceRef, config_name: str, servers
         capacity.stop(ctx, ep, started)
         raise
     return deployment(list(plans.values()), new_servers), started
+
+
+@_by_arn
+def retire(ctx: WorkerContext, ep: ResourceRef) -> str:
+    """Stop this host's instances another host's task has retired (workers/serving/fleet.py)."""
+    return fleet.retire(ctx, ep)
 
 
 #: endpoints this worker is recovering now: a second recover task for one of them (several
@@ -372,16 +331,23 @@ def _recover(ctx: WorkerContext, ep: ResourceRef) -> str:
 def _restart(ctx: WorkerContext, ep: ResourceRef, config_name: str, servers: dict[str, Any],
              dead: dict[str, list[int]]) -> str:
     total = sum(len(instances_of(rec)) for rec in servers.values())
-    overrides = _overrides(ctx, ep)  # the weights and counts the endpoint was given
+    overrides = fleet.overrides(ctx, ep)  # the weights and counts the endpoint was given
     try:
-        if servers and sum(map(len, dead.values())) < total:  # some still serve: keep them
-            dep, started = _replace_dead(ctx, ep, config_name, servers, dead, overrides)
+        here, away, orphaned = spread.live_dead_hosts(ctx, servers, dead)
+        if servers and sum(map(len, dead.values())) < total and not orphaned:
+            # some still serve: keep them; this host restarts its own dead ones, and the
+            # worker of each other host with dead ones its own, in turn
+            dep, started = _replace_dead(ctx, ep, config_name, servers, here, overrides)
+            if away:
+                _hand_on_recovery(ctx, ep, dep, started, away[0])
         else:
             capacity.stop(ctx, ep, servers)
-            dep = _launch(ctx, ep, config_name, overrides)
+            dep = fleet.launch(ctx, ep, config_name, overrides, eps.SYSTEM_UPDATING)
             started = dep["Servers"]
     except capacity.WaitingForCapacity:
         raise  # SystemUpdating until a host can place it, or its wait fails it
+    except capacity.Superseded:
+        return "superseded"
     except Exception as exc:
         # a Failed endpoint serves nothing, not even its live instances
         capacity.stop(ctx, ep, servers)
@@ -393,6 +359,17 @@ def _restart(ctx: WorkerContext, ep: ResourceRef, config_name: str, servers: dic
         if not eps.finish_recovery(s, ep.arn, dep):
             capacity.stop(ctx, ep, started)
     return "restarted"
+
+
+def _hand_on_recovery(ctx: WorkerContext, ep: ResourceRef, dep: dict[str, Any],
+                      started: dict[str, Any], host: str) -> None:
+    """Record the instances restarted here; host `host`'s worker restarts its own next."""
+    with ctx.db.session() as s:
+        ok = endpoint_spread.save_deployment(s, ep.arn, ctx.owner, eps.SYSTEM_UPDATING, dep)
+    if not ok:
+        capacity.stop(ctx, ep, started)
+        raise capacity.Superseded("The endpoint is no longer SystemUpdating.")
+    raise capacity.WaitingForCapacity(None, host)
 
 
 def register(app: Celery, ctx: WorkerContext) -> None:
@@ -411,3 +388,7 @@ def register(app: Celery, ctx: WorkerContext) -> None:
     @app.task(name=ENDPOINT_RECOVER_TASK, acks_late=True)
     def recover_endpoint(ref: str) -> str:
         return recover(ctx, ref)
+
+    @app.task(name=ENDPOINT_RETIRE_TASK, acks_late=True)
+    def retire_instances(ref: str) -> str:
+        return retire(ctx, ref)

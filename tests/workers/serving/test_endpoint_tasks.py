@@ -19,7 +19,7 @@ from eaglenest.db.tables import EndpointRow
 from eaglenest.foundation.queue import TaskQueue
 from eaglenest.foundation.settings import Settings
 from eaglenest.workers.infra.context import WorkerContext
-from eaglenest.workers.serving import capacity, endpoints
+from eaglenest.workers.serving import endpoints, fleet, spread
 from tests.support.endpoint_rows import ACCOUNT, EP, OTHER, OTHER_EP, seed_endpoint
 
 
@@ -47,7 +47,7 @@ def boom(*_: object) -> dict:
 
 
 def test_an_unexpected_error_fails_the_creation_with_the_reason(ctx, monkeypatch):
-    monkeypatch.setattr(endpoints, "_launch", boom)
+    monkeypatch.setattr(fleet, "launch", boom)
     assert endpoints.create(ctx, EP) == endpoints_repo.FAILED
     r = row(ctx)
     assert (r.status, r.failure_reason, r.owner) == (
@@ -58,7 +58,7 @@ def test_an_unexpected_error_rolls_an_update_back(ctx, monkeypatch):
     with ctx.db.session() as s:
         endpoints_repo.mark_in_service(s, EP, {"Servers": {}})
         endpoints_repo.request_update(s, ACCOUNT, "ep", "c2", {"EndpointConfigName": "c2"})
-    monkeypatch.setattr(endpoints, "_launch", boom)
+    monkeypatch.setattr(fleet, "launch", boom)
     assert endpoints.update(ctx, EP) == "rolled-back"
     r = row(ctx)
     assert (r.status, r.config_name, r.pending_config_name) == (
@@ -70,7 +70,7 @@ def test_an_unexpected_error_rolls_an_update_back(ctx, monkeypatch):
 def test_a_transition_another_live_worker_holds_is_left_alone(ctx, monkeypatch):
     with ctx.db.session() as s:
         assert endpoints_repo.claim(s, EP, endpoints_repo.CREATING, "other:2", 60)
-    monkeypatch.setattr(endpoints, "_launch", boom)
+    monkeypatch.setattr(fleet, "launch", boom)
     assert endpoints.create(ctx, EP).startswith("skipped")
     r = row(ctx)
     assert (r.status, r.owner) == (endpoints_repo.CREATING, "other:2")
@@ -87,7 +87,7 @@ def test_two_deliveries_to_one_worker_start_the_servers_once(ctx, monkeypatch):
         assert second_done.wait(30), "the second task did not return while the first ran"
         return {"Servers": {}}
 
-    monkeypatch.setattr(endpoints, "_launch", launch)
+    monkeypatch.setattr(fleet, "launch", launch)
     results: list[str] = []
     first = threading.Thread(target=lambda: results.append(endpoints.create(ctx, EP)))
     first.start()
@@ -104,7 +104,7 @@ def test_two_deliveries_to_one_worker_start_the_servers_once(ctx, monkeypatch):
     # the hold ended with the task: the next transition of the endpoint is claimed again
     with ctx.db.session() as s:
         endpoints_repo.request_update(s, ACCOUNT, "ep", "c2", {"EndpointConfigName": "c2"})
-    monkeypatch.setattr(endpoints, "_launch", boom)
+    monkeypatch.setattr(fleet, "launch", boom)
     assert endpoints.update(ctx, EP) == "rolled-back"
 
 
@@ -125,8 +125,8 @@ def test_a_delete_proceeds_while_a_create_of_this_worker_still_holds_its_lease(c
         deleted.append(endpoints.delete(ctx, EP))
         return {"Servers": {"AllTraffic": {"instances": []}}}
 
-    monkeypatch.setattr(endpoints, "_launch", launch)
-    monkeypatch.setattr(capacity, "stop_servers", lambda servers, *_: stopped.append(servers))
+    monkeypatch.setattr(fleet, "launch", launch)
+    monkeypatch.setattr(spread, "stop_servers", lambda servers, *_: stopped.append(servers))
     assert endpoints.create(ctx, EP) == "deleted-while-creating"
     assert deleted == ["deleted"]
     assert stopped[-1] == {"AllTraffic": {"instances": []}}
@@ -160,8 +160,8 @@ def test_an_update_accepted_while_the_last_one_retires_its_fleet_is_not_skipped(
             endpoints_repo.request_update(s, ACCOUNT, "ep", "c1", {"EndpointConfigName": "c1"})
         second.append(endpoints.update(ctx, EP))
 
-    monkeypatch.setattr(endpoints, "_launch", launch)
-    monkeypatch.setattr(capacity, "stop_servers", stop)
+    monkeypatch.setattr(fleet, "launch", launch)
+    monkeypatch.setattr(spread, "stop_servers", stop)
     assert endpoints.update(ctx, EP) == endpoints_repo.IN_SERVICE
     assert second == [endpoints_repo.IN_SERVICE] and launched == ["c2", "c1"]
     r = row(ctx)
@@ -170,7 +170,7 @@ def test_an_update_accepted_while_the_last_one_retires_its_fleet_is_not_skipped(
 
 def test_a_bare_name_is_taken_only_while_one_account_has_it(ctx, monkeypatch):
     """A task queued before names were per account carries a bare name."""
-    monkeypatch.setattr(endpoints, "_launch", boom)
+    monkeypatch.setattr(fleet, "launch", boom)
     assert endpoints.create(ctx, "ep") == endpoints_repo.FAILED
     assert row(ctx).status == endpoints_repo.FAILED
     with ctx.db.session() as s:
@@ -191,7 +191,7 @@ def test_the_arn_picks_the_account_of_config_model_and_files(ctx, monkeypatch):
         started.append((workdir, endpoint, plan.model_uri, kwargs.get("resource")))
         return {"instances": [{"url": "http://127.0.0.1:1"}]}
 
-    monkeypatch.setattr(endpoints, "start_variant", start_variant)
+    monkeypatch.setattr(fleet, "start_variant", start_variant)
     assert endpoints.create(ctx, OTHER_EP) == endpoints_repo.IN_SERVICE
     assert started == [(ctx.settings.data_dir / "endpoints" / OTHER.account_id / "ep", "ep",
                         "s3://other-models/m/", f"endpoint:{OTHER.account_id}/ep")]
