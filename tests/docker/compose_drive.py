@@ -51,7 +51,9 @@ TINY_OPTIONS = {
     "EAGLENEST_MAX_STEPS": "2", "EAGLENEST_MAX_LENGTH": "192", "EAGLENEST_HOLDOUT": "2",
     "EAGLENEST_DATASET": "gsm8k_training.jsonl", "EAGLENEST_BENCH_CONCURRENCY": "1",
     "EAGLENEST_BENCH_MAX_TOKENS": "8", "EAGLENEST_SERVING_BACKEND": "embedded",
-    "EAGLENEST_NUM_SPECULATIVE_TOKENS": "3", "EAGLENEST_REGENERATE": "0"}
+    "EAGLENEST_NUM_SPECULATIVE_TOKENS": "3",
+    # the data as written, and exactly the steps asked for (no plateau or time budget stop)
+    "EAGLENEST_REGENERATE": "0", "EAGLENEST_PLATEAU_EVALS": "0", "EAGLENEST_MAX_TRAIN_MINUTES": "0"}
 SERVING = {"EAGLENEST_SERVING_BACKEND": "embedded", "EAGLENEST_NUM_SPECULATIVE_TOKENS": "3",
            "EAGLENEST_MAX_MODEL_LEN": "512"}
 #: training steps of the job that is killed and resumed (default: from the measured pace)
