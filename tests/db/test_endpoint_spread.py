@@ -24,15 +24,10 @@ B0 = {"unit": "v-b-0", "host": "host-b", "url": "http://b:1"}
 B1 = {"unit": "v-b-1", "host": "host-b", "url": "http://b:2"}
 
 
-@pytest.fixture
-def db(tmp_path: Path):  # type: ignore[no-untyped-def]
-    url = f"sqlite:///{tmp_path / 'spread.db'}"
-    upgrade_head(url)
-    d = Database(url)
-    with d.session() as s:
+@pytest.fixture(autouse=True)
+def _seeded(db: Database) -> None:
+    with db.session() as s:
         seed_endpoint(s)
-    yield d
-    d.dispose()
 
 
 def deployment(db: Database) -> dict:

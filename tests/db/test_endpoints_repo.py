@@ -9,22 +9,16 @@ import pytest
 
 from eaglenest.db import endpoints_repo
 from eaglenest.db.common import locate, now
-from eaglenest.db.migrate import upgrade_head
 from eaglenest.db.session import Database
 from eaglenest.db.tables import EndpointRow
 from eaglenest.foundation.errors import ValidationException
 from tests.support.endpoint_rows import ACCOUNT, EP, OTHER, OTHER_EP, seed_endpoint
 
 
-@pytest.fixture
-def db(tmp_path):
-    url = f"sqlite:///{tmp_path / 't.db'}"
-    upgrade_head(url)
-    d = Database(url)
-    with d.session() as s:
+@pytest.fixture(autouse=True)
+def _seeded(db: Database) -> None:
+    with db.session() as s:
         seed_endpoint(s)
-    yield d
-    d.dispose()
 
 
 def row(db: Database, account: str = ACCOUNT.account_id) -> EndpointRow:

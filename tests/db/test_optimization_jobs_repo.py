@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 
 from eaglenest.db import optimization_jobs_repo as jobs
-from eaglenest.db.migrate import upgrade_head
 from eaglenest.db.session import Database
 from eaglenest.foundation.accounts import Account
 from eaglenest.foundation.errors import ResourceInUse, ResourceNotFound, ValidationException
@@ -27,15 +26,6 @@ SPEC = {
     "OutputConfig": {"S3OutputLocation": "s3://b/o/"},
     "StoppingCondition": {"MaxRuntimeInSeconds": 60},
 }
-
-
-@pytest.fixture
-def db(tmp_path):
-    url = f"sqlite:///{tmp_path / 't.db'}"
-    upgrade_head(url)
-    d = Database(url)
-    yield d
-    d.dispose()
 
 
 def make(db: Database, name: str = "job", account: Account = ACCOUNT) -> None:

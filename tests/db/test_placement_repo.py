@@ -6,29 +6,17 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
-from pathlib import Path
 
-import pytest
 from sqlalchemy import update
 
 from eaglenest.db import placement_repo as repo
 from eaglenest.db.common import now
-from eaglenest.db.migrate import upgrade_head
 from eaglenest.db.session import Database
 from eaglenest.db.tables import GpuHoldingRow, WorkerRow
 from eaglenest.foundation.children import Identity
 from eaglenest.foundation.gpus import Gpu
 
 GPUS = tuple(Gpu(i, "A10G", 24.0) for i in range(6))
-
-
-@pytest.fixture
-def db(tmp_path: Path):  # type: ignore[no-untyped-def]
-    url = f"sqlite:///{tmp_path / 'placement.db'}"
-    upgrade_head(url)
-    d = Database(url)
-    yield d
-    d.dispose()
 
 
 def worker(owner: str = "vm:1", host: str = "host-a", gpus: tuple[Gpu, ...] = GPUS,

@@ -103,10 +103,7 @@ def test_text_format_names_the_job():
 
 
 def test_configure_logging_json_through_the_root_logger(capfd):
-    root = logging.getLogger()
-    saved = (list(root.handlers), root.level)
-    try:
-        configure_logging("json")
+    with configured_logging("json") as root:
         configure_logging("json")  # idempotent: still one line per record
         assert len(root.handlers) == 1
         with log_context(job="cfg"):
@@ -114,13 +111,6 @@ def test_configure_logging_json_through_the_root_logger(capfd):
         err = capfd.readouterr().err.strip().splitlines()
         assert [json.loads(x)["message"] for x in err] == ["through root"]
         assert json.loads(err[0])["job"] == "cfg"
-    finally:
-        for h in list(root.handlers):
-            root.removeHandler(h)
-        for h in saved[0]:
-            root.addHandler(h)
-        root.setLevel(saved[1])
-        logging.captureWarnings(False)
 
 
 def test_http_clients_log_no_line_per_request(capfd):
