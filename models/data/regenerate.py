@@ -14,6 +14,11 @@ import torch
 from eaglenest.models.data.readers import Chat, Completion, Example
 from eaglenest.models.target import Target
 
+#: bump when a change here makes `regenerate` write different answers for the same target,
+#: examples and arguments: optimization jobs' regeneration cache keys include it
+#: (workers/jobs/regen_cache.py), so answers cached before the change are not reused
+VERSION = 1
+
 
 def _generate_batch(
     target: Target, prompts: list[list[int]], max_new_tokens: int, temperature: float

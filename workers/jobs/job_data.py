@@ -18,6 +18,9 @@ from eaglenest.workers.jobs.inputs import InputError
 from eaglenest.workers.jobs.options import JobOptions
 
 log = logging.getLogger("eaglenest.optimize")
+#: regenerate()'s arguments in a job besides the examples, target and seed (greedy, 256 new
+#: tokens a turn, 8 prompts a batch); the regeneration cache key includes them
+REGEN_PARAMS: dict[str, Any] = {"max_new_tokens": 256, "temperature": 0.0, "batch_size": 8}
 
 
 def load(options: JobOptions, data_files: list[Path]) -> list[Any]:
@@ -63,7 +66,7 @@ def regenerate_both(target: Any, examples: list[Any], holdout: list[Any], seed: 
     from eaglenest.models.data.regenerate import answered, regenerate
 
     both = regenerate(examples + holdout, target, seed=seed, keep_empty=True,
-                      progress=progress)
+                      progress=progress, **REGEN_PARAMS)
     cut = len(examples)
     return [e for e in both[:cut] if answered(e)], both[cut:]
 

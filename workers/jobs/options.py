@@ -154,6 +154,10 @@ class JobOptions(BaseModel):
     dataset: Annotated[str | None, Field(alias="EAGLENEST_DATASET")] = None
     #: 1 (default) = the target rewrites the assistant turns (training and held-out) first
     regenerate: Annotated[bool, _parser(_flag), Field(alias="EAGLENEST_REGENERATE")] = True
+    #: 1 (default) = regenerated examples are reused from, and written to, the cache under
+    #: the S3OutputLocation (workers/jobs/regen_cache.py); 0: neither read nor written
+    regenerate_cache: Annotated[bool, _parser(_flag),
+                                Field(alias="EAGLENEST_REGENERATE_CACHE")] = True
     #: samples kept out of training for the benchmark
     holdout: Annotated[int, _between(1, 10_000), Field(alias="EAGLENEST_HOLDOUT")] = 8
     #: 0 skips the benchmark stage

@@ -1,7 +1,8 @@
 """The optimization-job pipeline, stage by stage (all real work; models/ does the torch).
 
 fetch model -> check files -> load target -> load data (workers/jobs/job_data.py; the target
-regenerates the answers unless EAGLENEST_REGENERATE=0) -> capture hidden states
+regenerates the answers unless EAGLENEST_REGENERATE=0, or reuses a previous job's from the
+regeneration cache: workers/jobs/regen_cache.py) -> capture hidden states
 (EAGLENEST_CAPTURE_BACKEND=hf only: workers/jobs/capture_stage.py) -> train
 (resumable; checks for stop between steps) -> export head -> benchmark -> publish under
 `S3OutputLocation/<job-name>/` -> register the output SageMaker model.
@@ -13,6 +14,7 @@ inside the stages that run them, so importing this module costs no torch.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import shutil
@@ -48,6 +50,7 @@ from eaglenest.workers.jobs.inputs import InputError, JobSources, fetch_data, fe
 from eaglenest.workers.jobs.options import JobOptions
 from eaglenest.workers.jobs.placing import JobGpus
 from eaglenest.workers.jobs.progress import LOG_NAME, BenchProgress, TrainingProgress
+from eaglenest.workers.jobs.regen_cache import RegenCache
 from eaglenest.workers.serving.process import default_backend
 from eaglenest.workers.serving.schedule import schedule_from
 
@@ -154,6 +157,14 @@ class Pipeline:
         log.info("job %s: regenerated %d/%d assistant turns", self.name, done, total)
         self.control.check()
 
+    def _regenerate(self, target: Any, examples: list[Any],
+                    holdout: list[Any]) -> tuple[list[Any], list[Any]]:
+        """The target rewrites every assistant turn (job_data.regenerate_both)."""
+        self.stage("regenerate assistant turns with the target")
+        with self._compute("regeneration"):
+            return job_data.regenerate_both(target, examples, holdout, self.options.seed,
+                                            self._regenerated)
+
     @contextlib.contextmanager
     def _compute(self, role: str) -> Iterator[ThreadPlan]:
         """Torch work in this process (regeneration, in-process training): admitted against
@@ -171,11 +182,13 @@ class Pipeline:
         from eaglenest.models.train import TrainConfig, latest_checkpoint, train
 
         holdout = holdout or []
-        if self.options.regenerate:
-            self.stage("regenerate assistant turns with the target")
-            with self._compute("regeneration"):
-                examples, holdout = job_data.regenerate_both(
-                    target, examples, holdout, self.options.seed, self._regenerated)
+        regeneration = None
+        if self.options.regenerate:  # reused from the cache under S3OutputLocation if there
+            cache = RegenCache(self.store, self.spec.OutputConfig.S3OutputLocation, self.name,
+                               self.options.regenerate_cache)
+            examples, holdout, regeneration = cache.regenerate(
+                target, examples, holdout, self.options.seed, self.stage,
+                functools.partial(self._regenerate, target, examples, holdout))
         samples = encode_examples(examples, target.tokenizer, self.options.max_length)
         heldout = job_data.heldout_samples(target, holdout, self.options, self.name)
         data, capture = self._capture(target, samples, heldout)
@@ -223,6 +236,7 @@ class Pipeline:
                        "heldout_accuracy": result.heldout_accuracy,
                        "heldout_step": result.heldout_step, "eval_seconds": result.eval_seconds}
         summary["threads"] = threads.to_dict()
+        summary["regeneration"] = regeneration
         self.control.check()  # a stop during the last steps ends the job here
         progress.finish()
         (self.work / "out").mkdir(parents=True, exist_ok=True)

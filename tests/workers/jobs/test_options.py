@@ -72,3 +72,23 @@ def test_training_stop_options_default_and_name_the_variable() -> None:
         with pytest.raises(OptionError) as exc:
             parse_options({name: raw})
         assert name in str(exc.value)
+
+
+def test_regenerate_cache_is_a_flag_defaulting_to_on() -> None:
+    assert parse_options({}).regenerate_cache is True
+    assert parse_options({"EAGLENEST_REGENERATE_CACHE": "0"}).regenerate_cache is False
+    assert parse_options({"EAGLENEST_REGENERATE_CACHE": "true"}).regenerate_cache is True
+    with pytest.raises(OptionError) as exc:
+        parse_options({"EAGLENEST_REGENERATE_CACHE": "yes"})
+    assert str(exc.value) == "EAGLENEST_REGENERATE_CACHE='yes' must be 0 or 1"
+
+
+def test_every_job_option_is_allowed_in_optimization_environment() -> None:
+    """CreateOptimizationJob denies EAGLENEST_* names outside JOB_OPTIONS: every option the
+    job parses must be listed there, or it could never be set."""
+    from eaglenest.foundation.environment import JOB_OPTIONS
+    from eaglenest.workers.jobs.options import JobOptions
+
+    aliases = {f.alias for f in JobOptions.model_fields.values() if f.alias}
+    assert aliases, "JobOptions has no aliased options"
+    assert aliases - JOB_OPTIONS == set()
