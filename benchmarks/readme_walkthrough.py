@@ -101,7 +101,8 @@ class Walk:
                 (work / name).symlink_to(ROOT / name)
         cache = os.environ.get("EAGLENEST_CACHE", str(Path.home() / ".cache" / "eaglenest"))
         keep = ("PATH", "LANG", "LC_ALL", "TMPDIR", "TERM")
-        self.env = {k: v for k, v in os.environ.items() if k in keep}
+        # the caller's pip configuration too (indexes, find-links): up.sh installs with it
+        self.env = {k: v for k, v in os.environ.items() if k in keep or k.startswith("PIP_")}
         path = [str(venv / "bin"), str(ROOT / ".venv" / "bin"), self.env.get("PATH", "")]
         self.env.update(HOME=str(home), EAGLENEST_CACHE=cache, VIRTUAL_ENV=str(venv),
                         EAGLENEST_VENV=str(venv), PATH=os.pathsep.join(dict.fromkeys(path)))
