@@ -33,6 +33,12 @@ class WorkerContext:
         return Placer(self.settings, self.db, self.owner, self.queues)
 
     @property
+    def kernels_dir(self) -> Path:
+        """The host's linear-kernel timing cache (models/decode/kernel_cache.py), shared by
+        the embedded servers this host's workers start."""
+        return self.settings.data_dir / "kernels"
+
+    @property
     def children_dir(self) -> Path:
         """Records of the child processes workers on this host started (foundation/children.py)."""
         return self.settings.data_dir / "children"

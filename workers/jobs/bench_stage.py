@@ -52,6 +52,8 @@ class BenchPlan:
     gpus: list[int] = field(default_factory=list)
     gpu_env: dict[str, str] = field(default_factory=dict)
     gpu_memory_gib: float = 0.0
+    #: the host's linear-kernel timing cache for embedded servers (None: each measures)
+    kernel_cache: Path | None = None
 
     @property
     def measured_ks(self) -> tuple[int, ...]:
@@ -67,7 +69,7 @@ def _server(plan: BenchPlan, head: Path | None, k: int, log_path: Path,
     spec = ServerSpec(model_dir=plan.model_dir, served_name="bench", port=free_port(),
                       backend=plan.backend, head_dir=head, mode=plan.mode,
                       num_speculative_tokens=k, secret=new_secret(),
-                      extra_env={SHARING_ENV: str(sharing)})
+                      extra_env={SHARING_ENV: str(sharing)}, kernel_cache=plan.kernel_cache)
     gpu_options.apply(spec, {}, plan.gpus, plan.gpu_env, plan.gpu_memory_gib,
                       cuda_available())
     if plan.gpus and spec.backend == VLLM:  # the stage's servers share the job's GPUs

@@ -185,7 +185,8 @@ def _execute(ctx: WorkerContext, ref: ResourceRef, name: str,
                         ctx.children_dir, ref.local_key,
                         placing.JobGpus(gpus, ctx.placer.visible(gpus), _memory_gib(job)),
                         compute_budget=compute_budget(ctx.settings.max_compute_processes),
-                        max_stored_bytes=ctx.settings.max_stored_bytes)
+                        max_stored_bytes=ctx.settings.max_stored_bytes,
+                        kernels_dir=ctx.kernels_dir)
     result = pipeline.run()
     backend = result.backend or serving_backend(options.backend, model)
     output = {"OptimizationOutput": {"RecommendedInferenceImage": backend},

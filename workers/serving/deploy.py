@@ -88,6 +88,8 @@ class VariantPlan:
     vllm_module: str = "vllm.entrypoints.openai.api_server"
     #: the host's budget of compute processes (foundation/threads.py; 0: not checked)
     compute_budget: int = 0
+    #: the host's linear-kernel timing cache for embedded servers (None: each measures)
+    kernel_cache: Path | None = None
     #: the model container's Image as specified ("" when it has none)
     image: str = ""
 
@@ -313,7 +315,7 @@ def _specs(plan: VariantPlan, model_dir: Path, head_dir: Path | None, endpoint: 
     for unit in units:
         spec = _spec(plan, model_dir, head_dir, served=endpoint)
         spec.extra_env.setdefault(SHARING_ENV, str(sharing))
-        spec.vllm_module = plan.vllm_module
+        spec.vllm_module, spec.kernel_cache = plan.vllm_module, plan.kernel_cache
         while spec.port in {s.port for s in specs}:  # free_port() may hand out one twice
             spec.port = free_port()
         if advertise_host != "127.0.0.1":

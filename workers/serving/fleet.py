@@ -70,7 +70,7 @@ def plans(ctx: WorkerContext, ep: ResourceRef, config_name: str,
         plan.weight = float(o.get("DesiredWeight", plan.weight))
         plan.instance_count = int(o.get("DesiredInstanceCount", plan.instance_count))
     for plan in out:  # the config may predate a lower cap on this worker
-        plan.vllm_module = ctx.settings.vllm_module
+        plan.vllm_module, plan.kernel_cache = ctx.settings.vllm_module, ctx.kernels_dir
         plan.compute_budget = compute_budget(ctx.settings.max_compute_processes)
         if plan.instance_count > cap:
             raise DeployError(f"Variant {plan.variant} asks for {plan.instance_count} "

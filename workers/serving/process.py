@@ -99,6 +99,9 @@ class ServerSpec:
     gpu_memory_utilization: float | None = None
     #: what `python -m` runs for a vLLM server (Settings.vllm_module)
     vllm_module: str = "vllm.entrypoints.openai.api_server"
+    #: embedded: the host's linear-kernel timing cache (models/decode/kernel_cache.py); a
+    #: server reuses the timings another settled on this host; None: it measures its own
+    kernel_cache: Path | None = None
 
     def speculates(self) -> bool:
         """A head is served (a schedule that is off at every load serves the target alone)."""
@@ -121,6 +124,8 @@ class ServerSpec:
                "--port", str(self.port), "--host", self.bind_host,
                "--served-model-name", self.served_name, "--dtype", self.dtype,
                "--max-model-len", str(self.max_model_len)]
+        if self.kernel_cache is not None:
+            cmd += ["--kernel-cache", str(self.kernel_cache)]
         if self.speculates():
             k = self.schedule.k_max if self.schedule else self.num_speculative_tokens
             cmd += ["--head", str(self.head_dir), "--mode", self.mode,

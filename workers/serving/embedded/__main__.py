@@ -11,6 +11,7 @@ import logging
 import signal
 import sys
 import threading
+from pathlib import Path
 from typing import Any
 
 from eaglenest.foundation.contention import governor_for
@@ -33,6 +34,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     p.add_argument("--max-num-seqs", type=int, default=8,
                    help="requests decoded together (continuous batching); 1 = one at a time")
+    p.add_argument("--kernel-cache", default=None,
+                   help="folder of the linear-kernel timing cache (models/decode/kernel_cache.py)"
+                        " shared by this host's servers (default: measure at every start)")
     p.add_argument("--speculation-schedule", default=None,
                    help="K per load, [[max_running, K], ...] (workers/serving/schedule.py); "
                         "each step drafts the K for the requests running (0 = plain)")
@@ -70,7 +74,9 @@ def build_server(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     # this process only serves: the kernels chosen for this host replace the linears in
     # place (models/decode/kernels.py; timed at load, float32-exact candidates only)
     kw = dict(k=args.num_speculative_tokens, adaptive=args.adaptive,
-              depth=args.num_speculative_tokens, kernels=KernelPolicy(in_place=True))
+              depth=args.num_speculative_tokens,
+              kernels=KernelPolicy(in_place=True, cache_dir=Path(args.kernel_cache)
+                                   if args.kernel_cache else None))
     layer_types = getattr(target.model.config, "layer_types", None) or []
     engine: SpeculativeEngine
     if args.max_num_seqs > 1 and "linear_attention" not in layer_types:
