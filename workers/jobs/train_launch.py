@@ -3,7 +3,8 @@
 With ``EAGLENEST_TRAIN_PROCESSES`` = N > 1 (the job's ``OptimizationEnvironment``, else the
 worker's setting of the same name) the pipeline does not call ``train()`` itself: it writes
 the run to ``<work>/ddp/`` (``run.json``: the TrainConfig fields, target folder, device;
-``samples.json``: the encoded samples; ``capture``: the capture shards' folder, or none) and
+``samples.json``: the encoded samples; ``heldout.json``: the held-out samples, when the job
+has any; ``capture``: the capture shards' folder, or none) and
 starts (as ``python -m torch.distributed.run``)
 
     torchrun --standalone --nproc-per-node N -m eaglenest.workers.jobs.train_launch RUN
@@ -52,6 +53,7 @@ POLL_SECONDS = 0.5
 LOG_TAIL = 2000
 LAUNCHER = "launcher.json"
 PROGRESS_FILE = "progress.jsonl"
+HELDOUT_FILE = "heldout.json"  # the held-out samples, when the job has any
 #: the folder holding the eaglenest package: the ranks' `-m` finds it from there
 _ROOT = Path(__file__).parents[3]
 
@@ -61,14 +63,19 @@ class LaunchError(RuntimeError):
 
 
 def write_run(run_dir: Path, config: Any, target_dir: Path, device: str, source: str,
-              samples: list[Any], capture: Path | None = None) -> Path:
-    """Write what every rank needs to ``run_dir``; the path of ``run.json``."""
+              samples: list[Any], capture: Path | None = None,
+              heldout: list[Any] | None = None) -> Path:
+    """Write what every rank needs to ``run_dir``; the path of ``run.json``. ``heldout``:
+    the held-out samples (every rank measures their accuracy every ``eval_every`` steps: the
+    ranks' heads are equal, so are their figures and their plateau decisions; with a
+    ``capture`` folder their captures come from its held-out split)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     from eaglenest.models.train import config_record
 
     fields = config_record(config)
-    (run_dir / "samples.json").write_text(json.dumps(
-        [{"input_ids": s.input_ids, "loss_mask": s.loss_mask} for s in samples]))
+    for name, group in (("samples.json", samples), (HELDOUT_FILE, heldout or [])):
+        (run_dir / name).write_text(json.dumps(
+            [{"input_ids": s.input_ids, "loss_mask": s.loss_mask} for s in group]))
     run = {"config": fields, "target": str(target_dir), "device": device, "source": source,
            "capture": str(capture) if capture else None}
     (run_dir / "run.json").write_text(json.dumps(run))
@@ -208,34 +215,42 @@ def rank_main(run_file: Path) -> int:
 
     config = TrainConfig(**run["config"], should_stop=stop_file.exists, on_step=append_row)
     samples = [Sample(**s) for s in json.loads((run_dir / "samples.json").read_text())]
+    held = run_dir / HELDOUT_FILE
+    heldout = [Sample(**s) for s in json.loads(held.read_text())] if held.is_file() else []
     device = distributed.local_device(run["device"])
     threads = plan_threads(sharing_from_env())
     apply_torch(threads)
     try:
         with Registry().entry("training", threads):
-            result = train(config, _rank_data(run, samples, device), device)
+            result = train(config, _rank_data(run, samples, heldout, device), device)
     finally:
         distributed.shutdown()
     if int(os.environ.get("RANK", "0")) == 0:
         out = {"steps": result.steps, "loss": result.loss,
                "step_accuracy": result.step_accuracy,
                "tokens_per_second": result.tokens_per_second, "seconds": result.seconds,
-               "history": result.history}
+               "history": result.history, "stop_reason": result.stop_reason,
+               "heldout_accuracy": result.heldout_accuracy,
+               "heldout_step": result.heldout_step, "eval_seconds": result.eval_seconds}
         (run_dir / "result.json.part").write_text(json.dumps(out))
         (run_dir / "result.json.part").replace(run_dir / "result.json")
     return 0
 
 
-def _rank_data(run: dict[str, Any], samples: list[Any], device: Any) -> Any:
-    """The rank's TrainData: from the capture shards when the run names them, else the
-    target loaded on the rank's device."""
+def _rank_data(run: dict[str, Any], samples: list[Any], heldout: list[Any],
+               device: Any) -> Any:
+    """The rank's TrainData: from the capture shards when the run names them (the held-out
+    split's too, when the run has held-out samples), else the target loaded on the rank's
+    device, which then also runs the held-out samples."""
     from eaglenest.models.shard_source import shard_train_data
     from eaglenest.models.target import load_target
     from eaglenest.models.train import TrainData
 
     if run.get("capture"):
-        return shard_train_data(run["capture"], device, source=run["source"])
-    return TrainData(load_target(run["target"], device=device), samples, source=run["source"])
+        return shard_train_data(run["capture"], device, source=run["source"],
+                                heldout=bool(heldout))
+    return TrainData(load_target(run["target"], device=device), samples, source=run["source"],
+                     heldout=heldout)
 
 
 if __name__ == "__main__":

@@ -183,6 +183,9 @@ def test_data_parallel_ranks_read_the_shards(store, tmp_path):
     assert run["capture"] == str(tmp_path / "capture")
     assert "Loading weights" not in (tmp_path / "ddp" / "ranks.log").read_text()
     assert not (tmp_path / "capture").exists()
+    # the held-out split was captured too, and the ranks measured it at the last step
+    assert result.train["heldout_step"] == 2 and len(result.train["heldout_accuracy"]) == 3
+    assert [step for step, _ in _heldout_rows(_out(store, "ddp-hf"))] == [2]
 
 
 def _heldout_rows(out: Path) -> list[tuple[int, list[float]]]:

@@ -45,6 +45,20 @@ def test_two_processes_train_and_mirror_each_checkpoint(tmp_path, tiny_llama_dir
     assert provenance["steps"] == STEPS
 
 
+def test_two_processes_measure_the_held_out_accuracy(tmp_path, tiny_llama_dir, samples):
+    """Each rank runs the held-out samples every eval_every steps (and at the last): the
+    rows and the result carry the figures, and the plateau rule can stop the ranks."""
+    run = write_run(tmp_path / "ddp", config(tmp_path / "train", eval_every=3),
+                    tiny_llama_dir, "cpu", "gsm8k", samples[2:], heldout=samples[:2])
+    result = launch(run, 2, lambda: False, None)
+    rows = [(r["step"], r["heldout_accuracy"]) for r in result["history"]
+            if "heldout_accuracy" in r]
+    assert [step for step, _ in rows] == [3, 6]
+    assert all(len(acc) == 3 and all(0.0 <= a <= 1.0 for a in acc) for _, acc in rows)
+    assert result["heldout_accuracy"] == rows[-1][1] and result["heldout_step"] == STEPS
+    assert result["stop_reason"] == "max steps" and result["eval_seconds"] > 0
+
+
 def test_stop_file_ends_all_ranks_with_a_checkpoint_then_resume_continues(
         tmp_path, tiny_llama_dir, samples):
     long = 400  # more steps than the tiny model runs between two polls of the parent
