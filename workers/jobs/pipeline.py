@@ -92,6 +92,8 @@ class Pipeline:
     compute_budget: int = 0
     #: the account's EAGLENEST_MAX_STORED_BYTES (foundation/disk_usage.py; 0: none)
     max_stored_bytes: int = 0
+    #: the host's linear-kernel timing cache for the benchmark's embedded servers
+    kernels_dir: Path | None = None
 
     def stage(self, label: str) -> None:
         self.control.check()
@@ -131,8 +133,7 @@ class Pipeline:
         self.stage("load data")
         examples = job_data.load(self.options, fetch_data(self.store, self.sources,
                                                          self.work / "data"))
-        cut = len(examples) - self.options.holdout
-        holdout, train_examples = examples[cut:], examples[:cut]
+        train_examples, holdout = job_data.split(examples, self.options.holdout, self.name)
         target = load_target(model_dir, device=self._device())
         prompts = [job_data.prompt_text(e, target.tokenizer) for e in holdout]
         train_out = self._train(target, train_examples, head_kind, init_head, holdout)
@@ -224,7 +225,7 @@ class Pipeline:
             threads = plan_threads(running + procs)  # each rank: one share
             log.info("job %s: %s per training process", self.name, threads.describe())
             summary = self._train_processes(config, target, samples, procs, progress,
-                                            threads.sharing, capture.folder)
+                                            threads.sharing, capture.folder, heldout)
         else:
             with self._compute("training") as threads:
                 result = train(config, data, self._device())
@@ -286,16 +287,18 @@ class Pipeline:
 
     def _train_processes(self, config: Any, target: Any, samples: list[Any], procs: int,
                          progress: TrainingProgress, sharing: int,
-                         capture: Path | None) -> dict[str, Any]:
+                         capture: Path | None, heldout: list[Any]) -> dict[str, Any]:
         """Train in ``procs`` data-parallel processes (workers/jobs/train_launch.py); with
-        a ``capture`` folder the ranks read the shards instead of loading the target."""
+        a ``capture`` folder the ranks read the shards instead of loading the target. Every
+        rank measures the ``heldout`` samples' accuracy, as one process would."""
         from eaglenest.workers.jobs.train_launch import launch, write_run
 
         self.stage(f"train in {procs} data-parallel processes (torchrun)")
         if next(target.model.parameters()).is_cuda:  # the ranks load their own copies
             target.model.to("cpu")
         run = write_run(self.work / "ddp", config, Path(target.folder),
-                        self._device(ranks=True), self._data_label(), samples, capture)
+                        self._device(ranks=True), self._data_label(), samples, capture,
+                        heldout)
         summary = launch(run, procs, self.control.should_stop, config.on_checkpoint,
                          self.children_dir, f"job:{self._key}", on_row=progress.row,
                          env={SHARING_ENV: str(sharing), **self.gpus.env})
@@ -351,7 +354,8 @@ class Pipeline:
                              registry=self.children_dir, resource=f"job:{self._key}",
                              ks=self.options.measured_ks(), schedule_dir=head_dir,
                              rounds=self.options.bench_rounds, gpus=self.gpus.indexes,
-                             gpu_env=self.gpus.env, gpu_memory_gib=self.gpus.memory_gib)
+                             gpu_env=self.gpus.env, gpu_memory_gib=self.gpus.memory_gib,
+                             kernel_cache=self.kernels_dir)
             bench = run_benchmark(plan, out, self.control.should_stop,
                                   BenchProgress(self.name, label, self.control.report))
         self.stage("upload outputs")
