@@ -25,6 +25,7 @@ from eaglenest.models.data import (
     load_examples,
 )
 from eaglenest.models.data.regenerate import regenerate
+from eaglenest.models.data.split import held_out_split
 from eaglenest.models.target import Target, load_target
 from eaglenest.models.train import collate
 
@@ -58,7 +59,7 @@ def main() -> int:
     target = load_target(args.target, device="cpu")
     head = load_head(args.head, target.embed_weight(), target.lm_head_weight()).eval()
     examples = [e for n in BUILTIN_NAMES for e in load_examples(builtin_path(n))]
-    held, train = examples[-args.holdout:], examples[:-args.holdout]
+    train, held, _ = held_out_split(examples, args.holdout)  # the job's split
     picked = train[:: max(1, len(train) // args.train_samples)][: args.train_samples]
     for name, group in (("train", picked), ("held-out", held)):
         samples = encode_examples(regenerate(group, target), target.tokenizer, 512)

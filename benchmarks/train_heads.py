@@ -39,6 +39,7 @@ from eaglenest.foundation.processes import free_port
 from eaglenest.models.capture_cache import CaptureCache
 from eaglenest.models.checkpoint import save_head
 from eaglenest.models.data import BUILTIN_NAMES, Chat, Example, encode_examples, load_examples
+from eaglenest.models.data.split import held_out_split
 from eaglenest.models.prepare import cached_smollm2
 from eaglenest.models.target import Target, load_target
 from eaglenest.models.train import TrainConfig, TrainData, train
@@ -103,12 +104,14 @@ def prepared_target() -> Path:
 
 
 def split_builtin(held_out: int) -> tuple[list[Example], list[Example]]:
-    """(training examples, held-out examples): the last ``held_out`` of every built-in file."""
+    """(training examples, held-out examples): the last ``held_out`` of every built-in file,
+    without the training examples that ask a held-out question (the job's rule,
+    models/data/split.py: ultrachat repeats its first questions)."""
     train_ex, eval_ex = [], []
     for name in BUILTIN_NAMES:
-        examples = load_examples(name)
-        train_ex += examples[:-held_out]
-        eval_ex += examples[-held_out:]
+        kept, held, _ = held_out_split(load_examples(name), held_out)
+        train_ex += kept
+        eval_ex += held
     return train_ex, eval_ex
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from eaglenest.models.data import Chat, builtin_path, encode_examples, load_examples
+from eaglenest.models.data.split import held_out_split
 from eaglenest.workers.jobs.inputs import InputError
 from eaglenest.workers.jobs.options import JobOptions
 
@@ -43,41 +44,14 @@ def load(options: JobOptions, data_files: list[Path]) -> list[Any]:
     return examples
 
 
-def _asked(text: str) -> str:
-    return " ".join(text.split())  # the same question whatever its whitespace
-
-
-def _questions(example: Any) -> set[str]:
-    """What an example asks: a chat's user turns, a completion's prompt (normalised)."""
-    if isinstance(example, Chat):
-        return {_asked(m["content"]) for m in example.messages if m["role"] == "user"}
-    return {_asked(str(example.prompt))}
-
-
-def _benchmark_question(example: Any) -> str | None:
-    """The question a held-out example's benchmark prompt asks (prompt_text): a chat's first
-    user turn, a completion's prompt."""
-    if isinstance(example, Chat):
-        return next((_asked(m["content"]) for m in example.messages if m["role"] == "user"),
-                    None)
-    return _asked(str(example.prompt))
-
-
 def split(examples: list[Any], holdout: int, job: str) -> tuple[list[Any], list[Any]]:
-    """(training, held-out): the last ``holdout`` examples are held out, and every training
-    example that asks one of their benchmark questions anywhere (a user turn, or a
-    completion prompt, equal to it up to whitespace) leaves training: with the target's
-    regenerated (greedy, so identical) answers the head would otherwise have learnt the
-    held-out answers, and the held-out accuracy and the benchmark would measure recall.
-    Example: chats [A?, B?], [C?], [B?]; holdout 1 -> held-out [B?], training [C?] ([A?, B?]
-    asks B? too). InputError when no training example is left."""
-    cut = len(examples) - holdout
-    train, held = examples[:cut], examples[cut:]
-    asked = {q for q in map(_benchmark_question, held) if q}
-    kept = [e for e in train if not (_questions(e) & asked)]
-    if len(kept) < len(train):
+    """(training, held-out): the last ``holdout`` examples are held out and the training
+    examples asking one of their benchmark questions leave training
+    (models/data/split.py); InputError when no training example is left."""
+    kept, held, dropped = held_out_split(examples, holdout)
+    if dropped:
         log.info("job %s: %d training samples ask a held-out benchmark question: left out of "
-                 "training", job, len(train) - len(kept))
+                 "training", job, dropped)
     if not kept:
         raise InputError(f"every training sample asks one of the {holdout} held-out benchmark "
                          "questions: nothing is left to train on (EAGLENEST_HOLDOUT)")
