@@ -12,12 +12,14 @@ from typing import Any
 import torch
 
 from eaglenest.models.data.readers import Chat, Completion, Example
+from eaglenest.models.decode.batch import BatchEngine
+from eaglenest.models.decode.kernels import KernelPolicy
 from eaglenest.models.target import Target
 
 #: bump when a change here makes `regenerate` write different answers for the same target,
 #: examples and arguments: optimization jobs' regeneration cache keys include it
 #: (workers/jobs/regen_cache.py), so answers cached before the change are not reused
-VERSION = 1
+VERSION = 2
 
 
 def _generate_batch(
@@ -100,38 +102,117 @@ def regenerate(
     max_new_tokens: int = 256,
     temperature: float = 0.0,
     seed: int = 0,
-    batch_size: int = 8,
+    batch_size: int = 32,
     keep_empty: bool = False,
     progress: Callable[[int, int], None] | None = None,
+    max_batch_tokens: int = 32_768,
+    continuous: bool = True,
 ) -> list[Example]:
     """Every assistant turn / completion replaced by the target's own continuation.
 
-    Turn t of every example is generated before turn t + 1 (it conditions on the rewritten
-    turn t), `batch_size` prompts per `generate` call, similar lengths together so little
-    compute goes to padding. Greedy output does not depend on the batching beyond float
-    rounding in the padded matmuls. `progress(done, total)` is called after every batch
-    (turns written so far, turns in all); it may raise to abandon the work.
+    Turn t of an example is generated after its turn t - 1 (it conditions on the rewritten
+    turn). Decoding is continuous batching (models/decode/batch.py): up to `batch_size`
+    turns decode together, each one's prompt plus `max_new_tokens` counted against
+    `max_batch_tokens` (the KV cache's bound; one turn always runs), and a finished turn's
+    row goes at once to the next turn waiting, where `generate` would decode every batch to
+    its longest answer. `continuous=False`, and targets the batch engine cannot run
+    (recurrent layers), decode left-padded `generate` batches of `batch_size` instead.
+    Greedy output does not depend on the batching beyond float rounding; turn j of example
+    i samples with seed `seed + 1000 * i + j` whatever the order. `progress(done, total)`
+    is called as turns finish (turns written so far, turns in all); it may raise to
+    abandon the work.
     """
     torch.manual_seed(seed)
     pending = [_Pending(e, target.tokenizer) for e in examples]
     total = sum(1 for p in pending for m in p.todo if m["role"] == "assistant")
-    done = 0
-    while True:
-        ready = [(p, ids) for p in pending if (ids := p.next_prompt()) is not None]
-        if not ready:
-            break
-        ready.sort(key=lambda item: len(item[1]))
-        for i in range(0, len(ready), batch_size):
-            chunk = ready[i : i + batch_size]
-            texts = _generate_batch(target, [ids for _, ids in chunk], max_new_tokens,
-                                    temperature)
-            for (p, _), text in zip(chunk, texts, strict=True):
-                p.answer(text)
-            done += len(chunk)
-            if progress is not None:
-                progress(done, total)
+    batch = _Batching(target, max_new_tokens, temperature, seed, batch_size, max_batch_tokens)
+    batch.run(pending, total, progress, continuous)
     out = [p.result() for p in pending]
     return out if keep_empty else [e for e in out if answered(e)]
+
+
+class _Batching:
+    """One `regenerate` call's decoding: the batch engine's step loop, else `generate`."""
+
+    def __init__(self, target: Target, max_new_tokens: int, temperature: float, seed: int,
+                 batch_size: int, max_batch_tokens: int) -> None:
+        self.target, self.max_new, self.temperature = target, max_new_tokens, temperature
+        self.seed, self.rows, self.budget = seed, max(1, batch_size), max_batch_tokens
+        self.done = 0
+
+    def run(self, pending: list[_Pending], total: int,
+            progress: Callable[[int, int], None] | None, continuous: bool) -> None:
+        if not continuous:
+            self._run_generate(pending, total, progress)
+            return
+        try:
+            engine = BatchEngine(self.target.model, None, max_num_seqs=self.rows,
+                                 kernels=KernelPolicy(force="stock"))
+        except ValueError:  # recurrent layers: no batched KV cache
+            self._run_generate(pending, total, progress)
+            return
+        self._run_engine(engine, pending, total, progress)
+
+    def _run_engine(self, engine: BatchEngine, pending: list[_Pending], total: int,
+                    progress: Callable[[int, int], None] | None) -> None:
+        tok = self.target.tokenizer
+        stop = _stop_ids(self.target)
+        ready = [(i, p) for i, p in enumerate(pending) if p.todo]
+        ready.reverse()  # pop() takes the first example first
+        running: dict[int, tuple[int, _Pending, int, list[int]]] = {}
+        used = 0
+        while ready or running:
+            while ready and len(running) < self.rows:
+                i, p = ready[-1]
+                ids = p.next_prompt()
+                assert ids is not None
+                cost = len(ids) + self.max_new
+                if running and used + cost > self.budget:
+                    break
+                ready.pop()
+                turn = len(p.done)
+                rid = engine.submit(ids, self.max_new, temperature=self.temperature,
+                                    stop_token_ids=stop, seed=self.seed + 1000 * i + turn)
+                running[rid], used = (i, p, cost, []), used + cost
+            for rid, new, finished in engine.step():
+                running[rid][3].extend(new)
+                if not finished:
+                    continue
+                i, p, cost, ids = running.pop(rid)
+                used -= cost
+                p.answer(tok.decode([t for t in ids if t not in stop],
+                                    skip_special_tokens=True))
+                if p.todo:
+                    ready.append((i, p))
+                self.done += 1
+                if progress is not None:
+                    progress(self.done, total)
+
+    def _run_generate(self, pending: list[_Pending], total: int,
+                      progress: Callable[[int, int], None] | None) -> None:
+        while True:
+            ready = [(p, ids) for p in pending if (ids := p.next_prompt()) is not None]
+            if not ready:
+                break
+            ready.sort(key=lambda item: len(item[1]))
+            for i in range(0, len(ready), self.rows):
+                chunk = ready[i : i + self.rows]
+                texts = _generate_batch(self.target, [ids for _, ids in chunk], self.max_new,
+                                        self.temperature)
+                for (p, _), text in zip(chunk, texts, strict=True):
+                    p.answer(text)
+                self.done += len(chunk)
+                if progress is not None:
+                    progress(self.done, total)
+
+
+def _stop_ids(target: Target) -> list[int]:
+    """The ids that end a turn: the generation config's eos ids, else the tokenizer's."""
+    eos = getattr(getattr(target.model, "generation_config", None), "eos_token_id", None)
+    if eos is None:
+        eos = target.tokenizer.eos_token_id
+    ids = eos if isinstance(eos, list) else [eos]
+    return [int(i) for i in ids if i is not None]
 
 
 def answered(example: Example) -> bool:

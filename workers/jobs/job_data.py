@@ -20,8 +20,8 @@ from eaglenest.workers.jobs.options import JobOptions
 
 log = logging.getLogger("eaglenest.optimize")
 #: regenerate()'s arguments in a job besides the examples, target and seed (greedy, 256 new
-#: tokens a turn, 8 prompts a batch); the regeneration cache key includes them
-REGEN_PARAMS: dict[str, Any] = {"max_new_tokens": 256, "temperature": 0.0, "batch_size": 8}
+#: tokens a turn, 32 turns decoding together); the regeneration cache key includes them
+REGEN_PARAMS: dict[str, Any] = {"max_new_tokens": 256, "temperature": 0.0, "batch_size": 32}
 
 
 def load(options: JobOptions, data_files: list[Path]) -> list[Any]:
