@@ -1,6 +1,6 @@
 """Where a head's acceptance is lost: its teacher-forced per-step draft accuracy on training
-samples vs held-out samples (the job's split of the built-in datasets: the last
-`--holdout` examples are held out), both with the assistant turns regenerated greedily by the
+samples vs held-out samples (the job's split of the built-in datasets: `--holdout` examples
+spread through them are held out), both with the assistant turns regenerated greedily by the
 target, as the job trains. A large gap is over-fitting; a step whose accuracy falls off
 was not trained (training-time-test steps < the K served).
 

@@ -7,7 +7,7 @@ Issue #3: train the same head with speculators 0.9.0 and report both acceptance 
 
 * Target: SmolLM2-135M-Instruct (``benchmarks.train_heads.prepared_target``).
 * Data: the built-in datasets split as ``train_heads --data builtin`` (``split_builtin``,
-  the last ``--held-out`` examples of each file are evaluation prompts, never trained on),
+  ``--held-out`` examples of each file are evaluation prompts, never trained on),
   original assistant turns. The training examples are written once to ``OUT/train.jsonl``;
   our encoder (chat template, assistant-only loss mask, ``--max-length`` 512) turns them
   into (input_ids, loss_mask) rows and *both* trainers consume exactly those rows.

@@ -45,8 +45,8 @@ def load(options: JobOptions, data_files: list[Path]) -> list[Any]:
 
 
 def split(examples: list[Any], holdout: int, job: str) -> tuple[list[Any], list[Any]]:
-    """(training, held-out): the last ``holdout`` examples are held out and the training
-    examples asking one of their benchmark questions leave training
+    """(training, held-out): ``holdout`` examples spread through the data are held out and
+    the training examples asking one of their benchmark questions leave training
     (models/data/split.py); InputError when no training example is left."""
     kept, held, dropped = held_out_split(examples, holdout)
     if dropped:

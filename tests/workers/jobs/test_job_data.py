@@ -7,7 +7,8 @@ import logging
 
 import pytest
 
-from eaglenest.models.data import Chat, builtin_path, load_examples
+from eaglenest.models.data import BUILTIN_NAMES, Chat, builtin_path, load_examples
+from eaglenest.models.data.split import benchmark_question, questions
 from eaglenest.workers.jobs.inputs import InputError
 from eaglenest.workers.jobs.job_data import split
 
@@ -30,12 +31,12 @@ def test_nothing_left_to_train_on_is_an_input_error() -> None:
 
 
 def test_the_readme_data_keeps_its_held_out_questions_out_of_training() -> None:
-    """The README's train.jsonl (gsm8k then ultrachat): the 8 held out are ultrachat's last
-    lines, whose questions 8 multi-turn ultrachat samples ask again; those leave."""
-    examples = [e for n in ("gsm8k_training.jsonl", "ultrachat_0_8k_515292.jsonl")
-                for e in load_examples(builtin_path(n))]
+    """The README's train.jsonl (every built-in file, in order): the 8 held out come from
+    all five (2 gsm8k, 1 magicoder, 1 opencodeinstruct, 2 swebench, 2 ultrachat, all
+    different questions); the 2 ultrachat samples that ask a held-out question again leave."""
+    examples = [e for n in BUILTIN_NAMES for e in load_examples(builtin_path(n))]
     train, held = split(examples, 8, "readme")
-    assert len(held) == 8 and len(train) == len(examples) - 8 - 8
-    asked = {m["content"] for e in held for m in e.messages if m["role"] == "user"}
-    assert not any(asked & {m["content"] for m in e.messages if m["role"] == "user"}
-                   for e in train if isinstance(e, Chat))
+    assert len(held) == 8 and len(train) == len(examples) - 8 - 2
+    asked = [benchmark_question(e) for e in held]
+    assert len(set(asked)) == 8
+    assert not any(set(asked) & questions(e) for e in train)
