@@ -11,6 +11,7 @@ import argparse
 import json
 from pathlib import Path
 
+from eaglenest.cli.datadir import add_data_dir_option, settings_for
 from eaglenest.models.decode.modes import SPECULATIVE_MODES, DecodeMode
 
 
@@ -41,6 +42,16 @@ def _rounds(raw: str) -> int:
     return value
 
 
+def _kernel_cache(args: argparse.Namespace) -> Path | None:
+    """--kernel-cache: a folder, `none` (every embedded server measures its kernels), or
+    by default the data dir's, which jobs' and endpoints' servers use."""
+    if args.kernel_cache == "none":
+        return None
+    if args.kernel_cache:
+        return Path(args.kernel_cache)
+    return settings_for(args).kernels_dir
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from eaglenest.workers.jobs.bench_stage import BenchPlan, run_benchmark
     from eaglenest.workers.serving.process import default_backend
@@ -52,7 +63,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                      args.backend or default_backend(), levels, args.max_tokens,
                      args.num_speculative_tokens, mode=args.mode,
                      ks=tuple(int(k) for k in args.ks.split(",")) if args.ks else (),
-                     rounds=args.rounds)
+                     rounds=args.rounds, kernel_cache=_kernel_cache(args))
     report = run_benchmark(plan, out, should_stop=lambda: False)
     print((out / "benchmark.md").read_text())
     print("speedup (EAGLE / baseline output throughput):",
@@ -84,4 +95,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="drafting (embedded backend): chain, EAGLE-2 tree or P-EAGLE parallel")
     p.add_argument("--backend", default=None, choices=["vllm", "embedded"],
                    help="model server (default: vllm if installed, else embedded)")
+    p.add_argument("--kernel-cache", default=None, metavar="DIR",
+                   help="embedded servers' linear-kernel timing cache (default: <data dir>/"
+                        "kernels, the jobs' and endpoints'; none: each server measures)")
+    add_data_dir_option(p)
     p.set_defaults(func=cmd_bench)

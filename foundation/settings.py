@@ -153,6 +153,12 @@ class Settings(BaseSettings):
     def artifact_dir(self) -> Path:
         return self.data_dir / "s3"
 
+    @property
+    def kernels_dir(self) -> Path:
+        """The host's linear-kernel timing cache (models/decode/kernel_cache.py), shared by
+        the embedded servers of this data dir's workers and `eaglenest bench`."""
+        return self.data_dir / "kernels"
+
     def credentials(self) -> dict[str, str]:
         """Access key -> secret (every key of `keys()`)."""
         return {k: v.secret for k, v in self.keys().items()}

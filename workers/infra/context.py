@@ -34,9 +34,8 @@ class WorkerContext:
 
     @property
     def kernels_dir(self) -> Path:
-        """The host's linear-kernel timing cache (models/decode/kernel_cache.py), shared by
-        the embedded servers this host's workers start."""
-        return self.settings.data_dir / "kernels"
+        """The host's linear-kernel timing cache (Settings.kernels_dir)."""
+        return self.settings.kernels_dir
 
     @property
     def children_dir(self) -> Path:

@@ -339,7 +339,8 @@ def test_bench_cli(tiny_llama_dir, tiny_eagle3_dir, tmp_path):
         [sys.executable, "-m", "eaglenest.cli", "bench", "--target", str(tiny_llama_dir),
          "--head", str(tiny_eagle3_dir), "--out", str(tmp_path / "out"), "--prompts",
          str(prompts), "--concurrency", "1", "--max-tokens", "8", "--backend", "embedded",
-         "--num-speculative-tokens", "3"], capture_output=True, text=True, cwd=ROOT, timeout=600)
+         "--num-speculative-tokens", "3", "--data-dir", str(tmp_path / "data")],
+        capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "| baseline | 1 |" in r.stdout and "| eagle K=3 | 1 |" in r.stdout
     report = json.loads((tmp_path / "out" / "benchmark.json").read_text())
