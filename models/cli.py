@@ -61,6 +61,9 @@ def _register_train(subparsers: Any) -> None:
                    help="P-EAGLE: tokens drafted per forward")
     p.add_argument("--speculative-tokens", type=int, default=3,
                    help="K written into the head's config (vLLM's num_speculative_tokens)")
+    p.add_argument("--seq-partitions", type=int, default=1,
+                   help="P-EAGLE: each step's anchors in this many parts, a backward each "
+                   "(the same gradients in less memory, for long samples)")
     p.add_argument("--num-layers", type=int, default=1,
                    help="EAGLE-3/P-EAGLE draft decoder layers (vLLM stacks them; EAGLE-2: 1)")
     p.add_argument("--optimizer", choices=("muon", "adamw"), default="muon",
@@ -153,6 +156,7 @@ def _train(args: argparse.Namespace, device: Any) -> int:
         parallel_depth=args.parallel_depth,
         draft_vocab_size=args.draft_vocab_size,
         num_layers=args.num_layers,
+        seq_partitions=args.seq_partitions,
         optimizer=args.optimizer,
         muon_ns_dtype=args.muon_ns_dtype,
         step_decay=args.step_decay,

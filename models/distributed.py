@@ -46,6 +46,7 @@ NCCL / ``cuda:LOCAL_RANK`` path has not run on a multi-GPU host yet.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from collections.abc import Callable
@@ -57,11 +58,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from eaglenest.models.heads.base import HeadBatch, HeadLoss
+from eaglenest.models.heads.base import HeadBatch, HeadLoss, Partition
 from eaglenest.models.heads.registry import HEADS
 from eaglenest.models.target import Capture
-
-LossFn = Callable[[HeadBatch, Capture], HeadLoss]
 
 
 def _head_loss(head: nn.Module) -> Callable[..., HeadLoss]:
@@ -161,17 +160,41 @@ class _LossModule(nn.Module):
         self.head, self.kwargs = head, kwargs
         self.last: HeadLoss | None = None
 
-    def forward(self, batch: HeadBatch, cap: Capture) -> torch.Tensor:
-        self.last = _head_loss(self.head)(batch, cap, **self.kwargs)
+    def forward(self, batch: HeadBatch, cap: Capture, extra: dict[str, Any]) -> torch.Tensor:
+        self.last = _head_loss(self.head)(batch, cap, **self.kwargs, **extra)
         return self.last.loss  # a bare tensor: DDP's output hooks see exactly the loss
+
+
+class LossFn:
+    """``loss_fn(batch, capture, partition=None) -> HeadLoss`` whose ``loss.backward()``
+    averages gradients over the ranks (DDP) when there are several. A backward inside
+    ``no_sync()`` keeps its gradients local: all but the last part of a partitioned step
+    (models/partition.py), whose backward then averages the parts' sum."""
+
+    def __init__(self, head: nn.Module, kwargs: dict[str, Any],
+                 ddp: DistributedDataParallel | None = None,
+                 adapter: _LossModule | None = None) -> None:
+        self.head, self.kwargs, self.ddp, self.adapter = head, kwargs, ddp, adapter
+
+    def __call__(self, batch: HeadBatch, cap: Capture,
+                 partition: Partition | None = None) -> HeadLoss:
+        extra = {} if partition is None else {"partition": partition}
+        if self.ddp is None:
+            return _head_loss(self.head)(batch, cap, **self.kwargs, **extra)
+        loss = self.ddp(batch, cap, extra)
+        assert self.adapter is not None and self.adapter.last is not None
+        return replace(self.adapter.last, loss=loss)
+
+    def no_sync(self) -> contextlib.AbstractContextManager[Any]:
+        return self.ddp.no_sync() if self.ddp is not None else contextlib.nullcontext()
 
 
 def loss_fn(
     head: nn.Module, kwargs: dict[str, Any], place: Dist, device: torch.device, kind: str
 ) -> LossFn:
-    """``(batch, capture) -> HeadLoss`` whose ``loss.backward()`` averages gradients."""
+    """The head's training loss (LossFn), under DDP when there are several ranks."""
     if not place.enabled:
-        return lambda batch, cap: _head_loss(head)(batch, cap, **kwargs)
+        return LossFn(head, kwargs)
     adapter = _LossModule(head, kwargs)
     ddp = DistributedDataParallel(  # broadcasts rank 0's parameters and buffers now
         adapter,
@@ -179,13 +202,7 @@ def loss_fn(
         forward_sync_buffers=False,  # the buffers (d2t / t2d) never change
         find_unused_parameters=HEADS[kind].unused_parameters,
     )
-
-    def run(batch: HeadBatch, cap: Capture) -> HeadLoss:
-        loss = ddp(batch, cap)
-        assert adapter.last is not None
-        return replace(adapter.last, loss=loss)
-
-    return run
+    return LossFn(head, kwargs, ddp, adapter)
 
 
 def agree(flag: bool, place: Dist, device: torch.device) -> bool:

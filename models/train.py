@@ -29,7 +29,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from eaglenest.models import distributed
+from eaglenest.models import distributed, partition
 from eaglenest.models.batches import BatchStream, RankStream, batch_stream
 from eaglenest.models.capture_cache import CaptureCache, CaptureSource
 from eaglenest.models.checkpoint import head_kind, load_head, save_head
@@ -59,6 +59,9 @@ class TrainConfig:
     seed: int = 0
     ttt_steps: int = 3  # EAGLE-3 training-time-test steps
     parallel_depth: int = 4  # P-EAGLE drafts per forward (K)
+    #: P-EAGLE: a step's anchors in this many parts, a backward each (models/partition.py):
+    #: the same gradients in the memory of one part, for long samples
+    seq_partitions: int = 1
     keep_prob: float = 0.7  # P-EAGLE conditional drop-token keep probability
     step_decay: float = 1.0  # loss weight decay**j of draft step j (1.0: all steps equal)
     draft_vocab_size: int = 8192
@@ -251,6 +254,11 @@ def train(config: TrainConfig, data: TrainData, device: str | torch.device = "cp
     if config.num_layers < 1 or (not HEADS[config.head].multi_layer and config.num_layers != 1):
         raise ValueError(f"num_layers={config.num_layers}: EAGLE-3 and P-EAGLE heads take 1 or "
                          "more draft layers, EAGLE-1/2 heads exactly 1")
+    if config.seq_partitions < 1 or (config.seq_partitions > 1
+                                     and not HEADS[config.head].partitions):
+        parted = [kind for kind, spec in HEADS.items() if spec.partitions]
+        raise ValueError(f"seq_partitions={config.seq_partitions}: 1, or more for {parted} "
+                         "heads")
     place, device = distributed.setup(device)
     out = Path(config.out_dir) if config.out_dir else None
     torch.manual_seed(config.seed)
@@ -328,7 +336,7 @@ def _run(
         indices = distributed.shard(stream.next_indices(), place)  # this rank's share
         batch = collate([data.samples[i] for i in indices], pad, device)
         cap = cache.capture(indices, batch.input_ids.shape[1], device)
-        result = _optimise(loss_fn, batch, cap, opt, sched, params, config.grad_clip, device)
+        result = _optimise(loss_fn, batch, cap, opt, sched, params, config, device)
         step += 1
         step_tokens = int(batch.attention_mask.sum())
         tokens += step_tokens
@@ -357,14 +365,14 @@ def _run(
                    eval_seconds)
 
 
-def _optimise(loss_fn: Any, batch: Any, cap: Any, opt: Any, sched: Any,
-              params: list[nn.Parameter], grad_clip: float, device: torch.device) -> Any:
-    """One optimiser and scheduler step on ``batch``; its HeadLoss."""
-    with _autocast(device):
-        result = loss_fn(batch, cap)
+def _optimise(loss_fn: distributed.LossFn, batch: Any, cap: Any, opt: Any, sched: Any,
+              params: list[nn.Parameter], config: TrainConfig, device: torch.device) -> Any:
+    """One optimiser and scheduler step on ``batch`` (in ``config.seq_partitions`` parts);
+    its HeadLoss."""
     opt.zero_grad(set_to_none=True)
-    result.loss.backward()
-    torch.nn.utils.clip_grad_norm_(params, grad_clip)
+    result = partition.backward(loss_fn, batch, cap, config.seq_partitions,
+                                lambda: _autocast(device), HEADS[config.head].partitions)
+    torch.nn.utils.clip_grad_norm_(params, config.grad_clip)
     opt.step()
     sched.step()
     return result

@@ -53,6 +53,23 @@ class HeadBatch:
     attention_mask: torch.Tensor  # [batch, seq] long/bool: 1 = real token, 0 = padding
 
 
+@dataclass(frozen=True)
+class Partition:
+    """Part ``index`` of ``count`` of a batch's anchor slots (sequence partitioning): the
+    loss of the anchors in ``bounds(seq)`` only, normalised as the whole batch's, so the
+    parts' losses (and gradients) sum to the unpartitioned ones. ``seed`` draws the random
+    slot choices (P-EAGLE's COD) the same way in every part.
+
+    Example seq=10, count=3: bounds (0, 3), (3, 6), (6, 10)."""
+
+    index: int
+    count: int
+    seed: int
+
+    def bounds(self, seq: int) -> tuple[int, int]:
+        return self.index * seq // self.count, (self.index + 1) * seq // self.count
+
+
 @dataclass
 class HeadLoss:
     loss: torch.Tensor  # scalar, differentiable
@@ -65,13 +82,15 @@ def soft_cross_entropy(
     logits: torch.Tensor,  # [batch, seq, vocab] draft logits
     target_probs: torch.Tensor,  # [batch, seq, vocab] target distribution (same vocab)
     valid: torch.Tensor,  # [batch, seq] bool
+    denominator: int | None = None,
 ) -> tuple[torch.Tensor, float, int]:
-    """Masked mean of -sum(p * log q); also the greedy agreement rate and count."""
+    """Masked mean of -sum(p * log q) (a sum over ``denominator`` positions when given: a
+    part of a partitioned batch); also the greedy agreement rate and count of ``valid``."""
     logq = F.log_softmax(logits.float(), dim=-1)
     per_pos = -(target_probs * logq).sum(-1)  # [batch, seq]
     count = int(valid.sum())
     validf = valid.to(per_pos.dtype)
-    loss = (per_pos * validf).sum() / max(count, 1)
+    loss = (per_pos * validf).sum() / max(count if denominator is None else denominator, 1)
     with torch.no_grad():
         hit = (logits.argmax(-1) == target_probs.argmax(-1)) & valid
         acc = float(hit.sum()) / max(count, 1)
@@ -85,9 +104,12 @@ def scored_steps(
     loss_mask: torch.Tensor,  # [batch, seq] bool: x[p] is a trainable (assistant) token
     decay: float,
     keep: torch.Tensor | None = None,  # [steps, seq] bool: slots trained at each step
+    count_keep: torch.Tensor | None = None,  # [steps, seq] bool: slots each mean is over
 ) -> HeadLoss:
     """Sum over steps of decay**j * masked soft CE; step j at slot i is scored against the
-    target's distribution at position i+1+j where x[i+2+j] is an assistant token.
+    target's distribution at position i+1+j where x[i+2+j] is an assistant token. With
+    ``count_keep`` (a partition's part: ``keep`` its share of ``count_keep``), each step's
+    loss sums over ``keep`` and divides by the positions ``count_keep`` scores.
 
     Example (seq=5, step j=1): slot 0 is scored against probs[2] if loss_mask[3]; slots 3
     and 4 fall off the end (shift fills False) and are never scored.
@@ -97,9 +119,11 @@ def scored_steps(
     for j, logits in enumerate(step_logits):
         target = shift_left(probs, 1 + j)
         valid = shift_left(loss_mask, 2 + j, False) & shift_left(in_vocab, 1 + j, False)
+        counted = valid if count_keep is None else valid & count_keep[j].unsqueeze(0)
         if keep is not None:
             valid = valid & keep[j].unsqueeze(0)
-        step_loss, acc, count = soft_cross_entropy(logits, target, valid)
+        step_loss, acc, count = soft_cross_entropy(
+            logits, target, valid, None if count_keep is None else int(counted.sum()))
         total = total + (decay**j) * step_loss
         result.step_losses.append(float(step_loss.detach()))
         result.step_accuracy.append(acc)

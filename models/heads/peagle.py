@@ -11,6 +11,14 @@ slots (token x[i+1], fused features of i, position i, predicts x[i+2]); block k 
 anchor i's k-th mask slot (mask token, fc(mask_hidden), position i+k, predicts x[i+2+k]).
 Conditional drop-token (COD, from PARD) keeps anchor i's depth k only where it kept depth
 k-1, so every kept slot still has its whole prefix -- the KV a real chain would have.
+
+Sequence partitioning (the P-EAGLE paper's, for long samples): ``loss(partition=...)`` runs
+one part of the anchors [a, b) -- block 0 for slots 0..b-1 (the keys the part's queries
+read; block 0 attends only to itself, causally, so these are exactly the full forward's)
+and the mask slots of anchors a..b-1 -- and scores only the part's anchors, normalised as
+the whole batch. The parts' gradients sum to the whole forward's while one part holds at
+most b + (depth - 1) * (b - a) slots instead of depth * seq. models/partition.py runs the
+parts, one backward each.
 """
 
 from __future__ import annotations
@@ -20,7 +28,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from eaglenest.models.heads.base import HeadBatch, HeadLoss, scored_steps
+from eaglenest.models.heads.base import HeadBatch, HeadLoss, Partition, scored_steps
 from eaglenest.models.heads.eagle3 import Eagle3Head, layer_config
 from eaglenest.models.heads.layers import HeadConfig, causal_mask, shift_left, ttt_mask
 from eaglenest.models.heads.vocab import draft_vocab_for
@@ -52,17 +60,31 @@ def parallel_mask(seq: int, depth: int, device: torch.device | None = None) -> t
     return torch.cat(rows, dim=0)
 
 
+def slot_mask(idx: torch.Tensor, seq: int) -> torch.Tensor:
+    """``parallel_mask(seq, depth)[idx][:, idx]`` for flat slot indices ``idx`` (block k slot
+    i -> k * seq + i), built for those slots only ([n, n], not [depth * seq]^2): query (k, i)
+    sees block-0 keys (0, j) with j <= i and its own anchor's mask slots (m, i), 1 <= m <= k.
+
+    Example seq=2, idx=[0, 1, 3] (b0s0, b0s1, b1s1): [[1, 0, 0], [1, 1, 0], [1, 1, 1]].
+    """
+    block, slot = idx // seq, idx % seq  # [n] each
+    qk, qi = block.unsqueeze(1), slot.unsqueeze(1)  # queries down the rows
+    kk, ki = block.unsqueeze(0), slot.unsqueeze(0)  # keys along the columns
+    return ((kk == 0) & (ki <= qi)) | ((kk >= 1) & (ki == qi) & (kk <= qk))
+
+
 def cod_keep(
-    seq: int, depth: int, keep_prob: float, device: torch.device | None = None
+    seq: int, depth: int, keep_prob: float, device: torch.device | None = None,
+    generator: torch.Generator | None = None,
 ) -> torch.Tensor:
     """[depth, seq] bool: which (depth, anchor) slots to train. Row 0 is always kept.
 
-    keep[k, i] = keep[k-1, i] and u < keep_prob (u uniform, from the global torch RNG).
-    Example keep_prob=1.0 -> all True; keep_prob=0.0 -> only row 0.
+    keep[k, i] = keep[k-1, i] and u < keep_prob (u uniform, from ``generator``, else the
+    global torch RNG). Example keep_prob=1.0 -> all True; keep_prob=0.0 -> only row 0.
     """
     keep = torch.ones(depth, seq, dtype=torch.bool, device=device)
     if depth > 1:
-        draws = torch.rand(depth - 1, seq, device=device) < keep_prob
+        draws = torch.rand(depth - 1, seq, device=device, generator=generator) < keep_prob
         keep[1:] = torch.cumprod(draws.long(), dim=0).bool()
     return keep
 
@@ -105,7 +127,7 @@ class PEagleHead(Eagle3Head):
         # flat index over (block, slot): block k slot i -> k * t + i; sorted, so each block's
         # kept slots stay contiguous. Example t=3, keep=[[1,1,1],[1,0,1]] -> [0,1,2,3,5].
         idx = keep.flatten().nonzero().squeeze(1)
-        mask = parallel_mask(t, depth, device)[idx][:, idx]
+        mask = slot_mask(idx, t)
         flat, _, _ = self.step(
             torch.cat(tokens, 1)[:, idx],
             torch.cat(hidden, 1)[:, idx],
@@ -128,12 +150,29 @@ class PEagleHead(Eagle3Head):
         steps: int = 4,
         decay: float = 0.8,
         keep_prob: float = 0.7,
+        partition: Partition | None = None,
     ) -> HeadLoss:
-        """One forward over the kept (depth, anchor) slots; depth k weighted decay**k."""
-        keep = cod_keep(batch.input_ids.shape[1], steps, keep_prob, batch.input_ids.device)
+        """One forward over the kept (depth, anchor) slots; depth k weighted decay**k. With
+        ``partition``, its part of the anchors only (module docstring)."""
+        seq, device = batch.input_ids.shape[1], batch.input_ids.device
+        gen = None
+        if partition is not None:  # every part draws the same slots
+            gen = torch.Generator(device=device).manual_seed(partition.seed)
+        keep = cod_keep(seq, steps, keep_prob, device, gen)  # [steps, seq]
         probs, in_vocab = self.target_distribution(cap)
-        logits = self.parallel_forward(batch.input_ids, cap.aux, steps, keep)
-        return scored_steps(logits, probs, in_vocab, batch.loss_mask.bool(), decay, keep)
+        loss_mask = batch.loss_mask.bool()
+        if partition is None:
+            logits = self.parallel_forward(batch.input_ids, cap.aux, steps, keep)
+            return scored_steps(logits, probs, in_vocab, loss_mask, decay, keep)
+        a, b = partition.bounds(seq)
+        run = keep.clone()  # block 0 up to b (the part's keys), mask slots of a..b-1
+        run[0, b:] = False
+        run[1:, :a] = False
+        run[1:, b:] = False
+        scored = torch.zeros_like(keep)
+        scored[:, a:b] = keep[:, a:b]
+        logits = self.parallel_forward(batch.input_ids, cap.aux, steps, run)
+        return scored_steps(logits, probs, in_vocab, loss_mask, decay, scored, count_keep=keep)
 
     @torch.no_grad()
     def draft_parallel(

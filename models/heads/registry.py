@@ -72,6 +72,8 @@ class HeadSpec:
     job_format: str = "native"  # the checkpoint format an optimization job publishes
     #: DDP must look for parameters without gradient (a step may not use all of them)
     unused_parameters: bool = False
+    #: head.loss() takes ``partition`` (sequence partitioning: models/partition.py)
+    partitions: bool = False
     _cache: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -127,6 +129,7 @@ PEAGLE = HeadSpec(
     job_format="speculators",
     # conditional drop-token sampling can keep no slot at some depth: mask_hidden unused
     unused_parameters=True,
+    partitions=True,
 )
 
 #: every kind, in the order CLIs and messages list them

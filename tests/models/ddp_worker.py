@@ -4,7 +4,10 @@ Usage: ``torchrun --standalone --nproc-per-node 2 ddp_worker.py TARGET_DIR ROOT`
 process group is initialised here, before ``train()``, so this exercises the "group already
 there" path (``eaglenest train --nproc`` exercises ``train()`` initialising it). Three
 trainings run in the same group: ``ROOT/a`` straight to 4 steps, ``ROOT/b`` stopped after 2
-with a checkpoint, then ``ROOT/b`` resumed to 4. Each rank saves its heads, histories and
+with a checkpoint, then ``ROOT/b`` resumed to 4; then a P-EAGLE head trained whole and in 3
+sequence partitions (models/partition.py: no_sync for all but the last part), with AdamW:
+Muon orthogonalises each gradient, which blows the float-order differences of its smallest
+singular directions up to the size of the update. Each rank saves its heads, histories and
 the paths it asked ``save_head`` to write as ``ROOT/rank{r}.pt``.
 """
 
@@ -58,6 +61,9 @@ def main(target_dir: str, root: str) -> None:
         "straight": train(config(out / "a"), data),
         "first": train(config(out / "b", checkpoint_every=2, stop_after=2), data),
         "resumed": train(config(out / "b", resume=True), data),
+        "peagle whole": train(config(None, head="peagle", optimizer="adamw"), data),
+        "peagle parts": train(config(None, head="peagle", optimizer="adamw",
+                                     seq_partitions=3), data),
     }
     result: dict[str, Any] = {
         name: {"state": r.head.state_dict(), "history": r.history, "steps": r.steps}

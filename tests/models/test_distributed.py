@@ -57,13 +57,26 @@ def ranks(tiny_dir: Callable[[str], Path], tmp_path_factory: pytest.TempPathFact
 def test_ranks_end_bit_identical(ranks: Any) -> None:
     """(a) Same start (DDP broadcasts rank 0), same averaged gradients -> same bits."""
     _, (r0, r1) = ranks
-    for run in ("straight", "first", "resumed"):
+    for run in ("straight", "first", "resumed", "peagle whole", "peagle parts"):
         a, b = r0[run]["state"], r1[run]["state"]
         assert a.keys() == b.keys()
         for k in a:
             assert torch.equal(a[k], b[k]), (run, k)
         assert _steps(r0[run]) == _steps(r1[run])  # all-reduced loss / accuracy
     assert r0["straight"]["steps"] == STEPS
+
+
+def test_ddp_in_sequence_partitions_equals_whole(ranks: Any) -> None:
+    """(c) P-EAGLE under DDP in 3 parts a step (the first two backwards kept local) trains
+    the head the whole steps train (float summation order apart)."""
+    _, (r0, _) = ranks
+    whole, parts = r0["peagle whole"], r0["peagle parts"]
+    assert parts["steps"] == whole["steps"] == STEPS
+    for k in whole["state"]:
+        torch.testing.assert_close(parts["state"][k], whole["state"][k], rtol=1e-4,
+                                   atol=1e-5, msg=k)
+    assert [h["loss"] for h in parts["history"]] == pytest.approx(
+        [h["loss"] for h in whole["history"]], rel=1e-4)
 
 
 def _reference(target: Target, steps: int) -> tuple[dict[str, torch.Tensor], list[float]]:

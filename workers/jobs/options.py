@@ -134,6 +134,10 @@ class JobOptions(BaseModel):
                                 Field(alias="EAGLENEST_DRAFT_VOCAB_SIZE")] = 8192
     #: draft decoder layers (kinds with HeadSpec.multi_layer)
     num_layers: Annotated[int, _between(1, 16), Field(alias="EAGLENEST_NUM_LAYERS")] = 1
+    #: a step's anchors in this many parts, a backward each (kinds with HeadSpec.partitions:
+    #: models/partition.py): the same training in the memory of one part, for long samples
+    seq_partitions: Annotated[int, _between(1, 64),
+                              Field(alias="EAGLENEST_SEQ_PARTITIONS")] = 1
     checkpoint_every: Annotated[int, _between(0, 10_000_000),
                                 Field(alias="EAGLENEST_CHECKPOINT_EVERY")] = 50
     #: steps between progress lines (log, status, training_log.jsonl published to the output
@@ -206,6 +210,9 @@ class JobOptions(BaseModel):
             raise OptionError(f"EAGLENEST_NUM_LAYERS={self.num_layers} needs an EAGLE-3 or "
                               f"P-EAGLE head; EAGLE-2 heads (EAGLENEST_HEAD={self.head}) have "
                               "one layer")
+        if self.seq_partitions != 1 and self.head and not HEADS[self.head].partitions:
+            raise OptionError(f"EAGLENEST_SEQ_PARTITIONS={self.seq_partitions} needs a P-EAGLE "
+                              f"head (EAGLENEST_HEAD={self.head})")
         if self.capture_backend == "vllm":
             raise OptionError(VLLM_CAPTURE_REFUSAL)
         return self

@@ -130,6 +130,9 @@ class Pipeline:
         if not head_spec.multi_layer and self.options.num_layers != 1:
             raise InputError(f"EAGLENEST_NUM_LAYERS={self.options.num_layers}: EAGLE-2 heads "
                              f"(the {support.architecture} default) have one layer")
+        if not head_spec.partitions and self.options.seq_partitions != 1:
+            raise InputError(f"EAGLENEST_SEQ_PARTITIONS={self.options.seq_partitions} needs a "
+                             f"P-EAGLE head ({head_kind}: the {support.architecture} default)")
         self.stage("load data")
         examples = job_data.load(self.options, fetch_data(self.store, self.sources,
                                                          self.work / "data"))
@@ -206,6 +209,7 @@ class Pipeline:
             batch_size=self.options.batch_size, lr=self.options.lr, seed=self.options.seed,
             draft_vocab_size=min(self.options.draft_vocab_size, target.vocab_size),
             num_layers=self.options.num_layers, checkpoint_every=self.options.checkpoint_every,
+            seq_partitions=self.options.seq_partitions,
             resume=latest_checkpoint(out_dir) is not None,
             init_head=str(init_head) if init_head else None,
             checkpoint_format=HEADS[head].job_format,

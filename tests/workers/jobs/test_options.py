@@ -36,6 +36,19 @@ def test_num_layers_is_read_and_checked_against_the_head() -> None:
                               "EAGLE-2 heads (EAGLENEST_HEAD=eagle) have one layer")
 
 
+def test_seq_partitions_is_read_and_checked_against_the_head() -> None:
+    assert parse_options({"EAGLENEST_SEQ_PARTITIONS": "4",
+                          "EAGLENEST_HEAD": "peagle"}).seq_partitions == 4
+    assert parse_options({}).seq_partitions == 1
+    with pytest.raises(OptionError) as exc:
+        parse_options({"EAGLENEST_SEQ_PARTITIONS": "65"})
+    assert str(exc.value) == "EAGLENEST_SEQ_PARTITIONS=65 must be between 1 and 64"
+    with pytest.raises(OptionError) as exc:
+        parse_options({"EAGLENEST_SEQ_PARTITIONS": "2", "EAGLENEST_HEAD": "eagle3"})
+    assert str(exc.value) == ("EAGLENEST_SEQ_PARTITIONS=2 needs a P-EAGLE head "
+                              "(EAGLENEST_HEAD=eagle3)")
+
+
 def test_bench_ks_default_follows_k_and_is_configurable() -> None:
     assert parse_options({}).measured_ks() == (1, 3, 5)
     assert parse_options({}).concurrency == (1, 2, 4, 8, 16)
