@@ -105,23 +105,28 @@ def scored_steps(
     decay: float,
     keep: torch.Tensor | None = None,  # [steps, seq] bool: slots trained at each step
     count_keep: torch.Tensor | None = None,  # [steps, seq] bool: slots each mean is over
+    window: tuple[int, int] | None = None,  # step_logits hold slots lo..hi-1 only
 ) -> HeadLoss:
     """Sum over steps of decay**j * masked soft CE; step j at slot i is scored against the
     target's distribution at position i+1+j where x[i+2+j] is an assistant token. With
     ``count_keep`` (a partition's part: ``keep`` its share of ``count_keep``), each step's
-    loss sums over ``keep`` and divides by the positions ``count_keep`` scores.
+    loss sums over ``keep`` and divides by the positions ``count_keep`` scores; with
+    ``window`` = (lo, hi) the logits are [batch, hi - lo, vocab] for slots lo..hi-1 and only
+    those are scored (the target's distribution is read for them alone).
 
     Example (seq=5, step j=1): slot 0 is scored against probs[2] if loss_mask[3]; slots 3
     and 4 fall off the end (shift fills False) and are never scored.
     """
     total = torch.zeros((), device=probs.device)
     result = HeadLoss(loss=total)
+    lo, hi = window or (0, probs.shape[1])
     for j, logits in enumerate(step_logits):
-        target = shift_left(probs, 1 + j)
+        target = shift_left(probs, 1 + j) if window is None else _rows(probs, lo + 1 + j, hi - lo)
         valid = shift_left(loss_mask, 2 + j, False) & shift_left(in_vocab, 1 + j, False)
         counted = valid if count_keep is None else valid & count_keep[j].unsqueeze(0)
         if keep is not None:
             valid = valid & keep[j].unsqueeze(0)
+        valid = valid[:, lo:hi]
         step_loss, acc, count = soft_cross_entropy(
             logits, target, valid, None if count_keep is None else int(counted.sum()))
         total = total + (decay**j) * step_loss
@@ -130,6 +135,16 @@ def scored_steps(
         result.step_counts.append(count)
     result.loss = total
     return result
+
+
+def _rows(x: torch.Tensor, start: int, n: int) -> torch.Tensor:
+    """``x[:, start : start + n]``, zero rows past the end. Example seq 5, start 3, n 3 ->
+    rows 3, 4 and one of zeros."""
+    part = x[:, start : start + n]
+    if part.shape[1] == n:
+        return part
+    pad = x.new_zeros(x.shape[0], n - part.shape[1], *x.shape[2:])
+    return torch.cat([part, pad], dim=1)
 
 
 StepFn = Callable[

@@ -112,10 +112,12 @@ class PEagleHead(Eagle3Head):
         aux: torch.Tensor,  # [batch, seq, n_aux * hidden]
         depth: int,
         keep: torch.Tensor,  # [depth, seq] bool from cod_keep
+        window: tuple[int, int] | None = None,
     ) -> list[torch.Tensor]:
         """Draft-vocab logits [batch, seq, draft_vocab] per depth from ONE forward.
 
         Depth k, slot i: anchor i's k-th draft (predicts x[i+2+k]); dropped slots are 0.
+        With ``window`` = (lo, hi): [batch, hi - lo, draft_vocab], anchors lo..hi-1 only.
         """
         b, t = input_ids.shape
         device = input_ids.device
@@ -134,11 +136,13 @@ class PEagleHead(Eagle3Head):
             torch.cat(positions, 1)[:, idx],
             mask,
         )
+        lo, hi = window or (0, t)
         out, start = [], 0
         for k in range(depth):
             slots = keep[k].nonzero().squeeze(1)  # anchors kept at depth k
-            full = flat.new_zeros(b, t, flat.shape[-1])
-            full[:, slots] = flat[:, start : start + slots.numel()]
+            inside = (slots >= lo) & (slots < hi)
+            full = flat.new_zeros(b, hi - lo, flat.shape[-1])
+            full[:, slots[inside] - lo] = flat[:, start : start + slots.numel()][:, inside]
             start += slots.numel()
             out.append(full)
         return out
@@ -171,8 +175,9 @@ class PEagleHead(Eagle3Head):
         run[1:, b:] = False
         scored = torch.zeros_like(keep)
         scored[:, a:b] = keep[:, a:b]
-        logits = self.parallel_forward(batch.input_ids, cap.aux, steps, run)
-        return scored_steps(logits, probs, in_vocab, loss_mask, decay, scored, count_keep=keep)
+        logits = self.parallel_forward(batch.input_ids, cap.aux, steps, run, (a, b))
+        return scored_steps(logits, probs, in_vocab, loss_mask, decay, scored, count_keep=keep,
+                            window=(a, b))
 
     @torch.no_grad()
     def draft_parallel(
