@@ -44,14 +44,15 @@ import hashlib
 import itertools
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save
+from safetensors.torch import load_file, save
 
-from eaglenest.models.capture_cache import CaptureCache
+from eaglenest.models.capture_cache import CaptureCache, CaptureEntry
 from eaglenest.models.data.template import Sample
 from eaglenest.models.target import Target
 
@@ -252,12 +253,15 @@ def _write_target_files(target: Target, out: Path) -> None:
     atomic_write(out / ENDS, save(ends, metadata={"tied": str("lm_head" not in ends)}))
 
 
-def _shard_tensors(cache: CaptureCache, ids: list[int], dtype: torch.dtype,
-                   device: torch.device) -> dict[str, torch.Tensor]:
+#: computes the captures of the samples at these indices, in order (``fill_shards``)
+Entries = Callable[[list[int]], list[CaptureEntry]]
+
+
+def _shard_tensors(entries: list[CaptureEntry], samples: list[Sample], ids: list[int],
+                   dtype: torch.dtype) -> dict[str, torch.Tensor]:
     tensors: dict[str, torch.Tensor] = {}
-    for i in ids:
-        e = cache.entry(i, device)  # budget 0: computed, never kept
-        s = cache.samples[i]
+    for i, e in zip(ids, entries, strict=True):
+        s = samples[i]
         tensors[f"{i}.aux"] = e.aux.to(dtype).contiguous()  # [seq, n_aux * hidden]
         tensors[f"{i}.last_hidden"] = e.last_hidden.to(dtype).contiguous()  # [seq, hidden]
         tensors[f"{i}.argmax"] = e.argmax.to(torch.int64).contiguous()  # [seq]
@@ -281,14 +285,38 @@ def write_shards(
     capture of the same plan there.
 
     ``max_new_shards`` stops after writing that many shards (a time-sliced capture; call
-    again to continue). Raises ShardMismatchError for a folder of another plan.
+    again to continue; 0 plans the capture and writes target/ only). Raises
+    ShardMismatchError for a folder of another plan.
     """
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
-    manifest = _open_plan(out, plan(target, samples, samples_per_shard, dtype, split), samples)
+    _open_plan(out, plan(target, samples, samples_per_shard, dtype, split), samples)
     _write_target_files(target, out / TARGET_DIR)
     device = next(target.model.parameters()).device
     cache = CaptureCache(target, samples, budget_bytes=0, autocast=autocast)
+    return fill_shards(out, lambda ids: [cache.entry(i, device) for i in ids],
+                       max_new_shards=max_new_shards, split=split)
+
+
+def planned_samples(folder: str | Path, split: str = TRAIN) -> list[Sample]:
+    """Every sample of a planned capture's ``split`` (complete or not), from its samples
+    file (``samples_file``), in index order."""
+    t = load_file(Path(folder) / samples_name(split))
+    ids, mask = t["input_ids"].tolist(), t["loss_mask"].tolist()  # [tokens] each
+    bounds = t["offsets"].tolist()  # [samples + 1]: sample i is bounds[i]:bounds[i + 1]
+    return [Sample(ids[a:b], mask[a:b]) for a, b in itertools.pairwise(bounds)]
+
+
+def fill_shards(folder: str | Path, entries: Entries, *, max_new_shards: int | None = None,
+                split: str = TRAIN) -> ShardReport:
+    """Write the shards a planned ``split`` in ``folder`` lacks, one at a time, each from
+    ``entries(its sample indices)``: the transformers target (``write_shards``) or another
+    engine's capture of the same samples (workers/jobs/vllm_capture.py). A shard is
+    marked complete in the manifest only once its file is in place."""
+    out = Path(folder)
+    manifest = read_manifest(out, split)
+    samples = planned_samples(out, split)
+    dtype = DTYPES[manifest["dtype"]]
     report = ShardReport(out, len(manifest["shards"]))
     for k, shard in enumerate(manifest["shards"]):
         if shard["complete"] and (out / shard["file"]).is_file():
@@ -296,12 +324,13 @@ def write_shards(
             continue
         if max_new_shards is not None and len(report.written) >= max_new_shards:
             break
-        data = save(_shard_tensors(cache, shard["samples"], dtype, device),
+        ids = shard["samples"]
+        data = save(_shard_tensors(entries(ids), samples, ids, dtype),
                     metadata={"format": "pt", "shard": str(k)})
         atomic_write(out / shard["file"], data)
         shard["complete"], shard["bytes"] = True, len(data)
         _write_manifest(out, manifest)  # only now is the shard part of the capture
         report.written.append(k)
-        report.forwards += len(shard["samples"])
+        report.forwards += len(ids)
         report.bytes += len(data)
     return report

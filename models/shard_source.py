@@ -37,9 +37,9 @@ from eaglenest.models.capture_shards import (
     TRAIN,
     IncompleteCaptureError,
     ShardMismatchError,
+    planned_samples,
     read_manifest,
     sample_hash,
-    samples_name,
 )
 from eaglenest.models.data.template import Sample
 from eaglenest.models.target import Capture, Target
@@ -104,15 +104,10 @@ def read_samples(folder: str | Path, shard_ids: list[int] | None = None,
                  split: str = TRAIN) -> list[Sample]:
     """The samples of a complete capture's ``split`` (all, or those of ``shard_ids``), in
     index order. Reads the split's samples file only, never a shard file."""
-    manifest = _complete_manifest(folder, split)
-    t = load_file(Path(folder) / samples_name(split))
-    ids, mask = t["input_ids"].tolist(), t["loss_mask"].tolist()  # [tokens] each
-    bounds = t["offsets"].tolist()  # [samples + 1]: sample i is bounds[i]:bounds[i + 1]
-    shards = manifest["shards"]
-    picked = [i for k in (shard_ids if shard_ids is not None else range(len(shards)))
-              for i in shards[k]["samples"]]
-    return [Sample(ids[bounds[i]:bounds[i + 1]], mask[bounds[i]:bounds[i + 1]])
-            for i in picked]
+    shards = _complete_manifest(folder, split)["shards"]
+    every = planned_samples(folder, split)
+    return [every[i] for k in (shard_ids if shard_ids is not None else range(len(shards)))
+            for i in shards[k]["samples"]]
 
 
 def _complete_manifest(folder: str | Path, split: str = TRAIN) -> dict[str, Any]:

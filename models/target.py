@@ -258,3 +258,63 @@ def load_target(
     )
     model.to(device)  # type: ignore[arg-type]  # transformers types to() as taking a model
     return Target(model, tokenizer, folder, arch, aux_layer_ids)
+
+
+def load_target_ends(
+    folder: str | Path,
+    dtype: torch.dtype = torch.float32,
+    aux_layer_ids: list[int] | None = None,
+) -> Target:
+    """A target whose decoder layers stay on the meta device (no memory, no weights read):
+    only the input embeddings, the lm_head and the final norm are read from the folder's
+    safetensors, by name. What a process needs that tokenizes, reads a capture's hidden
+    states and turns the last layer's output into ``last_hidden`` (``final_norm``) and
+    logits, without holding the target (workers/jobs/vllm_capture.py). ``capture()`` on it
+    fails: its layers have no weights."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    folder = Path(folder)
+    check_model_files(folder)
+    arch, _ = read_architecture(folder)
+    tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
+    config = AutoConfig.from_pretrained(folder, trust_remote_code=False)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=False)
+    wanted = {id(p) for p in (model.get_input_embeddings().weight,
+                              model.get_output_embeddings().weight,
+                              *final_norm(model).parameters())}
+    names = [n for n, p in model.named_parameters(remove_duplicate=False) if id(p) in wanted]
+    state = _read_tensors(folder, names)
+    model.load_state_dict({n: t.to(dtype) for n, t in state.items()}, strict=False, assign=True)
+    if getattr(config, "tie_word_embeddings", False):
+        model.tie_weights()
+    return Target(model, tokenizer, folder, arch, aux_layer_ids)
+
+
+def final_norm(model: nn.Module) -> nn.Module:
+    """The norm a causal LM applies to its last layer's output (``model.model.norm`` in
+    every architecture of SUPPORTED_ARCHITECTURES)."""
+    norm = getattr(getattr(model, "model", None), "norm", None)
+    if not isinstance(norm, nn.Module):
+        raise TargetError(f"{type(model).__name__} has no final norm at model.norm")
+    return norm
+
+
+def _read_tensors(folder: Path, names: list[str]) -> dict[str, torch.Tensor]:
+    """The named tensors of a safetensors checkpoint (one file or an indexed set); a name
+    absent from the checkpoint (a tied lm_head) is left out."""
+    from safetensors import safe_open
+
+    if (folder / WEIGHT_FILE).is_file():
+        where = dict.fromkeys(names, WEIGHT_FILE)
+    else:
+        weight_map = json.loads((folder / WEIGHT_INDEX).read_text())["weight_map"]
+        where = {n: weight_map[n] for n in names if n in weight_map}
+    out: dict[str, torch.Tensor] = {}
+    for file in sorted(set(where.values())):
+        with safe_open(str(folder / file), framework="pt") as fh:
+            keys = set(fh.keys())
+            for n in names:
+                if where.get(n) == file and n in keys:
+                    out[n] = fh.get_tensor(n)
+    return out

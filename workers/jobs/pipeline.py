@@ -1,11 +1,13 @@
 """The optimization-job pipeline, stage by stage (all real work; models/ does the torch).
 
-fetch model -> check files -> load target -> load data (workers/jobs/job_data.py; the target
-regenerates the answers unless EAGLENEST_REGENERATE=0, or reuses a previous job's from the
-regeneration cache: workers/jobs/regen_cache.py) -> capture hidden states
-(EAGLENEST_CAPTURE_BACKEND=hf only: workers/jobs/capture_stage.py) -> train
-(resumable; checks for stop between steps) -> export head -> benchmark -> publish under
-`S3OutputLocation/<job-name>/` -> register the output SageMaker model.
+fetch model -> check files -> load target (only its ends when vLLM captures and nothing
+is regenerated: models/target.py ``load_target_ends``) -> load data
+(workers/jobs/job_data.py; the target regenerates the answers unless
+EAGLENEST_REGENERATE=0, or reuses a previous job's from the regeneration cache:
+workers/jobs/regen_cache.py) -> capture hidden states (a stage of its own with the hf or
+vllm backend: workers/jobs/capture_stage.py) -> train (resumable; checks for stop between
+steps) -> export head -> benchmark -> publish under `S3OutputLocation/<job-name>/` ->
+register the output SageMaker model.
 
 The models/ modules that load torch (target, train, regenerate, train_launch) are imported
 inside the stages that run them, so importing this module costs no torch.
@@ -94,6 +96,8 @@ class Pipeline:
     max_stored_bytes: int = 0
     #: the host's linear-kernel timing cache for the benchmark's embedded servers
     kernels_dir: Path | None = None
+    #: the capture backend chosen when the model is checked (capture_stage.choose_backend)
+    capture_backend: str = "in-process"
 
     def stage(self, label: str) -> None:
         self.control.check()
@@ -118,7 +122,12 @@ class Pipeline:
         if self.sources.head_uri:
             init_head = fetch_tree(self.store, self.sources.head_uri, self.work / "init_head")
         self.stage("check model files")
-        from eaglenest.models.target import check_model_files, load_target, read_architecture
+        from eaglenest.models.target import (
+            check_model_files,
+            load_target,
+            load_target_ends,
+            read_architecture,
+        )
 
         check_model_files(model_dir)
         _, support = read_architecture(model_dir)
@@ -137,11 +146,23 @@ class Pipeline:
         examples = job_data.load(self.options, fetch_data(self.store, self.sources,
                                                          self.work / "data"))
         train_examples, holdout = job_data.split(examples, self.options.holdout, self.name)
-        target = load_target(model_dir, device=self._device())
+        self.capture_backend = self._choose_capture(model_dir)
+        target = (load_target_ends(model_dir)  # regeneration needs the whole target here
+                  if self.capture_backend == "vllm" and not self.options.regenerate
+                  else load_target(model_dir, device=self._device()))
         prompts = [job_data.prompt_text(e, target.tokenizer) for e in holdout]
         train_out = self._train(target, train_examples, head_kind, init_head, holdout)
         del target
         return self._finish(model_dir, head_kind, train_out, prompts)
+
+    def _choose_capture(self, model_dir: Path) -> str:
+        from eaglenest.workers.serving.process import vllm_installed
+
+        device = self._device()
+        return capture_stage.choose_backend(
+            self.options.capture_backend, "cpu" if device == "cpu" else "cuda",
+            sum(p.stat().st_size for p in model_dir.glob("*.safetensors")),
+            self.gpus.memory_gib * 2**30, vllm_installed())
 
     def _device(self, ranks: bool = False) -> str:
         """EAGLENEST_DEVICE, else the job's first GPU in this process (``cuda`` for torchrun
@@ -253,24 +274,30 @@ class Pipeline:
 
     def _capture(self, target: Any, samples: list[Any],
                  heldout: list[Any]) -> tuple[Any, CaptureInfo]:
-        """The training data: the live target with an in-process cache (auto), or shards
-        written by the capture stage and read without the target's decoder (hf: the
-        held-out samples, if any, are captured too, as their own split, and the held-out
-        accuracy reads them from there)."""
+        """The training data: the live target with an in-process cache, or shards written
+        by the capture stage (transformers here, or a vLLM child) and read without the
+        target's decoder (the held-out samples, if any, are captured too, as their own
+        split, and the held-out accuracy reads them from there)."""
         from eaglenest.models.capture_cache import CaptureCache
         from eaglenest.models.shard_source import shard_train_data
         from eaglenest.models.train import TrainConfig, TrainData
 
-        if self.options.capture_backend != "hf":
+        if self.capture_backend == "in-process":
             device = next(target.model.parameters()).device
             cache = CaptureCache(target, samples, TrainConfig.capture_cache_mb << 20,
                                  capture_stage.autocast(device))
             return (TrainData(target, samples, source=self._data_label(), cache=cache,
                               heldout=heldout), CaptureInfo("in-process"))
         self.stage(capture_stage.STAGE)
+        vllm = None
+        if self.capture_backend == "vllm":
+            vllm = capture_stage.VllmCapture(
+                Path(target.folder), "cpu" if self._device() == "cpu" else "cuda",
+                max(1, len(self.gpus.indexes)), self.options.max_length + 8, self.work,
+                self.children_dir, f"job:{self._key}", self.gpus.env)
         info = capture_stage.capture(self.work / capture_stage.CAPTURE_DIR, target, samples,
                                      self.options.capture_shard_samples, self.name,
-                                     self.control.report, self.control.check, heldout)
+                                     self.control.report, self.control.check, heldout, vllm)
         data = shard_train_data(info.folder or "", self._device(), source=self._data_label(),
                                 heldout=bool(heldout))
         return data, info
@@ -278,7 +305,7 @@ class Pipeline:
     def _record_capture(self, info: CaptureInfo, data: Any, summary: dict[str, Any]) -> None:
         """The capture's record in the job's and the head's provenance.json; with
         EAGLENEST_KEEP_CAPTURE=1 the shards join the outputs (capture/)."""
-        if info.backend != "hf":
+        if info.backend == "in-process":
             info.bytes = getattr(data.cache, "used", None)
         elif self.options.keep_capture:
             capture_stage.keep(info, self.work / "out")

@@ -55,7 +55,7 @@ LAUNCHER = "launcher.json"
 PROGRESS_FILE = "progress.jsonl"
 HELDOUT_FILE = "heldout.json"  # the held-out samples, when the job has any
 #: the folder holding the eaglenest package: the ranks' `-m` finds it from there
-_ROOT = Path(__file__).parents[3]
+PACKAGE_ROOT = Path(__file__).parents[3]
 
 
 class LaunchError(RuntimeError):
@@ -124,7 +124,7 @@ def launch(run_file: Path, nproc: int, should_stop: Callable[[], bool],
         # a confined environment (foundation/environment.py): nothing of the worker's
         proc, record = children.spawn(cmd, role="torchrun", resource=resource,
                                       registry=registry, env=child_environment(None, **(env or {})),
-                                      stdout=log, stderr=subprocess.STDOUT, cwd=_ROOT)
+                                      stdout=log, stderr=subprocess.STDOUT, cwd=PACKAGE_ROOT)
         (run_dir / LAUNCHER).write_text(json.dumps(record.to_dict()))
         seen = _pointer(ckpts)
         try:
@@ -146,7 +146,7 @@ def launch(run_file: Path, nproc: int, should_stop: Callable[[], bool],
     result = run_dir / "result.json"
     if proc.returncode != 0 or not result.is_file():
         raise LaunchError(f"{nproc} training processes exited with status "
-                          f"{proc.returncode}: {_cause(run_dir / 'ranks.log')}")
+                          f"{proc.returncode}: {first_error(run_dir / 'ranks.log')}")
     return dict(json.loads(result.read_text()))
 
 
@@ -173,7 +173,7 @@ def stop_predecessor(run_dir: Path) -> None:
     path.unlink(missing_ok=True)
 
 
-def _cause(log: Path) -> str:
+def first_error(log: Path) -> str:
     """The first exception a rank printed (torchrun's own summary after it says nothing a
     user can act on), else the log's tail."""
     text = log.read_bytes().decode(errors="replace")

@@ -22,7 +22,7 @@ from eaglenest.foundation.shapes.optimization_jobs import CreateOptimizationJobR
 from eaglenest.foundation.storage import LocalStore, parse_uri
 from eaglenest.workers.jobs import capture_stage
 from eaglenest.workers.jobs.control import JobStopped
-from eaglenest.workers.jobs.inputs import JobSources
+from eaglenest.workers.jobs.inputs import InputError, JobSources
 from eaglenest.workers.jobs.options import OptionError, parse_options
 from eaglenest.workers.jobs.pipeline import Pipeline
 from eaglenest.workers.jobs.progress import describe
@@ -161,8 +161,30 @@ def test_capture_options():
     with pytest.raises(OptionError, match=r"EAGLENEST_CAPTURE_BACKEND='x' must be one of auto, "
                                           r"hf, vllm"):
         parse_options({"EAGLENEST_CAPTURE_BACKEND": "x"})
-    with pytest.raises(OptionError, match=r"^EAGLENEST_CAPTURE_BACKEND=vllm is not supported"):
-        parse_options({"EAGLENEST_CAPTURE_BACKEND": "vllm"})
+    assert parse_options({"EAGLENEST_CAPTURE_BACKEND": "vllm"}).capture_backend == "vllm"
+
+
+GIB = 2**30
+
+
+def test_auto_captures_in_process_while_the_target_fits_one_gpu():
+    choose = capture_stage.choose_backend
+    assert choose("auto", "cpu", 500 * GIB, 0, True) == "in-process"  # the CPU: always
+    assert choose("auto", "cuda", 16 * GIB, 80 * GIB, False) == "in-process"
+    assert choose("auto", "cuda", 48 * GIB, 80 * GIB, True) == "in-process"  # 60%: fits
+    assert choose("auto", "cuda", 49 * GIB, 80 * GIB, True) == "vllm"
+    assert choose("auto", "cuda", 64 * GIB, 80 * GIB, True) == "vllm"
+    assert choose("hf", "cuda", 64 * GIB, 80 * GIB, True) == "hf"  # asked for: kept
+    assert choose("vllm", "cpu", GIB, 0, True) == "vllm"
+
+
+def test_vllm_without_vllm_installed_is_an_input_error():
+    with pytest.raises(InputError, match=r"^EAGLENEST_CAPTURE_BACKEND=vllm \(asked for\) "
+                                         r"needs vLLM installed on the worker"):
+        capture_stage.choose_backend("vllm", "cpu", GIB, 0, False)
+    with pytest.raises(InputError, match=r"\(auto: the target's 64.0 GiB of weights take more "
+                                         r"than 60% of one GPU's 80.0 GiB\) needs vLLM"):
+        capture_stage.choose_backend("auto", "cuda", 64 * GIB, 80 * GIB, False)
     with pytest.raises(OptionError, match="EAGLENEST_CAPTURE_SHARD_SAMPLES"):
         parse_options({"EAGLENEST_CAPTURE_SHARD_SAMPLES": "0"})
     with pytest.raises(OptionError, match="EAGLENEST_KEEP_CAPTURE='yes' must be 0 or 1"):

@@ -1,0 +1,198 @@
+"""EAGLENEST_CAPTURE_BACKEND=vllm: the capture stage's shards written by a vLLM engine.
+
+Run as a child of the job (``python -m eaglenest.workers.jobs.vllm_capture RUN.json``,
+started and reaped by workers/jobs/capture_stage.py): the job has planned the capture
+folder (manifests, samples files, target/: models/capture_shards.py), and this process
+fills the planned shards of each split it is given, one shard at a time, with the hidden
+states vLLM's ``extract_hidden_states`` method leaves in its cache, written to files by
+workers/jobs/vllm_connector.py. vLLM runs the target tensor-parallel over the GPUs it is
+shown (``tensor_parallel_size``; one process on the CPU), so a target larger than one
+GPU is captured; this process itself holds only the target's embeddings, lm_head and final
+norm (models/target.py ``load_target_ends``).
+
+What vLLM returns and what a shard holds (models/capture_shards.py), per sample of ``seq``
+tokens: vLLM is asked for layers ``aux_layer_ids + [L]`` (L = the target's layer count;
+layer id k is the residual stream entering layer k, and id L the last layer's output before
+the final norm), one request per sample (its input ids as the prompt, one output token),
+and its file holds ``hidden_states`` [seq, n_aux + 1, hidden]. Then
+    aux         = hidden_states[:, :n_aux].reshape(seq, n_aux * hidden)   # layer order
+    last_hidden = final_norm(hidden_states[:, n_aux])                     # [seq, hidden]
+    argmax      = lm_head(last_hidden).argmax(-1)                         # [seq]
+the same tensors the transformers capture stores, equal within float tolerance (vLLM's
+kernels and batching differ from transformers'; tests/workers/jobs/test_vllm_capture.py).
+Prefix caching is off: every request computes all its positions.
+
+The RUN.json keys: ``model`` (the target folder), ``folder`` (the planned capture),
+``splits``, ``dtype``, ``tensor_parallel_size``, ``max_model_len``, ``device``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from eaglenest.models.capture_cache import CaptureEntry
+from eaglenest.models.capture_shards import (
+    DTYPES,
+    fill_shards,
+    planned_samples,
+    read_manifest,
+)
+from eaglenest.models.target import Target, final_norm, load_target_ends
+
+log = logging.getLogger("eaglenest.vllm_capture")
+CONNECTOR = "HiddenStatesConnector"
+CONNECTOR_MODULE = "eaglenest.workers.jobs.vllm_connector"
+POLL_SECONDS = 0.5
+FILES_DIR = ".vllm-hidden-states"  # vLLM's per-request files, inside the capture folder
+
+
+def engine_args(run: dict[str, Any], layer_ids: list[int], files: Path) -> dict[str, Any]:
+    """vLLM ``LLM(**engine_args)`` for a capture: extraction of ``layer_ids``, our connector
+    writing into ``files``."""
+    return {
+        "model": run["model"], "dtype": run["dtype"], "seed": 0,
+        "tensor_parallel_size": int(run["tensor_parallel_size"]),
+        "max_model_len": int(run["max_model_len"]),
+        "max_num_batched_tokens": max(int(run["max_model_len"]), 2048),
+        "enforce_eager": run["device"] == "cpu", "enable_prefix_caching": False,
+        "speculative_config": {
+            "method": "extract_hidden_states", "num_speculative_tokens": 1,
+            "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": layer_ids}},
+        },
+        "kv_transfer_config": {
+            "kv_connector": CONNECTOR, "kv_connector_module_path": CONNECTOR_MODULE,
+            "kv_role": "kv_producer",
+            "kv_connector_extra_config": {"shared_storage_path": str(files)},
+        },
+    }
+
+
+class VllmEntries:
+    """``fill_shards``' entries: one vLLM request per sample, read back from its file."""
+
+    def __init__(self, llm: Any, target: Target, samples: list[Any]) -> None:
+        self.llm, self.target, self.samples = llm, target, samples
+        self.norm = final_norm(target.model)
+        self.n_aux = len(target.aux_layer_ids)
+
+    def __call__(self, ids: list[int]) -> list[CaptureEntry]:
+        from vllm import SamplingParams
+        from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector import (
+            cleanup_hidden_states,
+            load_hidden_states,
+        )
+
+        prompts = [{"prompt_token_ids": list(self.samples[i].input_ids)} for i in ids]
+        outputs = self.llm.generate(prompts, SamplingParams(max_tokens=1, temperature=0.0),
+                                    use_tqdm=False)
+        entries = []
+        for i, out in zip(ids, outputs, strict=True):
+            path = out.kv_transfer_params["hidden_states_path"]
+            got = load_hidden_states(path)
+            cleanup_hidden_states(path)
+            if got["token_ids"].tolist() != list(self.samples[i].input_ids):
+                raise RuntimeError(f"vLLM returned the hidden states of other tokens for "
+                                   f"sample {i}")
+            entries.append(self._entry(got["hidden_states"]))
+        return entries
+
+    @torch.no_grad()
+    def _entry(self, states: torch.Tensor) -> CaptureEntry:
+        seq, _, hidden = states.shape  # [seq, n_aux + 1, hidden]
+        states = states.float()
+        aux = states[:, : self.n_aux].reshape(seq, self.n_aux * hidden)  # [seq, n_aux*hidden]
+        last = self.norm(states[:, self.n_aux].to(self.target.embed_weight().dtype))
+        logits = self.target.model.get_output_embeddings()(last)  # [seq, vocab]
+        return CaptureEntry(aux, last.float(), logits.argmax(-1))
+
+
+def main(run_file: str) -> int:
+    from vllm import LLM
+
+    run = json.loads(Path(run_file).read_text())
+    folder = Path(run["folder"])
+    manifest = read_manifest(folder)
+    dtype = DTYPES[manifest["dtype"]]
+    target = load_target_ends(run["model"], dtype=torch.float32,
+                              aux_layer_ids=list(manifest["aux_layer_ids"]))
+    files = folder / FILES_DIR
+    llm = LLM(**engine_args(run, [*target.aux_layer_ids, target.num_layers], files))
+    try:
+        for split in run["splits"]:
+            entries = VllmEntries(llm, target, planned_samples(folder, split))
+            while fill_shards(folder, entries, max_new_shards=1, split=split).written:
+                pass  # the manifest says which shards are done (the job polls it)
+    finally:
+        shutil.rmtree(files, ignore_errors=True)
+    log.info("capture done: %s (%s)", folder, dtype)
+    return 0
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO)
+    sys.exit(main(sys.argv[1]))
+
+
+def launch(run: dict[str, Any], work: Path, on_shard: Callable[[str, dict[str, Any]], None],
+           check: Callable[[], None], *, registry: Path | None = None, resource: str = "",
+           env: dict[str, str] | None = None) -> None:
+    """Run this module as an owned child over ``run`` (see the module doc) to the end,
+    calling ``on_shard(split, shard)`` for every shard the child completes (read from the
+    manifests every POLL_SECONDS) and ``check()`` between polls: whatever ``check`` raises
+    (a stop) stops the child and is raised. RuntimeError names the child's first error
+    when it fails. Its output goes to ``work``/vllm-capture.log."""
+    from eaglenest.foundation import children
+    from eaglenest.foundation.environment import child_environment
+    from eaglenest.workers.jobs.train_launch import PACKAGE_ROOT, first_error
+    from eaglenest.workers.serving.process import VLLM_RPC_ENV
+
+    folder = Path(run["folder"])
+    run_file, log_file = work / "vllm-capture.json", work / "vllm-capture.log"
+    run_file.write_text(json.dumps(run))
+    seen = _complete(folder, run["splits"])
+    fixed = dict(env or {})
+    if run["device"] == "cpu":
+        fixed.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    cmd = [sys.executable, "-m", "eaglenest.workers.jobs.vllm_capture", str(run_file)]
+    with open(log_file, "wb") as out:
+        proc, record = children.spawn(
+            cmd, role="vllm-capture", resource=resource, registry=registry,
+            env=child_environment(None, **fixed), scratch_env=(VLLM_RPC_ENV,),
+            stdout=out, stderr=subprocess.STDOUT, cwd=PACKAGE_ROOT)
+        try:
+            while proc.poll() is None:
+                time.sleep(POLL_SECONDS)
+                check()
+                seen = _report(folder, run["splits"], seen, on_shard)
+        finally:
+            children.stop(record, timeout=10, proc=proc)
+            children.forget(registry, record)
+    _report(folder, run["splits"], seen, on_shard)
+    if proc.returncode != 0:
+        raise RuntimeError(f"the vLLM capture exited with status {proc.returncode}: "
+                           f"{first_error(log_file)}")
+
+
+def _complete(folder: Path, splits: list[str]) -> set[tuple[str, str]]:
+    return {(split, s["file"]) for split in splits
+            for s in read_manifest(folder, split)["shards"] if s["complete"]}
+
+
+def _report(folder: Path, splits: list[str], seen: set[tuple[str, str]],
+            on_shard: Callable[[str, dict[str, Any]], None]) -> set[tuple[str, str]]:
+    """Hand each shard completed since ``seen`` to ``on_shard``; the complete set now."""
+    for split in splits:
+        for shard in read_manifest(folder, split)["shards"]:
+            if shard["complete"] and (split, shard["file"]) not in seen:
+                on_shard(split, shard)
+    return _complete(folder, splits)
