@@ -131,6 +131,40 @@ def regenerate(
     return out if keep_empty else [e for e in out if answered(e)]
 
 
+#: decodes one round of turns, each (example index, turn index, prompt ids), to their texts
+Generate = Callable[[list[tuple[int, int, list[int]]]], list[str]]
+
+
+def regenerate_by(
+    examples: list[Example],
+    tokenizer: Any,
+    generate: Generate,
+    keep_empty: bool = False,
+    progress: Callable[[int, int], None] | None = None,
+) -> list[Example]:
+    """``regenerate`` with another engine's decoding (a vLLM engine:
+    workers/jobs/vllm_regenerate.py): round r hands ``generate`` turn r of every example
+    that has one, all at once (turn r conditions on the rewritten turns before it). The
+    turn index is the number of messages before the turn, as ``regenerate`` seeds by.
+    ``progress(done, total)`` after each round."""
+    pending = [_Pending(e, tokenizer) for e in examples]
+    total = sum(1 for p in pending for m in p.todo if m["role"] == "assistant")
+    done = 0
+    while True:
+        ready = [(i, p, ids) for i, p in enumerate(pending)
+                 if (ids := p.next_prompt()) is not None]
+        if not ready:
+            break
+        texts = generate([(i, len(p.done), ids) for i, p, ids in ready])
+        for (_, p, _), text in zip(ready, texts, strict=True):
+            p.answer(text)
+        done += len(ready)
+        if progress is not None:
+            progress(done, total)
+    out = [p.result() for p in pending]
+    return out if keep_empty else [e for e in out if answered(e)]
+
+
 class _Batching:
     """One `regenerate` call's decoding: the batch engine's step loop, else `generate`."""
 

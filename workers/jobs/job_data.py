@@ -78,11 +78,18 @@ def regenerate_both(target: Any, examples: list[Any], holdout: list[Any], seed: 
     pass: held-out accuracy then measures what acceptance will (the head predicting the
     target), not the dataset's authors. Training examples left without an answer go; the
     held-out ones stay (the benchmark prompts come from them, one each)."""
-    from eaglenest.models.data.regenerate import answered, regenerate
+    from eaglenest.models.data.regenerate import regenerate
 
     both = regenerate(examples + holdout, target, seed=seed, keep_empty=True,
                       progress=progress, **REGEN_PARAMS)
-    cut = len(examples)
+    return split_regenerated(both, len(examples))
+
+
+def split_regenerated(both: list[Any], cut: int) -> tuple[list[Any], list[Any]]:
+    """Regenerated training + held-out examples (kept empty ones too), split at ``cut``:
+    training examples left without an answer go, held-out ones stay."""
+    from eaglenest.models.data.regenerate import answered
+
     return [e for e in both[:cut] if answered(e)], both[cut:]
 
 

@@ -1,7 +1,7 @@
 """The optimization-job pipeline, stage by stage (all real work; models/ does the torch).
 
-fetch model -> check files -> load target (only its ends when vLLM captures and nothing
-is regenerated: models/target.py ``load_target_ends``) -> load data
+fetch model -> check files -> load target (only its ends when vLLM captures and
+regenerates: models/target.py ``load_target_ends``) -> load data
 (workers/jobs/job_data.py; the target regenerates the answers unless
 EAGLENEST_REGENERATE=0, or reuses a previous job's from the regeneration cache:
 workers/jobs/regen_cache.py) -> capture hidden states (a stage of its own with the hf or
@@ -146,23 +146,14 @@ class Pipeline:
         examples = job_data.load(self.options, fetch_data(self.store, self.sources,
                                                          self.work / "data"))
         train_examples, holdout = job_data.split(examples, self.options.holdout, self.name)
-        self.capture_backend = self._choose_capture(model_dir)
-        target = (load_target_ends(model_dir)  # regeneration needs the whole target here
-                  if self.capture_backend == "vllm" and not self.options.regenerate
+        self.capture_backend = capture_stage.choose_for(
+            model_dir, self.options.capture_backend, self._device(), self.gpus.memory_gib)
+        target = (load_target_ends(model_dir) if self.capture_backend == "vllm"
                   else load_target(model_dir, device=self._device()))
         prompts = [job_data.prompt_text(e, target.tokenizer) for e in holdout]
         train_out = self._train(target, train_examples, head_kind, init_head, holdout)
         del target
         return self._finish(model_dir, head_kind, train_out, prompts)
-
-    def _choose_capture(self, model_dir: Path) -> str:
-        from eaglenest.workers.serving.process import vllm_installed
-
-        device = self._device()
-        return capture_stage.choose_backend(
-            self.options.capture_backend, "cpu" if device == "cpu" else "cuda",
-            sum(p.stat().st_size for p in model_dir.glob("*.safetensors")),
-            self.gpus.memory_gib * 2**30, vllm_installed())
 
     def _device(self, ranks: bool = False) -> str:
         """EAGLENEST_DEVICE, else the job's first GPU in this process (``cuda`` for torchrun
@@ -184,11 +175,29 @@ class Pipeline:
 
     def _regenerate(self, target: Any, examples: list[Any],
                     holdout: list[Any]) -> tuple[list[Any], list[Any]]:
-        """The target rewrites every assistant turn (job_data.regenerate_both)."""
+        """The target rewrites every assistant turn (job_data.regenerate_both), in a vLLM
+        child when vLLM captures (workers/jobs/vllm_regenerate.py)."""
         self.stage("regenerate assistant turns with the target")
+        if self.capture_backend == "vllm":
+            from eaglenest.workers.jobs.vllm_regenerate import regenerate
+
+            vllm = self._vllm(target)
+            both = regenerate(examples + holdout, {**vllm.engine(), "seed": self.options.seed,
+                                                   **job_data.REGEN_PARAMS},
+                              self.work / "vllm-regenerate", self._regenerated,
+                              check=self.control.check, registry=vllm.registry,
+                              resource=vllm.resource, env=vllm.env)
+            return job_data.split_regenerated(both, len(examples))
         with self._compute("regeneration"):
             return job_data.regenerate_both(target, examples, holdout, self.options.seed,
                                             self._regenerated)
+
+    def _vllm(self, target: Any) -> capture_stage.VllmCapture:
+        """The vLLM children's engine: the target over the job's GPUs (the CPU: one)."""
+        return capture_stage.VllmCapture(
+            Path(target.folder), "cpu" if self._device() == "cpu" else "cuda",
+            max(1, len(self.gpus.indexes)), self.options.max_length + 8, self.work,
+            self.children_dir, f"job:{self._key}", self.gpus.env)
 
     @contextlib.contextmanager
     def _compute(self, role: str) -> Iterator[ThreadPlan]:
@@ -210,7 +219,8 @@ class Pipeline:
         regeneration = None
         if self.options.regenerate:  # reused from the cache under S3OutputLocation if there
             cache = RegenCache(self.store, self.spec.OutputConfig.S3OutputLocation, self.name,
-                               self.options.regenerate_cache)
+                               self.options.regenerate_cache,
+                               capture_stage.regen_engine(self.capture_backend, self._device()))
             examples, holdout, regeneration = cache.regenerate(
                 target, examples, holdout, self.options.seed, self.stage,
                 functools.partial(self._regenerate, target, examples, holdout))
@@ -289,12 +299,7 @@ class Pipeline:
             return (TrainData(target, samples, source=self._data_label(), cache=cache,
                               heldout=heldout), CaptureInfo("in-process"))
         self.stage(capture_stage.STAGE)
-        vllm = None
-        if self.capture_backend == "vllm":
-            vllm = capture_stage.VllmCapture(
-                Path(target.folder), "cpu" if self._device() == "cpu" else "cuda",
-                max(1, len(self.gpus.indexes)), self.options.max_length + 8, self.work,
-                self.children_dir, f"job:{self._key}", self.gpus.env)
+        vllm = self._vllm(target) if self.capture_backend == "vllm" else None
         info = capture_stage.capture(self.work / capture_stage.CAPTURE_DIR, target, samples,
                                      self.options.capture_shard_samples, self.name,
                                      self.control.report, self.control.check, heldout, vllm)

@@ -15,7 +15,9 @@ Key: the sha256 (hex) of a canonical JSON of everything that decides the answers
     chunks; a store's size, etag or mtime is not trusted for it,
   - the examples fed to regeneration, training then held-out, in order, each as its JSON,
   - the split (training and held-out counts), the seed, ``job_data.REGEN_PARAMS``,
-  - the runtime that changes greedy output: device type, dtype, torch and transformers.
+  - the runtime that changes greedy output: the engine (``transformers`` in the job's
+    process, or ``vllm <version>`` in a child: workers/jobs/vllm_regenerate.py), device
+    type, dtype, torch and transformers.
 
 File: JSON Lines, data only (never pickle). Line 1 is the header ``{"format", "key",
 "train", "holdout", "turns", "job"}``, then ``train`` training and ``holdout`` held-out
@@ -105,7 +107,8 @@ def turns(examples: Iterable[Example]) -> int:
                sum(m["role"] == "assistant" for m in e.messages) for e in examples)
 
 
-def cache_key(target: Any, train: list[Example], holdout: list[Example], seed: int) -> str:
+def cache_key(target: Any, train: list[Example], holdout: list[Example], seed: int,
+              engine: str = "transformers") -> str:
     """The key of regenerating `train` + `holdout` with `target` (module docstring)."""
     import torch
     import transformers
@@ -120,7 +123,7 @@ def cache_key(target: Any, train: list[Example], holdout: list[Example], seed: i
         "format": FORMAT, "regenerate_version": VERSION,
         "target": folder_digest(Path(target.folder)), "examples": examples.hexdigest(),
         "train": len(train), "holdout": len(holdout), "seed": seed, "params": REGEN_PARAMS,
-        "runtime": {"device": param.device.type, "dtype": str(param.dtype),
+        "runtime": {"engine": engine, "device": param.device.type, "dtype": str(param.dtype),
                     "torch": torch.__version__, "transformers": transformers.__version__},
     }
     return hashlib.sha256(_line(ingredients)).hexdigest()
@@ -163,6 +166,8 @@ class RegenCache:
     location: str
     job: str
     enabled: bool = True
+    #: who writes the answers (``cache_key``'s engine): transformers here, or vllm <version>
+    engine: str = "transformers"
 
     def uri(self, key: str) -> str:
         return f"{self.location.rstrip('/')}/{PREFIX}{key}.jsonl"
@@ -201,7 +206,7 @@ class RegenCache:
         """`cache_key`, timed in the log; None (a warning: no cache) if it cannot be made."""
         start = time.monotonic()
         try:
-            key = cache_key(target, train, holdout, seed)
+            key = cache_key(target, train, holdout, seed, self.engine)
         except Exception as exc:  # a cache problem never fails the job
             log.warning("job %s: no regeneration cache key (%s: %s); regenerating without "
                         "the cache", self.job, type(exc).__name__, exc)

@@ -31,9 +31,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -48,11 +46,11 @@ from eaglenest.models.capture_shards import (
     read_manifest,
 )
 from eaglenest.models.target import Target, final_norm, load_target_ends
+from eaglenest.workers.jobs.vllm_child import engine_base, run_child
 
 log = logging.getLogger("eaglenest.vllm_capture")
 CONNECTOR = "HiddenStatesConnector"
 CONNECTOR_MODULE = "eaglenest.workers.jobs.vllm_connector"
-POLL_SECONDS = 0.5
 FILES_DIR = ".vllm-hidden-states"  # vLLM's per-request files, inside the capture folder
 
 
@@ -60,11 +58,9 @@ def engine_args(run: dict[str, Any], layer_ids: list[int], files: Path) -> dict[
     """vLLM ``LLM(**engine_args)`` for a capture: extraction of ``layer_ids``, our connector
     writing into ``files``."""
     return {
-        "model": run["model"], "dtype": run["dtype"], "seed": 0,
-        "tensor_parallel_size": int(run["tensor_parallel_size"]),
-        "max_model_len": int(run["max_model_len"]),
+        **engine_base(run), "max_model_len": int(run["max_model_len"]),
         "max_num_batched_tokens": max(int(run["max_model_len"]), 2048),
-        "enforce_eager": run["device"] == "cpu", "enable_prefix_caching": False,
+        "enable_prefix_caching": False,
         "speculative_config": {
             "method": "extract_hidden_states", "num_speculative_tokens": 1,
             "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": layer_ids}},
@@ -91,8 +87,9 @@ class VllmEntries:
             cleanup_hidden_states,
             load_hidden_states,
         )
+        from vllm.inputs import TokensPrompt
 
-        prompts = [{"prompt_token_ids": list(self.samples[i].input_ids)} for i in ids]
+        prompts = [TokensPrompt(prompt_token_ids=list(self.samples[i].input_ids)) for i in ids]
         outputs = self.llm.generate(prompts, SamplingParams(max_tokens=1, temperature=0.0),
                                     use_tqdm=False)
         entries = []
@@ -146,41 +143,19 @@ if __name__ == "__main__":
 def launch(run: dict[str, Any], work: Path, on_shard: Callable[[str, dict[str, Any]], None],
            check: Callable[[], None], *, registry: Path | None = None, resource: str = "",
            env: dict[str, str] | None = None) -> None:
-    """Run this module as an owned child over ``run`` (see the module doc) to the end,
-    calling ``on_shard(split, shard)`` for every shard the child completes (read from the
-    manifests every POLL_SECONDS) and ``check()`` between polls: whatever ``check`` raises
-    (a stop) stops the child and is raised. RuntimeError names the child's first error
-    when it fails. Its output goes to ``work``/vllm-capture.log."""
-    from eaglenest.foundation import children
-    from eaglenest.foundation.environment import child_environment
-    from eaglenest.workers.jobs.train_launch import PACKAGE_ROOT, first_error
-    from eaglenest.workers.serving.process import VLLM_RPC_ENV
-
+    """Run this module as an owned child over ``run`` (see the module doc) to the end
+    (workers/jobs/vllm_child.py ``run_child``: ``check`` stops it), calling
+    ``on_shard(split, shard)`` for every shard it completes (read from the manifests)."""
     folder = Path(run["folder"])
-    run_file, log_file = work / "vllm-capture.json", work / "vllm-capture.log"
-    run_file.write_text(json.dumps(run))
     seen = _complete(folder, run["splits"])
-    fixed = dict(env or {})
-    if run["device"] == "cpu":
-        fixed.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    cmd = [sys.executable, "-m", "eaglenest.workers.jobs.vllm_capture", str(run_file)]
-    with open(log_file, "wb") as out:
-        proc, record = children.spawn(
-            cmd, role="vllm-capture", resource=resource, registry=registry,
-            env=child_environment(None, **fixed), scratch_env=(VLLM_RPC_ENV,),
-            stdout=out, stderr=subprocess.STDOUT, cwd=PACKAGE_ROOT)
-        try:
-            while proc.poll() is None:
-                time.sleep(POLL_SECONDS)
-                check()
-                seen = _report(folder, run["splits"], seen, on_shard)
-        finally:
-            children.stop(record, timeout=10, proc=proc)
-            children.forget(registry, record)
-    _report(folder, run["splits"], seen, on_shard)
-    if proc.returncode != 0:
-        raise RuntimeError(f"the vLLM capture exited with status {proc.returncode}: "
-                           f"{first_error(log_file)}")
+
+    def poll() -> None:
+        nonlocal seen
+        seen = _report(folder, run["splits"], seen, on_shard)
+
+    run_child("eaglenest.workers.jobs.vllm_capture", run, work / "vllm-capture", poll, check,
+              registry=registry, resource=resource, env=env)
+    poll()
 
 
 def _complete(folder: Path, splits: list[str]) -> set[tuple[str, str]]:

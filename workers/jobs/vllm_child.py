@@ -1,0 +1,65 @@
+"""The job's vLLM child processes (workers/jobs/vllm_capture.py, vllm_regenerate.py): one
+way to start, watch, stop and reap them.
+
+A child runs ``python -m MODULE RUN.json`` from the folder holding the eaglenest package,
+in a confined environment (foundation/environment.py) plus the job's GPUs, with vLLM's
+socket folder in a private scratch directory, recorded in the worker's children registry
+(foundation/children.py) so a dead worker's successor reaps it. Its output goes to
+``<stem>.log`` beside ``<stem>.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+POLL_SECONDS = 0.5
+
+
+def run_child(module: str, run: dict[str, Any], stem: Path, poll: Callable[[], None],
+              check: Callable[[], None], *, registry: Path | None = None,
+              resource: str = "", env: dict[str, str] | None = None) -> None:
+    """Run ``module`` over ``run`` (written to ``stem``.json) to the end, calling ``check()``
+    then ``poll()`` every POLL_SECONDS: whatever they raise (a stop) stops the child and
+    every process under it, and is raised. RuntimeError names the child's first error when
+    it exits with a failure."""
+    from eaglenest.foundation import children
+    from eaglenest.foundation.environment import child_environment
+    from eaglenest.workers.jobs.train_launch import PACKAGE_ROOT, first_error
+    from eaglenest.workers.serving.process import VLLM_RPC_ENV
+
+    run_file, log_file = stem.with_suffix(".json"), stem.with_suffix(".log")
+    run_file.write_text(json.dumps(run))
+    fixed = dict(env or {})
+    if run.get("device") == "cpu":
+        fixed.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    cmd = [sys.executable, "-m", module, str(run_file)]
+    with open(log_file, "wb") as out:
+        proc, record = children.spawn(
+            cmd, role=module.rsplit(".", 1)[-1], resource=resource, registry=registry,
+            env=child_environment(None, **fixed), scratch_env=(VLLM_RPC_ENV,),
+            stdout=out, stderr=subprocess.STDOUT, cwd=PACKAGE_ROOT)
+        try:
+            while proc.poll() is None:
+                time.sleep(POLL_SECONDS)
+                check()
+                poll()
+        finally:
+            children.stop(record, timeout=10, proc=proc)
+            children.forget(registry, record)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{module} exited with status {proc.returncode}: "
+                           f"{first_error(log_file)}")
+
+
+def engine_base(run: dict[str, Any]) -> dict[str, Any]:
+    """The ``vllm.LLM`` arguments every child uses: the target, dtype, tensor parallelism,
+    eager mode on the CPU (no graphs to capture there), a fixed seed."""
+    return {"model": run["model"], "dtype": run["dtype"], "seed": 0,
+            "tensor_parallel_size": int(run["tensor_parallel_size"]),
+            "enforce_eager": run["device"] == "cpu"}
