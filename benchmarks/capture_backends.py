@@ -9,8 +9,9 @@ process so its peak memory is its own.
 Data: every built-in dataset (the README's train.jsonl), encoded at ``--max-length``, then
 repeated N times for the ``xN`` rows. Columns: wall seconds of ``capture()`` (for vllm
 including the engine's start), tokens/s over that wall, peak RSS of the row's process
-(``self``: it holds the whole target for hf, only its ends for vllm) and of its largest
-child (vLLM's engine processes), and the shards' bytes.
+(the job's side: it holds the whole target for hf, only its ends for vllm), of the vLLM
+capture child and of the largest vLLM engine process under it (``Peaks``), and the
+shards' bytes.
 """
 
 from __future__ import annotations
@@ -42,14 +43,38 @@ def _row(target_dir: Path, backend: str, repeat: int, max_length: int, per_shard
     with tempfile.TemporaryDirectory() as work:
         vllm = (capture_stage.VllmCapture(target_dir, "cpu", 1, max_length + 8, Path(work))
                 if backend == "vllm" else None)
+        peaks = Peaks()
         start = time.perf_counter()
         info = capture_stage.capture(Path(work) / "capture", target, samples, per_shard,
-                                     "bench", lambda r: None, lambda: None, None, vllm)
+                                     "bench", lambda r: None, peaks.sample, None, vllm)
         wall = time.perf_counter() - start
     return {"backend": backend, "repeat": repeat, "samples": len(samples), "tokens": tokens,
             "wall_s": wall, "tokens_per_s": tokens / wall, "bytes": info.bytes,
             "self_peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-            "child_peak_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}
+            "child_peak_mib": peaks.peak.get("capture child", 0) / 2**20,
+            "engine_peak_mib": peaks.peak.get("engine", 0) / 2**20}
+
+
+class Peaks:
+    """Peak RSS of this process's descendants by role, sampled at every stop check of the
+    capture (every 0.5 s while a vLLM child runs): ``capture child`` (the process running
+    workers/jobs/vllm_capture.py: the target's ends, one shard's tensors) and ``engine``
+    (the largest of vLLM's processes under it: weights, KV cache)."""
+
+    def __init__(self) -> None:
+        self.peak: dict[str, int] = {}
+
+    def sample(self) -> None:
+        import psutil
+
+        for proc in psutil.Process().children(recursive=True):
+            try:
+                role = ("capture child" if "vllm_capture" in " ".join(proc.cmdline())
+                        else "engine")
+                rss = proc.memory_info().rss
+            except psutil.Error:
+                continue
+            self.peak[role] = max(self.peak.get(role, 0), rss)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -71,9 +96,9 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(_row(a.target, backend, int(repeat), a.max_length, a.per_shard,
                               a.threads)))
         return 0
-    print("| backend | data | samples | tokens | wall s | tokens/s | peak RSS self MiB "
-          "| peak RSS child MiB | shards MB |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| backend | data | samples | tokens | wall s | tokens/s | peak RSS job MiB "
+          "| vLLM child MiB | vLLM engine MiB | shards MB |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for repeat in (int(r) for r in a.repeat.split(",")):
         for backend in a.backends.split(","):  # rows interleaved
             cmd = [sys.executable, "-m", "benchmarks.capture_backends", "--row",
@@ -84,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
             r = json.loads(out.strip().splitlines()[-1])
             print(f"| {backend} | x{repeat} | {r['samples']} | {r['tokens']} | "
                   f"{r['wall_s']:.1f} | {r['tokens_per_s']:.0f} | {r['self_peak_mib']:.0f} | "
-                  f"{r['child_peak_mib']:.0f} | {r['bytes'] / 1e6:.1f} |", flush=True)
+                  f"{r['child_peak_mib']:.0f} | {r['engine_peak_mib']:.0f} | "
+                  f"{r['bytes'] / 1e6:.1f} |", flush=True)
     return 0
 
 

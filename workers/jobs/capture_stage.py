@@ -5,9 +5,10 @@ hidden states as capture shards (models/capture_shards.py ``write_shards``) to
 ``<work>/capture/``, then does the same for the held-out samples (the held-out split, in
 the same folder); training then reads both (models/shard_source.py ``shard_train_data``)
 instead of capturing in its own process, and the held-out accuracy is measured from the
-held-out shards. ``auto`` (the default) keeps
-the in-process capture. ``vllm`` is refused when the options are read
-(workers/jobs/options.py ``VLLM_CAPTURE_REFUSAL``).
+held-out shards. With ``vllm`` the job plans the same folder and a vLLM child fills it
+(workers/jobs/vllm_capture.py), the job polling its manifests. ``auto`` (the default)
+captures in the training process unless the target is too large for one of the job's GPUs
+(``choose_backend``).
 
 Contract:
 - progress: one shard at a time (``write_shards(..., max_new_shards=1)``), a stop check

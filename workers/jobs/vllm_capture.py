@@ -47,9 +47,9 @@ from eaglenest.models.capture_shards import (
 )
 from eaglenest.models.target import Target, final_norm, load_target_ends
 from eaglenest.workers.jobs.vllm_child import engine_base, run_child
+from eaglenest.workers.jobs.vllm_connector import CONNECTOR
 
 log = logging.getLogger("eaglenest.vllm_capture")
-CONNECTOR = "HiddenStatesConnector"
 CONNECTOR_MODULE = "eaglenest.workers.jobs.vllm_connector"
 FILES_DIR = ".vllm-hidden-states"  # vLLM's per-request files, inside the capture folder
 

@@ -38,6 +38,10 @@ def run_child(module: str, run: dict[str, Any], stem: Path, poll: Callable[[], N
     fixed = dict(env or {})
     if run.get("device") == "cpu":
         fixed.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    # buffers over 128 KiB (a request's hidden states) go back to the OS when freed; with
+    # glibc's rising default threshold they stay in the heap and the engine grows with
+    # the number of requests (docs/capture-shards.md "Memory")
+    fixed.setdefault("MALLOC_MMAP_THRESHOLD_", str(128 << 10))
     cmd = [sys.executable, "-m", module, str(run_file)]
     with open(log_file, "wb") as out:
         proc, record = children.spawn(

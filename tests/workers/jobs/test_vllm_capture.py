@@ -190,7 +190,8 @@ def _job(store: LocalStore, work: Path, name: str, **env: str) -> Any:
 def test_a_job_captures_with_vllm_without_loading_the_target(
         tmp_path, smollm2, monkeypatch) -> None:  # noqa: ANN001
     """The pipeline with EAGLENEST_CAPTURE_BACKEND=vllm: the job process never loads the
-    whole target (load_target is made to fail), the head trains like the hf job's."""
+    whole target (load_target is made to fail), the head trains like the hf job's; with
+    EAGLENEST_REGENERATE=1 a vLLM child writes the answers."""
     store = LocalStore(tmp_path / "s3")
     for f in smollm2.iterdir():
         store.put_file(parse_uri(f"s3://models/smollm2/{f.name}"), f)
@@ -212,3 +213,10 @@ def test_a_job_captures_with_vllm_without_loading_the_target(
                (store.root / "output" / "jobs" / n / "training_log.jsonl").read_text().splitlines()]
               for n in ("vllm-job", "hf-job")]
     assert len(losses[0]) == 3 and losses[0] == pytest.approx(losses[1], rel=1e-3)
+    # regeneration too runs in vLLM (a child): still no load_target here
+    regen = _job(store, tmp_path / "regen", "regen-job", EAGLENEST_CAPTURE_BACKEND="vllm",
+                 EAGLENEST_REGENERATE="1", EAGLENEST_DATASET="magicoder.jsonl")
+    record = regen.train["regeneration"]
+    assert record["from_cache"] is False and record["turns"] > 0
+    assert (tmp_path / "regen" / "vllm-regenerate.out.jsonl").is_file()
+    assert regen.train["capture"]["backend"] == "vllm"
