@@ -135,11 +135,6 @@ def main(run_file: str) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    logging.basicConfig(level=logging.INFO)
-    sys.exit(main(sys.argv[1]))
-
-
 def launch(run: dict[str, Any], work: Path, on_shard: Callable[[str, dict[str, Any]], None],
            check: Callable[[], None], *, registry: Path | None = None, resource: str = "",
            env: dict[str, str] | None = None) -> None:
@@ -171,3 +166,8 @@ def _report(folder: Path, splits: list[str], seen: set[tuple[str, str]],
             if shard["complete"] and (split, shard["file"]) not in seen:
                 on_shard(split, shard)
     return _complete(folder, splits)
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO)
+    sys.exit(main(sys.argv[1]))

@@ -83,11 +83,13 @@ def main(run_file: str) -> int:
     llm = LLM(**engine_base(run))
     tokenizer = llm.get_tokenizer()
     seed, progress_file = int(run["seed"]), Path(run["progress"])
+    examples = _read_lines(Path(run["examples"]))
+    written = [0, turns(examples)]  # turns done, turns in all
 
-    def generate(turns: list[tuple[int, int, list[int]]]) -> list[str]:
+    def generate(asked: list[tuple[int, int, list[int]]]) -> list[str]:
         texts: list[str] = []
-        for start in range(0, len(turns), CHUNK):
-            chunk = turns[start:start + CHUNK]
+        for start in range(0, len(asked), CHUNK):
+            chunk = asked[start:start + CHUNK]
             params = [SamplingParams(max_tokens=int(run["max_new_tokens"]),
                                      temperature=float(run["temperature"]),
                                      seed=seed + 1000 * i + turn, skip_special_tokens=True)
@@ -99,8 +101,6 @@ def main(run_file: str) -> int:
             progress_file.write_text(f"{written[0]} {written[1]}")
         return texts
 
-    examples = _read_lines(Path(run["examples"]))
-    written = [0, turns(examples)]  # turns done, turns in all
     out = regenerate_by(examples, tokenizer, generate, keep_empty=True)
     _write_lines(Path(run["out"]), out)
     log.info("regenerated %d turns of %d examples", written[0], len(examples))
