@@ -1,6 +1,6 @@
 """Train each head type on the SmolLM2-135M target for a fixed CPU budget; measure tau in vLLM.
 
-    python -m benchmarks.train_heads [--minutes 10] [--heads eagle,eagle3,peagle]
+    python -m benchmarks.train_heads [--minutes 10] [--heads eagle,eagle3,peagle,peagle@eagle3]
                                      [--data regen|builtin] [--ks 3,5] [--json PATH]
                                      [--set FIELD=VALUE ...]
 
@@ -201,10 +201,11 @@ def train_config(kind: str, **kw: Any) -> TrainConfig:
 
 def train_head(kind: str, data: TrainData, minutes: float, out: Path,
                steps: int | None = None, overrides: dict[str, Any] | None = None,
-               ) -> tuple[Path, HeadFigures]:
+               name: str | None = None) -> tuple[Path, HeadFigures]:
     """Train for ``minutes`` of wall clock (the cosine schedule sized to end with it), or
     for exactly ``steps`` steps when given (robust on a shared machine: CPU time is shown).
-    ``overrides``: TrainConfig fields set on top of ``train_config`` (``--set``)."""
+    ``overrides``: TrainConfig fields set on top of ``train_config`` (``--set``, the start
+    head); ``name``: the row and folder (default: the kind)."""
     target = data.target
     extra = dict(overrides or {})
     if steps:
@@ -215,8 +216,8 @@ def train_head(kind: str, data: TrainData, minutes: float, out: Path,
     cpu0 = _cpu_seconds()
     with PeakRss() as rss:
         result = train(config, data)
-    head_dir = save_head(result.head.eval(), out / kind, verifier=str(target.folder))
-    figures = HeadFigures(kind, result.steps, result.seconds, result.tokens_per_second,
+    head_dir = save_head(result.head.eval(), out / (name or kind), verifier=str(target.folder))
+    figures = HeadFigures(name or kind, result.steps, result.seconds, result.tokens_per_second,
                           rss.peak_kib / 1024, result.loss, result.step_accuracy,
                           cpu_seconds=_cpu_seconds() - cpu0)
     return head_dir, figures
@@ -290,7 +291,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--minutes", type=float, default=10.0, help="CPU training budget per head")
     p.add_argument("--steps", type=int, default=None,
                    help="train exactly this many steps instead of a wall-clock budget")
-    p.add_argument("--heads", default="eagle,eagle3,peagle")
+    p.add_argument("--heads", default="eagle,eagle3,peagle",
+                   help="kinds in order; KIND@BASE starts KIND from this run's BASE head "
+                        "(trained earlier in the list, or a folder BASE in --out)")
     p.add_argument("--data", choices=("regen", "builtin"), default="regen")
     p.add_argument("--ks", default="3,5")
     p.add_argument("--held-out", type=int, default=2, help="examples held out per dataset")
@@ -357,11 +360,14 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     data = TrainData(target, samples, args.data)
     data.cache = CaptureCache(target, samples, 8 << 30)  # shared: later heads skip the target
-    for kind in args.heads.split(","):
-        head_dir, fig = train_head(kind, data, args.minutes, args.out, args.steps, args.overrides)
+    for name in args.heads.split(","):
+        kind, _, base = name.partition("@")  # kind@base: start from this run's base head
+        extra = {**args.overrides, **({"init_head": str(args.out / base)} if base else {})}
+        head_dir, fig = train_head(kind, data, args.minutes, args.out, args.steps, extra,
+                                   name=name)
         for k in ks:
             fig.tau[k], fig.accepted_per_position[k] = measure_tau(
-                target_dir, head_dir, k, prompts, args.eval_tokens, args.out / f"{kind}-k{k}.log")
+                target_dir, head_dir, k, prompts, args.eval_tokens, args.out / f"{name}-k{k}.log")
         print(json.dumps(asdict(fig)), flush=True)
         rows.append(fig)
     print(table(rows, ks))

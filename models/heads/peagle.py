@@ -23,6 +23,7 @@ parts, one backward each.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -201,10 +202,31 @@ class PEagleHead(Eagle3Head):
 def build(target: Target, samples: list[Sample], config: TrainConfig) -> PEagleHead:
     """An EAGLE-3 layout plus the mask token (default: pad, else eos) (registry builder)."""
     d2t, t2d = draft_vocab_for(target, samples, config.draft_vocab_size)
-    tok = target.tokenizer
-    mask_id = config.mask_token_id
-    if mask_id is None:
-        mask_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    mask_id = _mask_token(target, config)
     head = PEagleHead(layer_config(target, d2t, config, mask_token_id=mask_id), d2t, t2d)
     head.init_from_target(target.embed_weight(), target.lm_head_weight())
     return head
+
+
+def from_eagle3(head: Eagle3Head, target: Target, config: TrainConfig) -> PEagleHead:
+    """A P-EAGLE head that starts as a trained EAGLE-3 head (registry ``start_path``).
+
+    Both read the same aux layers through the same fc, decoder layers, norm and draft
+    vocabulary, so every EAGLE-3 tensor is copied as it is (its layout, norms and layer
+    count included; the TrainConfig's own layout fields do not apply); only ``mask_hidden``
+    is new. Its first draft is then EAGLE-3's from the first step, and training teaches
+    the mask slots.
+    """
+    cfg = replace(head.cfg, mask_token_id=_mask_token(target, config))
+    new = PEagleHead(cfg, head.d2t.clone(), head.t2d.clone())
+    missing, unexpected = new.load_state_dict(head.state_dict(), strict=False)
+    if unexpected or missing != ["mask_hidden"]:
+        raise ValueError(f"not an EAGLE-3 layout: missing {missing}, unexpected {unexpected}")
+    return new
+
+
+def _mask_token(target: Target, config: TrainConfig) -> int:
+    if config.mask_token_id is not None:
+        return config.mask_token_id
+    tok = target.tokenizer
+    return int(tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id)

@@ -3,6 +3,7 @@ asks its spec (flags, names, builder) instead of comparing kind strings or head 
 
     spec = HEADS["eagle3"]          # or head_spec(head) for a head object
     spec.build(target, samples, train_config) -> a new head
+    spec.start_from(head, target, train_config) -> a new head from a trained one of another kind
     spec.loss_kwargs(train_config)  -> the keyword arguments of head.loss()
     spec.uses_aux / .parallel / .draft_vocab / .multi_layer / .default_mode
     spec.native_architecture / .speculators_type / .vllm_method   (checkpoint names)
@@ -74,6 +75,11 @@ class HeadSpec:
     unused_parameters: bool = False
     #: head.loss() takes ``partition`` (sequence partitioning: models/partition.py)
     partitions: bool = False
+    #: kinds whose trained heads a new head of this kind may start from (TrainConfig.init_head)
+    starts_from: tuple[str, ...] = ()
+    #: "module:function" (trained head of a kind in ``starts_from``, target, TrainConfig)
+    #: -> a new head of this kind
+    start_path: str | None = None
     _cache: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -88,6 +94,13 @@ class HeadSpec:
         """A new head for ``target``, initialised from it (training starts here)."""
         head: nn.Module = self._load(self.builder_path)(target, samples, config)
         return head
+
+    def start_from(self, head: nn.Module, target: Target, config: TrainConfig) -> nn.Module:
+        """A new head of this kind holding ``head``'s weights (a kind in ``starts_from``)."""
+        if self.start_path is None:
+            raise ValueError(f"{self.title} heads start only from {self.title} heads")
+        new: nn.Module = self._load(self.start_path)(head, target, config)
+        return new
 
     def loss_kwargs(self, config: TrainConfig) -> dict[str, Any]:
         return {arg: getattr(config, name) for arg, name in self.loss_settings.items()}
@@ -130,6 +143,8 @@ PEAGLE = HeadSpec(
     # conditional drop-token sampling can keep no slot at some depth: mask_hidden unused
     unused_parameters=True,
     partitions=True,
+    # the same layers read the same aux states: an EAGLE-3 head is a trained start
+    starts_from=(EAGLE3.kind,), start_path=f"{_HEADS}.peagle:from_eagle3",
 )
 
 #: every kind, in the order CLIs and messages list them

@@ -77,8 +77,33 @@ def test_init_from_existing_head(llama, samples, tmp_path: Path) -> None:  # noq
     tuned = train(cfg(None, head="eagle3", max_steps=1, init_head=str(tmp_path / "base")), data)
     assert torch.equal(tuned.head.d2t, base.head.d2t)
     assert not torch.equal(tuned.head.fc.weight, base.head.fc.weight)
-    with pytest.raises(ValueError, match="eagle3 head, not peagle"):
-        train(cfg(None, head="peagle", init_head=str(tmp_path / "base")), data)
+    with pytest.raises(ValueError, match="eagle3 head, not eagle$"):
+        train(cfg(None, head="eagle", init_head=str(tmp_path / "base")), data)
+
+
+def test_a_peagle_head_starts_from_an_eagle3_head(llama, samples, tmp_path: Path) -> None:  # noqa: ANN001
+    """P-EAGLE starts from EAGLE-3 (HeadSpec.starts_from): every EAGLE-3 tensor is copied,
+    so its first parallel draft is EAGLE-3's first chain draft; training then moves it (its
+    mask slots too); the other way round is refused."""
+    data = TrainData(llama, samples)
+    base = train(cfg(tmp_path / "base", head="eagle3", max_steps=2, num_layers=2), data).head
+    start = HEADS["peagle"].start_from(base, llama, cfg(None, head="peagle"))
+    assert type(start).__name__ == "PEagleHead" and start.cfg.num_layers == 2
+    assert set(start.state_dict()) - set(base.state_dict()) == {"mask_hidden"}
+    for name, tensor in base.state_dict().items():
+        assert torch.equal(start.state_dict()[name], tensor), name
+    with torch.no_grad():
+        for sample in samples[:3]:
+            ids = torch.tensor([sample.input_ids[:13]])  # [1, n + 1], n = 12
+            aux = llama.capture(ids).aux[:, :12]  # [1, n, n_aux * hidden]
+            first = start.eval().draft_parallel(ids, aux, 3)  # [3] target ids
+            assert int(first[0]) == int(base.eval().draft_greedy(ids, aux, 1)[0])
+    tuned = train(cfg(tmp_path / "p", head="peagle", max_steps=2,
+                      init_head=str(tmp_path / "base")), data).head
+    assert torch.equal(tuned.d2t, base.d2t)
+    assert not torch.equal(tuned.fc.weight, base.fc.weight)
+    with pytest.raises(ValueError, match="peagle head, not eagle3"):
+        train(cfg(None, head="eagle3", init_head=str(tmp_path / "p")), data)
 
 
 def test_each_step_row_reaches_on_step_with_time_and_tokens(llama, samples) -> None:  # noqa: ANN001
