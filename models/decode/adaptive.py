@@ -11,7 +11,13 @@ slope = (r - 1) / ((n2 - 1) - r * (n1 - 1)). A table per size would mix the two:
 measured on a long prompt would look dear long after. For each candidate depth K it predicts
 
     tokens(K) = 1 + sum_{j=1..K} prod_{i<=j} a_i          (expected tokens per round)
-    cost(K)   = draft_cost(K) + verify_cost(size(K)) + overhead   (seconds per round)
+    cost(K)   = forwards(K) * step + verify_cost(size(K)) + overhead   (seconds per round)
+
+where ``forwards(K)`` counts the head forwards a round of K runs: the first draft comes from
+the logits the head computed when the last round's tokens were committed (part of the
+overhead), so a chain (or a tree of depth K) runs K - 1 head steps and parallel drafting
+one forward over K - 1 mask slots for any K >= 2, none for K <= 1. ``step`` is the measured
+seconds of one such forward (a parallel forward's rows add little: the head is one layer).
 
 (overhead: the rest of a round, committing accepted tokens to the head and emitting them,
 measured by ``observe_round``) and picks the K with the best tokens(K) / cost(K).
@@ -24,8 +30,10 @@ back to the prior and the controller tries drafting again after a while (how lon
 on the costs).
 
 Example: a = [0.9, 0.8, 0.5], draft step 5 ms, verify 100 ms flat ->
-tokens(1..3) = 1.9, 2.62, 2.98; cost = 105, 110, 115 ms -> rates 18.1, 23.8, 25.9 tok/s ->
-K = 3 (and K = 4 is tried next if a_4 ~ 0.5 keeps paying).
+tokens(1..3) = 1.9, 2.62, 2.98; chain cost = 100, 105, 110 ms -> rates 19.0, 25.0, 27.1
+tok/s -> K = 3 (and K = 4 is tried next if a_4 ~ 0.5 keeps paying). In parallel the same
+a_j cost 100, 105, 105 ms: deeper rounds cost no more drafting, so parallel's K runs deeper
+(its ModeSpec allows a larger ``adaptive_k_max``).
 """
 
 from __future__ import annotations
@@ -63,6 +71,12 @@ class AdaptiveDepth:
             return self.prior_rate
         num = self.accepted[j] + self.prior_rate * self.prior_weight
         return num / (self.reached[j] + self.prior_weight)
+
+    def forwards(self, k: int) -> int:
+        """Head forwards a round of K drafts runs (the first draft is already computed)."""
+        if self.parallel:
+            return 1 if k >= 2 else 0
+        return max(k - 1, 0)
 
     def expected_tokens(self, k: int) -> float:
         total, survive = 1.0, 1.0
@@ -111,8 +125,9 @@ class AdaptiveDepth:
             self.reached[j] += 1.0
             if j < accepted:
                 self.accepted[j] += 1.0
-        if k > 0:  # a plain round (K = 0) drafted nothing: it says nothing of the step cost
-            step = draft_seconds if self.parallel else draft_seconds / k
+        forwards = self.forwards(k)
+        if forwards:  # K <= 1 ran no head forward: it says nothing of the step cost
+            step = draft_seconds / forwards
             self.step_cost = step if self.step_cost is None else _ema(self.step_cost, step, self)
         self._observe_verify(size, verify_seconds)
         self._last_parts = draft_seconds + verify_seconds
@@ -128,8 +143,7 @@ class AdaptiveDepth:
         step = self.step_cost or 0.0
         best_k, best_rate = self.k_min, -1.0
         for k in range(self.k_min, self.k_max + 1):
-            drafting = 0.0 if k == 0 else (step if self.parallel else k * step)
-            cost = drafting + self.verify_seconds(size_of(k)) + self.overhead
+            cost = self.forwards(k) * step + self.verify_seconds(size_of(k)) + self.overhead
             rate = self.expected_tokens(k) / max(cost, 1e-9)
             if rate > best_rate:
                 best_k, best_rate = k, rate

@@ -79,7 +79,7 @@ class SpeculativeEngine:
         depth: int = 5,
         topk: int = 4,
         total_tokens: int = 16,
-        k_max: int = 8,
+        k_max: int | None = None,
         drafter_factory: Callable[[], HeadDrafter] | None = None,
         kernels: KernelPolicy | None = None,
     ) -> None:
@@ -87,7 +87,8 @@ class SpeculativeEngine:
         use oracle drafters); either it or ``head`` turns speculation on. ``kernels``: how
         the target's and head's linears are run (models/decode/kernels.py; default: timed
         per family at load, float32-exact candidates only, no cache); ``self.kernels``
-        reports the choice."""
+        reports the choice. ``k_max``: the largest K (or depth) adaptive rounds may choose
+        (default: the mode's ``ModeSpec.adaptive_k_max``)."""
         self.model: nn.Module = _causal_lm(target).eval()
         self.head = head.eval() if head is not None else None
         self.drafter_factory = drafter_factory
@@ -109,7 +110,7 @@ class SpeculativeEngine:
         if adaptive and self.mode.spec.drafts:
             self.controller = AdaptiveDepth(  # chain / parallel may also choose plain rounds
                 k_min=self.mode.spec.adaptive_k_min,
-                k_max=max(k_max, start),
+                k_max=max(k_max if k_max is not None else self.mode.spec.adaptive_k_max, start),
                 parallel=self.mode.spec.parallel,
             )
         self.current_k = start

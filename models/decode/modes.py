@@ -23,6 +23,8 @@ class ModeSpec:
     parallel: bool  # one head forward drafts all K (needs a parallel head: HeadSpec.parallel)
     #: smallest K adaptive depth may choose: 0 lets a round be plain (sequence modes only)
     adaptive_k_min: int
+    #: largest K adaptive depth may choose (parallel: one head forward for any K, so deeper)
+    adaptive_k_max: int
 
 
 class DecodeMode(StrEnum):
@@ -37,10 +39,14 @@ class DecodeMode(StrEnum):
 
 
 MODES: dict[DecodeMode, ModeSpec] = {
-    DecodeMode.PLAIN: ModeSpec(drafts=False, tree=False, parallel=False, adaptive_k_min=0),
-    DecodeMode.CHAIN: ModeSpec(drafts=True, tree=False, parallel=False, adaptive_k_min=0),
-    DecodeMode.TREE: ModeSpec(drafts=True, tree=True, parallel=False, adaptive_k_min=1),
-    DecodeMode.PARALLEL: ModeSpec(drafts=True, tree=False, parallel=True, adaptive_k_min=0),
+    DecodeMode.PLAIN: ModeSpec(drafts=False, tree=False, parallel=False, adaptive_k_min=0,
+                               adaptive_k_max=0),
+    DecodeMode.CHAIN: ModeSpec(drafts=True, tree=False, parallel=False, adaptive_k_min=0,
+                               adaptive_k_max=8),
+    DecodeMode.TREE: ModeSpec(drafts=True, tree=True, parallel=False, adaptive_k_min=1,
+                              adaptive_k_max=8),
+    DecodeMode.PARALLEL: ModeSpec(drafts=True, tree=False, parallel=True, adaptive_k_min=0,
+                                  adaptive_k_max=12),
 }
 
 #: the modes a server or CLI may be asked for (plain is what no head means)

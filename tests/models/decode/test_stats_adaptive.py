@@ -65,32 +65,63 @@ def test_verify_cost_follows_the_context_without_mixing_sizes() -> None:
 
 
 def test_adaptive_goes_plain_when_drafts_do_not_pay_then_tries_again() -> None:
-    """k_min=0: rejected drafts make K = 0 (a plain round) the best rate; plain rounds add no
-    acceptance evidence, the counts decay to the prior and drafting is tried again."""
-    ctl = AdaptiveDepth(k_min=0, k_max=8)
+    """k_min=0: rejected drafts make K = 0 (a plain round) the best rate once a verified token
+    costs more than a draft is worth (here each adds 20%: a compute-bound batch); plain
+    rounds add no acceptance evidence, the counts decay to the prior and drafting is tried
+    again."""
+    ctl = AdaptiveDepth(k_min=0, k_max=8, slope=0.2)
     for _ in range(30):
-        ctl.update(4, 0, draft_seconds=0.04, verify_seconds=0.1, size=5)
-    ctl.update(0, 0, draft_seconds=0.0, verify_seconds=0.06, size=1)
+        ctl.update(4, 0, draft_seconds=0.03, verify_seconds=0.18, size=5)
+    ctl.update(0, 0, draft_seconds=0.0, verify_seconds=0.1, size=1)
     assert ctl.step_cost is not None and abs(ctl.step_cost - 0.01) < 1e-9  # plain: unchanged
     assert ctl.choose(lambda k: k + 1) == 0
     rounds = 0
     while ctl.choose(lambda k: k + 1) == 0 and rounds < 200:
-        ctl.update(0, 0, draft_seconds=0.0, verify_seconds=0.06, size=1)
+        ctl.update(0, 0, draft_seconds=0.0, verify_seconds=0.1, size=1)
         rounds += 1
     assert 0 < rounds < 200 and ctl.choose(lambda k: k + 1) >= 1
     # with k_min=1 (tree depth) plain is never chosen
-    ctl = AdaptiveDepth(k_min=1, k_max=8)
+    ctl = AdaptiveDepth(k_min=1, k_max=8, slope=0.2)
     for _ in range(30):
-        ctl.update(4, 0, draft_seconds=0.04, verify_seconds=0.1, size=5)
+        ctl.update(4, 0, draft_seconds=0.03, verify_seconds=0.18, size=5)
     assert ctl.choose(lambda k: k + 1) == 1
 
 
-def test_parallel_plain_round_costs_no_draft_forward() -> None:
+def test_a_round_of_k_runs_k_minus_one_head_steps_or_one_parallel_forward() -> None:
+    """The first draft comes from the logits of the last commit: chain K runs K - 1 head
+    steps, parallel one forward for any K >= 2; K <= 1 runs none and leaves the step cost."""
+    chain, par = AdaptiveDepth(k_min=0), AdaptiveDepth(k_min=0, parallel=True)
+    assert [chain.forwards(k) for k in range(5)] == [0, 0, 1, 2, 3]
+    assert [par.forwards(k) for k in range(5)] == [0, 0, 1, 1, 1]
+    chain.update(5, 5, draft_seconds=0.02, verify_seconds=0.1, size=6)
+    par.update(5, 5, draft_seconds=0.02, verify_seconds=0.1, size=6)
+    assert chain.step_cost == 0.005 and par.step_cost == 0.02
+    chain.update(1, 1, draft_seconds=0.0003, verify_seconds=0.1, size=2)
+    assert chain.step_cost == 0.005  # a K=1 round ran no head step
+
+
+def test_parallel_k1_costs_no_draft_forward() -> None:
+    """Drafts almost never accepted (a_1 = 0.1), a head forward 50 ms, verify 100 ms flat:
+    K = 1 (1.1 tokens / 100 ms) beats plain (1 / 100 ms) and K = 2 (~1.11 / 150 ms); a
+    verified token costing 20% makes plain the best."""
     ctl = AdaptiveDepth(k_min=0, k_max=4, parallel=True, prior_weight=1e-9)
-    ctl.accepted, ctl.reached = [0.1], [1.0]  # drafts almost never accepted
+    ctl.accepted, ctl.reached = [0.1], [1.0]
     ctl.step_cost, ctl.level, ctl.slope = 0.05, 0.1, 0.0
-    # K = 0: 1 token / 0.1 s beats K >= 1: ~1.1 tokens / 0.15 s
+    assert ctl.choose(lambda k: k + 1) == 1
+    ctl.slope = 0.2
     assert ctl.choose(lambda k: k + 1) == 0
+
+
+def test_parallel_runs_deeper_than_chain_on_the_same_figures() -> None:
+    """Same acceptance and costs: chain pays a head step per extra draft, parallel none, so
+    parallel's best K is deeper."""
+    def best(parallel: bool) -> int:
+        ctl = AdaptiveDepth(k_max=12, parallel=parallel, slope=0.02, prior_weight=1e-9)
+        ctl.accepted, ctl.reached = [0.8, 0.6, 0.5, 0.45, 0.4, 0.35, 0.3, 0.3], [1.0] * 8
+        ctl.step_cost, ctl.level = 0.006, 0.04
+        return ctl.choose(lambda k: k + 1)
+
+    assert best(True) > best(False) >= 2
 
 
 def test_round_overhead_favours_deeper_rounds() -> None:
