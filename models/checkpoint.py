@@ -23,7 +23,7 @@ import os
 import subprocess
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -44,6 +44,10 @@ PROVENANCE = "provenance.json"
 FORMATS = CHECKPOINT_FORMATS
 SHARED = ("embed_tokens.weight",)  # never written: vLLM shares the target's embeddings
 TARGET_LM_HEAD = "lm_head.weight"  # a head without its own vocabulary uses the target's
+
+if TYPE_CHECKING:
+    from eaglenest.models.target import Target
+    from eaglenest.models.train import TrainConfig
 
 
 def head_kind(head: nn.Module) -> str:
@@ -252,3 +256,19 @@ def load_head(
         state["mask_hidden"] = state["mask_hidden"].view(1, 1, -1)
     head.load_state_dict(state, strict=True)
     return head
+
+
+def load_start_head(folder: str | Path, target: Target, config: TrainConfig) -> nn.Module:
+    """The head saved in ``folder`` as a ``config.head`` head: the same kind, or a kind that
+    kind starts from (HeadSpec.starts_from: P-EAGLE from EAGLE-3)."""
+    head = load_head(folder, target.embed_weight(), target.lm_head_weight())
+    cfg = draft_head(head).cfg
+    if cfg.hidden_size != target.hidden_size or cfg.vocab_size != target.vocab_size:
+        raise ValueError(f"{folder}: head does not match the target's hidden size / vocabulary")
+    kind, spec = head_kind(head), HEADS[config.head]
+    if kind == config.head:
+        return head
+    if kind in spec.starts_from:
+        return spec.start_from(head, target, config)
+    raise ValueError(f"{folder} holds a {kind} head, not {config.head}"
+                     + (f" or {' / '.join(spec.starts_from)}" if spec.starts_from else ""))

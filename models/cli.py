@@ -43,8 +43,8 @@ def _register_train(subparsers: Any) -> None:
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="where the target and the head run")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
-    p.add_argument("--init-head", help="start from an existing head folder (fine-tuning) "
-                   "(default: a new head)")
+    p.add_argument("--init-head", help="start from an existing head folder (fine-tuning; "
+                   "a peagle head may start from an eagle3 one) (default: a new head)")
     p.add_argument("--format", choices=registry.CHECKPOINT_FORMATS, default="native",
                    help="checkpoint format of the head (speculators: vLLM's speculators)")
     p.add_argument("--batch-size", type=int, default=2, help="samples per step")

@@ -32,10 +32,9 @@ from tqdm import tqdm
 from eaglenest.models import distributed, partition
 from eaglenest.models.batches import BatchStream, RankStream, batch_stream
 from eaglenest.models.capture_cache import CaptureCache, CaptureSource
-from eaglenest.models.checkpoint import head_kind, load_head, save_head
+from eaglenest.models.checkpoint import head_kind, load_start_head, save_head
 from eaglenest.models.data.template import Sample
 from eaglenest.models.evaluate import HELDOUT_KEY, HeldOut, Stopper, collate
-from eaglenest.models.heads.base import draft_head
 from eaglenest.models.heads.registry import DEFAULT_KIND, HEADS
 from eaglenest.models.optim import BudgetShare, make_optimizer
 from eaglenest.models.target import Target
@@ -237,22 +236,6 @@ def _save_head(
     )
 
 
-def _load_head(folder: str | Path, target: Target, config: TrainConfig) -> nn.Module:
-    """The head saved in ``folder`` as a ``config.head`` head: the same kind, or a kind that
-    kind starts from (HeadSpec.starts_from: P-EAGLE from EAGLE-3)."""
-    head = load_head(folder, target.embed_weight(), target.lm_head_weight())
-    cfg = draft_head(head).cfg
-    if cfg.hidden_size != target.hidden_size or cfg.vocab_size != target.vocab_size:
-        raise ValueError(f"{folder}: head does not match the target's hidden size / vocabulary")
-    kind, spec = head_kind(head), HEADS[config.head]
-    if kind == config.head:
-        return head
-    if kind in spec.starts_from:
-        return spec.start_from(head, target, config)
-    raise ValueError(f"{folder} holds a {kind} head, not {config.head}"
-                     + (f" or {' / '.join(spec.starts_from)}" if spec.starts_from else ""))
-
-
 # ---- the loop ------------------------------------------------------------------------------
 def train(config: TrainConfig, data: TrainData, device: str | torch.device = "cpu") -> TrainResult:
     if config.head not in HEADS:
@@ -270,9 +253,9 @@ def train(config: TrainConfig, data: TrainData, device: str | torch.device = "cp
     torch.manual_seed(config.seed)
     ckpt = latest_checkpoint(out) if (out and config.resume) else None
     if ckpt is not None:
-        head = _load_head(ckpt, data.target, config)
+        head = load_start_head(ckpt, data.target, config)
     elif config.init_head:
-        head = _load_head(config.init_head, data.target, config)
+        head = load_start_head(config.init_head, data.target, config)
     else:
         head = HEADS[config.head].build(data.target, data.samples, config)
     head.to(device).train()
