@@ -21,8 +21,9 @@ row in turn, so that drift in machine speed hits all rows alike):
   prompt's last round, whose drafts past the known output need not be. It costs what
   verifying K + 1 tokens a round costs, no head work: the engine's ceiling for chain K on
   this box, in this run;
-* ``vllm`` and ``vllm eagle K``: vLLM's OpenAI server (when installed) through
-  workers.jobs.loadgen at concurrency 1 (HTTP and streaming included, so slightly pessimistic).
+* ``vllm``, ``vllm eagle3 K`` and (with ``--peagle-head``) ``vllm peagle K``: vLLM's OpenAI
+  server (when installed), one prompt at a time over HTTP (so slightly pessimistic); the
+  P-EAGLE head is served as vLLM serves P-EAGLE, ``eagle3`` with ``parallel_drafting``.
 
 Greedy decoding is lossless, so each row reports how many outputs differ from hf generate
 (0 expected in fp32; vLLM compares its own target-only row). ``--dtype bfloat16`` runs every
@@ -206,8 +207,10 @@ def server_configs(args: argparse.Namespace) -> list[tuple[str, str, Path | None
     configs = [("embedded plain", EMBEDDED, None, k),
                (f"embedded chain K={k}", EMBEDDED, Path(args.head), k)]
     if not args.no_vllm and _vllm_installed():
-        configs = [("vllm", VLLM, None, k), (f"vllm eagle3 K={k}", VLLM, Path(args.head), k),
-                   *configs]
+        vllm = [("vllm", VLLM, None, k), (f"vllm eagle3 K={k}", VLLM, Path(args.head), k)]
+        if args.peagle_head:  # served as eagle3 + parallel_drafting (the head's config says)
+            vllm.append((f"vllm peagle K={k}", VLLM, Path(args.peagle_head), k))
+        configs = [*vllm, *configs]
     return configs
 
 
