@@ -4,9 +4,10 @@
 
 For the prepared SmolLM2 target in float32 with the kernels the engine chooses on this host
 (models/decode/kernels.py), each mode (``plain``, ``chain K=5``, ``tree d=5 top4 n=16`` and,
-with ``--peagle-head``, ``parallel K=5``) decodes the same held-out chat prompts twice: once
-timed alone (rounds per second, ms per round), once under torch's profiler, whose op times
-split a round into
+with ``--peagle-head``, ``parallel K=5``; plain and chain once more on transformers' own
+forward instead of the engine's direct one, models/decode/direct.py) decodes the same
+held-out chat prompts twice: once timed (the modes interleaved prompt by prompt; ms per
+round), once under torch's profiler, whose op times split a round into
 
 * ``matrix``: the linears (stock ``aten::addmm``/``mm``, oneDNN ``mkldnn::_linear_pointwise``)
   and attention (``scaled_dot_product_attention`` and the kernels under it);
@@ -77,11 +78,29 @@ def decode(engine: SpeculativeEngine, prompts: list[list[int]], n: int) -> tuple
     return rounds, tokens
 
 
-def measure(name: str, engine: SpeculativeEngine, prompts: list[list[int]], n: int) -> Split:
-    decode(engine, prompts[:1], 16)  # warm-up
-    t0 = time.perf_counter()
-    rounds, tokens = decode(engine, prompts, n)
-    split = Split(name, rounds, tokens, 1e3 * (time.perf_counter() - t0) / max(rounds, 1))
+def timed(built: dict[str, SpeculativeEngine], prompts: list[list[int]], n: int
+          ) -> dict[str, Split]:
+    """Each engine's unprofiled ms per round, the engines interleaved prompt by prompt."""
+    splits = {name: Split(name) for name in built}
+    seconds = dict.fromkeys(built, 0.0)
+    for engine in built.values():
+        decode(engine, prompts[:1], 16)  # warm-up
+    for ids in prompts:
+        for name, engine in built.items():
+            t0 = time.perf_counter()
+            rounds, tokens = decode(engine, [ids], n)
+            seconds[name] += time.perf_counter() - t0
+            splits[name].rounds += rounds
+            splits[name].tokens += tokens
+    for name, split in splits.items():
+        split.ms_per_round = 1e3 * seconds[name] / max(split.rounds, 1)
+    return splits
+
+
+def profiled(split: Split, engine: SpeculativeEngine, prompts: list[list[int]], n: int
+             ) -> Split:
+    """``split`` (timed) with the profiled shares filled in."""
+    rounds = split.rounds
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         t0 = time.perf_counter()
         decode(engine, prompts, n)
@@ -109,7 +128,10 @@ def engines(target: Target, args: argparse.Namespace) -> dict[str, SpeculativeEn
     head = load_head(args.head, emb, lm).eval()
     model = target.model
     out = {"plain": SpeculativeEngine(model, None),
+           "plain, transformers forward": SpeculativeEngine(model, None, direct=False),
            "chain K=5": SpeculativeEngine(model, head, DecodeMode.CHAIN, k=5),
+           "chain K=5, transformers forward": SpeculativeEngine(model, head, DecodeMode.CHAIN,
+                                                                k=5, direct=False),
            "tree d=5 top4 n=16": SpeculativeEngine(model, head, DecodeMode.TREE, depth=5,
                                                    topk=4, total_tokens=16)}
     if args.peagle_head:
@@ -150,7 +172,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# {cpu_model()}, {torch.get_num_threads()} threads, torch {torch.__version__}")
     for name, engine in built.items():
         print(f"#   {name}: {engine.kernels.summary()}")
-    rows = [measure(name, engine, prompts, args.tokens) for name, engine in built.items()]
+    splits = timed(built, prompts, args.tokens)
+    rows = [profiled(splits[name], engine, prompts, args.tokens)
+            for name, engine in built.items()]
     print(table(rows))
     return 0
 

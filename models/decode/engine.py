@@ -82,16 +82,20 @@ class SpeculativeEngine:
         k_max: int | None = None,
         drafter_factory: Callable[[], HeadDrafter] | None = None,
         kernels: KernelPolicy | None = None,
+        direct: bool = True,
     ) -> None:
         """``drafter_factory`` replaces the head with any HeadDrafter-like draft source (tests
         use oracle drafters); either it or ``head`` turns speculation on. ``kernels``: how
         the target's and head's linears are run (models/decode/kernels.py; default: timed
         per family at load, float32-exact candidates only, no cache); ``self.kernels``
         reports the choice. ``k_max``: the largest K (or depth) adaptive rounds may choose
-        (default: the mode's ``ModeSpec.adaptive_k_max``)."""
+        (default: the mode's ``ModeSpec.adaptive_k_max``). ``direct``: run the target's
+        direct forward where it has one (models/decode/direct.py); False: transformers'
+        forward (the benchmarks' side-by-side row)."""
         self.model: nn.Module = _causal_lm(target).eval()
         self.head = head.eval() if head is not None else None
         self.drafter_factory = drafter_factory
+        self.direct = direct
         speculative = head is not None or drafter_factory is not None
         self.mode = DecodeMode(mode) if speculative else DecodeMode.PLAIN
         spec = find_head_spec(head) if head is not None else None
@@ -199,7 +203,7 @@ class SpeculativeEngine:
             gen = torch.Generator(device=device)
             gen.manual_seed(seed if seed is not None else int(torch.seed() % (2**63)))
         return _Request(
-            runner=TargetRunner(self.model, aux),
+            runner=TargetRunner(self.model, aux, direct=self.direct),
             drafter=drafter,
             params=SamplingParams(temperature, top_p),
             gen=gen,

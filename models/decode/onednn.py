@@ -42,6 +42,8 @@ class OneDNNLinear(nn.Module):
         self.bias = None if bias is None else bias.to(self.compute_dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
+        if x.dtype == self.compute_dtype:  # the kernel takes any leading axes itself
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
         rows = x.reshape(-1, self.in_features).to(self.compute_dtype)  # [rows, in]
         out = torch.ops.mkldnn._linear_pointwise(rows, self.packed, self.bias, "none", [], "")
         return out.to(x.dtype).view(*x.shape[:-1], self.out_features)

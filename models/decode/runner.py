@@ -4,6 +4,12 @@
 explicit positions, returning logits, the final-norm hidden state (EAGLE-1/2 features) and
 the residual stream entering the aux layers (EAGLE-3 / P-EAGLE features).
 
+Two forwards: for the dense targets of ``direct.DIRECT_MODEL_TYPES`` the runner runs
+``direct.DirectDecoder`` over a preallocated ``KVBuffer`` (no per-step cache copies, a
+fraction of transformers' op calls); every other target (or ``direct=False``) runs
+transformers' forward over a ``DynamicCache``. Both give the same outputs up to float
+rounding.
+
 Cache layout: the cache always holds the committed tokens 0..length-1 contiguously (one key
 per token, positions 0..length-1). Sliding-window layers (GPT-OSS) are given a full
 ``DynamicLayer`` so that every layer has the same key axis; the window is applied through
@@ -31,6 +37,7 @@ from transformers.cache_utils import (
     LinearAttentionCacheLayerMixin,
 )
 
+from eaglenest.models.decode.direct import DirectDecoder, KVBuffer, direct_decoder
 from eaglenest.models.decode.masks import additive_mask, sliding_mask
 
 CacheLayer = CacheLayerMixin | LinearAttentionCacheLayerMixin
@@ -53,8 +60,12 @@ class StepOutput:
 class TargetRunner:
     """One request's KV cache over a transformers causal LM (batch 1)."""
 
-    def __init__(self, model: nn.Module, aux_layer_ids: list[int] | None = None) -> None:
+    def __init__(self, model: nn.Module, aux_layer_ids: list[int] | None = None,
+                 direct: bool = True) -> None:
+        """``direct``: use the direct forward where the target has one (False: always
+        transformers' forward, the reference the direct one is tested against)."""
         self.model = model
+        self.direct: DirectDecoder | None = direct_decoder(model) if direct else None
         self.config: Any = model.config  # the transformers config of the architecture
         self.aux_layer_ids = list(aux_layer_ids or [])
         self.layer_types: list[str] = list(
@@ -65,10 +76,23 @@ class TargetRunner:
         self.dtype = next(model.parameters()).dtype
         self.device = next(model.parameters()).device
         self.cache: DynamicCache = self._new_cache()
+        self.kv: KVBuffer | None = None if self.direct is None else self.direct.new_buffer()
         self.length = 0  # committed tokens held in the cache
         self._snapshot: dict[int, CacheLayer] = {}
 
     # ---- cache management ------------------------------------------------------------
+    def dynamic_cache(self) -> DynamicCache:
+        """The committed tokens' keys as a transformers cache (the batch engine takes a
+        prefilled request's keys this way); the runner's own cache where it has one."""
+        if self.kv is None:
+            return self.cache
+        cache = self._new_cache()
+        for i, layer in enumerate(cache.layers):
+            keys = self.kv.keys[i, :, :, : self.length].clone()  # [1, kv_heads, length, dim]
+            assert isinstance(layer, DynamicLayer)  # direct targets have no other layers
+            layer.update(keys, self.kv.values[i, :, :, : self.length].clone())
+        return cache
+
     def _new_cache(self) -> DynamicCache:
         cache = DynamicCache(config=self.config)
         for i, layer in enumerate(cache.layers):
@@ -78,6 +102,7 @@ class TargetRunner:
 
     def reset(self) -> None:
         self.cache = self._new_cache()
+        self.kv = None if self.direct is None else self.direct.new_buffer()
         self.length = 0
         self._snapshot = {}
 
@@ -117,9 +142,17 @@ class TargetRunner:
         if self.recurrent:
             self._snapshot = copy.deepcopy(self._recurrent_layers())
         mask = None if tree is None else self._mask(positions[0], tree)
-        logits, last, aux = model_forward(
-            self.model, ids, positions, mask, self.cache, self.aux_layer_ids, last_logits_only
-        )
+        if self.direct is not None and self.kv is not None:
+            self.kv.length = self.length
+            assert not isinstance(mask, dict)  # direct targets attend over all keys
+            logits, last, aux = self.direct.forward(
+                self.kv, ids, positions, mask, self.aux_layer_ids, last_logits_only
+            )
+        else:
+            logits, last, aux = model_forward(
+                self.model, ids, positions, mask, self.cache, self.aux_layer_ids,
+                last_logits_only,
+            )
         first_aux = None if aux is None else aux[0]
         return StepOutput(logits=logits[0], last_hidden=last[0], aux=first_aux)
 
@@ -175,6 +208,11 @@ class TargetRunner:
         """
         if self.recurrent:
             raise RuntimeError("tree KV gathering needs an attention-only target")
+        if self.kv is not None:
+            self.kv.length = self.length
+            self.kv.keep(indices)
+            self.length += len(indices)
+            return
         rows = torch.tensor(list(range(self.length)) + [self.length + i for i in indices])
         for layer in self._attention_layers():
             keys, values = layer_kv(layer)

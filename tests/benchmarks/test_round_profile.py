@@ -38,10 +38,15 @@ def test_a_profiled_chain_round_splits_into_its_parts(tiny_llama_dir: Path) -> N
     torch.manual_seed(0)
     head = HEADS["eagle3"].build(target, samples, TrainConfig(head="eagle3",
                                                               draft_vocab_size=64)).eval()
-    engine = SpeculativeEngine(target.model, head, DecodeMode.CHAIN, k=3)
+    built = {"chain K=3": SpeculativeEngine(target.model, head, DecodeMode.CHAIN, k=3),
+             "transformers": SpeculativeEngine(target.model, head, DecodeMode.CHAIN, k=3,
+                                               direct=False)}
     prompts = [[5, 17, 42, 9, 88, 3], [7, 7, 21, 60]]
-    split = round_profile.measure("chain K=3", engine, prompts, 12)
-    assert split.rounds > 0 and split.tokens == 24
+    splits = round_profile.timed(built, prompts, 12)
+    split = round_profile.profiled(splits["chain K=3"], built["chain K=3"], prompts, 12)
+    slow = round_profile.profiled(splits["transformers"], built["transformers"], prompts, 12)
+    assert split.rounds == slow.rounds > 0 and split.tokens == slow.tokens == 24
+    assert split.ops_per_round < 0.7 * slow.ops_per_round  # the direct forward's fewer ops
     assert split.ms_per_round > 0 and split.profiled_ms > 0
     assert split.matrix_ms > 0 and split.other_ms > 0 and split.ops_per_round > 10
     assert split.matrix_ms + split.other_ms <= split.profiled_ms * 1.05

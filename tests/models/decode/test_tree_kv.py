@@ -86,6 +86,6 @@ def test_commit_crops_rejected_chain(llama) -> None:  # noqa: ANN001
     runner.commit([5, 6, 7], 3)
     runner.forward([8, 9, 10, 11])
     runner.commit([8, 9, 10, 11], 2)  # keep 8, 9
-    assert runner.length == 5 and runner.cache.get_seq_length() == 5
+    assert runner.length == 5 and runner.dynamic_cache().get_seq_length() == 5
     torch.testing.assert_close(runner.forward([12]).logits[0], _full_logits(llama.model, [5, 6, 7, 8, 9, 12]),
                                atol=1e-4, rtol=1e-4)

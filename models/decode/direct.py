@@ -1,0 +1,161 @@
+"""A direct batch-1 forward for dense pre-norm targets, over a preallocated KV cache.
+
+transformers' decoder code costs about 170 op calls per layer for one token (mask and
+cache-position bookkeeping, a ``DynamicCache`` that concatenates each layer's whole cache at
+every forward, per-call kwargs plumbing). At the engine's shapes (one to a few dozen new
+tokens) those calls, not the matrices, are a quarter of a step on a CPU
+(docs/benchmarks.md, "Where a round's time goes"). ``DirectDecoder`` runs the same modules
+(norms, projections, rotary embedding, MLP or MoE block, lm_head: whatever linear kernels the
+chooser put in them) in a loop that does only the layer's arithmetic, and writes keys into
+a ``KVBuffer`` in place. Its outputs equal transformers' up to float rounding
+(tests/models/decode/test_direct.py holds the logits, features and greedy outputs to it).
+
+Which targets: ``DIRECT_MODEL_TYPES``, the one registry (a model type whose decoder layer is
+``x + attn(norm(x))``, ``x + mlp(norm(x))`` with rotary attention over all keys, optional
+per-head q/k norms). Anything else (sliding windows, attention sinks, recurrent layers)
+keeps transformers' forward (``direct_decoder`` returns None).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F  # noqa: N812 - torch's own convention
+from torch import nn
+
+DIRECT_MODEL_TYPES = frozenset({"llama", "qwen2", "qwen3", "qwen3_moe"})
+MIN_CAPACITY = 256  # keys a fresh buffer holds before its first growth
+
+
+def direct_decoder(model: nn.Module) -> DirectDecoder | None:
+    """The direct forward of ``model``, or None where it runs transformers' own."""
+    config: Any = model.config
+    types = set(getattr(config, "layer_types", None) or ["full_attention"])
+    inner = getattr(model, "model", None)
+    if (config.model_type not in DIRECT_MODEL_TYPES or types != {"full_attention"}
+            or inner is None or not hasattr(inner, "rotary_emb")):
+        return None
+    return DirectDecoder(model)
+
+
+class KVBuffer:
+    """Keys and values of every layer, preallocated: ``keys[layer, 0, kv_head, slot, dim]``.
+
+    Slots 0..length-1 hold the committed tokens; a forward writes its q new tokens into
+    slots length..length+q-1 (growing the buffer by doubling when full). Dropping
+    uncommitted tokens is only moving ``length``; ``keep`` moves the kept new rows down.
+    """
+
+    def __init__(self, layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
+                 device: torch.device) -> None:
+        shape = (layers, 1, kv_heads, MIN_CAPACITY, head_dim)
+        self.keys = torch.empty(shape, dtype=dtype, device=device)
+        self.values = torch.empty(shape, dtype=dtype, device=device)
+        self.length = 0  # committed slots
+
+    def reserve(self, total: int) -> None:
+        """Room for ``total`` slots (the committed ones are carried over)."""
+        cap = self.keys.shape[3]
+        if total <= cap:
+            return
+        while cap < total:
+            cap *= 2
+        shape = (*self.keys.shape[:3], cap, self.keys.shape[4])
+        keys, values = self.keys.new_empty(shape), self.values.new_empty(shape)
+        keys[:, :, :, : self.length] = self.keys[:, :, :, : self.length]
+        values[:, :, :, : self.length] = self.values[:, :, :, : self.length]
+        self.keys, self.values = keys, values
+
+    def keep(self, indices: list[int]) -> None:
+        """Commit the new tokens at ``indices`` (ascending) of the last forward.
+
+        Example length=4, the forward wrote slots 4..8, indices [0, 2, 3] -> slots 4, 6, 7
+        move to 4, 5, 6 and length becomes 7 (slots 0..3 are not touched).
+        """
+        n, m = self.length, len(indices)
+        if indices != list(range(m)):
+            rows = torch.tensor(indices, device=self.keys.device) + n
+            for buf in (self.keys, self.values):
+                buf[:, :, :, n : n + m] = buf.index_select(3, rows)  # gathers before writing
+        self.length = n + m
+
+
+class DirectDecoder:
+    """Batch-1 forward of a transformers causal LM's own modules over a ``KVBuffer``."""
+
+    def __init__(self, model: Any) -> None:  # a transformers causal LM of DIRECT_MODEL_TYPES
+        self.model = model
+        self.inner: Any = model.model  # embed_tokens, layers, norm, rotary_emb
+        config: Any = model.config
+        attn = self.inner.layers[0].self_attn
+        self.head_dim = int(attn.head_dim)
+        self.heads = int(config.num_attention_heads)
+        self.kv_heads = int(config.num_key_value_heads)
+        self.scaling = float(attn.scaling)
+        self.lm_head: Any = model.get_output_embeddings()
+
+    def new_buffer(self) -> KVBuffer:
+        param = next(self.model.parameters())
+        return KVBuffer(len(self.inner.layers), self.kv_heads, self.head_dim, param.dtype,
+                        param.device)
+
+    @torch.no_grad()
+    def forward(
+        self,
+        kv: KVBuffer,
+        ids: torch.Tensor,  # [1, q] new token ids
+        positions: torch.Tensor,  # [1, q] their positions
+        mask: torch.Tensor | None,  # [1, 1, q, length + q] additive; None: causal
+        aux_layer_ids: list[int],
+        last_logits_only: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(logits [1, q or 1, vocab] float32, final-norm hidden [1, q, hidden], inputs of
+        the aux layers [1, q, n_aux * hidden] or None), as ``runner.model_forward``. Writes
+        the q new keys at slots kv.length.. (uncommitted)."""
+        q, n = ids.shape[1], kv.length
+        kv.reserve(n + q)
+        x = self.inner.embed_tokens(ids)  # [1, q, hidden]
+        cos, sin = self.inner.rotary_emb(x, positions)  # [1, q, head_dim] each
+        if mask is None and q > 1:  # new token i sees the cache and new tokens 0..i
+            mask = torch.ones(q, n + q, dtype=torch.bool, device=ids.device).tril(n)
+        grabbed: dict[int, torch.Tensor] = {}
+        for i, layer in enumerate(self.inner.layers):
+            if i in aux_layer_ids:
+                grabbed[i] = x
+            x = x + self._attention(layer.self_attn, layer.input_layernorm(x), kv, i, cos, sin,
+                                    mask)
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        last = self.inner.norm(x)  # [1, q, hidden]
+        logits = self.lm_head(last[:, -1:] if last_logits_only else last).float()
+        aux = torch.cat([grabbed[k] for k in aux_layer_ids], dim=-1) if aux_layer_ids else None
+        return logits, last, aux
+
+    def _attention(self, attn: Any, h: torch.Tensor, kv: KVBuffer, layer: int,
+                   cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None
+                   ) -> torch.Tensor:  # [1, q, hidden] -> [1, q, hidden]
+        q, n, d = h.shape[1], kv.length, self.head_dim
+        query = attn.q_proj(h).view(1, q, self.heads, d)  # [1, q, heads, dim]
+        key = attn.k_proj(h).view(1, q, self.kv_heads, d)
+        value = attn.v_proj(h).view(1, q, self.kv_heads, d)
+        if hasattr(attn, "q_norm"):  # Qwen3: RMS norm per head before the rotation
+            query, key = attn.q_norm(query), attn.k_norm(key)
+        query = _rotate(query.transpose(1, 2), cos, sin)  # [1, heads, q, dim]
+        key = _rotate(key.transpose(1, 2), cos, sin)  # [1, kv_heads, q, dim]
+        keys, values = kv.keys[layer], kv.values[layer]  # [1, kv_heads, capacity, dim]
+        keys[:, :, n : n + q] = key
+        values[:, :, n : n + q] = value.transpose(1, 2)
+        out = F.scaled_dot_product_attention(
+            query, keys[:, :, : n + q], values[:, :, : n + q], attn_mask=mask,
+            scale=self.scaling, enable_gqa=self.heads != self.kv_heads,
+        )  # [1, heads, q, dim]
+        return attn.o_proj(out.transpose(1, 2).reshape(1, q, self.heads * d))
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding, transformers' ``x * cos + rotate_half(x) * sin`` where
+    rotate_half([a, b]) = [-b, a] over the two halves of the last axis.
+    x [1, heads, q, dim]; cos, sin [1, q, dim] (broadcast over heads)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos[:, None] + rotated * sin[:, None]
