@@ -4,8 +4,10 @@
 
 For the prepared SmolLM2 target in float32 with the kernels the engine chooses on this host
 (models/decode/kernels.py), each mode (``plain``, ``chain K=5``, ``tree d=5 top4 n=16`` and,
-with ``--peagle-head``, ``parallel K=5``; plain and chain once more on transformers' own
-forward instead of the engine's direct one, models/decode/direct.py) decodes the same
+with ``--peagle-head``, ``parallel K=5``; plain and chain twice more: ``unfused``, without
+fusing sibling projections (models/decode/fusion.py), and ``transformers forward``,
+unfused on transformers' own forward instead of the engine's direct one,
+models/decode/direct.py: the engine before both) decodes the same
 held-out chat prompts twice: once timed (the modes interleaved prompt by prompt; ms per
 round), once under torch's profiler, whose op times split a round into
 
@@ -35,6 +37,7 @@ from torch.profiler import ProfilerActivity, profile
 from eaglenest.models.checkpoint import load_head
 from eaglenest.models.decode.engine import SpeculativeEngine
 from eaglenest.models.decode.kernel_cache import cpu_model
+from eaglenest.models.decode.kernels import KernelPolicy
 from eaglenest.models.decode.modes import DecodeMode
 from eaglenest.models.prepare import cached_smollm2
 from eaglenest.models.target import Target, load_target
@@ -127,11 +130,16 @@ def engines(target: Target, args: argparse.Namespace) -> dict[str, SpeculativeEn
     emb, lm = target.embed_weight(), target.lm_head_weight()
     head = load_head(args.head, emb, lm).eval()
     model = target.model
+    unfused = KernelPolicy(fuse=False)
     out = {"plain": SpeculativeEngine(model, None),
-           "plain, transformers forward": SpeculativeEngine(model, None, direct=False),
+           "plain, unfused": SpeculativeEngine(model, None, kernels=unfused),
+           "plain, transformers forward": SpeculativeEngine(model, None, kernels=unfused,
+                                                            direct=False),
            "chain K=5": SpeculativeEngine(model, head, DecodeMode.CHAIN, k=5),
-           "chain K=5, transformers forward": SpeculativeEngine(model, head, DecodeMode.CHAIN,
-                                                                k=5, direct=False),
+           "chain K=5, unfused": SpeculativeEngine(model, head, DecodeMode.CHAIN, k=5,
+                                                   kernels=unfused),
+           "chain K=5, transformers forward": SpeculativeEngine(
+               model, head, DecodeMode.CHAIN, k=5, kernels=unfused, direct=False),
            "tree d=5 top4 n=16": SpeculativeEngine(model, head, DecodeMode.TREE, depth=5,
                                                    topk=4, total_tokens=16)}
     if args.peagle_head:

@@ -109,6 +109,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     engine, tok = build_engine(args)
     if args.explain:
         print("\n".join(engine.kernels.lines()))
+        print(f"target forward: {engine.forward_kind()}")
     prompt = encode_prompt(tok, args.prompt, args.chat)
     stop = [tok.eos_token_id] if tok.eos_token_id is not None else []
     started = time.perf_counter()

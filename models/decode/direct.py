@@ -6,7 +6,8 @@ every forward, per-call kwargs plumbing). At the engine's shapes (one to a few d
 tokens) those calls, not the matrices, are a quarter of a step on a CPU
 (docs/benchmarks.md, "Where a round's time goes"). ``DirectDecoder`` runs the same modules
 (norms, projections, rotary embedding, MLP or MoE block, lm_head: whatever linear kernels the
-chooser put in them) in a loop that does only the layer's arithmetic, and writes keys into
+chooser put in them, sibling projections fused where the kernels made them one,
+models/decode/fusion.py) in a loop that does only the layer's arithmetic, and writes keys into
 a ``KVBuffer`` in place. Its outputs equal transformers' up to float rounding
 (tests/models/decode/test_direct.py holds the logits, features and greedy outputs to it).
 
@@ -23,6 +24,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F  # noqa: N812 - torch's own convention
 from torch import nn
+
+from eaglenest.models.decode.fusion import GATE_UP, QKV, fused_siblings
 
 DIRECT_MODEL_TYPES = frozenset({"llama", "qwen2", "qwen3", "qwen3_moe"})
 MIN_CAPACITY = 256  # keys a fresh buffer holds before its first growth
@@ -125,7 +128,7 @@ class DirectDecoder:
                 grabbed[i] = x
             x = x + self._attention(layer.self_attn, layer.input_layernorm(x), kv, i, cos, sin,
                                     mask)
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            x = x + _mlp_forward(layer.mlp, layer.post_attention_layernorm(x))
         last = self.inner.norm(x)  # [1, q, hidden]
         logits = self.lm_head(last[:, -1:] if last_logits_only else last).float()
         aux = torch.cat([grabbed[k] for k in aux_layer_ids], dim=-1) if aux_layer_ids else None
@@ -135,9 +138,11 @@ class DirectDecoder:
                    cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None
                    ) -> torch.Tensor:  # [1, q, hidden] -> [1, q, hidden]
         q, n, d = h.shape[1], kv.length, self.head_dim
-        query = attn.q_proj(h).view(1, q, self.heads, d)  # [1, q, heads, dim]
-        key = attn.k_proj(h).view(1, q, self.kv_heads, d)
-        value = attn.v_proj(h).view(1, q, self.kv_heads, d)
+        fused = fused_siblings(attn, QKV)
+        projected = fused.split(h) if fused is not None else [getattr(attn, p)(h) for p in QKV]
+        query = projected[0].view(1, q, self.heads, d)  # [1, q, heads, dim]
+        key = projected[1].view(1, q, self.kv_heads, d)
+        value = projected[2].view(1, q, self.kv_heads, d)
         if hasattr(attn, "q_norm"):  # Qwen3: RMS norm per head before the rotation
             query, key = attn.q_norm(query), attn.k_norm(key)
         query = _rotate(query.transpose(1, 2), cos, sin)  # [1, heads, q, dim]
@@ -150,6 +155,15 @@ class DirectDecoder:
             scale=self.scaling, enable_gqa=self.heads != self.kv_heads,
         )  # [1, heads, q, dim]
         return attn.o_proj(out.transpose(1, 2).reshape(1, q, self.heads * d))
+
+
+def _mlp_forward(mlp: Any, h: torch.Tensor) -> torch.Tensor:  # [1, q, hidden] -> same
+    """``mlp(h)``; a gated MLP whose gate/up run fused computes them in one product."""
+    fused = fused_siblings(mlp, GATE_UP)
+    if fused is None:
+        return mlp(h)
+    gate, up = fused.split(h)  # [1, q, intermediate] each
+    return mlp.down_proj(mlp.act_fn(gate) * up)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

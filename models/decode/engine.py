@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from eaglenest.models.decode.adaptive import AdaptiveDepth
+from eaglenest.models.decode.direct import direct_decoder
 from eaglenest.models.decode.drafter import HeadDrafter
 from eaglenest.models.decode.kernels import KernelPolicy, KernelReport, round_calls, use_kernels
 from eaglenest.models.decode.modes import DecodeMode
@@ -210,6 +211,10 @@ class SpeculativeEngine:
             stop=frozenset(int(t) for t in stop),
             max_new=max_new,
         )
+
+    def forward_kind(self) -> str:
+        """``direct`` (models/decode/direct.py) or ``transformers``: what a request runs."""
+        return "direct" if self.direct and direct_decoder(self.model) else "transformers"
 
     def _prefill(self, req: _Request, prompt: list[int]) -> list[int]:
         out = req.runner.forward(prompt, last_logits_only=True)

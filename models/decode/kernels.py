@@ -32,6 +32,8 @@ import torch
 from torch import nn
 
 from eaglenest.models.decode import kernel_cache
+from eaglenest.models.decode.direct import direct_decoder
+from eaglenest.models.decode.fusion import SiblingSlice, fuse_siblings
 from eaglenest.models.decode.kernel_cache import Timings
 from eaglenest.models.decode.onednn import OneDNNLinear, packing_available
 
@@ -47,6 +49,7 @@ class Candidate:
     lossless: bool  # float32-exact up to rounding: usable without the policy's ``lossy``
     usable: Callable[[nn.Linear], bool]
     build: Callable[[nn.Linear], nn.Module]  # the linear itself = keep it (no copy)
+    repacks: bool = False  # builds a new weight: sibling projections may share one (fusion.py)
 
 
 def _keep(linear: nn.Linear) -> nn.Module:
@@ -59,9 +62,10 @@ def _bf16(linear: nn.Linear) -> nn.Module:
 
 CANDIDATES: dict[str, Candidate] = {c.name: c for c in (
     Candidate("stock", True, lambda lin: True, _keep),
-    Candidate("onednn", True, lambda lin: packing_available(lin.weight), OneDNNLinear),
+    Candidate("onednn", True, lambda lin: packing_available(lin.weight), OneDNNLinear, True),
     Candidate("bf16", False,
-              lambda lin: packing_available(lin.weight) and kernel_cache.cpu_has_bf16(), _bf16),
+              lambda lin: packing_available(lin.weight) and kernel_cache.cpu_has_bf16(), _bf16,
+              True),
 )}
 UNTIMED_ORDER = ("onednn", "stock")  # a family too small to time: the first usable
 NOISY = 2.0  # a case's median call over this many times its fastest: a busy host
@@ -106,12 +110,14 @@ class KernelPolicy:
     (every family; one that cannot run a family falls back to ``stock`` there).
     ``lossy``: ``auto`` may pick candidates that change the numerics (bf16).
     ``cache_dir``: folder of the timing cache (None: measure every time). ``in_place``:
-    replace the caller's modules instead of a copy (a process that only serves)."""
+    replace the caller's modules instead of a copy (a process that only serves). ``fuse``:
+    a target's sibling projections become one linear where their candidate repacks."""
 
     force: str = AUTO
     lossy: bool = False
     cache_dir: Path | None = None
     in_place: bool = False
+    fuse: bool = True
     min_params: int = 1_000_000
     sample_params: int = 16_000_000
     timer: Timer = interleaved_timer
@@ -129,9 +135,11 @@ class KernelReport:
     timings: dict[str, Timings] = field(default_factory=dict)
     calls: dict[str, dict[int, float]] = field(default_factory=dict)
     seconds: float = 0.0  # spent measuring
+    fused: int = 0  # sibling projection groups run as one linear (fusion.py)
 
     def summary(self) -> str:
-        return ", ".join(f"{f}={c} ({self.source[f]})" for f, c in self.choice.items())
+        fused = f"; {self.fused} sibling groups fused" if self.fused else ""
+        return ", ".join(f"{f}={c} ({self.source[f]})" for f, c in self.choice.items()) + fused
 
     def log_line(self) -> str:
         """One line: the choice and each candidate's score (ms per round) per family."""
@@ -141,7 +149,8 @@ class KernelReport:
                                for c, t in self.timings.get(fam, {}).items())
             parts.append(f"{fam}={choice} ({self.source[fam]}{'; ms/round: ' if scores else ''}"
                          f"{scores})")
-        return f"linear kernels: {', '.join(parts)}; measured in {self.seconds:.2f}s"
+        fused = f"; {self.fused} sibling groups fused" if self.fused else ""
+        return f"linear kernels: {', '.join(parts)}; measured in {self.seconds:.2f}s{fused}"
 
     def lines(self) -> list[str]:
         out = [f"linear kernels: {self.summary()}; measured in {self.seconds:.2f}s"]
@@ -306,13 +315,15 @@ def apply(module: nn.Module, families: dict[str, dict[str, nn.Linear]], choice: 
     """``module`` with each family's linears built by its chosen candidate: ``module``
     itself where nothing changes or ``policy.in_place``, else a copy sharing every other
     parameter and buffer (one copy per module and choice; weights are packed once, so a
-    module whose weights change afterwards needs a new object)."""
+    module whose weights change afterwards needs a new object). A target's sibling
+    projections (q/k/v, gate/up) become one linear where their candidate repacks
+    (models/decode/fusion.py)."""
     plan = {name: policy.candidates[choice[fam]]
             for fam, named in families.items() for name in named}
     changes = sorted(n for n, c in plan.items() if c.build is not _keep)
     if not changes:
         return module
-    signature = tuple(f"{n}={plan[n].name}" for n in changes)
+    signature = (*(f"{n}={plan[n].name}" for n in changes), f"fuse={policy.fuse}")
     if not policy.in_place:
         copies = _COPIES.setdefault(module, {})
         if signature in copies:
@@ -322,11 +333,22 @@ def apply(module: nn.Module, families: dict[str, dict[str, nn.Linear]], choice: 
         target = copies[signature] = copy.deepcopy(module, memo)
     else:
         target = module
+    if policy.fuse and "layers" in families and direct_decoder(target) is not None:
+        fused = fuse_siblings(target, _repacking_build(plan))
+        changes = [n for n in changes if n not in fused]
     for name in changes:
         parent, _, leaf = name.rpartition(".")
         owner = target.get_submodule(parent)
         setattr(owner, leaf, plan[name].build(getattr(owner, leaf)))
     return target
+
+
+def _repacking_build(plan: dict[str, Candidate]) -> Callable[[str], Callable | None]:
+    def build_for(name: str) -> Callable[[nn.Linear], nn.Module] | None:
+        cand = plan.get(name)
+        return cand.build if cand is not None and cand.repacks else None
+
+    return build_for
 
 
 def use_kernels(model: nn.Module, head: nn.Module | None, calls: dict[str, dict[int, float]],
@@ -335,5 +357,6 @@ def use_kernels(model: nn.Module, head: nn.Module | None, calls: dict[str, dict[
     target_fams, head_fams = family_linears(model), family_linears(head, head=True)
     report = choose({**target_fams, **head_fams}, calls, policy)
     fast_model = apply(model, target_fams, report.choice, policy)
+    report.fused = sum(isinstance(m, SiblingSlice) and m.index == 0 for m in fast_model.modules())
     fast_head = None if head is None else apply(head, head_fams, report.choice, policy)
     return fast_model, fast_head, report

@@ -145,7 +145,9 @@ def test_cli_explain_and_env(tiny_dir, capsys, monkeypatch) -> None:  # noqa: AN
                               "--prompt", "hi", "--max-new-tokens", "3", "--explain",
                               "--kernel-cache", ""])
     assert args.linear_kernel == "stock" and args.func(args) == 0
-    assert "linear kernels: layers=stock (forced), lm_head=stock (forced)" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "linear kernels: layers=stock (forced), lm_head=stock (forced)" in out
+    assert "target forward: direct" in out
     forced = parser.parse_args(["generate", "--target", "t", "--prompt", "p",
                                 "--linear-kernel", "onednn"])
     assert cli.kernel_policy(forced).force == "onednn"
