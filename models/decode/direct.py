@@ -1,15 +1,14 @@
 """A direct batch-1 forward for dense pre-norm targets, over a preallocated KV cache.
 
-transformers' decoder code costs about 170 op calls per layer for one token (mask and
-cache-position bookkeeping, a ``DynamicCache`` that concatenates each layer's whole cache at
-every forward, per-call kwargs plumbing). At the engine's shapes (one to a few dozen new
-tokens) those calls, not the matrices, are a quarter of a step on a CPU
-(docs/benchmarks.md, "Where a round's time goes"). ``DirectDecoder`` runs the same modules
-(norms, projections, rotary embedding, MLP or MoE block, lm_head: whatever linear kernels the
-chooser put in them, sibling projections fused where the kernels made them one,
-models/decode/fusion.py) in a loop that does only the layer's arithmetic, and writes keys into
-a ``KVBuffer`` in place. Its outputs equal transformers' up to float rounding
-(tests/models/decode/test_direct.py holds the logits, features and greedy outputs to it).
+transformers' decoder forward serves every use (batches, padding, generation utilities): a
+``DynamicCache`` that concatenates each layer's whole cache at every forward, mask and
+cache-position bookkeeping, kwargs plumbing through every module. A batch-1 decoding step
+needs none of it. ``DirectDecoder`` runs the same modules (norms, projections, rotary
+embedding, MLP or MoE block, lm_head: whatever linear kernels the chooser put in them,
+sibling projections fused where the kernels made them one, models/decode/fusion.py) in a
+loop that does only each layer's arithmetic, and writes keys into a ``KVBuffer`` in place.
+Its outputs equal transformers' up to float rounding (tests/models/decode/test_direct.py;
+benchmarks/round_profile.py times the two side by side).
 
 Which targets: ``DIRECT_MODEL_TYPES``, the one registry (a model type whose decoder layer is
 ``x + attn(norm(x))``, ``x + mlp(norm(x))`` with rotary attention over all keys, optional
@@ -39,6 +38,8 @@ def direct_decoder(model: nn.Module) -> DirectDecoder | None:
     if (config.model_type not in DIRECT_MODEL_TYPES or types != {"full_attention"}
             or inner is None or not hasattr(inner, "rotary_emb")):
         return None
+    if len({p.device for p in model.parameters()}) > 1:  # layers spread over devices: the
+        return None  # buffer keeps every layer's keys on one device
     return DirectDecoder(model)
 
 

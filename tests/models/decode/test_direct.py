@@ -5,6 +5,8 @@ The engine runs the direct forward on every target that has one, so test_engine_
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -22,6 +24,13 @@ def test_targets_with_windows_sinks_or_recurrence_keep_transformers_forward(
     model = tiny_target(arch).model
     assert direct_decoder(model) is None
     assert TargetRunner(model).direct is None
+
+
+def test_a_target_spread_over_devices_keeps_transformers_forward(llama) -> None:  # noqa: ANN001
+    spread = copy.deepcopy(llama.model)
+    assert direct_decoder(spread) is not None
+    spread.model.layers[-1].to("meta")  # a second device (no memory, no compute)
+    assert direct_decoder(spread) is None
 
 
 def _same(got: StepOutput, ref: StepOutput) -> None:
