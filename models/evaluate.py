@@ -136,14 +136,17 @@ class Stopper:
         self.config = config
         self.clock = config.clock or time.perf_counter
         self.start = self.clock()
+        self.elapsed = 0.0  # seconds at the last reason() (the time budget's LR reads it)
 
     def reason(self, step: int, history: list[dict[str, Any]]) -> str | None:
         c = self.config
+        if c.max_seconds is not None:  # one clock reading a step, for the stop and the LR
+            self.elapsed = self.clock() - self.start
         if step >= c.max_steps:
             return "max steps"
         if c.stop_after and step >= c.stop_after:
             return "stop_after"
-        if c.max_seconds is not None and self.clock() - self.start > c.max_seconds:
+        if c.max_seconds is not None and self.elapsed > c.max_seconds:
             return "time budget"
         if plateaued(history, c.plateau_evals, c.plateau_margin):
             return "plateau"

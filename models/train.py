@@ -312,8 +312,6 @@ def _run(
                       config.batch_size, _autocast(device), data.heldout_cache
                       ) if data.heldout else None
     tokens, start, stopper, eval_seconds = 0, time.perf_counter(), Stopper(config), 0.0
-    clock = config.clock or time.perf_counter  # the time budget's clock, as the Stopper's
-    budget_start = clock()
     show = config.progress and place.is_main
     bar = tqdm(total=config.max_steps, initial=step, disable=not show, desc="train")
     end = min(config.max_steps, config.stop_after or config.max_steps)
@@ -322,7 +320,7 @@ def _run(
         if distributed.agree(reason is not None, place, device):  # all ranks stop together
             break
         if budget is not None and config.max_seconds:  # one LR on every rank
-            used = (clock() - budget_start) / config.max_seconds
+            used = stopper.elapsed / config.max_seconds  # the clock the stop reads
             budget.used = distributed.mean([used], place, device)[0]
         indices = distributed.shard(stream.next_indices(), place)  # this rank's share
         batch = collate([data.samples[i] for i in indices], pad, device)

@@ -265,7 +265,7 @@ class BatchEngine(SpeculativeEngine):
                 continue
             if self.kv is None:
                 aux = req.drafter.aux_layer_ids if req.drafter is not None else []
-                self.kv = BatchKV(self.model, aux, self.compact_slack)
+                self.kv = BatchKV(self.model, aux, self.compact_slack, self.direct)
             self.kv.add(req.runner.dynamic_cache(), req.runner.length)
             req.runner.reset()  # the prompt's KV now lives in the batch
             self.active.append(slot)

@@ -29,6 +29,7 @@ from torch import nn
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from eaglenest.models.decode.direct import CacheStore, direct_decoder
 from eaglenest.models.decode.runner import layer_kv, model_forward
 
 
@@ -42,8 +43,12 @@ def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 class BatchKV:
     """Rows of committed target KV for the active requests; see the module docstring."""
 
-    def __init__(self, model: nn.Module, aux_layer_ids: list[int], slack: int = 32) -> None:
+    def __init__(self, model: nn.Module, aux_layer_ids: list[int], slack: int = 32,
+                 direct: bool = True) -> None:
+        """``direct``: run the target's direct forward (models/decode/direct.py) over the
+        rows where it has one; False: transformers' forward."""
         self.model, self.aux_layer_ids, self.slack = model, list(aux_layer_ids), slack
+        self.direct = direct_decoder(model) if direct else None
         config = model.config
         self.layer_types = list(getattr(config, "layer_types", None) or ["full_attention"])
         if "linear_attention" in self.layer_types:
@@ -131,7 +136,11 @@ class BatchKV:
         ids, pos, block = ids.to(self.device), pos.to(self.device), block.to(self.device)
         mask = self._mask(pos, block)
         assert self.cache is not None
-        out = model_forward(self.model, ids, pos, mask, self.cache, self.aux_layer_ids)
+        if self.direct is not None:
+            assert not isinstance(mask, dict)  # direct targets attend over all keys
+            out = self.direct.forward(CacheStore(self.cache), ids, pos, mask, self.aux_layer_ids)
+        else:
+            out = model_forward(self.model, ids, pos, mask, self.cache, self.aux_layer_ids)
         self._block = self.width
         self.valid = torch.cat([self.valid, torch.zeros_like(block[:, 0])], dim=1)
         self.key_pos = torch.cat([self.key_pos, pos], dim=1)

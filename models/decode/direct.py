@@ -18,16 +18,26 @@ keeps transformers' forward (``direct_decoder`` returns None).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol, cast
 
 import torch
 import torch.nn.functional as F  # noqa: N812 - torch's own convention
 from torch import nn
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 from eaglenest.models.decode.fusion import GATE_UP, QKV, fused_siblings
 
 DIRECT_MODEL_TYPES = frozenset({"llama", "qwen2", "qwen3", "qwen3_moe"})
 MIN_CAPACITY = 256  # keys a fresh buffer holds before its first growth
+
+
+class KVStore(Protocol):
+    """Where the direct forward keeps keys: ``append`` takes a layer's new keys and values
+    [B, kv_heads, q, dim] and returns all the keys and values its queries attend over."""
+
+    def append(self, layer: int, key: torch.Tensor, value: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
 def direct_decoder(model: nn.Module) -> DirectDecoder | None:
@@ -71,6 +81,19 @@ class KVBuffer:
         values[:, :, :, : self.length] = self.values[:, :, :, : self.length]
         self.keys, self.values = keys, values
 
+    def append(self, layer: int, key: torch.Tensor, value: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write a forward's q new keys/values [1, kv_heads, q, dim] of ``layer`` at slots
+        length..length+q-1 (uncommitted); returns the layer's keys and values up to them
+        ([1, kv_heads, length + q, dim] views)."""
+        n, q = self.length, key.shape[2]
+        if layer == 0:
+            self.reserve(n + q)
+        keys, values = self.keys[layer], self.values[layer]  # [1, kv_heads, capacity, dim]
+        keys[:, :, n : n + q] = key
+        values[:, :, n : n + q] = value
+        return keys[:, :, : n + q], values[:, :, : n + q]
+
     def keep(self, indices: list[int]) -> None:
         """Commit the new tokens at ``indices`` (ascending) of the last forward.
 
@@ -85,8 +108,22 @@ class KVBuffer:
         self.length = n + m
 
 
+class CacheStore:
+    """A transformers ``DynamicCache`` (every layer a ``DynamicLayer``) as the direct
+    forward's key store: ``append`` concatenates, as transformers' forward would (the batch
+    engine's padded rows, models/decode/batch_kv.py)."""
+
+    def __init__(self, cache: DynamicCache) -> None:
+        self.cache = cache
+
+    def append(self, layer: int, key: torch.Tensor, value: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        return cast(DynamicLayer, self.cache.layers[layer]).update(key, value)
+
+
 class DirectDecoder:
-    """Batch-1 forward of a transformers causal LM's own modules over a ``KVBuffer``."""
+    """Forward of a transformers causal LM's own modules over a ``KVStore``: a request's
+    ``KVBuffer`` (batch 1) or the batch engine's padded rows (``CacheStore``)."""
 
     def __init__(self, model: Any) -> None:  # a transformers causal LM of DIRECT_MODEL_TYPES
         self.model = model
@@ -107,22 +144,18 @@ class DirectDecoder:
     @torch.no_grad()
     def forward(
         self,
-        kv: KVBuffer,
-        ids: torch.Tensor,  # [1, q] new token ids
-        positions: torch.Tensor,  # [1, q] their positions
-        mask: torch.Tensor | None,  # [1, 1, q, length + q] additive; None: causal
+        kv: KVStore,
+        ids: torch.Tensor,  # [B, q] new token ids
+        positions: torch.Tensor,  # [B, q] their positions
+        mask: torch.Tensor | None,  # [B or 1, 1, q, keys] additive or bool; None: all keys
         aux_layer_ids: list[int],
         last_logits_only: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """(logits [1, q or 1, vocab] float32, final-norm hidden [1, q, hidden], inputs of
-        the aux layers [1, q, n_aux * hidden] or None), as ``runner.model_forward``. Writes
-        the q new keys at slots kv.length.. (uncommitted)."""
-        q, n = ids.shape[1], kv.length
-        kv.reserve(n + q)
-        x = self.inner.embed_tokens(ids)  # [1, q, hidden]
-        cos, sin = self.inner.rotary_emb(x, positions)  # [1, q, head_dim] each
-        if mask is None and q > 1:  # new token i sees the cache and new tokens 0..i
-            mask = torch.ones(q, n + q, dtype=torch.bool, device=ids.device).tril(n)
+        """(logits [B, q or 1, vocab] float32, final-norm hidden [B, q, hidden], inputs of
+        the aux layers [B, q, n_aux * hidden] or None), as ``runner.model_forward``. Appends
+        the q new keys to ``kv`` (uncommitted)."""
+        x = self.inner.embed_tokens(ids)  # [B, q, hidden]
+        cos, sin = self.inner.rotary_emb(x, positions)  # [B, q, head_dim] each
         grabbed: dict[int, torch.Tensor] = {}
         for i, layer in enumerate(self.inner.layers):
             if i in aux_layer_ids:
@@ -130,32 +163,30 @@ class DirectDecoder:
             x = x + self._attention(layer.self_attn, layer.input_layernorm(x), kv, i, cos, sin,
                                     mask)
             x = x + _mlp_forward(layer.mlp, layer.post_attention_layernorm(x))
-        last = self.inner.norm(x)  # [1, q, hidden]
+        last = self.inner.norm(x)  # [B, q, hidden]
         logits = self.lm_head(last[:, -1:] if last_logits_only else last).float()
         aux = torch.cat([grabbed[k] for k in aux_layer_ids], dim=-1) if aux_layer_ids else None
         return logits, last, aux
 
-    def _attention(self, attn: Any, h: torch.Tensor, kv: KVBuffer, layer: int,
+    def _attention(self, attn: Any, h: torch.Tensor, kv: KVStore, layer: int,
                    cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None
-                   ) -> torch.Tensor:  # [1, q, hidden] -> [1, q, hidden]
-        q, n, d = h.shape[1], kv.length, self.head_dim
+                   ) -> torch.Tensor:  # [B, q, hidden] -> [B, q, hidden]
+        b, q, d = h.shape[0], h.shape[1], self.head_dim
         fused = fused_siblings(attn, QKV)
         projected = fused.split(h) if fused is not None else [getattr(attn, p)(h) for p in QKV]
-        query = projected[0].view(1, q, self.heads, d)  # [1, q, heads, dim]
-        key = projected[1].view(1, q, self.kv_heads, d)
-        value = projected[2].view(1, q, self.kv_heads, d)
+        query = projected[0].view(b, q, self.heads, d)  # [B, q, heads, dim]
+        key = projected[1].view(b, q, self.kv_heads, d)
+        value = projected[2].view(b, q, self.kv_heads, d)
         if hasattr(attn, "q_norm"):  # Qwen3: RMS norm per head before the rotation
             query, key = attn.q_norm(query), attn.k_norm(key)
-        query = _rotate(query.transpose(1, 2), cos, sin)  # [1, heads, q, dim]
-        key = _rotate(key.transpose(1, 2), cos, sin)  # [1, kv_heads, q, dim]
-        keys, values = kv.keys[layer], kv.values[layer]  # [1, kv_heads, capacity, dim]
-        keys[:, :, n : n + q] = key
-        values[:, :, n : n + q] = value.transpose(1, 2)
+        query = _rotate(query.transpose(1, 2), cos, sin)  # [B, heads, q, dim]
+        key = _rotate(key.transpose(1, 2), cos, sin)  # [B, kv_heads, q, dim]
+        keys, values = kv.append(layer, key, value.transpose(1, 2))  # [B, kv_heads, keys, dim]
         out = F.scaled_dot_product_attention(
-            query, keys[:, :, : n + q], values[:, :, : n + q], attn_mask=mask,
-            scale=self.scaling, enable_gqa=self.heads != self.kv_heads,
-        )  # [1, heads, q, dim]
-        return attn.o_proj(out.transpose(1, 2).reshape(1, q, self.heads * d))
+            query, keys, values, attn_mask=mask, scale=self.scaling,
+            enable_gqa=self.heads != self.kv_heads,
+        )  # [B, heads, q, dim]
+        return attn.o_proj(out.transpose(1, 2).reshape(b, q, self.heads * d))
 
 
 def _mlp_forward(mlp: Any, h: torch.Tensor) -> torch.Tensor:  # [1, q, hidden] -> same
@@ -170,7 +201,7 @@ def _mlp_forward(mlp: Any, h: torch.Tensor) -> torch.Tensor:  # [1, q, hidden] -
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotary embedding, transformers' ``x * cos + rotate_half(x) * sin`` where
     rotate_half([a, b]) = [-b, a] over the two halves of the last axis.
-    x [1, heads, q, dim]; cos, sin [1, q, dim] (broadcast over heads)."""
+    x [B, heads, q, dim]; cos, sin [B, q, dim] (broadcast over heads)."""
     half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return x * cos[:, None] + rotated * sin[:, None]

@@ -8,12 +8,12 @@ concatenated weights, built by the kernel candidate the chooser picked for them,
 ``SiblingSlice`` in each sibling's place:
 
 * the direct forward (models/decode/direct.py) calls ``Siblings.split(x)`` once;
-* transformers' own forward (the batch engine's) still calls ``q_proj(x)``, ``k_proj(x)``,
-  ``v_proj(x)``: the first call computes the fused product and keeps it until every sibling
-  has taken its part, so a sibling called with that same tensor (unchanged since: its
-  version counter) costs a slice. Called with another tensor it computes the product again
-  (correct, only slower): fusion is applied only to ``direct.DIRECT_MODEL_TYPES``, whose
-  layers give the siblings one input.
+* transformers' own forward (``direct=False``, the benchmarks' side-by-side rows) still
+  calls ``q_proj(x)``, ``k_proj(x)``, ``v_proj(x)``: the first call computes the fused
+  product and keeps it until every sibling has taken its part, so a sibling called with
+  that same tensor (unchanged since: its version counter) costs a slice. Called with
+  another tensor it computes the product again (correct, only slower): fusion is applied
+  only to ``direct.DIRECT_MODEL_TYPES``, whose layers give the siblings one input.
 
 Memory: the fused weight replaces the siblings' (fusion happens only where the candidate
 builds a new weight anyway, ``Candidate.repacks``; fusing stock linears would copy weights

@@ -145,6 +145,9 @@ class TargetRunner:
         if self.direct is not None and self.kv is not None:
             self.kv.length = self.length
             assert not isinstance(mask, dict)  # direct targets attend over all keys
+            if mask is None and q > 1:  # new token i sees the cache and new tokens 0..i
+                mask = torch.ones(q, self.length + q, dtype=torch.bool,
+                                  device=self.device).tril(self.length)
             logits, last, aux = self.direct.forward(
                 self.kv, ids, positions, mask, self.aux_layer_ids, last_logits_only
             )

@@ -153,8 +153,8 @@ def test_the_schedule_decays_with_the_time_budget(llama, samples, tmp_path) -> N
     assert round(f(10), 3) == 0.1
     assert round(f(1), 3) == 1.0  # warmup stays by steps
     # a run stopped by its budget ends at the floor: the last step's LR is near min_lr_ratio.
-    # The clock moves 0.1 s a reading (the budget and the stop each read it once a step), so
-    # a loaded host cannot stretch a step past the budget's share the assertions expect.
+    # The clock moves 0.1 s a reading (one a step, for the stop and the LR), so a loaded
+    # host cannot stretch a step past the budget's share the assertions expect.
     readings = iter(range(1_000_000))
     result = train(cfg(tmp_path, max_steps=100_000, max_seconds=4.0, warmup_steps=2,
                        min_lr_ratio=0.1, lr=1e-3, clock=lambda: 0.1 * next(readings)),

@@ -10,6 +10,7 @@ import copy
 import pytest
 import torch
 
+from eaglenest.models.decode.batch_kv import BatchKV
 from eaglenest.models.decode.direct import MIN_CAPACITY, KVBuffer, direct_decoder
 from eaglenest.models.decode.masks import tree_depths, tree_mask
 from eaglenest.models.decode.runner import StepOutput, TargetRunner
@@ -84,3 +85,32 @@ def test_keep_moves_the_kept_rows_down_by_hand() -> None:
     kv.reserve(3 * MIN_CAPACITY)  # growth keeps the committed slots
     assert kv.keys.shape[3] == 4 * MIN_CAPACITY
     assert kv.keys[0, 0, 0, :7, 0].tolist() == [0, 1, 2, 3, 4, 6, 7]
+
+
+def test_batch_rows_forward_direct_equals_transformers(llama) -> None:  # noqa: ANN001
+    """The batch engine's padded rows (models/decode/batch_kv.py): rows of different lengths,
+    then holes left by rejected drafts; every row's outputs equal transformers' forward."""
+    aux = list(llama.aux_layer_ids)
+    prompts = [[5, 17, 33, 80, 9], [1, 42], list(range(60, 80))]
+    kvs = [BatchKV(llama.model, aux, direct=d) for d in (True, False)]
+    assert kvs[0].direct is not None and kvs[1].direct is None
+    for kv in kvs:
+        for prompt in prompts:
+            runner = TargetRunner(llama.model, aux)
+            runner.forward(prompt)
+            runner.commit(prompt, len(prompt))
+            kv.add(runner.dynamic_cache(), runner.length)
+    rounds = [([[7, 8, 9], [11], [12, 13]], [[0, 1], [0], [0]]),
+              ([[21, 22], [23, 24, 25], [26]], [[0], [0, 1, 2], [0]])]
+    for tokens, kept in rounds:
+        depths = [list(range(len(t))) for t in tokens]
+        local = [torch.ones(len(t), len(t), dtype=torch.bool).tril() for t in tokens]
+        outs = [kv.forward(tokens, depths, local) for kv in kvs]
+        for b, t in enumerate(tokens):
+            for got, want in zip(outs[0], outs[1], strict=True):
+                assert got is not None and want is not None
+                torch.testing.assert_close(got[b, : len(t)], want[b, : len(t)],
+                                           atol=1e-5, rtol=1e-5)
+        for kv in kvs:
+            for b, keep in enumerate(kept):
+                kv.commit(b, keep)
