@@ -54,32 +54,34 @@ def direct_decoder(model: nn.Module) -> DirectDecoder | None:
 
 
 class KVBuffer:
-    """Keys and values of every layer, preallocated: ``keys[layer, 0, kv_head, slot, dim]``.
+    """Keys and values of every layer, preallocated: ``keys[layer]`` is
+    [1, kv_heads, capacity, dim], one tensor per layer.
 
     Slots 0..length-1 hold the committed tokens; a forward writes its q new tokens into
-    slots length..length+q-1 (growing the buffer by doubling when full). Dropping
-    uncommitted tokens is only moving ``length``; ``keep`` moves the kept new rows down.
+    slots length..length+q-1. A full layer grows by half (at least to what the forward
+    needs), one layer at a time, so growing never holds two copies of the whole cache.
+    Dropping uncommitted tokens is only moving ``length``; ``keep`` moves the kept new
+    rows down.
     """
 
     def __init__(self, layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
                  device: torch.device) -> None:
-        shape = (layers, 1, kv_heads, MIN_CAPACITY, head_dim)
-        self.keys = torch.empty(shape, dtype=dtype, device=device)
-        self.values = torch.empty(shape, dtype=dtype, device=device)
+        shape = (1, kv_heads, MIN_CAPACITY, head_dim)
+        self.keys = [torch.empty(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.values = [torch.empty(shape, dtype=dtype, device=device) for _ in range(layers)]
         self.length = 0  # committed slots
 
-    def reserve(self, total: int) -> None:
-        """Room for ``total`` slots (the committed ones are carried over)."""
-        cap = self.keys.shape[3]
+    def _reserve(self, layer: int, total: int) -> None:
+        """Room for ``total`` slots in ``layer`` (its committed slots carried over)."""
+        cap = self.keys[layer].shape[2]
         if total <= cap:
             return
-        while cap < total:
-            cap *= 2
-        shape = (*self.keys.shape[:3], cap, self.keys.shape[4])
-        keys, values = self.keys.new_empty(shape), self.values.new_empty(shape)
-        keys[:, :, :, : self.length] = self.keys[:, :, :, : self.length]
-        values[:, :, :, : self.length] = self.values[:, :, :, : self.length]
-        self.keys, self.values = keys, values
+        cap = max(total, cap + cap // 2)
+        for bufs in (self.keys, self.values):
+            old = bufs[layer]
+            new = old.new_empty(old.shape[0], old.shape[1], cap, old.shape[3])
+            new[:, :, : self.length] = old[:, :, : self.length]
+            bufs[layer] = new
 
     def append(self, layer: int, key: torch.Tensor, value: torch.Tensor
                ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -87,8 +89,7 @@ class KVBuffer:
         length..length+q-1 (uncommitted); returns the layer's keys and values up to them
         ([1, kv_heads, length + q, dim] views)."""
         n, q = self.length, key.shape[2]
-        if layer == 0:
-            self.reserve(n + q)
+        self._reserve(layer, n + q)
         keys, values = self.keys[layer], self.values[layer]  # [1, kv_heads, capacity, dim]
         keys[:, :, n : n + q] = key
         values[:, :, n : n + q] = value
@@ -102,9 +103,9 @@ class KVBuffer:
         """
         n, m = self.length, len(indices)
         if indices != list(range(m)):
-            rows = torch.tensor(indices, device=self.keys.device) + n
-            for buf in (self.keys, self.values):
-                buf[:, :, :, n : n + m] = buf.index_select(3, rows)  # gathers before writing
+            rows = torch.tensor(indices, device=self.keys[0].device) + n
+            for buf in (*self.keys, *self.values):
+                buf[:, :, n : n + m] = buf.index_select(2, rows)  # gathers before writing
         self.length = n + m
 
 

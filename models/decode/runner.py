@@ -88,9 +88,9 @@ class TargetRunner:
             return self.cache
         cache = self._new_cache()
         for i, layer in enumerate(cache.layers):
-            keys = self.kv.keys[i, :, :, : self.length].clone()  # [1, kv_heads, length, dim]
+            keys = self.kv.keys[i][:, :, : self.length].clone()  # [1, kv_heads, length, dim]
             assert isinstance(layer, DynamicLayer)  # direct targets have no other layers
-            layer.update(keys, self.kv.values[i, :, :, : self.length].clone())
+            layer.update(keys, self.kv.values[i][:, :, : self.length].clone())
         return cache
 
     def _new_cache(self) -> DynamicCache:

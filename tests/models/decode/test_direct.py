@@ -67,7 +67,7 @@ def test_direct_forward_equals_transformers_through_a_decode(arch, tiny_target) 
                 runner.commit(tokens, 2 if kind == "chain" and len(tokens) == 4 else len(tokens))
         _same(*outs)
     assert direct.length == ref.length > MIN_CAPACITY
-    assert direct.kv is not None and direct.kv.keys.shape[3] >= direct.length
+    assert direct.kv is not None and direct.kv.keys[0].shape[2] >= direct.length
     _same(direct.forward([12]), ref.forward([12]))
     cache = direct.dynamic_cache()  # the batch engine's hand-over
     for mine, theirs in zip(cache.layers, ref.cache.layers, strict=True):
@@ -77,14 +77,20 @@ def test_direct_forward_equals_transformers_through_a_decode(arch, tiny_target) 
 def test_keep_moves_the_kept_rows_down_by_hand() -> None:
     kv = KVBuffer(layers=1, kv_heads=1, head_dim=1, dtype=torch.float32,
                   device=torch.device("cpu"))
-    kv.keys[0, 0, 0, :9, 0] = torch.arange(9.0)  # slots 0..3 committed, 4..8 new
+    kv.keys[0][0, 0, :9, 0] = torch.arange(9.0)  # slots 0..3 committed, 4..8 new
     kv.length = 4
     kv.keep([0, 2, 3])
     assert kv.length == 7
-    assert kv.keys[0, 0, 0, :7, 0].tolist() == [0, 1, 2, 3, 4, 6, 7]
-    kv.reserve(3 * MIN_CAPACITY)  # growth keeps the committed slots
-    assert kv.keys.shape[3] == 4 * MIN_CAPACITY
-    assert kv.keys[0, 0, 0, :7, 0].tolist() == [0, 1, 2, 3, 4, 6, 7]
+    assert kv.keys[0][0, 0, :7, 0].tolist() == [0, 1, 2, 3, 4, 6, 7]
+    one = torch.ones(1, 1, 2, 1)
+    keys, _ = kv.append(0, one, one)  # fits: no growth
+    assert kv.keys[0].shape[2] == MIN_CAPACITY and keys.shape[2] == 9
+    kv.append(0, torch.ones(1, 1, MIN_CAPACITY, 1), torch.ones(1, 1, MIN_CAPACITY, 1))
+    assert kv.keys[0].shape[2] == MIN_CAPACITY * 3 // 2  # grown by half, committed kept
+    assert kv.keys[0][0, 0, :7, 0].tolist() == [0, 1, 2, 3, 4, 6, 7]
+    big = torch.ones(1, 1, 4 * MIN_CAPACITY, 1)
+    kv.append(0, big, big)  # half is not enough: grown to what the forward needs
+    assert kv.keys[0].shape[2] == 7 + 4 * MIN_CAPACITY
 
 
 def test_batch_rows_forward_direct_equals_transformers(llama) -> None:  # noqa: ANN001
