@@ -5,8 +5,8 @@ explicit positions, returning logits, the final-norm hidden state (EAGLE-1/2 fea
 the residual stream entering the aux layers (EAGLE-3 / P-EAGLE features).
 
 Two forwards: for the dense targets of ``direct.DIRECT_MODEL_TYPES`` the runner runs
-``direct.DirectDecoder`` over a preallocated ``KVBuffer`` (no per-step cache copies, a
-fraction of transformers' op calls); every other target (or ``direct=False``) runs
+``direct.DirectDecoder`` over a preallocated ``KVBuffer`` (no per-step cache copies, none
+of transformers' mask and cache bookkeeping); every other target (or ``direct=False``) runs
 transformers' forward over a ``DynamicCache``. Both give the same outputs up to float
 rounding.
 
