@@ -27,6 +27,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from eaglenest.models.decode.fusion import GATE_UP, QKV, fused_siblings
+from eaglenest.models.heads.layers import apply_rope
 
 DIRECT_MODEL_TYPES = frozenset({"llama", "qwen2", "qwen3", "qwen3_moe"})
 MIN_CAPACITY = 256  # keys a fresh buffer holds before its first growth
@@ -180,8 +181,8 @@ class DirectDecoder:
         value = projected[2].view(b, q, self.kv_heads, d)
         if hasattr(attn, "q_norm"):  # Qwen3: RMS norm per head before the rotation
             query, key = attn.q_norm(query), attn.k_norm(key)
-        query = _rotate(query.transpose(1, 2), cos, sin)  # [B, heads, q, dim]
-        key = _rotate(key.transpose(1, 2), cos, sin)  # [B, kv_heads, q, dim]
+        query = apply_rope(query.transpose(1, 2), cos, sin)  # [B, heads, q, dim]
+        key = apply_rope(key.transpose(1, 2), cos, sin)  # [B, kv_heads, q, dim]
         keys, values = kv.append(layer, key, value.transpose(1, 2))  # [B, kv_heads, keys, dim]
         out = F.scaled_dot_product_attention(
             query, keys, values, attn_mask=mask, scale=self.scaling,
@@ -190,19 +191,10 @@ class DirectDecoder:
         return attn.o_proj(out.transpose(1, 2).reshape(b, q, self.heads * d))
 
 
-def _mlp_forward(mlp: Any, h: torch.Tensor) -> torch.Tensor:  # [1, q, hidden] -> same
+def _mlp_forward(mlp: Any, h: torch.Tensor) -> torch.Tensor:  # [B, q, hidden] -> same
     """``mlp(h)``; a gated MLP whose gate/up run fused computes them in one product."""
     fused = fused_siblings(mlp, GATE_UP)
     if fused is None:
         return mlp(h)
-    gate, up = fused.split(h)  # [1, q, intermediate] each
+    gate, up = fused.split(h)  # [B, q, intermediate] each
     return mlp.down_proj(mlp.act_fn(gate) * up)
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding, transformers' ``x * cos + rotate_half(x) * sin`` where
-    rotate_half([a, b]) = [-b, a] over the two halves of the last axis.
-    x [B, heads, q, dim]; cos, sin [B, q, dim] (broadcast over heads)."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos[:, None] + rotated * sin[:, None]

@@ -39,6 +39,7 @@ from transformers.cache_utils import (
 
 from eaglenest.models.decode.direct import DirectDecoder, KVBuffer, direct_decoder
 from eaglenest.models.decode.masks import additive_mask, sliding_mask
+from eaglenest.models.heads.layers import causal_mask
 
 CacheLayer = CacheLayerMixin | LinearAttentionCacheLayerMixin
 
@@ -146,8 +147,7 @@ class TargetRunner:
             self.kv.length = self.length
             assert not isinstance(mask, dict)  # direct targets attend over all keys
             if mask is None and q > 1:  # new token i sees the cache and new tokens 0..i
-                mask = torch.ones(q, self.length + q, dtype=torch.bool,
-                                  device=self.device).tril(self.length)
+                mask = causal_mask(q, self.length, self.device)
             logits, last, aux = self.direct.forward(
                 self.kv, ids, positions, mask, self.aux_layer_ids, last_logits_only
             )
