@@ -54,8 +54,8 @@ from typing import Any
 
 import torch
 
+from benchmarks.head_bench import first_user_prompt, split_builtin
 from benchmarks.oracle import OracleSource
-from benchmarks.train_heads import first_user_prompt, split_builtin
 from eaglenest.foundation.processes import free_port
 from eaglenest.models.decode.engine import SpeculativeEngine
 from eaglenest.models.decode.kernel_cache import cpu_model

@@ -269,7 +269,7 @@ def tiny_models(out: Path) -> tuple[Path, Path]:
 
 
 def prompts_for(target_dir: Path, n: int) -> list[str]:
-    from benchmarks.train_heads import first_user_prompt, split_builtin
+    from benchmarks.head_bench import first_user_prompt, split_builtin
     from eaglenest.models.target import load_target
 
     target = load_target(target_dir)

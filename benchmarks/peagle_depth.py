@@ -33,7 +33,8 @@ from typing import Any
 
 import torch
 
-from benchmarks.train_heads import prepared_target, split_builtin, train_config
+from benchmarks.head_bench import split_builtin, train_config
+from benchmarks.train_heads import prepared_target
 from eaglenest.models.capture_cache import CaptureCache
 from eaglenest.models.data import Sample, encode_examples
 from eaglenest.models.heads.base import HeadBatch

@@ -16,7 +16,7 @@ Issue #3: train the same head with speculators 0.9.0 and report both acceptance 
 * Heads: 1 decoder layer, aux layers = our target's (2, 15, 27), draft vocabulary 8192 by
   training-token frequency (both libraries use the same rule; the report says whether the
   two vocabularies came out identical). Each library keeps its own recipe otherwise:
-  ours = ``train_heads.train_config("eagle3")`` (TrainConfig's recipe: Muon for the draft
+  ours = ``head_bench.train_config("eagle3")`` (TrainConfig's recipe: Muon for the draft
   layer's matrices + AdamW wd 0.01 for the rest, lr 1e-3, 20 warm-up steps, cosine, 3 TTT
   steps weighted equally, norm_before_fc / norm_output / norm_before_residual, fp32);
   speculators = its defaults (Muon + AdamW 1e-3, linear schedule, KL loss, the same three
@@ -63,14 +63,8 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
-from benchmarks.train_heads import (
-    _cpu_seconds,
-    first_user_prompt,
-    measure_tau,
-    prepared_target,
-    split_builtin,
-    train_config,
-)
+from benchmarks.head_bench import first_user_prompt, split_builtin, train_config
+from benchmarks.train_heads import _cpu_seconds, measure_tau, prepared_target
 from eaglenest.models.capture_cache import CaptureCache
 from eaglenest.models.checkpoint import save_head
 from eaglenest.models.data import Chat, Example, Sample, encode_examples, load_examples

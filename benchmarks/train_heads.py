@@ -2,7 +2,13 @@
 
     python -m benchmarks.train_heads [--minutes 10] [--heads eagle,eagle3,peagle,peagle@eagle3]
                                      [--data regen|builtin] [--ks 3,5] [--json PATH]
-                                     [--set FIELD=VALUE ...]
+                                     [--set FIELD=VALUE ...] [--warm-cache]
+
+A head spec is ``KIND[@BASE][:FIELD=VALUE...]``: ``peagle@eagle3`` starts from this run's
+``eagle3`` head; ``peagle:num_layers=2:parallel_depth=3`` is a variant with those TrainConfig
+fields (on top of ``--set``), so recipe variants train in one run, interleaved with their
+baseline. ``--warm-cache`` runs the target over every training sample before the first head,
+so no head's budget pays the target forwards (otherwise the first head of a run does).
 
 Data: the five built-in datasets (models/data/builtin). ``--held-out`` examples of every
 file, spread through it as jobs spread theirs (models/data/split.py), are held out: their
@@ -35,11 +41,11 @@ from typing import Any
 import httpx
 import torch
 
+from benchmarks.head_bench import first_user_prompt, split_builtin, train_config
 from eaglenest.foundation.processes import free_port
 from eaglenest.models.capture_cache import CaptureCache
 from eaglenest.models.checkpoint import save_head
-from eaglenest.models.data import BUILTIN_NAMES, Chat, Example, encode_examples, load_examples
-from eaglenest.models.data.split import held_out_split
+from eaglenest.models.data import Chat, Example, encode_examples
 from eaglenest.models.prepare import cached_smollm2
 from eaglenest.models.target import Target, load_target
 from eaglenest.models.train import TrainConfig, TrainData, train
@@ -101,29 +107,6 @@ def _cpu_seconds() -> float:
 
 def prepared_target() -> Path:
     return cached_smollm2()
-
-
-def split_builtin(held_out: int) -> tuple[list[Example], list[Example]]:
-    """(training examples, held-out examples): ``held_out`` of every built-in file,
-    without the training examples that ask a held-out question (the job's rule,
-    models/data/split.py: ultrachat repeats its first questions)."""
-    train_ex, eval_ex = [], []
-    for name in BUILTIN_NAMES:
-        kept, held, _ = held_out_split(load_examples(name), held_out)
-        train_ex += kept
-        eval_ex += held
-    return train_ex, eval_ex
-
-
-def first_user_prompt(example: Example, target: Target) -> str:
-    """The chat-templated text of the example's first user turn (generation prompt added)."""
-    if isinstance(example, Chat):
-        msgs = [m for m in example.messages if m["role"] == "system"]
-        msgs.append(next(m for m in example.messages if m["role"] == "user"))
-    else:
-        msgs = [{"role": "user", "content": example.prompt}]
-    return str(target.tokenizer.apply_chat_template(msgs, add_generation_prompt=True,
-                                                     tokenize=False))
 
 
 def serve(target_dir: Path, log: Path, head_dir: Path | None = None, k: int = 3) -> ServerProcess:
@@ -190,13 +173,6 @@ def load_or_regenerate(args: argparse.Namespace, train_ex: list[Example], target
     cached.write_text("".join(json.dumps({"messages": c.messages}) + "\n"
                               for c in chats if isinstance(c, Chat)))
     return chats
-
-
-def train_config(kind: str, **kw: Any) -> TrainConfig:
-    base: dict[str, Any] = dict(head=kind, batch_size=2, lr=1e-3, warmup_steps=20,
-                                draft_vocab_size=8192, parallel_depth=5, progress=False, seed=0)
-    base.update(kw)
-    return TrainConfig(**base)
 
 
 def train_head(kind: str, data: TrainData, minutes: float, out: Path,
@@ -292,8 +268,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=None,
                    help="train exactly this many steps instead of a wall-clock budget")
     p.add_argument("--heads", default="eagle,eagle3,peagle",
-                   help="kinds in order; KIND@BASE starts KIND from this run's BASE head "
-                        "(trained earlier in the list, or a folder BASE in --out)")
+                   help="head specs in order, KIND[@BASE][:FIELD=VALUE...]; KIND@BASE starts "
+                        "KIND from this run's BASE head (trained earlier in the list, or a "
+                        "folder BASE in --out); :FIELD=VALUE sets a TrainConfig field")
     p.add_argument("--data", choices=("regen", "builtin"), default="regen")
     p.add_argument("--ks", default="3,5")
     p.add_argument("--held-out", type=int, default=2, help="examples held out per dataset")
@@ -307,6 +284,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                    help="a TrainConfig field for every head, e.g. --set ttt_steps=5 (repeatable)")
+    p.add_argument("--warm-cache", action="store_true",
+                   help="capture every training sample before the first head's budget starts")
     args = p.parse_args(argv)
     args.overrides = parse_overrides(args.set)
     return args
@@ -330,6 +309,21 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
         else:
             out[name] = _number_or_text(raw) if default is None else raw
     return out
+
+
+def parse_head_spec(spec: str) -> tuple[str, str, dict[str, Any]]:
+    """``KIND[@BASE][:FIELD=VALUE...]`` -> (kind, base or "", TrainConfig overrides).
+
+    Example: "peagle@eagle3:num_layers=2" -> ("peagle", "eagle3", {"num_layers": 2}).
+    """
+    head, *settings = spec.split(":")
+    kind, _, base = head.partition("@")
+    return kind, base, parse_overrides(settings)
+
+
+def folder_name(spec: str) -> str:
+    """A head spec as a folder name: "peagle:num_layers=2" -> "peagle-num_layers-2"."""
+    return spec.replace(":", "-").replace("=", "-").replace("/", "_")
 
 
 def _number_or_text(raw: str) -> int | float | str:
@@ -360,11 +354,18 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     data = TrainData(target, samples, args.data)
     data.cache = CaptureCache(target, samples, 8 << 30)  # shared: later heads skip the target
-    for name in args.heads.split(","):
-        kind, _, base = name.partition("@")  # kind@base: start from this run's base head
-        extra = {**args.overrides, **({"init_head": str(args.out / base)} if base else {})}
+    if args.warm_cache:
+        t0 = time.perf_counter()
+        data.cache.fill(torch.device("cpu"))
+        print(f"capture cache filled in {time.perf_counter() - t0:.0f} s", flush=True)
+    for spec in args.heads.split(","):
+        kind, base, variant = parse_head_spec(spec)
+        extra = {**args.overrides, **variant,
+                 **({"init_head": str(args.out / folder_name(base))} if base else {})}
+        name = folder_name(spec)
         head_dir, fig = train_head(kind, data, args.minutes, args.out, args.steps, extra,
                                    name=name)
+        fig.head = spec
         for k in ks:
             fig.tau[k], fig.accepted_per_position[k] = measure_tau(
                 target_dir, head_dir, k, prompts, args.eval_tokens, args.out / f"{name}-k{k}.log")

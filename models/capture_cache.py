@@ -82,6 +82,12 @@ class CaptureCache:
             self.used += fresh.nbytes
         return fresh
 
+    def fill(self, device: torch.device) -> None:
+        """Capture every sample now (the target's forwards), so training starts on hits;
+        samples past the budget are computed and dropped, as ``entry`` does."""
+        for index in range(len(self.samples)):
+            self.entry(index, device)
+
     def capture(self, indices: list[int], width: int, device: torch.device) -> Capture:
         """Right-padded capture of the samples ``indices`` at ``width`` positions.
 

@@ -41,6 +41,19 @@ def test_budget_caps_memory_and_hits_reuse(llama, samples) -> None:  # noqa: ANN
     assert torch.equal(cache.entry(1, cpu).aux, b.aux)  # recomputation is deterministic
 
 
+def test_fill_captures_every_sample_within_the_budget(llama, samples) -> None:  # noqa: ANN001
+    cpu = torch.device("cpu")
+    cache = CaptureCache(llama, samples, budget_bytes=1 << 30)
+    cache.fill(cpu)
+    assert sorted(cache.entries) == list(range(len(samples))) and cache.misses == len(samples)
+    cache.capture([0, 1], len(samples[0].input_ids), cpu)
+    assert cache.misses == len(samples) and cache.hits == 2  # training starts on hits
+    one = cache.entries[0].nbytes
+    small = CaptureCache(llama, samples, budget_bytes=one)
+    small.fill(cpu)
+    assert list(small.entries) == [0] and small.used <= one  # the rest computed, not kept
+
+
 @pytest.mark.parametrize("head", ["eagle", "eagle3", "peagle"])
 def test_training_is_identical_with_and_without_the_cache(head: str, llama, samples) -> None:  # noqa: ANN001
     """A cache hit and a miss give the same tensors, so the budget never changes the head."""
