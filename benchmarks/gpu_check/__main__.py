@@ -1,5 +1,6 @@
 """Run the GPU check: ``python -m benchmarks.gpu_check [--device cuda|cpu] [--tiny] [--out DIR]``
-or ``bash scripts/gpu_check.sh ...`` (the sections: see the package docstring). Writes
+or ``bash scripts/gpu_check.sh ...`` (the sections: see the package docstring; ``--race-target
+DIR`` adds the head race on that real target, benchmarks/gpu_check/race.py). Writes
 gpu_check.json and gpu_check.md after every section and prints the markdown at the end.
 Exit status 1 if the fp32 lossless check failed or a section raised; sections skipped for
 the time budget (--budget-s) do not fail the run."""
@@ -14,12 +15,14 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from benchmarks.gpu_check import CEILING_FORMULA, measure, service
+from benchmarks.gpu_check import CEILING_FORMULA, measure, race, service
 from benchmarks.gpu_check.build import SPECS, Bench, log, set_exact_fp32
 from benchmarks.gpu_check.report import markdown
 
@@ -37,6 +40,9 @@ SECTIONS: dict[str, Callable[[Bench], dict[str, Any]]] = {
 RUN_ORDER = ("lossless", "verify_cost", "throughput", "training", "service")
 #: targets the service section runs on (the 8B one adds time, not coverage)
 SERVICE_MODELS = ("tiny", "1b")
+#: the race's sizes with --tiny (seconds on a CPU: the code path, not a measurement)
+TINY_RACE: dict[str, Any] = dict(minutes=0.05, regen_tokens=12, eval_tokens=12, limit=4,
+                                 prompts=2)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -52,6 +58,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="output folder (default: $OUT if set, else ./gpu_check_out)")
     p.add_argument("--budget-s", type=float, default=330.0,
                    help="start no section after this many seconds (the rest are 'skipped')")
+    p.add_argument("--race-target", type=Path, default=None,
+                   help="a real target's Hugging Face folder: train an EAGLE-3 and a P-EAGLE head "
+                        "on it for --race-minutes each and decode with both (section 'race')")
+    p.add_argument("--race-minutes", type=float, default=3.0, help="training minutes per head")
     wheels = ROOT / ".gpu-wheels"
     p.add_argument("--wheels", type=Path, default=wheels if wheels.is_dir() else None,
                    help="the service's wheels for this Python (scripts/gpu_wheels.sh; default "
@@ -98,25 +108,25 @@ class Run:
             tmp.write_text(text)
             tmp.replace(self.out / name)
 
-    def section(self, name: str, bench: Bench) -> None:
-        model, started = bench.spec.name, time.perf_counter()
+    def section(self, name: str, model: str, measure: Callable[[], dict[str, Any]]) -> None:
+        started = time.perf_counter()
         elapsed = started - self.t0
         if elapsed > self.budget:
             log(f"{model} {name}: skipped ({elapsed:.0f}s > budget {self.budget:.0f}s)")
-            self.doc["sections"][name][model] = {
+            self.doc["sections"].setdefault(name, {})[model] = {
                 "status": "skipped", "seconds": 0.0,
                 "reason": f"time budget: started {elapsed:.0f}s > --budget-s {self.budget:.0f}"}
             self.save()
             return
         log(f"{model} {name}: start")
         try:
-            entry = {"status": "ok", **SECTIONS[name](bench)}
+            entry = {"status": "ok", **measure()}
         except Exception as exc:  # recorded; the other sections still run
             traceback.print_exc()
             entry = {"status": "error", "error": f"{type(exc).__name__}: {exc}",
                      "traceback": traceback.format_exc(limit=8)}
         entry["seconds"] = time.perf_counter() - started
-        self.doc["sections"][name][model] = entry
+        self.doc["sections"].setdefault(name, {})[model] = entry
         log(f"{model} {name}: {entry['status']} in {entry['seconds']:.1f}s")
         self.save()
 
@@ -128,6 +138,9 @@ class Run:
                     problems.append(f"{model} {name}: {entry['error']}")
                 if name == "lossless" and entry.get("fp32_lossless") is False:
                     problems.append(f"{model} lossless: fp32 greedy output differs from HF")
+                for row in entry.get("rows", []) if name == "race" else []:
+                    if row["equal_to_plain"] != entry["prompts"]:
+                        problems.append(f"{model} race: {row['name']} output differs from plain")
                 endpoint = entry.get("endpoint", {}) if name == "service" else {}
                 for key in ("on_gpu_per_nvidia_smi", "gone_after_delete"):
                     if endpoint.get(key) is False:
@@ -156,8 +169,12 @@ def main(argv: list[str] | None = None) -> int:
                 bench.close()  # the service loads the target itself
                 if model not in SERVICE_MODELS:
                     continue
-            run.section(name, bench)
+            run.section(name, model, partial(SECTIONS[name], bench))
         bench.close()
+    if args.race_target is not None:
+        cfg = race.RaceConfig(args.race_target, device, args.race_minutes)
+        cfg = replace(cfg, **TINY_RACE) if args.tiny else cfg
+        run.section("race", args.race_target.name, partial(race.section, cfg))
     ok, problems = run.verdict()
     run.doc["ok"], run.doc["problems"] = ok, problems
     run.save()

@@ -39,15 +39,15 @@ def _engine(bench: Bench, mode: str, kind: str | None, dtype: torch.dtype, **kw:
     return SpeculativeEngine(bench.target(dtype), head, mode, **opts)
 
 
-def hf_greedy(model: Any, prompt: list[int], n: int) -> list[int]:
-    """transformers' greedy generate (KV cache), cut after the first EOS."""
+def hf_greedy(model: Any, prompt: list[int], n: int, eos: int = EOS, pad: int = PAD) -> list[int]:
+    """transformers' greedy generate (KV cache), cut after the first ``eos``."""
     device = next(model.parameters()).device
     x = torch.tensor([prompt], device=device)
     with torch.no_grad():
         out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n,
-                             do_sample=False, pad_token_id=PAD, eos_token_id=EOS)
+                             do_sample=False, pad_token_id=pad, eos_token_id=eos)
     ids = out[0, len(prompt):].tolist()
-    return ids[: ids.index(EOS) + 1] if EOS in ids else ids
+    return ids[: ids.index(eos) + 1] if eos in ids else ids
 
 
 def _margin(model: Any, prompt: list[int], ref: list[int], i: int) -> float:

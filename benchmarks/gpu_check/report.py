@@ -88,6 +88,23 @@ def _service(sections: dict[str, dict[str, Any]]) -> list[str]:
                      "GPU free after delete"], rows)]
 
 
+def _race(sections: dict[str, dict[str, Any]]) -> list[str]:
+    out = []
+    for m, e in _ok(sections, "race"):
+        out += [f"### Head race on {m} ({e['dtype']}): each head {e['minutes_per_head']} min, "
+                f"{e['samples']} samples ({e['loss_tokens']} loss tokens), {e['prompts']} "
+                f"held-out prompts x {e['eval_tokens']} tokens, rows interleaved", ""]
+        out += _table(["head", "steps", "train s", "train tok/s", "loss"],
+                      [[h["head"], h["steps"], h["seconds"], h["tokens_per_s"], h["loss"]]
+                       for h in e["heads"]])
+        out += _table(["row", "tokens/s", "x HF", "tau", "accepted at positions 1..K",
+                       "= plain"],
+                      [[r["name"], r["tokens_per_s"], r["speedup_vs_hf"], r["tau"],
+                        "/".join(f"{a:.2f}" for a in r["accepted_per_position"]) or None,
+                        f"{r['equal_to_plain']}/{e['prompts']}"] for r in e["rows"]])
+    return out
+
+
 def _verdict(ok: bool | None) -> str:
     return "running (partial results)" if ok is None else "OK" if ok else "FAILED"
 
@@ -98,7 +115,10 @@ def markdown(doc: dict[str, Any]) -> str:
              f"transformers {env['transformers']}", "",
              f"Result: {_verdict(doc.get('ok'))} after {doc.get('total_seconds', 0.0):.0f}s", ""]
     lines += _status(sections)
-    for part in (_training, _lossless, _verify, _throughput, _service):
-        lines += part(sections)
+    parts = {"training": _training, "lossless": _lossless, "verify_cost": _verify,
+             "throughput": _throughput, "service": _service, "race": _race}
+    for name, part in parts.items():
+        if _ok(sections, name):  # sections that ran, not empty tables
+            lines += part(sections)
     lines += [f"Ceiling: {doc['formula']}", ""]
     return "\n".join(lines)

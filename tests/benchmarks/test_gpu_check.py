@@ -15,16 +15,22 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SECTIONS = {"training", "lossless", "verify_cost", "throughput", "service"}
+RACE_ROWS = ["hf generate", "plain", "EAGLE-3 chain K=5", "P-EAGLE parallel K=5"]
 MODES = {"plain", "chain", "tree", "parallel"}
 
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess, Path]:
+    from eaglenest.models.tiny import build_tiny_target
+
     out = tmp_path_factory.mktemp("gpu_check")
+    race_target = build_tiny_target(tmp_path_factory.mktemp("race") / "tiny-llama",
+                                    "LlamaForCausalLM")
     env = {**os.environ, "PYTHON": sys.executable}
     env.pop("OUT", None)
     proc = subprocess.run(
-        ["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--device", "cpu", "--tiny", "--out", str(out)],
+        ["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--device", "cpu", "--tiny", "--out", str(out),
+         "--race-target", str(race_target)],
         cwd=out, env=env, capture_output=True, text=True, timeout=300,
     )
     return proc, out
@@ -45,9 +51,10 @@ def tiny(doc: dict[str, Any], section: str) -> dict[str, Any]:
 
 
 def test_every_section_ran(doc: dict[str, Any]) -> None:
-    assert set(doc["sections"]) == SECTIONS
+    assert set(doc["sections"]) == SECTIONS | {"race"}
     for section in SECTIONS:
         tiny(doc, section)
+    assert doc["sections"]["race"]["tiny-llama"]["status"] == "ok"
     assert doc["ok"] is True and doc["problems"] == []
     env = doc["environment"]
     assert env["device"] == "cpu" and env["torch"] and env["transformers"]
@@ -100,6 +107,29 @@ def test_throughput_rows(doc: dict[str, Any]) -> None:
     assert tiny(doc, "throughput")["rounds"] == 1
 
 
+def test_head_race(doc: dict[str, Any]) -> None:
+    """Both kinds trained on the same regenerated data for the same minutes, then decoded on
+    the held-out prompts: every row emits plain decoding's tokens (fp32), the head rows count
+    rounds and acceptance per position (tau from the same counts)."""
+    entry = doc["sections"]["race"]["tiny-llama"]
+    assert entry["status"] == "ok", entry.get("traceback")
+    assert [h["head"] for h in entry["heads"]] == ["eagle3", "peagle"]
+    for head in entry["heads"]:
+        assert head["steps"] > 0 and head["tokens_per_s"] > 0 and math.isfinite(head["loss"])
+        assert head["seconds"] >= 60 * entry["minutes_per_head"] * 0.5  # the budget was spent
+    assert entry["samples"] == 8  # 4 examples x (greedy + sampled answer)
+    assert entry["prompts"] == 2 and entry["loss_tokens"] > 0
+    rows = {r["name"]: r for r in entry["rows"]}
+    assert list(rows) == RACE_ROWS
+    assert all(r["equal_to_plain"] == 2 and r["tokens"] > 0 for r in rows.values())
+    assert rows["hf generate"]["speedup_vs_hf"] == 1.0 and rows["plain"]["tau"] is None
+    for name in RACE_ROWS[2:]:
+        row = rows[name]
+        accepted = row["accepted_per_position"]
+        assert len(accepted) == entry["k"] and row["tau"] == pytest.approx(1 + sum(accepted))
+        assert all(a >= b for a, b in zip(accepted, accepted[1:], strict=False))  # prefixes
+
+
 def test_markdown_table(tiny_run: tuple[subprocess.CompletedProcess, Path],
                         doc: dict[str, Any]) -> None:
     proc, out = tiny_run
@@ -108,6 +138,8 @@ def test_markdown_table(tiny_run: tuple[subprocess.CompletedProcess, Path],
     assert "| tiny | fp32 | chain | 2 | 0 | True |" in text
     assert text.strip() in proc.stdout  # printed as well
     assert "tiny lossless: ok in" in proc.stdout  # timestamped progress lines
+    assert "### Head race on tiny-llama (float32)" in text
+    assert "| P-EAGLE parallel K=5 |" in text
 
 
 def test_help() -> None:
