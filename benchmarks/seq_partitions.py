@@ -52,7 +52,7 @@ def one(seq: int, parts: int, steps: int) -> dict[str, float]:
         raise SystemExit(f"the built-in data holds {x.shape[1]} tokens, fewer than {seq}")
     batch = HeadBatch(x, torch.ones_like(x, dtype=torch.bool), torch.ones_like(x))
     kind = next(k for k, spec in HEADS.items() if spec.partitions)  # P-EAGLE
-    config = TrainConfig(head=kind, seq_partitions=parts, progress=False)
+    config = TrainConfig(head=kind, seq_partitions=parts, parallel_depth=4, progress=False)
     torch.manual_seed(0)
     head = build(target, encode_examples(examples[:8], target.tokenizer, 512), config).train()
     with torch.no_grad():

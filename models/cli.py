@@ -57,8 +57,8 @@ def _register_train(subparsers: Any) -> None:
                    help="draft vocabulary (EAGLE-3, P-EAGLE): the most frequent target tokens")
     p.add_argument("--ttt-steps", type=int, default=3,
                    help="EAGLE-3 training-time-test steps")
-    p.add_argument("--parallel-depth", type=int, default=4,
-                   help="P-EAGLE: tokens drafted per forward")
+    p.add_argument("--parallel-depth", type=int, default=3,
+                   help="P-EAGLE: positions trained per anchor (the real one + mask slots)")
     p.add_argument("--speculative-tokens", type=int, default=3,
                    help="K written into the head's config (vLLM's num_speculative_tokens)")
     p.add_argument("--seq-partitions", type=int, default=1,

@@ -57,7 +57,9 @@ class TrainConfig:
     grad_clip: float = 0.5
     seed: int = 0
     ttt_steps: int = 3  # EAGLE-3 training-time-test steps
-    parallel_depth: int = 4  # P-EAGLE drafts per forward (K)
+    #: P-EAGLE positions trained per anchor (the real one plus depth - 1 mask slots); 3
+    #: trained better heads than 5 (docs/training.md); served K may be larger
+    parallel_depth: int = 3
     #: P-EAGLE: a step's anchors in this many parts, a backward each (models/partition.py):
     #: the same gradients in the memory of one part, for long samples
     seq_partitions: int = 1
