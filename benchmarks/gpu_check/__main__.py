@@ -108,7 +108,7 @@ class Run:
             tmp.write_text(text)
             tmp.replace(self.out / name)
 
-    def section(self, name: str, model: str, measure: Callable[[], dict[str, Any]]) -> None:
+    def section(self, name: str, model: str, compute: Callable[[], dict[str, Any]]) -> None:
         started = time.perf_counter()
         elapsed = started - self.t0
         if elapsed > self.budget:
@@ -120,7 +120,7 @@ class Run:
             return
         log(f"{model} {name}: start")
         try:
-            entry = {"status": "ok", **measure()}
+            entry = {"status": "ok", **compute()}
         except Exception as exc:  # recorded; the other sections still run
             traceback.print_exc()
             entry = {"status": "error", "error": f"{type(exc).__name__}: {exc}",
