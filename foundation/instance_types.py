@@ -30,6 +30,11 @@ class InstanceType:
     memory_gib: float
     accelerator: str
 
+    @property
+    def compute_capability(self) -> float | None:
+        """The CUDA compute capability of its accelerator (None: CPU only)."""
+        return COMPUTE_CAPABILITY.get(self.accelerator)
+
 
 class UnsupportedInstanceType(ValueError):
     """An instance type EagleNest does not serve; the message names it and says why."""
@@ -76,6 +81,13 @@ GPU_FAMILIES: dict[str, tuple[str, float, dict[str, int]]] = {
     "p6-b200": ("B200", 180, {"48xlarge": 8}),                       # [hyperpod]
     "p6-b300": ("B300", 268, {"48xlarge": 8}),                       # [hyperpod]; AWS ML blog: 268
     "p6e-gb200": ("GB200", 186, {"36xlarge": 4}),                    # [hyperpod]
+}
+
+#: accelerator -> CUDA compute capability (NVIDIA's published table): bfloat16 needs 8.0
+COMPUTE_CAPABILITY = {
+    "T4": 7.5, "V100": 7.0, "A10G": 8.6, "L4": 8.9, "L40S": 8.9, "A100": 8.0, "H100": 9.0,
+    "H200": 9.0, "B200": 10.0, "B300": 10.3, "GB200": 10.0,
+    "RTX PRO 4500 Blackwell": 12.0, "RTX PRO 6000 Blackwell": 12.0,
 }
 
 #: x86 (Intel) and Graviton (Arm) families without accelerators: served on the CPU

@@ -1,0 +1,119 @@
+"""A model container's Environment read as a memory plan's wishes (foundation/memory_plan.py
+`Wants`): one reader for CreateEndpoint's check and the worker's deploy, so both refuse the
+same values with the same words.
+
+Contract, `wants(env)`:
+- dtype: the first of DTYPE_OPTIONS that is set, any spelling foundation/dtypes.py accepts
+  (``fp16``, ``bf16`` ...); else ``auto``.
+- tensor parallel: the first of TP_OPTIONS that is set (LMI, then TGI / SageMaker names):
+  a positive integer, or ``max``: every GPU the instance holds (`ServerOptions.max_tp`).
+  Unset: the plan's default degree (memory_plan.tensor_parallel).
+- max model length: the first of MAX_LEN_OPTIONS that is set (EagleNest's, LMI's, TGI's
+  prompt + output); MAX_INPUT_LENGTH (TGI's longest prompt), when set, must be below it.
+- OPTION_MAX_ROLLING_BATCH_SIZE: vLLM's --max-num-seqs and the embedded engine's batch.
+- OPTION_GPU_MEMORY_UTILIZATION: vLLM's --gpu-memory-utilization, in (0, 1].
+Each bad value raises `OptionError` naming the variable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from eaglenest.foundation.dtypes import AUTO, DtypeError, normalize
+from eaglenest.foundation.limits import MAX_MODEL_LEN
+from eaglenest.foundation.memory_plan import Wants
+
+DTYPE_OPTIONS = ("EAGLENEST_DTYPE", "OPTION_DTYPE")
+#: LMI / TGI / SageMaker names for the tensor-parallel degree, in order of precedence
+TP_OPTIONS = ("OPTION_TENSOR_PARALLEL_DEGREE", "TENSOR_PARALLEL_DEGREE", "SM_NUM_GPUS")
+#: the model's max length, in this precedence: EagleNest's, LMI's, TGI's (prompt + output)
+MAX_LEN_OPTIONS = ("EAGLENEST_MAX_MODEL_LEN", "OPTION_MAX_MODEL_LEN", "MAX_TOTAL_TOKENS")
+PROMPT_OPTION = "MAX_INPUT_LENGTH"
+BATCH_OPTION = "OPTION_MAX_ROLLING_BATCH_SIZE"
+MEMORY_OPTION = "OPTION_GPU_MEMORY_UTILIZATION"
+#: the most sequences a server runs at once (vLLM's own ceiling is far above any GPU's)
+MAX_BATCH = 4096
+
+
+class OptionError(ValueError):
+    """A container option that cannot be read; the message names it."""
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    wants: Wants
+    #: TP asked as ``max``: every GPU the instance holds
+    max_tp: bool = False
+    #: MAX_INPUT_LENGTH: the longest prompt a request may send (None: max model length)
+    max_input_length: int | None = None
+
+
+def _first(env: Mapping[str, str], names: tuple[str, ...]) -> tuple[str, str] | None:
+    for name in names:
+        raw = (env.get(name) or "").strip()
+        if raw:
+            return name, raw
+    return None
+
+
+def _positive(name: str, raw: str, most: int) -> int:
+    if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= most:
+        raise OptionError(f"{name}={raw!r} must be a positive integer (at most {most})")
+    return int(raw)
+
+
+def _dtype(env: Mapping[str, str]) -> str:
+    found = _first(env, DTYPE_OPTIONS)
+    if found is None:
+        return AUTO
+    try:
+        return normalize(found[1], found[0])
+    except DtypeError as exc:
+        raise OptionError(str(exc)) from None
+
+
+def _utilization(env: Mapping[str, str]) -> float | None:
+    raw = (env.get(MEMORY_OPTION) or "").strip()
+    if not raw:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= 1:
+        raise OptionError(f"{MEMORY_OPTION}={raw!r} must be a number in (0, 1]")
+    return value
+
+
+def read(env: Mapping[str, str]) -> ServerOptions:
+    """The container's wishes (module contract); OptionError naming a bad variable."""
+    tp, tp_name, max_tp = None, TP_OPTIONS[0], False
+    found = _first(env, TP_OPTIONS)
+    if found is not None:
+        tp_name, raw = found
+        if raw.lower() == "max":
+            max_tp = True
+        else:
+            tp = _positive(tp_name, raw, 64)
+    length, len_name = None, MAX_LEN_OPTIONS[0]
+    found = _first(env, MAX_LEN_OPTIONS)
+    if found is not None:
+        len_name, raw = found
+        length = _positive(len_name, raw, MAX_MODEL_LEN)
+    prompt = None
+    raw_prompt = (env.get(PROMPT_OPTION) or "").strip()
+    if raw_prompt:
+        prompt = _positive(PROMPT_OPTION, raw_prompt, MAX_MODEL_LEN)
+        if length is not None and prompt >= length:
+            raise OptionError(f"{PROMPT_OPTION}={raw_prompt!r} must be a positive integer "
+                              f"below the max model length, {length} ({len_name})")
+    batch = None
+    raw_batch = (env.get(BATCH_OPTION) or "").strip()
+    if raw_batch:
+        batch = _positive(BATCH_OPTION, raw_batch, MAX_BATCH)
+    return ServerOptions(
+        Wants(dtype=_dtype(env), tensor_parallel=tp, tp_variable=tp_name,
+              max_model_len=length, len_variable=len_name, max_num_seqs=batch,
+              gpu_memory_utilization=_utilization(env)),
+        max_tp=max_tp, max_input_length=prompt)
