@@ -9,7 +9,9 @@ Contract, `wants(env)`:
   a positive integer, or ``max``: every GPU the instance holds (`ServerOptions.max_tp`).
   Unset: the plan's default degree (memory_plan.tensor_parallel).
 - max model length: the first of MAX_LEN_OPTIONS that is set (EagleNest's, LMI's, TGI's
-  prompt + output); MAX_INPUT_LENGTH (TGI's longest prompt), when set, must be below it.
+  prompt + output); MAX_INPUT_LENGTH (TGI's longest prompt), when set, must be below it
+  (below CPU_MAX_MODEL_LEN when no length is set; the caller checks it again against the
+  plan's length).
 - OPTION_MAX_ROLLING_BATCH_SIZE: vLLM's --max-num-seqs and the embedded engine's batch.
 - OPTION_GPU_MEMORY_UTILIZATION: vLLM's --gpu-memory-utilization, in (0, 1].
 Each bad value raises `OptionError` naming the variable.
@@ -21,8 +23,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from eaglenest.foundation.dtypes import AUTO, DtypeError, normalize
-from eaglenest.foundation.limits import MAX_MODEL_LEN
-from eaglenest.foundation.memory_plan import Wants
+from eaglenest.foundation.limits import LimitError, check_length
+from eaglenest.foundation.memory_plan import CPU_MAX_MODEL_LEN, Wants
 
 DTYPE_OPTIONS = ("EAGLENEST_DTYPE", "OPTION_DTYPE")
 #: LMI / TGI / SageMaker names for the tensor-parallel degree, in order of precedence
@@ -57,9 +59,18 @@ def _first(env: Mapping[str, str], names: tuple[str, ...]) -> tuple[str, str] | 
     return None
 
 
-def _positive(name: str, raw: str, most: int) -> int:
-    if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= most:
-        raise OptionError(f"{name}={raw!r} must be a positive integer (at most {most})")
+def _positive(name: str, raw: str, most: int | None = None) -> int:
+    """A positive integer; over `most` (None: EagleNest's longest max model length)
+    refused with foundation/limits.py's words, as CreateModel refuses it."""
+    if not (raw.isascii() and raw.isdigit()) or int(raw) < 1:
+        raise OptionError(f"{name}={raw!r} must be a positive integer")
+    if most is None:
+        try:
+            check_length(name, raw)
+        except LimitError as exc:
+            raise OptionError(str(exc)) from None
+    elif int(raw) > most:
+        raise OptionError(f"{name}={raw} is over its limit: at most {most}")
     return int(raw)
 
 
@@ -94,20 +105,24 @@ def read(env: Mapping[str, str]) -> ServerOptions:
         tp_name, raw = found
         if raw.lower() == "max":
             max_tp = True
+        elif not (raw.isascii() and raw.isdigit()) or int(raw) < 1:
+            raise OptionError(f"{tp_name}={raw!r} must be a positive integer or max")
         else:
             tp = _positive(tp_name, raw, 64)
     length, len_name = None, MAX_LEN_OPTIONS[0]
     found = _first(env, MAX_LEN_OPTIONS)
     if found is not None:
         len_name, raw = found
-        length = _positive(len_name, raw, MAX_MODEL_LEN)
+        length = _positive(len_name, raw)
     prompt = None
-    raw_prompt = (env.get(PROMPT_OPTION) or "").strip()
-    if raw_prompt:
-        prompt = _positive(PROMPT_OPTION, raw_prompt, MAX_MODEL_LEN)
-        if length is not None and prompt >= length:
+    raw_prompt = env.get(PROMPT_OPTION)
+    if raw_prompt is not None:
+        bound = length or CPU_MAX_MODEL_LEN
+        if not (raw_prompt.isascii() and raw_prompt.isdigit()
+                and 1 <= int(raw_prompt) < bound):
             raise OptionError(f"{PROMPT_OPTION}={raw_prompt!r} must be a positive integer "
-                              f"below the max model length, {length} ({len_name})")
+                              f"below the max model length, {bound} ({len_name})")
+        prompt = int(raw_prompt)
     batch = None
     raw_batch = (env.get(BATCH_OPTION) or "").strip()
     if raw_batch:
