@@ -34,6 +34,7 @@ Pure: json and dataclasses only.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -175,10 +176,8 @@ class HeadShape:
 def head_of(folder: Path) -> HeadShape:
     """A saved head's parameters (its safetensors bytes over its dtype's) and layers."""
     config: dict[str, Any] = {}
-    try:
+    with contextlib.suppress(OSError, ValueError):
         config = json.loads((folder / "config.json").read_text())
-    except (OSError, ValueError):
-        pass
     size = sum(p.stat().st_size for p in folder.glob("*.safetensors"))
     own = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
     assert isinstance(own, dict)
@@ -186,19 +185,24 @@ def head_of(folder: Path) -> HeadShape:
                      _int(own, "num_hidden_layers", default=1))
 
 
-def head_estimate(shape: ModelShape, layers: int = 1, draft_vocab: int | None = None,
+#: the draft vocabulary an optimization job trains when EAGLENEST_DRAFT_VOCAB_SIZE is unset
+DEFAULT_DRAFT_VOCAB = 8192
+
+
+def head_estimate(shape: ModelShape, layers: int = 1,
+                  draft_vocab: int | None = DEFAULT_DRAFT_VOCAB,
                   aux_layers: int = 3) -> HeadShape:
     """An EAGLE-3 head's parameters before it exists (the largest kind: a 2h-wide layer
-    input, an `aux_layers` x h fusion, its own lm_head and embeddings):
+    input, an `aux_layers` x h fusion, its own lm_head over the draft vocabulary; the
+    embeddings are the target's, which vLLM shares with a head that has none):
         per layer  2h x (heads + 2 kv) x head_dim + heads x head_dim x h + 3 x h x inter
-        fc         aux_layers x h x h
-        lm_head    draft_vocab x h;   embeddings  vocab x h
-    Example: Llama-3.1-8B, 1 layer, draft vocab 32000 -> 0.95B parameters (1.9 GB bf16)."""
+        fc         aux_layers x h x h;   lm_head  draft_vocab x h
+    Example: Llama-3.1-8B, 1 layer, draft vocab 8192 -> 0.33B parameters (0.65 GB bf16)."""
     h, hd = shape.hidden, shape.head_dim
     layer = (2 * h * (shape.heads + 2 * shape.kv_heads) * hd + shape.heads * hd * h
              + 3 * h * shape.intermediate)
     vocab = min(draft_vocab or shape.vocab, shape.vocab)
-    return HeadShape(layers * layer + aux_layers * h * h + vocab * h + shape.vocab * h, layers)
+    return HeadShape(layers * layer + aux_layers * h * h + vocab * h, layers)
 
 
 def _degree_ok(shape: ModelShape, tp: int) -> bool:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from eaglenest.foundation.instance_auth import new_secret
+from eaglenest.foundation.memory_plan import Gpus
 from eaglenest.foundation.processes import free_port
 from eaglenest.foundation.threads import SHARING_ENV, Registry
 from eaglenest.models.decode.modes import DecodeMode
@@ -25,7 +26,7 @@ from eaglenest.workers.jobs.loadgen import (
 )
 from eaglenest.workers.jobs.progress import BenchProgress
 from eaglenest.workers.serving import gpu_options
-from eaglenest.workers.serving.process import VLLM, ServerProcess, ServerSpec, cuda_available
+from eaglenest.workers.serving.process import ServerProcess, ServerSpec, cuda_available
 from eaglenest.workers.serving.schedule import FILE_NAME, MARGIN, Schedule, derive
 
 log = logging.getLogger("eaglenest.optimize")
@@ -51,7 +52,8 @@ class BenchPlan:
     #: the job's GPUs (workers/jobs/placing.py): every server is shown these, and only these
     gpus: list[int] = field(default_factory=list)
     gpu_env: dict[str, str] = field(default_factory=dict)
-    gpu_memory_gib: float = 0.0
+    #: what those GPUs are (foundation/memory_plan.py): each server is planned on all of them
+    held: Gpus = field(default_factory=lambda: Gpus(0, 0))
     #: the host's linear-kernel timing cache for embedded servers (None: each measures)
     kernel_cache: Path | None = None
 
@@ -66,14 +68,14 @@ def row_name(k: int) -> str:
 
 def _server(plan: BenchPlan, head: Path | None, k: int, log_path: Path,
             sharing: int) -> ServerProcess:
+    """One row's server; on GPUs planned on all the job's GPUs (it runs alone on them:
+    `measure_rows`), so a model that cannot fit fails the stage naming the sizes."""
     spec = ServerSpec(model_dir=plan.model_dir, served_name="bench", port=free_port(),
                       backend=plan.backend, head_dir=head, mode=plan.mode,
                       num_speculative_tokens=k, secret=new_secret(),
-                      extra_env={SHARING_ENV: str(sharing)}, kernel_cache=plan.kernel_cache)
-    gpu_options.apply(spec, {}, plan.gpus, plan.gpu_env, plan.gpu_memory_gib,
-                      cuda_available())
-    if plan.gpus and spec.backend == VLLM:  # the stage's servers share the job's GPUs
-        spec.gpu_memory_utilization = round(0.85 / (1 + len(plan.measured_ks)), 3)
+                      extra_env={SHARING_ENV: str(sharing)}, kernel_cache=plan.kernel_cache,
+                      split=False)
+    gpu_options.apply(spec, {}, plan.gpus, plan.gpu_env, plan.held, cuda_available())
     return ServerProcess(spec, log_path, plan.registry, plan.resource, "benchmark-server")
 
 
@@ -99,25 +101,36 @@ def _measure(server: ServerProcess, plan: BenchPlan, c: int) -> LevelResult:
 Rounds = dict[str, list[list[LevelResult]]]  # row name -> per level -> per round
 
 
+def _row_servers(plan: BenchPlan, logs: Path, sharing: int) -> dict[str, Any]:
+    """Row name -> a function that builds its server (baseline first, then one per K)."""
+    rows: dict[str, Any] = {"baseline": lambda: _server(
+        plan, None, plan.num_speculative_tokens, logs / "baseline-server.log", sharing)}
+    for k in plan.measured_ks:
+        rows[row_name(k)] = (lambda k=k: _server(plan, plan.head_dir, k,
+                                                 logs / f"eagle-k{k}-server.log", sharing))
+    return rows
+
+
 def measure_rows(plan: BenchPlan, logs: Path, should_stop: Any,
                  progress: BenchProgress) -> Rounds:
     """Every row (baseline, then one per K) at every concurrency, ``plan.rounds`` times, rows
-    interleaved: all servers are loaded up front and paused (SIGSTOP); at each level each is
-    resumed in turn for its measurement, the order reversed from round to round (rows A B C
-    then C B A: a host whose speed drifts shifts every row of a level alike instead of
-    whichever row ran last). Each server is sized for the CPUs as if it ran alone (it does,
-    while measured). Stopped early: the levels measured so far, the last maybe partial.
-    ``progress`` hears of each server start and each measurement (workers/jobs/progress.py)."""
-    sharing = Registry().running() + 1
-    servers = {"baseline": _server(plan, None, plan.num_speculative_tokens,
-                                   logs / "baseline-server.log", sharing)}
-    for k in plan.measured_ks:
-        servers[row_name(k)] = _server(plan, plan.head_dir, k,
-                                       logs / f"eagle-k{k}-server.log", sharing)
-    rows: Rounds = {name: [] for name in servers}
+    interleaved, the order reversed from round to round (rows A B C then C B A: a host
+    whose speed drifts shifts every row alike instead of whichever row ran last).
+    On the CPU all servers are loaded up front and paused (SIGSTOP); at each level each is
+    resumed in turn for its measurement. Each is sized for the CPUs as if it ran alone (it
+    does, while measured). On GPUs one server runs at a time, planned on all the job's GPUs
+    (two would each need the weights and a KV cache): each round starts each row's server,
+    measures it at every level, and stops it before the next starts.
+    Stopped early: the levels measured so far, the last maybe partial. ``progress`` hears
+    of each server start and each measurement (workers/jobs/progress.py)."""
+    builders = _row_servers(plan, logs, Registry().running() + 1)
     rounds = max(1, plan.rounds)
     progress.plan(plan.backend, {c: requests_per_round(len(plan.prompts), c, rounds)
-                                 for c in plan.concurrency}, len(servers), rounds)
+                                 for c in plan.concurrency}, len(builders), rounds)
+    if plan.gpus:
+        return _one_at_a_time(plan, builders, rounds, should_stop, progress)
+    servers = {name: build() for name, build in builders.items()}
+    rows: Rounds = {name: [] for name in servers}
     try:
         for i, (name, server) in enumerate(servers.items()):  # one at a time: CPU-heavy
             if should_stop():
@@ -133,14 +146,46 @@ def measure_rows(plan: BenchPlan, logs: Path, should_stop: Any,
                 for name in names if r % 2 == 0 else names[::-1]:
                     if should_stop():
                         return rows
-                    progress.measuring(c, name, r)
-                    result = _measure(servers[name], plan, c)
-                    progress.measured(name, r, result.requests, result.output_throughput)
-                    rows[name][-1].append(result)
+                    _measure_into(rows, name, servers[name], plan, c, r, progress)
         return rows
     finally:
         for server in servers.values():
             server.stop()
+
+
+def _measure_into(rows: Rounds, name: str, server: ServerProcess, plan: BenchPlan, c: int,
+                  r: int, progress: BenchProgress, level: int = -1) -> None:
+    """Measure `name`'s row at concurrency `c` in round `r` into its `level`'s rounds."""
+    progress.measuring(c, name, r)
+    result = _measure(server, plan, c)
+    progress.measured(name, r, result.requests, result.output_throughput)
+    rows[name][level].append(result)
+
+
+def _one_at_a_time(plan: BenchPlan, builders: dict[str, Any], rounds: int, should_stop: Any,
+                   progress: BenchProgress) -> Rounds:
+    """GPUs: in round r each row's server alone on the job's GPUs (rows in order, reversed
+    in odd rounds), measured at every level, stopped before the next row's starts."""
+    names = list(builders)
+    rows: Rounds = {name: [[] for _ in plan.concurrency] for name in names}
+    starts = 0
+    for r in range(rounds):
+        for name in names if r % 2 == 0 else names[::-1]:
+            if should_stop():
+                return rows
+            starts += 1
+            progress.starting(name, starts, len(names) * rounds)
+            server = builders[name]()
+            try:
+                server.start(plan.startup_timeout)
+                server.pause(True)
+                for i, c in enumerate(plan.concurrency):
+                    if should_stop():
+                        return rows
+                    _measure_into(rows, name, server, plan, c, r, progress, i)
+            finally:
+                server.stop()
+    return rows
 
 
 def _pooled(rows: Rounds) -> dict[str, list[LevelResult]]:

@@ -183,7 +183,7 @@ def _execute(ctx: WorkerContext, ref: ResourceRef, name: str,
     store = AccountStore(make_store(ctx.settings), ref.account_id)
     pipeline = Pipeline(name, job, options, sources, store, work_dir(ctx, ref), control,
                         ctx.children_dir, ref.local_key,
-                        placing.JobGpus(gpus, ctx.placer.visible(gpus), _memory_gib(job)),
+                        _job_gpus(ctx, job, gpus),
                         compute_budget=compute_budget(ctx.settings.max_compute_processes),
                         max_stored_bytes=ctx.settings.max_stored_bytes,
                         kernels_dir=ctx.kernels_dir)
@@ -199,11 +199,15 @@ def _execute(ctx: WorkerContext, ref: ResourceRef, name: str,
                                          result.head_uri, result.schedule, backend))
 
 
-def _memory_gib(job: CreateOptimizationJobRequest) -> float:
+def _job_gpus(ctx: WorkerContext, job: CreateOptimizationJobRequest,
+              gpus: list[int]) -> placing.JobGpus:
+    """The GPUs the job holds, with its instance type's memory and compute capability."""
     try:
-        return lookup(job.DeploymentInstanceType).memory_gib
+        itype = lookup(job.DeploymentInstanceType)
     except UnsupportedInstanceType:
-        return 0.0
+        return placing.JobGpus(gpus, ctx.placer.visible(gpus))
+    return placing.JobGpus(gpus, ctx.placer.visible(gpus), itype.memory_gib,
+                           itype.compute_capability)
 
 
 def serving_backend(chosen: str | None, source: CreateModelInput | None) -> str:

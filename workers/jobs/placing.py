@@ -22,7 +22,9 @@ from eaglenest.db import optimization_jobs_repo as jobs
 from eaglenest.db.common import locate
 from eaglenest.db.tables import OptimizationJobRow
 from eaglenest.foundation.accounts import ResourceRef
+from eaglenest.foundation.gpus import MEMORY_TOLERANCE
 from eaglenest.foundation.instance_types import UnsupportedInstanceType, lookup
+from eaglenest.foundation.memory_plan import GIB, Gpus
 from eaglenest.foundation.queue import OPTIMIZE_TASK, TRAIN_QUEUE
 from eaglenest.workers.infra.context import WorkerContext
 from eaglenest.workers.infra.placement import NoCapacity, capacity_reason
@@ -46,6 +48,14 @@ class JobGpus:
     indexes: list[int] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     memory_gib: float = 0.0
+    #: their CUDA compute capability (None: unknown or the CPU)
+    capability: float | None = None
+
+    def held(self) -> Gpus:
+        """These GPUs as a memory plan sees them (foundation/memory_plan.gpus_of_type)."""
+        return Gpus(len(self.indexes), int(self.memory_gib * MEMORY_TOLERANCE * GIB),
+                    self.capability, f"the job's {len(self.indexes)} GPU(s) of "
+                    f"{self.memory_gib:g} GiB")
 
 
 def place(ctx: WorkerContext, ref: ResourceRef) -> Placement | str:

@@ -1,99 +1,108 @@
-"""What an endpoint instance's GPUs mean for its model server (docs/gpu-hosts.md).
+"""What an instance's GPUs mean for its model server (docs/gpu-memory.md, docs/gpu-hosts.md).
 
-Contract, for an instance that holds `gpus` (workers/infra/placement.py):
-- vLLM's --tensor-parallel-size is the instance's GPUs, or less where the container says so
-  as LMI / TGI / SageMaker containers do (SM_NUM_GPUS, OPTION_TENSOR_PARALLEL_DEGREE,
-  TENSOR_PARALLEL_DEGREE; ``max`` = all); more than the instance holds is refused (the
-  instance still holds all of its type's GPUs, as on SageMaker).
-- OPTION_GPU_MEMORY_UTILIZATION becomes vLLM's --gpu-memory-utilization (0 < x <= 1).
-- On CUDA the dtype defaults to the model's own (vLLM ``auto``; the embedded engine reads
-  config.json), as vLLM and LMI do; float32 stays the CPU default (and is exact).
-- Split serving (a second copy of the target beside the speculating one) is off on CUDA
-  unless EAGLENEST_SPLIT_SERVING=1 asks for it and the instance's GPUs hold both copies with
-  room to spare: vLLM's own dynamic speculation already serves every load there.
+Contract, for a server placed on `gpus` (workers/infra/placement.py) of an instance type
+described by `held` (foundation/memory_plan.gpus_of_type):
+- `apply` plans the server from its model folder alone (foundation/memory_plan.py: the
+  weights in the dtype it will load, the head, the overhead, the KV cache) before it
+  starts, and sets the spec from the plan: --tensor-parallel-size (the container's
+  SM_NUM_GPUS / OPTION_TENSOR_PARALLEL_DEGREE / TENSOR_PARALLEL_DEGREE where set and valid,
+  else the largest degree that divides the model's heads), --gpu-memory-utilization
+  (OPTION_GPU_MEMORY_UTILIZATION where set, else the plan's), --max-model-len (the
+  container's where set and it fits, else the model's own bounded by the KV cache),
+  --max-num-seqs (OPTION_MAX_ROLLING_BATCH_SIZE). A model that cannot fit, or an option that
+  cannot hold, raises GpuOptionError naming the sizes or the variable: the caller fails
+  the endpoint (or job) before any server starts.
+- The dtype: on CUDA, the plan's (the checkpoint's own, float16 below compute capability
+  8.0, or the container's EAGLENEST_DTYPE / OPTION_DTYPE in any spelling LMI users write);
+  with a declared inventory on a host without CUDA (tests), the CPU's (float32 unless the
+  container asks), while every other figure is the GPU plan's.
+- Split serving (a second copy of the target beside the speculating one) on CUDA only
+  where EAGLENEST_SPLIT_SERVING=1 asks for it and the plan fits twice: each server then
+  gets half the memory share (the plan of two copies). vLLM's own dynamic speculation
+  serves every load otherwise.
+- No GPUs: the spec keeps the CPU's settings (deploy.py) and nothing is planned.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Mapping
-from pathlib import Path
+from dataclasses import replace
 
-from eaglenest.workers.serving.process import EMBEDDED, ServerSpec
+from eaglenest.foundation import server_options
+from eaglenest.foundation.memory_plan import (
+    Gpus,
+    MemoryPlan,
+    PlanError,
+    ShapeError,
+    head_of,
+    plan,
+    shape_of,
+)
+from eaglenest.workers.serving.process import ServerSpec
 
 log = logging.getLogger("eaglenest.endpoints")
-#: LMI / TGI / SageMaker names for the tensor-parallel degree, in order of precedence
-TP_OPTIONS = ("OPTION_TENSOR_PARALLEL_DEGREE", "TENSOR_PARALLEL_DEGREE", "SM_NUM_GPUS")
-MEMORY_OPTION = "OPTION_GPU_MEMORY_UTILIZATION"
-#: split serving needs both copies of the weights in at most this share of the GPUs' memory
-SPLIT_MEMORY_SHARE = 0.5
-_DTYPES = ("bfloat16", "float16", "float32")
 
 
 class GpuOptionError(ValueError):
-    """An option that cannot hold on the instance's GPUs; the message names it."""
+    """An option that cannot hold on the instance's GPUs, or a model that does not fit
+    them; the message names the variable or the sizes."""
 
 
-def tensor_parallel(env: Mapping[str, str], gpus: int) -> int:
-    """The tensor-parallel degree for an instance of `gpus` GPUs (1 on the CPU)."""
-    for name in TP_OPTIONS:
-        raw = (env.get(name) or "").strip()
-        if not raw:
-            continue
-        if raw.lower() == "max":
-            return max(1, gpus)
-        if not raw.isdigit() or int(raw) < 1:
-            raise GpuOptionError(f"{name}={raw!r} must be a positive integer or max")
-        if gpus and int(raw) > gpus:
-            raise GpuOptionError(f"{name}={raw} asks for more GPUs than the instance holds "
-                                 f"({gpus})")
-        return int(raw) if gpus else 1
-    return max(1, gpus)
-
-
-def memory_utilization(env: Mapping[str, str]) -> float | None:
-    raw = (env.get(MEMORY_OPTION) or "").strip()
-    if not raw:
-        return None
+def plan_server(spec: ServerSpec, env: Mapping[str, str], held: Gpus,
+                copies: int = 1) -> MemoryPlan:
+    """The plan of `spec`'s server on `held` (`copies` servers sharing the GPUs);
+    GpuOptionError when it cannot hold."""
     try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not 0 < value <= 1:
-        raise GpuOptionError(f"{MEMORY_OPTION}={raw!r} must be a number in (0, 1]")
-    return value
-
-
-def model_dtype(model_dir: Path) -> str:
-    """The dtype the checkpoint was saved in (config.json), bfloat16 when it says none."""
-    try:
-        config = json.loads((model_dir / "config.json").read_text())
-    except (OSError, ValueError):
-        return "bfloat16"
-    found = str(config.get("torch_dtype") or config.get("dtype") or "")
-    return found if found in _DTYPES else "bfloat16"
-
-
-def _weights_bytes(model_dir: Path) -> int:
-    return sum(p.stat().st_size for p in model_dir.glob("*.safetensors"))
+        options = server_options.read(env)
+        shape = shape_of(spec.model_dir)
+        head = head_of(spec.head_dir) if spec.head_dir is not None else None
+        wants = replace(options.wants, copies=copies,
+                        tensor_parallel=held.count if options.max_tp
+                        else options.wants.tensor_parallel)
+        planned = plan(shape, held, wants, head)
+    except (server_options.OptionError, PlanError, ShapeError) as exc:
+        raise GpuOptionError(str(exc)) from None
+    prompt = options.max_input_length
+    if prompt is not None and prompt >= planned.max_model_len:
+        raise GpuOptionError(f"{server_options.PROMPT_OPTION}={prompt} must be below the max "
+                             f"model length, {planned.max_model_len}")
+    return planned
 
 
 def apply(spec: ServerSpec, env: Mapping[str, str], gpus: list[int], gpu_env: dict[str, str],
-          memory_gib: float, cuda: bool) -> None:
-    """Set `spec`'s GPU view, parallelism, memory share, dtype and split for `gpus` (GPUs
-    of `memory_gib` each; `cuda`: the host really has CUDA, not a declared inventory)."""
+          held: Gpus, cuda: bool) -> MemoryPlan | None:
+    """Set `spec`'s GPU view and, on GPUs, its plan (module contract). `held`: the GPUs of
+    the instance type, `gpus` the worker's indexes of those this server holds; `cuda`: the
+    host really has CUDA, not a declared inventory. The plan, None without GPUs."""
     spec.gpu_env, spec.gpus = dict(gpu_env), list(gpus)
-    spec.tensor_parallel = tensor_parallel(env, len(gpus))
-    spec.gpu_memory_utilization = memory_utilization(env)
-    if not (gpus and cuda):
-        return
-    if not (env.get("EAGLENEST_DTYPE") or env.get("OPTION_DTYPE")):
-        spec.dtype = model_dtype(spec.model_dir) if spec.backend == EMBEDDED else "auto"
-    asked = env.get("EAGLENEST_SPLIT_SERVING") == "1"
-    room = SPLIT_MEMORY_SHARE * memory_gib * len(gpus) * 2**30
-    spec.split = asked and 2 * _weights_bytes(spec.model_dir) <= room
-    if asked and not spec.split:
-        log.warning("split serving turned off: two copies of %s do not fit in %.0f%% of "
-                    "the instance's %d GPU(s)", spec.model_dir, 100 * SPLIT_MEMORY_SHARE,
-                    len(gpus))
+    if not gpus:
+        return None
+    held = replace(held, count=len(gpus))
+    planned = plan_server(spec, env, held)
+    if cuda:
+        spec.split = spec.split and _split_fits(spec, env, held)
+        if spec.split and spec.split_upto() is not None:
+            planned = plan_server(spec, env, held, copies=2)  # each server half the share
+        spec.dtype = planned.dtype
+        if planned.dtype_reason:
+            log.warning("%s: %s", spec.model_dir, planned.dtype_reason)
+    spec.tensor_parallel = planned.tensor_parallel
+    spec.gpu_memory_utilization = planned.gpu_memory_utilization
+    spec.max_model_len = planned.max_model_len
+    spec.max_num_seqs = planned.max_num_seqs
+    log.info("%s on %d GPU(s): %s", spec.model_dir, len(gpus), planned.describe())
+    return planned
+
+
+def _split_fits(spec: ServerSpec, env: Mapping[str, str], held: Gpus) -> bool:
+    """Split serving on GPUs: asked for (EAGLENEST_SPLIT_SERVING=1) and planned twice."""
+    if env.get("EAGLENEST_SPLIT_SERVING") != "1":
+        return False
+    try:
+        plan_server(spec, env, held, copies=2)
+    except GpuOptionError as exc:
+        log.warning("split serving turned off: two servers of %s do not fit the instance's "
+                    "GPUs: %s", spec.model_dir, exc)
+        return False
+    return True

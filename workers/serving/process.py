@@ -95,8 +95,15 @@ class ServerSpec:
     gpus: list[int] = field(default_factory=list)
     #: vLLM: --tensor-parallel-size (the instance's GPUs, or the LMI option that says less)
     tensor_parallel: int = 1
-    #: vLLM: --gpu-memory-utilization (OPTION_GPU_MEMORY_UTILIZATION); None: vLLM's default
+    #: vLLM: --gpu-memory-utilization (the memory plan's, or OPTION_GPU_MEMORY_UTILIZATION;
+    #: workers/serving/gpu_options.py); None: vLLM's default (no GPUs)
     gpu_memory_utilization: float | None = None
+    #: sequences decoded together (OPTION_MAX_ROLLING_BATCH_SIZE): vLLM's --max-num-seqs and
+    #: the embedded engine's batch; None: each backend's default
+    max_num_seqs: int | None = None
+    #: MAX_INPUT_LENGTH: the longest prompt a request may send, in tokens (None: no bound
+    #: but the max model length); the server refuses a longer one naming it
+    max_input_length: int | None = None
     #: what `python -m` runs for a vLLM server (Settings.vllm_module)
     vllm_module: str = "vllm.entrypoints.openai.api_server"
     #: embedded: the host's linear-kernel timing cache (models/decode/kernel_cache.py); a
@@ -126,6 +133,10 @@ class ServerSpec:
                "--max-model-len", str(self.max_model_len)]
         if self.kernel_cache is not None:
             cmd += ["--kernel-cache", str(self.kernel_cache)]
+        if self.max_num_seqs is not None:
+            cmd += ["--max-num-seqs", str(self.max_num_seqs)]
+        if self.max_input_length is not None:
+            cmd += ["--max-input-length", str(self.max_input_length)]
         if self.speculates():
             k = self.schedule.k_max if self.schedule else self.num_speculative_tokens
             cmd += ["--head", str(self.head_dir), "--mode", self.mode,
@@ -145,6 +156,8 @@ class ServerSpec:
             cmd += ["--tensor-parallel-size", str(self.tensor_parallel)]
         if self.gpu_memory_utilization is not None:
             cmd += ["--gpu-memory-utilization", f"{self.gpu_memory_utilization:g}"]
+        if self.max_num_seqs is not None:
+            cmd += ["--max-num-seqs", str(self.max_num_seqs)]
         if self.secret:  # the key itself goes in the environment (VLLM_API_KEY)
             cmd += ["--middleware", "eaglenest.foundation.instance_auth.InstanceGuard"]
         if not cuda_available():

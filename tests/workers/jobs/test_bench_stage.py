@@ -110,6 +110,38 @@ def test_a_stop_ends_it_between_measurements(fake_servers, caplog, tmp_path):
     assert reports[-1]["phase"] == "measured" and reports[-1]["requests"] == 4
 
 
+class Tracked(FakeServer):
+    """Records every start and stop in one timeline shared by all servers."""
+
+    timeline: list[tuple[str, str]] = []
+
+    def start(self, timeout: float) -> None:
+        self.timeline.append(("start", self.name))
+
+    def stop(self) -> None:
+        self.timeline.append(("stop", self.name))
+
+
+def test_on_gpus_one_server_runs_at_a_time(fake_servers, monkeypatch, tmp_path):
+    """On GPUs each row's server is planned on all the job's GPUs, so it runs alone:
+    started, measured at every level, stopped before the next starts; rows alternate
+    order from round to round and every level still gets one measurement per round."""
+    Tracked.timeline = []
+    monkeypatch.setattr(bench_stage, "_server",
+                        lambda plan, head, k, log_path, sharing: Tracked(log_path.stem))
+    gpu_plan = BenchPlan(Path("model"), Path("head"), ["p"] * 4, "vllm", (1, 4), 8, 3,
+                         ks=(1, 3), rounds=2, gpus=[0])
+    progress = BenchProgress("j1", "benchmark", lambda _: None, fake_servers)
+    rows = measure_rows(gpu_plan, tmp_path, lambda: False, progress)
+    assert Tracked.timeline == [
+        (event, name) for name in ("baseline-server", "eagle-k1-server", "eagle-k3-server",
+                                   "eagle-k3-server", "eagle-k1-server", "baseline-server")
+        for event in ("start", "stop")]
+    assert {name: [len(level) for level in levels] for name, levels in rows.items()} == {
+        "baseline": [2, 2], "eagle K=1": [2, 2], "eagle K=3": [2, 2]}
+    assert [r.concurrency for r in rows["eagle K=3"][1]] == [4, 4]
+
+
 def test_a_real_benchmark_logs_its_rows_and_no_requests(tiny_llama_dir, tiny_eagle3_dir,
                                                         tmp_path, capfd):
     """The tiny target and head on the embedded backend, under the worker's logging set-up

@@ -34,6 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     p.add_argument("--max-num-seqs", type=int, default=8,
                    help="requests decoded together (continuous batching); 1 = one at a time")
+    p.add_argument("--max-input-length", type=int, default=None,
+                   help="the longest prompt in tokens (the container's MAX_INPUT_LENGTH)")
     p.add_argument("--kernel-cache", default=None,
                    help="folder of the linear-kernel timing cache (models/decode/kernel_cache.py)"
                         " shared by this host's servers (default: measure at every start)")
@@ -88,7 +90,8 @@ def build_server(args: argparse.Namespace):  # type: ignore[no-untyped-def]
             head = head if schedule.k_for(1) else None
         engine = SpeculativeEngine(target.model, head, mode, **kw)  # type: ignore[arg-type]
     name = args.served_model_name or args.model
-    server = EmbeddedServer(engine, target.tokenizer, name, max_model_len=args.max_model_len)
+    server = EmbeddedServer(engine, target.tokenizer, name, max_model_len=args.max_model_len,
+                            max_input_length=args.max_input_length)
     server.metrics.torch_threads = threads.threads
 
     def use_threads(n: int) -> None:

@@ -12,6 +12,8 @@ sees the same 400 whichever backend serves the endpoint:
    (vLLM clamps a request whose prompt plus max_tokens overflows the context; it does not
    refuse it), and a budget below 1 is refused.
 
+5. with the container's MAX_INPUT_LENGTH, a prompt of more tokens is refused naming it.
+
 Refused requests never reach the engine's queue (`EmbeddedServer` checks before
 `Runner.stream`). vLLM appends the parameter and value to each message; so does
 `LimitError`.
@@ -62,6 +64,15 @@ def check_tokens(count: int, max_model_len: int) -> None:
             f"This model's maximum context length is {max_model_len} tokens. However, your "
             f"prompt contains {qualifier}{count} input tokens, which exceeds this limit even "
             f"without any output tokens. Please reduce the length of the input prompt.",
+            "input_tokens", count)
+
+
+def check_input(count: int, max_input_length: int | None) -> None:
+    """The container's MAX_INPUT_LENGTH (TGI's longest prompt), when it set one."""
+    if max_input_length is not None and count > max_input_length:
+        raise LimitError(
+            f"The prompt contains {count} input tokens, more than MAX_INPUT_LENGTH="
+            f"{max_input_length} allows. Please reduce the length of the input prompt.",
             "input_tokens", count)
 
 

@@ -52,8 +52,10 @@ def error(message: str, status: int = 400, param: str | None = None) -> JSONResp
 
 class EmbeddedServer:
     def __init__(self, engine: Engine, tokenizer: Any, model_name: str,
-                 max_model_len: int = 4096, default_max_tokens: int = 256) -> None:
+                 max_model_len: int = 4096, default_max_tokens: int = 256,
+                 max_input_length: int | None = None) -> None:
         self.tokenizer, self.model_name = tokenizer, model_name
+        self.max_input_length = max_input_length
         self.max_model_len, self.default_max_tokens = max_model_len, default_max_tokens
         self.chars_per_token = limits.max_chars_per_token(tokenizer)
         self.metrics = ServerMetrics(model_name)
@@ -63,6 +65,7 @@ class EmbeddedServer:
     def _request(self, body: _Common, prompt_ids: list[int], max_tokens: int | None) -> GenRequest:
         """The engine request, once the prompt passed `limits` (rules 3 and 4)."""
         limits.check_tokens(len(prompt_ids), self.max_model_len)
+        limits.check_input(len(prompt_ids), self.max_input_length)
         budget = limits.output_budget(len(prompt_ids), max_tokens, self.default_max_tokens,
                                       self.max_model_len)
         stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
