@@ -56,6 +56,8 @@ class BenchPlan:
     held: Gpus = field(default_factory=lambda: Gpus(0, 0))
     #: the host's linear-kernel timing cache for embedded servers (None: each measures)
     kernel_cache: Path | None = None
+    #: what `python -m` runs for a vLLM server (Settings.vllm_module)
+    vllm_module: str = "vllm.entrypoints.openai.api_server"
 
     @property
     def measured_ks(self) -> tuple[int, ...]:
@@ -74,7 +76,7 @@ def _server(plan: BenchPlan, head: Path | None, k: int, log_path: Path,
                       backend=plan.backend, head_dir=head, mode=plan.mode,
                       num_speculative_tokens=k, secret=new_secret(),
                       extra_env={SHARING_ENV: str(sharing)}, kernel_cache=plan.kernel_cache,
-                      split=False)
+                      split=False, vllm_module=plan.vllm_module)
     gpu_options.apply(spec, {}, plan.gpus, plan.gpu_env, plan.held, cuda_available())
     return ServerProcess(spec, log_path, plan.registry, plan.resource, "benchmark-server")
 

@@ -186,7 +186,7 @@ def _execute(ctx: WorkerContext, ref: ResourceRef, name: str,
                         _job_gpus(ctx, job, gpus),
                         compute_budget=compute_budget(ctx.settings.max_compute_processes),
                         max_stored_bytes=ctx.settings.max_stored_bytes,
-                        kernels_dir=ctx.kernels_dir)
+                        kernels_dir=ctx.kernels_dir, vllm_module=ctx.settings.vllm_module)
     result = pipeline.run()
     backend = result.backend or serving_backend(options.backend, model)
     output = {"OptimizationOutput": {"RecommendedInferenceImage": backend},
