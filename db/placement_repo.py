@@ -174,16 +174,22 @@ def holdings(session: Session) -> list[GpuHoldingRow]:
 
 
 def hosts_that_fit(session: Session, queue: str, count: int, memory_gib: float,
-                   lease_seconds: float) -> tuple[list[str], list[str]]:
+                   lease_seconds: float, without_gpus: bool = False
+                   ) -> tuple[list[str], list[str]]:
     """Host names of live workers consuming `queue`: those with `count` free GPUs that fit
-    `memory_gib` now, and those that have that many such GPUs at all (free or not)."""
+    `memory_gib` now, and those that have that many such GPUs at all (free or not).
+    `without_gpus`: only hosts none of whose live workers consuming `queue` has a GPU (a
+    CPU instance type whose server cannot run beside GPUs)."""
     taken: dict[str, set[int]] = {}
     for host, index in session.execute(select(GpuHoldingRow.host, GpuHoldingRow.gpu_index)):
         taken.setdefault(host, set()).add(index)
+    consumers = [w for w in live_workers(session, lease_seconds)
+                 if queue in w.queues.split(",")]
+    with_gpus = {w.host for w in consumers if w.gpus} if without_gpus else set()
     free_now: list[str] = []
     ever: list[str] = []
-    for w in live_workers(session, lease_seconds):
-        if queue not in w.queues.split(","):
+    for w in consumers:
+        if w.host in with_gpus:
             continue
         fit = [g for g in map(Gpu.from_dict, w.gpus) if g.fits(memory_gib)]
         if len(fit) >= count and w.host not in ever:

@@ -113,9 +113,13 @@ def test_ports_are_published_by_the_overrides_users_run_not_the_base():
 
 def test_gpu_override_swaps_only_the_workers_image_and_reserves_gpus():
     assert set(GPU) == {"minio", "api", "worker-train", "worker-serve"}
+    # both workers see every GPU: one host name, so placement never gives a GPU twice
+    hosts = {GPU[n]["environment"]["EAGLENEST_HOST_NAME"] for n in ("worker-train", "worker-serve")}
+    assert hosts == {"${EAGLENEST_HOST_NAME:-gpu-box}"} and "host_name" in Settings.model_fields
     for name in ("worker-train", "worker-serve"):
         svc = GPU[name]
-        assert set(svc) == {"build", "image", "deploy"}, name
+        assert set(svc) == {"build", "image", "environment", "deploy"}, name
+        assert set(svc["environment"]) == {"EAGLENEST_HOST_NAME"}, name
         assert svc["image"] == "eaglenest/worker-gpu:latest"
         assert svc["build"]["dockerfile"] == "docker/worker-gpu.Dockerfile"
         assert "nvidia/cuda" in svc["build"]["args"]["BASE_IMAGE"]

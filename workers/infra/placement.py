@@ -4,15 +4,19 @@ Contract:
 - The worker registers its host name, its GPUs (foundation/gpus.inventory of
   EAGLENEST_GPUS) and its queues when it is ready, heartbeats every third of a lease, and
   unregisters at a clean shutdown.
-- `take(holder, unit, instance_type)` places one endpoint instance or one job on this
-  worker's host: whole GPUs, as many as the type has, each big enough; [] for a CPU type.
-  A GPU type on a worker without GPUs runs on its CPU only while no live worker anywhere
-  has a GPU (a laptop, CI); otherwise NoCapacity, and so when this host's GPUs are taken.
+- `take(holder, unit, instance_type, backend=)` places one endpoint instance or one job on
+  this worker's host: whole GPUs, as many as the type has, each big enough; [] for a CPU
+  type. A GPU type on a worker without GPUs runs on its CPU only while no live worker
+  anywhere has a GPU (a laptop, CI); otherwise NoCapacity, and so when this host's GPUs are
+  taken. A CPU type served by vLLM is NoCapacity on a worker with GPUs (its vLLM is the
+  CUDA build, which sees the GPUs through NVML whatever CUDA_VISIBLE_DEVICES says and fails
+  without one): it needs a host without GPUs, or the embedded engine (pure torch, which
+  runs on the CPU anywhere). backend "" (unknown, jobs) places a CPU type anywhere.
 - `route(task, arn, queue, instance_type)` hands a task this host could not place to a
-  host that can now (its own queue ``<queue>.<host>``), else back to `queue` after a short
-  delay: Celery's queue carries the work, no loop of ours waits. The caller decides, by its
-  deadline (EAGLENEST_CAPACITY_WAIT_SECONDS), whether to route again or fail with
-  `capacity_reason()`.
+  host that can now (its own queue ``<queue>.<host>``; for a CPU type, a host without
+  GPUs), else back to `queue` after a short delay: Celery's queue carries the work, no loop
+  of ours waits. The caller decides, by its deadline (EAGLENEST_CAPACITY_WAIT_SECONDS),
+  whether to route again or fail with `capacity_reason()`.
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ from eaglenest.foundation.queue import TaskQueue
 from eaglenest.foundation.settings import Settings
 
 log = logging.getLogger("eaglenest.placement")
+#: the server backend whose build on a host with GPUs is the CUDA one (serving's "vllm")
+VLLM = "vllm"
 #: seconds before a task no host could place is offered to the queue again
 RETRY_SECONDS = 3.0
 
@@ -102,9 +108,12 @@ class Placer:
         with self.db.session() as s:
             repo.unregister(s, self.owner)
 
-    def take(self, holder: str, unit: str, itype: InstanceType) -> list[int]:
-        """GPU indexes now held by (holder, unit); [] when it runs on the CPU."""
+    def take(self, holder: str, unit: str, itype: InstanceType, *, backend: str = ""
+             ) -> list[int]:
+        """GPU indexes now held by (holder, unit); [] when it runs on the CPU. `backend`:
+        the server's ("vllm", "embedded"; "": not known yet). Module contract."""
         if itype.accelerators == 0:
+            self._check_cpu(itype, backend)
             return []
         with self.db.session() as s:
             kept = repo.held(s, holder, self.host).get(unit)
@@ -121,6 +130,13 @@ class Placer:
         log.info("%s %s holds GPUs %s of host %s (%s)", holder, unit, got, self.host,
                  itype.name)
         return got
+
+    def _check_cpu(self, itype: InstanceType, backend: str) -> None:
+        """NoCapacity when a CPU type's server cannot run on this host: vLLM beside GPUs."""
+        if backend == VLLM and self.gpus:
+            raise NoCapacity(itype, f"host {self.host} has GPUs and its vLLM is a CUDA build: "
+                                    "a CPU instance type needs a host without GPUs or "
+                                    "EAGLENEST_SERVING_BACKEND=embedded")
 
     def _shortage(self, itype: InstanceType) -> str:
         fit = [g for g in self.gpus if g.fits(itype.memory_gib)]
@@ -144,11 +160,13 @@ class Placer:
 
     def route(self, queue: TaskQueue, task: str, arn: str, base_queue: str,
               itype: InstanceType) -> str:
-        """Send the task to a host that can place `itype` now, else to `base_queue` again
-        after RETRY_SECONDS; the queue it went to."""
+        """Send the task to a host that can place `itype` now (a CPU type: a host without
+        GPUs, the only kind take() refuses it on), else to `base_queue` again after
+        RETRY_SECONDS; the queue it went to."""
         with self.db.session() as s:
             free, _ = repo.hosts_that_fit(s, base_queue, itype.accelerators, itype.memory_gib,
-                                          self.settings.job_lease_seconds)
+                                          self.settings.job_lease_seconds,
+                                          without_gpus=itype.accelerators == 0)
         others = [h for h in free if h != self.host]
         target = host_queue(base_queue, others[0]) if others else base_queue
         queue.send(task, arn, target, countdown=0 if others else RETRY_SECONDS)

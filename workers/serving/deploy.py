@@ -321,7 +321,7 @@ def _specs(plan: VariantPlan, model_dir: Path, head_dir: Path | None, endpoint: 
         if advertise_host != "127.0.0.1":
             spec.bind_host = "0.0.0.0"
         if placement is not None and itype is not None:
-            gpus = placement.placer.take(placement.holder, unit, itype)
+            gpus = placement.placer.take(placement.holder, unit, itype, backend=spec.backend)
             try:
                 gpu_options.apply(spec, plan.env, gpus, placement.placer.visible(gpus),
                                   itype.memory_gib, cuda_available())
