@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from eaglenest.foundation import children, instance_auth
+from eaglenest.foundation import children, input_guard, instance_auth
 from eaglenest.foundation.environment import child_environment
 from eaglenest.foundation.limits import clamp_threads
 from eaglenest.foundation.threads import SHARING_ENV, Registry, ThreadPlan, plan_threads
@@ -158,6 +158,8 @@ class ServerSpec:
             cmd += ["--gpu-memory-utilization", f"{self.gpu_memory_utilization:g}"]
         if self.max_num_seqs is not None:
             cmd += ["--max-num-seqs", str(self.max_num_seqs)]
+        if self.max_input_length is not None:  # inside InstanceGuard (listed after it)
+            cmd += ["--middleware", "eaglenest.foundation.input_guard.InputLengthGuard"]
         if self.secret:  # the key itself goes in the environment (VLLM_API_KEY)
             cmd += ["--middleware", "eaglenest.foundation.instance_auth.InstanceGuard"]
         if not cuda_available():
@@ -208,6 +210,9 @@ class ServerSpec:
         if SHARING_ENV in user:  # set by the worker (deploy.py), not by the caller
             fixed[SHARING_ENV] = user.pop(SHARING_ENV)
         fixed.update(self.gpu_env)  # its GPUs, never the worker's whole view
+        if self.backend == VLLM and self.max_input_length is not None:
+            fixed[input_guard.LIMIT_ENV] = str(self.max_input_length)
+            fixed[input_guard.TOKENIZER_ENV] = str(self.model_dir)
         if self.secret:
             fixed[instance_auth.SECRET_ENV] = self.secret
             if self.backend == VLLM:
