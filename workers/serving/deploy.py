@@ -28,10 +28,11 @@ from sqlalchemy.orm import Session
 
 from eaglenest.db.common import find
 from eaglenest.db.tables import EndpointConfigRow, ModelRow
-from eaglenest.foundation import environment, instance_auth
+from eaglenest.foundation import environment, instance_auth, server_options
 from eaglenest.foundation.deployment import instances_of
+from eaglenest.foundation.dtypes import AUTO, FLOAT32
 from eaglenest.foundation.instance_types import InstanceType, UnsupportedInstanceType, lookup
-from eaglenest.foundation.limits import LimitError, check_length
+from eaglenest.foundation.memory_plan import CPU_MAX_MODEL_LEN, gpus_of_type
 from eaglenest.foundation.processes import free_port
 from eaglenest.foundation.shapes import AwsShape, StoredShapeError, rebuild
 from eaglenest.foundation.shapes.endpoint_configs import CreateEndpointConfigInput
@@ -60,8 +61,6 @@ from eaglenest.workers.serving.schedule import (
 )
 
 DEFAULT_HEALTH_TIMEOUT = 900
-#: the model's max length, in this precedence: EagleNest's, LMI's, TGI's (prompt + output)
-MAX_LEN_VARIABLES = ("EAGLENEST_MAX_MODEL_LEN", "OPTION_MAX_MODEL_LEN", "MAX_TOTAL_TOKENS")
 log = logging.getLogger("eaglenest.endpoints")
 Shape = TypeVar("Shape", bound=AwsShape)
 
@@ -181,36 +180,22 @@ def _spec(plan: VariantPlan, model_dir: Path, head_dir: Path | None, served: str
         environment.check(plan.env, f"model {plan.model_name}'s Environment")
     except environment.EnvironmentRejected as exc:
         raise DeployError(f"Variant {plan.variant}: {exc}") from exc
-    max_len = _max_model_len(plan)
+    try:
+        options = server_options.read(plan.env)
+    except server_options.OptionError as exc:
+        raise DeployError(str(exc)) from None
+    wants = options.wants
     return ServerSpec(model_dir=model_dir, served_name=served, port=free_port(),
                       backend=backend, head_dir=head_dir, adaptive=adaptive == "1",
                       num_speculative_tokens=_speculative_tokens(plan, head_dir), mode=mode,
-                      dtype=plan.env.get("EAGLENEST_DTYPE")
-                      or plan.env.get("OPTION_DTYPE", "float32"),
-                      max_model_len=int(max_len), secret=instance_auth.new_secret(),
+                      dtype=FLOAT32 if wants.dtype == AUTO else wants.dtype,
+                      max_model_len=wants.max_model_len or CPU_MAX_MODEL_LEN,
+                      max_num_seqs=wants.max_num_seqs,
+                      max_input_length=options.max_input_length,
+                      secret=instance_auth.new_secret(),
                       schedule=_schedule(plan, head_dir) if head_dir else None,
                       expected_load=_expected_load(plan), split=split == "1",
                       extra_env=dict(plan.env))  # as SageMaker sets a container's Environment
-
-
-def _max_model_len(plan: VariantPlan) -> int:
-    """The model's max length (prompt and generated tokens): the first of
-    `MAX_LEN_VARIABLES` that is set, else 2048. MAX_INPUT_LENGTH (TGI's longest prompt),
-    when set, must be a positive integer below it."""
-    name, raw = next(((n, plan.env[n]) for n in MAX_LEN_VARIABLES if plan.env.get(n)),
-                     (MAX_LEN_VARIABLES[0], "2048"))
-    if not (raw.isascii() and raw.isdigit()) or int(raw) < 1:
-        raise DeployError(f"{name}={raw!r} must be a positive integer")
-    try:  # the ceiling CreateModel checked (a model stored before it is refused here)
-        check_length(name, raw)
-    except LimitError as exc:
-        raise DeployError(str(exc)) from None
-    prompt = plan.env.get("MAX_INPUT_LENGTH")
-    if prompt is not None and not (prompt.isascii() and prompt.isdigit()
-                                   and 1 <= int(prompt) < int(raw)):
-        raise DeployError(f"MAX_INPUT_LENGTH={prompt!r} must be a positive integer below "
-                          f"the max model length, {int(raw)} ({name})")
-    return int(raw)
 
 
 def _schedule(plan: VariantPlan, head_dir: Path) -> Schedule | None:
@@ -324,7 +309,7 @@ def _specs(plan: VariantPlan, model_dir: Path, head_dir: Path | None, endpoint: 
             gpus = placement.placer.take(placement.holder, unit, itype, backend=spec.backend)
             try:
                 gpu_options.apply(spec, plan.env, gpus, placement.placer.visible(gpus),
-                                  itype.memory_gib, cuda_available())
+                                  gpus_of_type(itype), cuda_available())
             except gpu_options.GpuOptionError as exc:
                 raise DeployError(f"Variant {plan.variant}: {exc}") from exc
         specs.append(spec)
