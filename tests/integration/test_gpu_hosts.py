@@ -4,6 +4,8 @@ GPUs, host-b with 4. Endpoints are served by vLLM's command line run as a stand-
 (tests/support/fake_vllm.py, EAGLENEST_VLLM_MODULE): what is checked is where each instance
 is placed, the GPUs it holds (the database), and the command line and environment its
 process was started with (psutil); the job trains the tiny Llama target on the CPU.
+The stand-in records when each of its servers ran (fake_vllm_runs.jsonl): a job's
+benchmark servers on GPUs run one at a time, each with the memory plan's command line.
 """
 
 from __future__ import annotations
@@ -11,22 +13,31 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import importlib.util
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import psutil
 import pytest
+from botocore.exceptions import ClientError
+from safetensors import safe_open
 
 from eaglenest.db import placement_repo
 from eaglenest.db.session import Database
 from eaglenest.db.tables import EndpointRow
+from eaglenest.foundation.instance_types import lookup
+from eaglenest.foundation.memory_plan import gpus_of_type, head_estimate, plan, shape_of
 from eaglenest.foundation.queue import OPTIMIZE_TASK, TaskQueue
+from tests.support.fake_vllm import RUNS_FILE, read_runs
+from tests.support.model_shapes import write_shape
 from tests.support.stack import ACCOUNT, Stack
 from tests.support.workers import ROOT, Worker, start_worker, upload
 
@@ -348,3 +359,167 @@ def test_a_duplicate_delivery_never_frees_the_running_jobs_gpu(hosts):
     assert job["OptimizationJobStatus"] == "COMPLETED", job.get("FailureReason")
     assert running >= 3 and unheld == [], (running, unheld)
     assert not [h for h in _holdings(stack) if h[2] == arn]
+
+
+# -- the memory plan on GPUs (issue #50): an 8B-shaped tiny target, a real 14B shape --------
+
+#: bytes of Llama-3.1-8B's weights in float32 (2 x its bfloat16 checkpoint's total_size)
+EIGHT_B_FP32_BYTES = 32_121_044_992
+EIGHT_B = "s3://models/tiny-8b/"
+
+
+@pytest.fixture(scope="module")
+def eight_b(hosts, tiny_llama_dir, tmp_path_factory) -> Path:
+    """The tiny Llama target dressed as an 8B model, uploaded to EIGHT_B: its own weights
+    (transformers still loads the one model.safetensors, the job trains and serves on the
+    CPU as fast as ever) plus a model.safetensors.index.json whose metadata.total_size is
+    32.1 GB. The memory plan reads the index (foundation/memory_plan.shape_of): the tiny
+    config says float32, so 32.1 GB / 4 bytes = 8.03B parameters, 16 GB in bfloat16 on a
+    GPU (its weights per GPU on the plan), while heads, layers and lengths stay the tiny
+    config's (4 attention heads, 2 KV heads, max_position_embeddings 512)."""
+    stack, _ = hosts
+    folder = tmp_path_factory.mktemp("tiny-8b") / "model"
+    shutil.copytree(tiny_llama_dir, folder)
+    with safe_open(folder / "model.safetensors", "pt") as f:
+        names = list(f.keys())
+    (folder / "model.safetensors.index.json").write_text(json.dumps({
+        "metadata": {"total_size": EIGHT_B_FP32_BYTES},
+        "weight_map": {name: "model.safetensors" for name in names}}))
+    assert f"{shape_of(folder).parameters / 1e9:.2f}" == "8.03"
+    upload(stack, folder, EIGHT_B)
+    return folder
+
+
+def _flag(argv: list[str], name: str) -> str | None:
+    return argv[argv.index(name) + 1] if name in argv else None
+
+
+def _speculative_k(argv: list[str]) -> int | None:
+    config = _flag(argv, "--speculative-config")
+    return None if config is None else int(json.loads(config)["num_speculative_tokens"])
+
+
+def test_benchmark_servers_on_a_gpu_run_one_at_a_time_as_planned(hosts, eight_b):
+    """On a job's GPU the benchmark's servers (baseline, then one per K, order reversed in
+    the second round) run one at a time, each planned on the job's GPU: never two at once,
+    each with the plan's --gpu-memory-utilization and --max-model-len, no tensor
+    parallelism on one GPU; the load generator counts the stand-in's tokens."""
+    stack, _ = hosts
+    sm = stack.client()
+    name, ks, rounds = "bench-8b", (1, 3), 2
+    sm.create_optimization_job(
+        OptimizationJobName=name, RoleArn=ROLE, ModelSource={"S3": {"S3Uri": EIGHT_B}},
+        DeploymentInstanceType="ml.g5.2xlarge",
+        OptimizationEnvironment={
+            "EAGLENEST_MAX_STEPS": "2", "EAGLENEST_MAX_LENGTH": "128",
+            "EAGLENEST_REGENERATE": "0", "EAGLENEST_PLATEAU_EVALS": "0",
+            "EAGLENEST_DATASET": "gsm8k_training.jsonl", "EAGLENEST_HOLDOUT": "2",
+            "EAGLENEST_DRAFT_VOCAB_SIZE": "64", "EAGLENEST_DEVICE": "cpu",
+            "EAGLENEST_SERVING_BACKEND": "vllm", "EAGLENEST_NUM_SPECULATIVE_TOKENS": "3",
+            "EAGLENEST_BENCH_KS": ",".join(map(str, ks)),
+            "EAGLENEST_BENCH_ROUNDS": str(rounds), "EAGLENEST_BENCH_CONCURRENCY": "1,2",
+            "EAGLENEST_BENCH_MAX_TOKENS": "4"},
+        OptimizationConfigs=[{"ModelSpeculativeDecodingConfig": {"Technique": "EAGLE"}}],
+        OutputConfig={"S3OutputLocation": "s3://output/jobs/"},
+        StoppingCondition={"MaxRuntimeInSeconds": 600})
+    arn = _arn("optimization-job", name)
+    seen: set[tuple[str, int]] = set()
+    deadline = time.monotonic() + 300
+    while (job := sm.describe_optimization_job(OptimizationJobName=name))[
+            "OptimizationJobStatus"] not in ("COMPLETED", "FAILED", "STOPPED"):
+        seen |= {(h, i) for h, i, holder, *_ in _holdings(stack) if holder == arn}
+        assert time.monotonic() < deadline, job
+        time.sleep(0.2)
+    assert job["OptimizationJobStatus"] == "COMPLETED", job.get("FailureReason")
+    assert len(seen) == 1, seen  # one GPU of one host, held for the whole run
+    assert not [h for h in _holdings(stack) if h[2] == arn]
+
+    # The job's work folder (<data>/jobs/<account>/<name>, its servers' --model <work>/model)
+    # is gone with the job; the stand-in recorded the runs in the folder above it.
+    model = stack.data_dir / "jobs" / ACCOUNT / name / "model"
+    files = sorted(stack.data_dir.glob(f"**/{RUNS_FILE}"))
+    runs = [r for f in files for r in read_runs(f, model)]
+    starts = {r["pid"]: r for r in runs if r["event"] == "start"}
+    stops = {r["pid"]: r for r in runs if r["event"] == "stop"}
+    assert len(starts) == (1 + len(ks)) * rounds, runs
+    assert set(stops) == set(starts), runs  # each stopped cleanly (SIGTERM, exit 0)
+    order = sorted(starts, key=lambda pid: starts[pid]["time"])
+    spans = [(starts[pid]["time"], stops[pid]["time"]) for pid in order]
+    for (_, stop), (start, _) in zip(spans, spans[1:], strict=False):
+        assert stop <= start, spans  # never two at once: each stops before the next starts
+    # rows in order (baseline, then each K), reversed in the second round
+    rows = [None, *ks]
+    assert [_speculative_k(starts[pid]["argv"]) for pid in order] == rows + rows[::-1]
+
+    # each planned on the job's one GPU as foundation/memory_plan plans it: the tiny
+    # config's 512 positions bound the length (the KV cache holds far more)
+    shape = shape_of(eight_b)
+    expected = plan(shape, gpus_of_type(lookup("ml.g5.2xlarge")),
+                    head=head_estimate(shape, 1, 64))
+    assert (expected.tensor_parallel, expected.max_model_len) == (1, 512)
+    assert expected.gpu_memory_utilization == 0.9
+    for pid in order:
+        argv = starts[pid]["argv"]
+        assert _flag(argv, "--gpu-memory-utilization") == "0.9", argv
+        assert _flag(argv, "--max-model-len") == "512", argv
+        assert "--tensor-parallel-size" not in argv, argv
+
+    # the load generator read the stand-in's streamed tokens (choices[0].text, usage)
+    report = json.loads((stack.data_dir / "s3" / "output" / "jobs" / name /
+                         "benchmark.json").read_text())
+    assert list(report["results"]) == ["baseline", *(f"eagle K={k}" for k in ks)]
+    for levels in report["results"].values():
+        assert [r["concurrency"] for r in levels] == [1, 2]
+        assert all(r["output_tokens"] > 0 and r["output_throughput"] > 0 for r in levels)
+
+
+def test_an_endpoint_is_planned_and_a_model_too_big_is_refused(hosts, eight_b, tmp_path):
+    """The 8B-shaped model on ml.g5.12xlarge (4 x 24 GiB) serves with the plan's command
+    line on host-b: tensor parallel 4 (4 heads, 2 KV heads: replicated evenly), the default
+    memory share, the model's own 512 positions. Qwen2.5-14B's 29.5 GB of bfloat16 weights
+    (27.5 GiB) cannot fit one A10G: CreateEndpoint refuses it, naming the size."""
+    stack, _ = hosts
+    sm = stack.client()
+    sm.create_model(ModelName="vllm-8b", ExecutionRoleArn=ROLE, PrimaryContainer={
+        "Image": "vllm", "Environment": {"EAGLENEST_SERVING_BACKEND": "vllm"},
+        "ModelDataSource": {"S3DataSource": {
+            "S3Uri": EIGHT_B, "S3DataType": "S3Prefix", "CompressionType": "None"}}})
+    sm.create_endpoint_config(
+        EndpointConfigName=_config("vllm-8b", "ml.g5.12xlarge"),
+        ProductionVariants=[{"VariantName": "AllTraffic", "ModelName": "vllm-8b",
+                             "InstanceType": "ml.g5.12xlarge", "InitialInstanceCount": 1}])
+    sm.create_endpoint(EndpointName="eight-b",
+                       EndpointConfigName=_config("vllm-8b", "ml.g5.12xlarge"))
+    d = _wait_status(sm, "eight-b", ("InService", "Failed"))
+    assert d["EndpointStatus"] == "InService", d.get("FailureReason")
+    inst = _instance(stack, "eight-b")
+    assert inst["host"] == "host-b" and sorted(inst["gpus"]) == [0, 1, 2, 3]
+    expected = plan(shape_of(eight_b), gpus_of_type(lookup("ml.g5.12xlarge")))
+    assert (expected.tensor_parallel, expected.gpu_memory_utilization,
+            expected.max_model_len) == (4, 0.9, 512)
+    cmd, env = _process(inst)
+    assert _flag(cmd, "--tensor-parallel-size") == "4", cmd
+    assert _flag(cmd, "--gpu-memory-utilization") == "0.9", cmd
+    assert _flag(cmd, "--max-model-len") == "512", cmd
+    assert env["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"
+    _delete(sm, "eight-b")
+
+    upload(stack, write_shape(tmp_path / "qwen-14b", "Qwen2.5-14B"), "s3://models/qwen-14b/")
+    sm.create_model(ModelName="vllm-14b", ExecutionRoleArn=ROLE, PrimaryContainer={
+        "Image": "vllm", "Environment": {"EAGLENEST_SERVING_BACKEND": "vllm"},
+        "ModelDataSource": {"S3DataSource": {
+            "S3Uri": "s3://models/qwen-14b/", "S3DataType": "S3Prefix",
+            "CompressionType": "None"}}})
+    sm.create_endpoint_config(
+        EndpointConfigName=_config("vllm-14b", "ml.g5.2xlarge"),
+        ProductionVariants=[{"VariantName": "AllTraffic", "ModelName": "vllm-14b",
+                             "InstanceType": "ml.g5.2xlarge", "InitialInstanceCount": 1}])
+    with pytest.raises(ClientError) as refused:
+        sm.create_endpoint(EndpointName="fourteen-b",
+                           EndpointConfigName=_config("vllm-14b", "ml.g5.2xlarge"))
+    error = refused.value.response["Error"]
+    assert error["Code"] == "ValidationException", error
+    assert "27.5 GiB" in error["Message"], error
+    with pytest.raises(ClientError):
+        sm.describe_endpoint(EndpointName="fourteen-b")  # no row was written
+    assert not [h for h in _holdings(stack) if h[2] == _arn("endpoint", "fourteen-b")]

@@ -2,7 +2,11 @@
 with its own name (`--name`), guarded by the instance's secret as vLLM is.
 
 POST /v1/completions with {"delay": s} answers after s seconds: {"server": name, "body":
-the request}; with "stream": true, three SSE events a tenth of a second apart. /metrics:
+the request}; with "stream": true, three SSE events a tenth of a second apart (fewer when
+"max_tokens" is less), each {"server", "i"} plus an OpenAI completion chunk's fields (one
+token of text in choices[0].text, as vLLM streams), then, when "stream_options" asks
+"include_usage", a last chunk with no choices and its "usage" (completion_tokens: the
+chunks sent), as workers/jobs/loadgen.py reads it, before [DONE]. /metrics:
 ``fake_server_name{name="..."} 1`` and ``fake_completions_total``. `--exit-on PATH`: the process exits with 3 once PATH
 exists.
 """
@@ -44,10 +48,29 @@ def app_for(name: str) -> FastAPI:
         served[0] += 1
         await asyncio.sleep(float(body.get("delay", 0)))
         if body.get("stream"):
+            asked = int(body.get("max_tokens") or 3)
+            tokens = min(3, max(1, asked))
+            end = "length" if tokens == asked else "stop"
+            usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            created, rid = int(time.time()), served[0]
+
+            def chunk(**fields):  # type: ignore[no-untyped-def]
+                return {"server": name, "id": f"cmpl-fake-{rid}",
+                        "object": "text_completion", "created": created,
+                        "model": body.get("model", name), **fields}
+
             async def events():  # type: ignore[no-untyped-def]
-                for i in range(3):
-                    yield f"data: {json.dumps({'server': name, 'i': i})}\n\n"
+                for i in range(tokens):
+                    last = i == tokens - 1
+                    yield "data: " + json.dumps(chunk(i=i, choices=[{
+                        "index": 0, "text": f" t{i}", "logprobs": None,
+                        "finish_reason": end if last else None}])) + "\n\n"
                     await asyncio.sleep(0.1)
+                if usage:
+                    prompt = len(str(body.get("prompt", "")).split())
+                    yield "data: " + json.dumps(chunk(choices=[], usage={
+                        "prompt_tokens": prompt, "completion_tokens": tokens,
+                        "total_tokens": prompt + tokens})) + "\n\n"
                 yield "data: [DONE]\n\n"
             return StreamingResponse(events(), media_type="text/event-stream")
         return JSONResponse({"server": name, "body": body})
