@@ -27,7 +27,7 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from eaglenest.db import common, endpoint_configs_repo, quotas, tags_repo, traffic_policy
+from eaglenest.db import common, endpoint_configs_repo, gpu_fit, quotas, tags_repo, traffic_policy
 from eaglenest.db import endpoint_retention as retention
 from eaglenest.db.common import failure_reason, find, insert_unique, locate, now
 from eaglenest.db.endpoint_spread import drop_placing, next_deployment, settled
@@ -35,6 +35,7 @@ from eaglenest.db.tables import EndpointConfigRow, EndpointRow
 from eaglenest.foundation.accounts import Account
 from eaglenest.foundation.deployment import variant_summaries
 from eaglenest.foundation.errors import ResourceLimitExceeded, ValidationException
+from eaglenest.foundation.storage import BucketStore
 
 CREATING, IN_SERVICE, UPDATING = "Creating", "InService", "Updating"
 DELETING, FAILED = "Deleting", "Failed"
@@ -47,13 +48,17 @@ def not_found(account: Account, name: str) -> ValidationException:
 
 
 def create(session: Session, account: Account, spec: dict[str, Any],
-           limits: quotas.Limits | None = None) -> EndpointRow:
+           limits: quotas.Limits | None = None,
+           store: BucketStore | None = None) -> EndpointRow:
+    """CreateEndpoint: the config's variants' options, and with `store` (the API: always)
+    their fit on their GPU types (db/gpu_fit.py), are checked before the row is written."""
     config = endpoint_configs_repo.get(session, account, spec["EndpointConfigName"])
     if limits is not None:
         quotas.check_new_endpoint(session, account, config.spec, limits.endpoints,
                                   limits.instances)
     name = spec["EndpointName"]
     tags = tags_repo.check_new_tags(spec.pop("Tags", None) or [])
+    gpu_fit.check_endpoint_config(session, account, config.spec, store)
     t = now()
     row = EndpointRow(
         name=name, name_key=name.lower(), arn=account.arn("endpoint", name),
@@ -96,11 +101,12 @@ def _require_in_service(row: EndpointRow) -> None:
 
 def request_update(
     session: Session, account: Account, name: str, config_name: str, spec: dict[str, Any],
-    limits: quotas.Limits | None = None,
+    limits: quotas.Limits | None = None, store: BucketStore | None = None,
 ) -> EndpointRow:
     """UpdateEndpoint: the new config, what is retained of the running endpoint
     (db.endpoint_retention) and the deployment configuration, pending until a worker has
-    the new fleet serving."""
+    the new fleet serving. The new config's variants are checked as CreateEndpoint checks
+    them (db/gpu_fit.py) before anything changes."""
     row = get(session, account, name, lock=True)
     config = endpoint_configs_repo.get(session, account, config_name)
     deploy_config = retention.deployment_config(row.spec, spec)
@@ -113,6 +119,7 @@ def request_update(
     if limits is not None:
         quotas.check_instances(session, account, row, quotas.config_instances(
             config.spec, pending.get(retention.PENDING_OVERRIDES)), limits.instances)
+    gpu_fit.check_endpoint_config(session, account, config.spec, store)
     new_spec = {k: v for k, v in row.spec.items() if k != retention.DEPLOYMENT_CONFIG}
     if deploy_config is not None:
         new_spec[retention.DEPLOYMENT_CONFIG] = deploy_config

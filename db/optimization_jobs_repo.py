@@ -21,7 +21,7 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from eaglenest.db import buckets, common, models_repo, quotas, tags_repo
+from eaglenest.db import buckets, common, gpu_fit, models_repo, quotas, tags_repo
 from eaglenest.db.common import check_s3_uris, failure_reason, find, insert_unique, locate, now
 from eaglenest.db.tables import ModelRow, OptimizationJobRow
 from eaglenest.foundation import environment, instance_types
@@ -119,7 +119,10 @@ def create(session: Session, account: Account, spec: dict[str, Any],
            store: BucketStore | None = None) -> OptimizationJobRow:
     """With `store` (the API: always), every bucket the request names (model, data, head,
     output) must be the account's, or nobody's and the caller the default account (any
-    caller for the output); the output bucket becomes the account's (db/buckets.py)."""
+    caller for the output); the output bucket becomes the account's (db/buckets.py). The
+    OptimizationEnvironment's server options, and with `store` the fit of the job's
+    benchmark server on its DeploymentInstanceType's GPUs (db/gpu_fit.py), are checked
+    before the row is written."""
     types = _check_spec(session, account, spec)
     if limits is not None:
         quotas.check_new_job(session, account, limits.jobs)
@@ -128,6 +131,7 @@ def create(session: Session, account: Account, spec: dict[str, Any],
     tags = tags_repo.check_new_tags(spec.pop("Tags", None) or [])
     check_s3_uris(spec)  # the store would refuse them later: refuse them now
     refs = buckets.check(store, account, spec) if store else []
+    gpu_fit.check_job(session, account, spec, store)
     t = now()
     row = OptimizationJobRow(
         name=name, name_key=name.lower(), arn=account.arn("optimization-job", name),

@@ -31,7 +31,8 @@ from eaglenest.foundation.shapes.endpoints import (
 @operation("CreateEndpoint")
 def create_endpoint(ctx: Context, req: CreateEndpointInput) -> dict[str, Any]:
     with ctx.db.session() as s:
-        row = endpoints_repo.create(s, ctx.account, spec_of(req), Limits.of(ctx.settings))
+        row = endpoints_repo.create(s, ctx.account, spec_of(req), Limits.of(ctx.settings),
+                                    ctx.store)
         arn = row.arn
     ctx.queue.send(q.ENDPOINT_CREATE_TASK, arn, q.SERVE_QUEUE)
     return {"EndpointArn": arn}
@@ -86,7 +87,7 @@ def update_endpoint(ctx: Context, req: UpdateEndpointInput) -> dict[str, Any]:
     with ctx.db.session() as s:
         row = endpoints_repo.request_update(
             s, ctx.account, req.EndpointName, req.EndpointConfigName, spec_of(req),
-            Limits.of(ctx.settings))
+            Limits.of(ctx.settings), ctx.store)
         arn = row.arn
     ctx.queue.send(q.ENDPOINT_UPDATE_TASK, arn, q.SERVE_QUEUE)
     return {"EndpointArn": arn}
