@@ -52,6 +52,7 @@ from eaglenest.foundation.dtypes import BYTES, checkpoint_dtype
 from eaglenest.foundation.errors import ValidationException
 from eaglenest.foundation.instance_types import InstanceType
 from eaglenest.foundation.memory_plan import (
+    DEFAULT_DRAFT_VOCAB,
     HeadShape,
     ModelShape,
     PlanError,
@@ -67,9 +68,6 @@ log = logging.getLogger("eaglenest.gpu_fit")
 
 #: the AdditionalModelDataSources channel of a draft head (workers/jobs/inputs.py)
 EAGLE_CHANNEL = "eagle_model"
-#: the draft vocabulary of the heads EagleNest trains unless told (workers/jobs/options.py,
-#: JobOptions.draft_vocab_size): the size of a head not trained yet, or not readable
-DEFAULT_DRAFT_VOCAB = 8192
 _TARBALLS = (".tar.gz", ".tgz")
 _CONFIG, _INDEX = "config.json", "model.safetensors.index.json"
 

@@ -186,4 +186,6 @@ def test_a_job_plans_an_estimated_head_on_all_the_gpus(db, store):
 
 def test_the_default_draft_vocabulary_is_the_workers():
     options = pytest.importorskip("eaglenest.workers.jobs.options")
-    assert options.JobOptions().draft_vocab_size == gpu_fit.DEFAULT_DRAFT_VOCAB
+    from eaglenest.foundation.memory_plan import DEFAULT_DRAFT_VOCAB
+
+    assert options.JobOptions().draft_vocab_size == DEFAULT_DRAFT_VOCAB

@@ -11,6 +11,7 @@ import signal
 import time
 
 import pytest
+from botocore.exceptions import ClientError
 
 from eaglenest.db.session import Database
 from eaglenest.db.tables import EndpointRow
@@ -39,13 +40,25 @@ def stack(tmp_path_factory, tiny_llama_dir):
     s.stop()
 
 
+def test_an_option_the_plan_cannot_read_is_refused_at_create(stack):
+    """A bad length is refused by CreateEndpoint (db/gpu_fit.py reads the container's
+    options with the worker's reader), so no endpoint is left to fail."""
+    sm = stack.client()
+    with pytest.raises(ClientError) as exc:
+        make_endpoint(sm, "bad-len", "s3://models/tiny/",
+                      serving_env(EAGLENEST_MAX_MODEL_LEN="abc"))
+    error = exc.value.response["Error"]
+    assert error["Code"] == "ValidationException"
+    assert "EAGLENEST_MAX_MODEL_LEN='abc' must be a positive integer" in error["Message"]
+    assert not sm.list_endpoints(NameContains="bad-len")["Endpoints"]
+    assert_no_strays(stack)
+
+
 @pytest.mark.parametrize(("env", "uri", "url_only", "reason"), [
-    (serving_env(EAGLENEST_MAX_MODEL_LEN="abc"), "s3://models/tiny/", False,
-     "EAGLENEST_MAX_MODEL_LEN='abc' must be a positive integer"),
     (serving_env(), "s3://models/corrupt/model.tar.gz", True,
      "Variant AllTraffic: s3://models/corrupt/model.tar.gz: model.tar.gz is not a readable "
      ".tar.gz archive"),
-], ids=["max-model-len", "corrupt-tar-gz"])
+], ids=["corrupt-tar-gz"])
 def test_a_failing_start_ends_in_failed_with_the_reason(stack, env, uri, url_only, reason):
     sm = stack.client()
     name = f"bad-{len(reason)}"
