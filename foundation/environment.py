@@ -43,6 +43,7 @@ JOB_OPTIONS = frozenset({
     "EAGLENEST_TRAIN_PROCESSES", "EAGLENEST_BENCH_KS", "EAGLENEST_PROGRESS_EVERY",
     "EAGLENEST_CAPTURE_BACKEND", "EAGLENEST_CAPTURE_SHARD_SAMPLES", "EAGLENEST_KEEP_CAPTURE",
     "EAGLENEST_EVAL_EVERY", "EAGLENEST_MAX_TRAIN_MINUTES", "EAGLENEST_PLATEAU_EVALS",
+    "EAGLENEST_DTYPE",
 })
 #: serving options (workers/serving/deploy.py; README "Serving options"), the LMI options
 #: deploy.py reads as their equivalents, and thread counts

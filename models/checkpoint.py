@@ -14,6 +14,9 @@
 
 Every config writes ``norm_before_residual``, ``num_aux_hidden_states``,
 ``eagle_aux_hidden_state_layer_ids``, ``draft_vocab_size`` and ``mask_token_id`` explicitly.
+
+Training saves float32 (its master weights, checkpoints included: a resume reads them
+back exactly); ``export_head`` rewrites a finished head in the dtype it will serve in.
 """
 
 from __future__ import annotations
@@ -178,6 +181,33 @@ def save_head(
         record.update(provenance)
         (out / PROVENANCE).write_text(json.dumps(record, indent=2, default=str) + "\n")
     return out
+
+
+def export_head(folder: str | Path, dtype: str) -> Path:
+    """Rewrite the head ``save_head`` wrote in ``folder`` in ``dtype`` ("float32",
+    "bfloat16" or "float16": the dtype it will serve in), in place: its floating tensors
+    cast (``d2t`` int64 and ``t2d`` bool kept), config.json's ``torch_dtype`` (and its
+    ``transformer_layer_config``'s) says ``dtype``, provenance.json (when there is one)
+    records ``"dtype"``. Only ``folder``'s own files change (checkpoints under it stay
+    float32). Returns the weights file."""
+    from eaglenest.models.target import torch_dtype
+
+    out, target = Path(folder), torch_dtype(dtype)
+    state = load_file(str(out / WEIGHTS))
+    cast = {k: v.to(target) if v.is_floating_point() else v for k, v in state.items()}
+    part = out / (WEIGHTS + ".part")
+    save_file(cast, str(part), metadata={"format": "pt"})
+    part.replace(out / WEIGHTS)
+    config = json.loads((out / "config.json").read_text())
+    config["torch_dtype"] = dtype
+    if isinstance(config.get("transformer_layer_config"), dict):
+        config["transformer_layer_config"]["torch_dtype"] = dtype
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    if (out / PROVENANCE).is_file():
+        record = json.loads((out / PROVENANCE).read_text())
+        record["dtype"] = dtype
+        (out / PROVENANCE).write_text(json.dumps(record, indent=2, default=str) + "\n")
+    return out / WEIGHTS
 
 
 def read_head_config(folder: str | Path) -> tuple[str, HeadConfig]:

@@ -10,10 +10,16 @@ One forward pass of the target yields, per token position t:
   hidden states) and what the original EAGLE trains against; ``lm_head(last_hidden)`` are
   the target logits.
 * ``logits``: the target's next-token logits ``[batch, seq, vocab]``.
+
+A target loads in the dtype it is given (a torch dtype or its name: ``float32``,
+``bfloat16``, ``float16``): float32 on the CPU (exact), the job's GPU dtype on CUDA
+(workers/jobs/job_target.py). ``release_gpu_memory()`` hands what a dropped target held on
+a GPU back to the driver, for the processes that come after it.
 """
 
 from __future__ import annotations
 
+import gc
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +38,9 @@ REQUIRED_FILES = (
 )
 WEIGHT_FILE = "model.safetensors"
 WEIGHT_INDEX = "model.safetensors.index.json"
+#: the dtypes a target loads in, by name (foundation/dtypes.py's internal values)
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16,
+                "float16": torch.float16}
 
 
 @dataclass(frozen=True)
@@ -137,8 +146,10 @@ class Capture:
             return self.logits
         if self.lm_head is None:
             raise ValueError("capture has neither logits nor an lm_head")
+        weight = getattr(self.lm_head, "weight", None)  # a half-precision target's lm_head
+        hidden = self.last_hidden if weight is None else self.last_hidden.to(weight.dtype)
         with torch.no_grad():
-            return self.lm_head(self.last_hidden).float()
+            return self.lm_head(hidden).float()
 
     def logits_for(self, rows: torch.Tensor) -> torch.Tensor:
         """Logits of the target ids ``rows`` [n] only: [batch, seq, n]."""
@@ -240,15 +251,39 @@ def _grab_input(store: dict[int, torch.Tensor], k: int):  # noqa: ANN202 - hook 
     return hook
 
 
+def torch_dtype(dtype: torch.dtype | str) -> torch.dtype:
+    """``dtype`` itself, or the torch dtype of one of TORCH_DTYPES' names."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in TORCH_DTYPES:
+        raise ValueError(f"dtype {dtype!r} is not one of {', '.join(TORCH_DTYPES)}")
+    return TORCH_DTYPES[dtype]
+
+
+def release_gpu_memory() -> bool:
+    """After a process dropped a target it held on a GPU (``del target``, or
+    ``target.model.to("cpu")``): collect it, and hand the blocks torch's caching allocator
+    kept back to the driver, so the processes that come next (torchrun's ranks, the
+    benchmark's servers) find that memory free. Touches no GPU when this process never
+    initialised CUDA. True when the cache was emptied."""
+    gc.collect()
+    if not torch.cuda.is_initialized():
+        return False
+    torch.cuda.empty_cache()
+    return True
+
+
 def load_target(
     folder: str | Path,
     device: str | torch.device = "cpu",
-    dtype: torch.dtype = torch.float32,
+    dtype: torch.dtype | str = torch.float32,
     aux_layer_ids: list[int] | None = None,
 ) -> Target:
-    """Load a target from a local folder: safetensors only, trust_remote_code off."""
+    """Load a target from a local folder in ``dtype`` (float32: exact; on a GPU the job's
+    dtype): safetensors only, trust_remote_code off."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    dtype = torch_dtype(dtype)
     folder = Path(folder)
     check_model_files(folder)
     arch, _ = read_architecture(folder)
@@ -262,17 +297,18 @@ def load_target(
 
 def load_target_ends(
     folder: str | Path,
-    dtype: torch.dtype = torch.float32,
+    dtype: torch.dtype | str = torch.float32,
     aux_layer_ids: list[int] | None = None,
 ) -> Target:
     """A target whose decoder layers stay on the meta device (no memory, no weights read):
     only the input embeddings, the lm_head and the final norm are read from the folder's
-    safetensors, by name. What a process needs that tokenizes, reads a capture's hidden
-    states and turns the last layer's output into ``last_hidden`` (``final_norm``) and
-    logits, without holding the target (workers/jobs/vllm_capture.py). ``capture()`` on it
-    fails: its layers have no weights."""
+    safetensors, by name, in ``dtype``, on the CPU (``ends_to`` moves them). What a process
+    needs that tokenizes, reads a capture's hidden states and turns the last layer's output
+    into ``last_hidden`` (``final_norm``) and logits, without holding the target
+    (workers/jobs/vllm_capture.py). ``capture()`` on it fails: its layers have no weights."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+    dtype = torch_dtype(dtype)
     folder = Path(folder)
     check_model_files(folder)
     arch, _ = read_architecture(folder)
@@ -289,6 +325,16 @@ def load_target_ends(
     if getattr(config, "tie_word_embeddings", False):
         model.tie_weights()
     return Target(model, tokenizer, folder, arch, aux_layer_ids)
+
+
+def ends_to(target: Target, device: str | torch.device) -> None:
+    """Move the ends of a ``load_target_ends`` target (embeddings, lm_head, final norm) to
+    ``device``; its decoder layers stay on the meta device. Tied embeddings stay tied (one
+    Parameter, moved once)."""
+    model = target.model
+    for module in (model.get_input_embeddings(), model.get_output_embeddings(),
+                   final_norm(model)):
+        module.to(device)
 
 
 def final_norm(model: nn.Module) -> nn.Module:

@@ -7,8 +7,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from eaglenest.models.checkpoint import load_head, read_head_config, save_head
-from eaglenest.models.train import TrainConfig, TrainData, train
+from eaglenest.models.checkpoint import export_head, load_head, read_head_config, save_head
+from eaglenest.models.train import TrainConfig, TrainData, latest_checkpoint, train
 from tests.models.vllm_reference import ReferenceDraft
 
 EXPLICIT = (
@@ -152,3 +152,37 @@ def test_provenance(llama, samples, tmp_path: Path) -> None:  # noqa: ANN001
     prov = json.loads((tmp_path / "o" / "provenance.json").read_text())
     assert prov["data"] == "gsm8k_training.jsonl" and prov["steps"] == 2 and prov["seed"] == 7
     assert "git_sha" in prov and "accuracy" in prov["metrics"]
+
+
+def test_export_casts_the_head_only_and_resume_reads_float32(llama, samples,  # noqa: ANN001
+                                                              tmp_path: Path) -> None:
+    """The exported head in bfloat16 (a P-EAGLE speculators head: mask_hidden, d2t, t2d):
+    its floating tensors cast, the index maps kept, config.json and provenance.json say
+    so, it loads back; the checkpoints stay float32 and training resumes from them."""
+    out = tmp_path / "o"
+    config = TrainConfig(head="peagle", max_steps=2, draft_vocab_size=64, progress=False,
+                         out_dir=str(out), checkpoint_every=2, checkpoint_format="speculators")
+    train(config, TrainData(llama, samples, "gsm8k_training.jsonl"))
+    before = load_file(str(out / "model.safetensors"))
+    export_head(out, "bfloat16")
+    after = load_file(str(out / "model.safetensors"))
+    assert sorted(after) == sorted(before)
+    for key, tensor in after.items():
+        if before[key].is_floating_point():
+            assert tensor.dtype == torch.bfloat16, key
+            assert torch.equal(tensor, before[key].to(torch.bfloat16)), key
+        else:
+            assert tensor.dtype == before[key].dtype and torch.equal(tensor, before[key]), key
+    assert after["d2t"].dtype == torch.int64 and after["t2d"].dtype == torch.bool
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["torch_dtype"] == "bfloat16"
+    assert cfg["transformer_layer_config"]["torch_dtype"] == "bfloat16"
+    assert json.loads((out / "provenance.json").read_text())["dtype"] == "bfloat16"
+    head = load_head(out, llama.embed_weight(), llama.lm_head_weight())
+    assert torch.equal(head.state_dict()["fc.weight"], after["fc.weight"].float())
+    ckpt = latest_checkpoint(out)
+    assert ckpt is not None
+    assert {t.dtype for t in load_file(str(ckpt / "model.safetensors")).values()
+            if t.is_floating_point()} == {torch.float32}
+    config.max_steps, config.resume = 3, True
+    assert train(config, TrainData(llama, samples, "gsm8k_training.jsonl")).steps == 3

@@ -9,12 +9,17 @@ import torch
 
 from eaglenest.models.target import (
     SUPPORTED_ARCHITECTURES,
+    Capture,
     MissingModelFilesError,
     TargetError,
     UnsupportedArchitectureError,
     check_model_files,
     default_aux_layer_ids,
+    ends_to,
+    final_norm,
     load_target,
+    load_target_ends,
+    torch_dtype,
 )
 from eaglenest.models.tiny import ARCHITECTURES
 
@@ -91,3 +96,33 @@ def test_unsupported_architecture(tiny_dir, tmp_path: Path) -> None:  # noqa: AN
 def test_aux_ids_must_increase(tiny_dir) -> None:  # noqa: ANN001
     with pytest.raises(TargetError, match="strictly increasing"):
         load_target(tiny_dir("LlamaForCausalLM"), aux_layer_ids=[4, 2, 5])
+
+
+def test_a_target_loads_in_the_dtype_named(tiny_dir) -> None:  # noqa: ANN001
+    """A GPU job's dtype by name (bfloat16 here on the CPU): the weights in it, the capture
+    still float32; a cached capture's logits from the half-precision lm_head work without
+    autocast."""
+    folder = tiny_dir("LlamaForCausalLM")
+    half = load_target(folder, dtype="bfloat16")
+    assert {p.dtype for p in half.model.parameters()} == {torch.bfloat16}
+    ids = torch.randint(0, half.vocab_size, (1, 9), generator=torch.Generator().manual_seed(1))
+    cap = half.capture(ids)
+    assert cap.aux.dtype == cap.last_hidden.dtype == torch.float32
+    cached = Capture(cap.aux, cap.last_hidden, lm_head=half.model.get_output_embeddings())
+    torch.testing.assert_close(cached.full_logits(), cap.logits)  # [1, 9, vocab]
+    assert load_target(folder).lm_head_weight().dtype == torch.float32  # the default
+    assert torch_dtype("float16") is torch.float16 and torch_dtype(torch.bfloat16) is torch.bfloat16
+    with pytest.raises(ValueError, match="'int8' is not one of float32, bfloat16, float16"):
+        torch_dtype("int8")
+
+
+def test_ends_move_and_stay_tied(tiny_dir) -> None:  # noqa: ANN001
+    ends = load_target_ends(tiny_dir("LlamaForCausalLM"), dtype="float16")
+    model = ends.model
+    assert ends.embed_weight().dtype == torch.float16 and ends.embed_weight().device.type == "cpu"
+    tied = model.get_output_embeddings().weight is model.get_input_embeddings().weight
+    ends_to(ends, "meta")  # a device with no memory stands in for cuda:0
+    moved = [model.get_input_embeddings().weight, model.get_output_embeddings().weight,
+             *final_norm(model).parameters()]
+    assert {p.device.type for p in moved} == {"meta"}
+    assert (model.get_output_embeddings().weight is model.get_input_embeddings().weight) == tied

@@ -45,9 +45,13 @@ CAPTURE_DIR = "capture"
 STAGE = "capture hidden states"
 
 
-#: auto: the share of one GPU's memory the target's weights may take and still be captured
-#: in the training process (the rest: the head, its optimizer and activations)
+#: auto: the share of one GPU's memory the target's weights (in the job's GPU dtype) may take
+#: and still be captured in the training process: the rest is the margin for the head, its
+#: optimizer, the activations and the CUDA context
 FIT_SHARE = 0.6
+#: the rows (positions) the vLLM capture child turns into logits at once (vllm_capture.py):
+#: a chunk's logits are [ENDS_CHUNK, vocab]
+ENDS_CHUNK = 512
 
 
 def choose_backend(requested: str, device: str, target_bytes: int, gpu_bytes: float,
@@ -55,34 +59,52 @@ def choose_backend(requested: str, device: str, target_bytes: int, gpu_bytes: fl
     """The capture backend a job runs: "in-process", "hf" or "vllm".
 
     ``auto``: in the training process on the CPU and when the target's weights
-    (``target_bytes``) take at most FIT_SHARE of one of the job's GPUs (``gpu_bytes``);
-    else vLLM, tensor-parallel over the job's GPUs. Examples: a 16 GB target on 80 GB GPUs
-    -> in-process; a 64 GB target on 80 GB GPUs -> vllm. ``vllm`` (asked for, or chosen)
-    without vLLM installed raises InputError naming the variable.
+    (``target_bytes``) take at most FIT_SHARE of one of the job's GPUs (``gpu_bytes``: the
+    in-process and hf backends hold the whole target on one GPU); else vLLM,
+    tensor-parallel over the job's GPUs. Examples: a 16 GB target on 80 GB GPUs ->
+    in-process; a 64 GB target on 80 GB GPUs -> vllm. ``vllm`` (asked for, or chosen)
+    without vLLM installed raises InputError naming the variable and the sizes; so does
+    ``hf`` asked for a target whose weights alone are more than one GPU's memory.
     """
     from eaglenest.workers.jobs.inputs import InputError
 
     chosen = requested
+    one_gpu = f"one GPU's {gpu_bytes / 2**30:.1f} GiB"
+    weights = f"the target's {target_bytes / 2**30:.1f} GiB of weights"
     if requested == "auto":
         fits = device == "cpu" or not gpu_bytes or target_bytes <= FIT_SHARE * gpu_bytes
         chosen = "in-process" if fits else "vllm"
+    if chosen == "hf" and device != "cpu" and gpu_bytes and target_bytes > gpu_bytes:
+        raise InputError(f"EAGLENEST_CAPTURE_BACKEND=hf holds the whole target on one GPU, "
+                         f"but {weights} are more than {one_gpu}; EAGLENEST_CAPTURE_BACKEND="
+                         "vllm spreads it over the job's GPUs")
     if chosen == "vllm" and not vllm_installed:
         why = ("asked for" if requested == "vllm" else
-               f"auto: the target's {target_bytes / 2**30:.1f} GiB of weights take more than "
-               f"{FIT_SHARE:.0%} of one GPU's {gpu_bytes / 2**30:.1f} GiB")
+               f"auto: {weights} take more than {FIT_SHARE:.0%} of {one_gpu}")
         raise InputError(f"EAGLENEST_CAPTURE_BACKEND=vllm ({why}) needs vLLM installed on "
                          "the worker")
     return chosen
 
 
-def choose_for(model_dir: Path, requested: str, device: str, gpu_gib: float) -> str:
-    """``choose_backend`` for a job: the target's safetensors bytes, its device ("cpu",
-    else a GPU of ``gpu_gib``), whether vLLM is installed."""
+def choose_for(model_dir: Path, requested: str, device: str, gpu_gib: float,
+               dtype: str = "bfloat16") -> str:
+    """``choose_backend`` for a job: the target's weights in ``dtype`` (the job's GPU dtype:
+    foundation/memory_plan.py ``shape_of(model_dir).weight_bytes``), its device ("cpu",
+    else a GPU of the type's ``gpu_gib``, taken as memory_plan.gpus_of_type does: the least
+    memory such a GPU may report), whether vLLM is installed."""
+    from eaglenest.foundation.gpus import MEMORY_TOLERANCE
+    from eaglenest.foundation.memory_plan import GIB, ShapeError, shape_of
+    from eaglenest.workers.jobs.inputs import InputError
     from eaglenest.workers.serving.process import vllm_installed
 
-    return choose_backend(requested, "cpu" if device == "cpu" else "cuda",
-                          sum(p.stat().st_size for p in model_dir.glob("*.safetensors")),
-                          gpu_gib * 2**30, vllm_installed())
+    if device == "cpu":
+        return choose_backend(requested, "cpu", 0, 0, vllm_installed())
+    try:
+        weights = shape_of(model_dir).weight_bytes(dtype)
+    except ShapeError as exc:
+        raise InputError(f"the target cannot be sized: {exc}") from None
+    return choose_backend(requested, "cuda", weights, gpu_gib * MEMORY_TOLERANCE * GIB,
+                          vllm_installed())
 
 
 def regen_engine(backend: str, device: str) -> str:
@@ -159,12 +181,15 @@ class CaptureProgress:
         return rate
 
 
-def autocast(device: Any) -> contextlib.AbstractContextManager:
-    """As models/train.py runs the in-process capture: bf16 autocast on CUDA, none else."""
+def autocast(device: Any, dtype: Any = None) -> contextlib.AbstractContextManager:
+    """The in-process capture's autocast: on CUDA in the target's dtype ``dtype`` when it is
+    a half precision (float16 on a T4, bfloat16 on an L40S), else bfloat16 (as
+    models/train.py); none on the CPU."""
     import torch
 
     if device.type == "cuda":
-        return torch.autocast("cuda", dtype=torch.bfloat16)
+        half = dtype if dtype in (torch.float16, torch.bfloat16) else torch.bfloat16
+        return torch.autocast("cuda", dtype=half)
     return contextlib.nullcontext()
 
 
@@ -195,22 +220,27 @@ class VllmCapture:
 
     model: Path
     device: str  # "cpu" or "cuda"
-    tensor_parallel_size: int
+    tensor_parallel_size: int  # divides the target's attention heads (memory_plan)
     max_model_len: int
     work: Path  # the run file and the child's log go here
     registry: Path | None = None
     resource: str = ""
     env: dict[str, str] | None = None
+    dtype: str = "float32"  # the job's dtype (job_target.job_dtype): float32 on the CPU
+    #: the capture engine's share of each GPU (None: vLLM's default), leaving room on its
+    #: first GPU for the capture child's own target ends (job_target.capture_utilization)
+    gpu_memory_utilization: float | None = None
 
     def engine(self) -> dict[str, Any]:
         """What every vLLM child's run file says of the engine (workers/jobs/vllm_child.py)."""
-        return {"model": str(self.model), "device": self.device,
-                "dtype": "float32" if self.device == "cpu" else "bfloat16",
+        return {"model": str(self.model), "device": self.device, "dtype": self.dtype,
                 "tensor_parallel_size": self.tensor_parallel_size}
 
     def run(self, folder: Path, splits: list[str]) -> dict[str, Any]:
+        """The capture child's run file (workers/jobs/vllm_capture.py)."""
         return {**self.engine(), "folder": str(folder), "splits": splits,
-                "max_model_len": self.max_model_len}
+                "max_model_len": self.max_model_len,
+                "gpu_memory_utilization": self.gpu_memory_utilization}
 
 
 def capture(folder: Path, target: Any, samples: list[Any], per_shard: int, job: str,
@@ -222,7 +252,8 @@ def capture(folder: Path, target: Any, samples: list[Any], per_shard: int, job: 
     its ends: models/target.py ``load_target_ends``), else ``target`` itself."""
     from eaglenest.models.capture_shards import HELDOUT, MANIFEST, TRAIN, read_manifest
 
-    cast = autocast(next(target.model.parameters()).device)
+    weight = next(target.model.parameters())
+    cast = autocast(weight.device, weight.dtype)
     _plan(folder, target, samples, heldout or [], per_shard, cast, job)
     shards = read_manifest(folder)["shards"]
     progress = CaptureProgress(job, len(shards), len(samples), report)

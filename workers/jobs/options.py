@@ -21,6 +21,7 @@ from pydantic import (
     model_validator,
 )
 
+from eaglenest.foundation.dtypes import DtypeError, normalize
 from eaglenest.foundation.limits import JOB_RANGES, LimitError, parse_int
 from eaglenest.models.heads.registry import HEADS, KINDS
 
@@ -93,6 +94,14 @@ def _minutes(name: str, raw: str) -> float:
     if not 0 <= value <= 525_600:  # a year
         raise OptionError(f"{name}={raw!r} must be minutes between 0 (no budget) and 525600")
     return value
+
+
+def _dtype(name: str, raw: str) -> str:
+    """foundation/dtypes.py's spellings (fp16, bf16, float32, auto, ...) -> its value."""
+    try:
+        return normalize(raw, name)
+    except DtypeError as exc:
+        raise OptionError(str(exc)) from None
 
 
 def _levels(name: str, raw: str) -> tuple[int, ...]:
@@ -177,6 +186,10 @@ class JobOptions(BaseModel):
                        Field(alias="EAGLENEST_SERVING_BACKEND")] = None
     #: None: cuda if available
     device: Annotated[str | None, _one_of(DEVICES), Field(alias="EAGLENEST_DEVICE")] = None
+    #: the dtype the target runs in on GPUs (float16, bfloat16, float32 or auto; the head is
+    #: exported in it); None: auto, the checkpoint's own, float16 where bfloat16 cannot run
+    #: (workers/jobs/job_target.py ``job_dtype``). The CPU: float32 always
+    dtype: Annotated[str | None, _parser(_dtype), Field(alias="EAGLENEST_DTYPE")] = None
     #: data-parallel training processes (torchrun DDP, one per GPU); None: the worker's
     #: EAGLENEST_TRAIN_PROCESSES setting (default 1, in-process)
     train_processes: Annotated[int | None, _limited("EAGLENEST_TRAIN_PROCESSES"),

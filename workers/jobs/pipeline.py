@@ -44,11 +44,11 @@ from eaglenest.foundation.threads import (
 from eaglenest.models.data import encode_examples
 from eaglenest.models.heads.registry import HEADS
 from eaglenest.workers.infra.checkpoint_sync import CheckpointSync
-from eaglenest.workers.jobs import capture_stage, job_data
+from eaglenest.workers.jobs import capture_stage, job_data, job_target
 from eaglenest.workers.jobs.bench_stage import BenchPlan, run_benchmark
 from eaglenest.workers.jobs.capture_stage import CaptureInfo
 from eaglenest.workers.jobs.control import JobControl
-from eaglenest.workers.jobs.inputs import InputError, JobSources, fetch_data, fetch_tree
+from eaglenest.workers.jobs.inputs import JobSources, fetch_data, fetch_tree
 from eaglenest.workers.jobs.options import JobOptions
 from eaglenest.workers.jobs.placing import JobGpus
 from eaglenest.workers.jobs.progress import LOG_NAME, BenchProgress, TrainingProgress
@@ -98,6 +98,8 @@ class Pipeline:
     kernels_dir: Path | None = None
     #: the capture backend chosen when the model is checked (capture_stage.choose_backend)
     capture_backend: str = "in-process"
+    #: the dtype the target runs in, chosen then too (job_target.job_dtype): float32 on CPUs
+    dtype: str = "float32"
 
     def stage(self, label: str) -> None:
         self.control.check()
@@ -122,37 +124,26 @@ class Pipeline:
         if self.sources.head_uri:
             init_head = fetch_tree(self.store, self.sources.head_uri, self.work / "init_head")
         self.stage("check model files")
-        from eaglenest.models.target import (
-            check_model_files,
-            load_target,
-            load_target_ends,
-            read_architecture,
-        )
+        from eaglenest.models.target import check_model_files, read_architecture
 
         check_model_files(model_dir)
-        _, support = read_architecture(model_dir)
-        head_kind = self.options.head or support.head
-        head_spec, listed = HEADS[head_kind], HEADS[support.head]
-        if head_spec.uses_aux and not listed.uses_aux:
-            raise InputError(f"{support.architecture} supports only EAGLE-2 heads "
-                             f"(EAGLENEST_HEAD={listed.kind}), not {head_kind}")
-        if not head_spec.multi_layer and self.options.num_layers != 1:
-            raise InputError(f"EAGLENEST_NUM_LAYERS={self.options.num_layers}: EAGLE-2 heads "
-                             f"(the {support.architecture} default) have one layer")
-        if not head_spec.partitions and self.options.seq_partitions != 1:
-            raise InputError(f"EAGLENEST_SEQ_PARTITIONS={self.options.seq_partitions} needs a "
-                             f"P-EAGLE head ({head_kind}: the {support.architecture} default)")
+        head_kind = job_target.check_head(self.options, read_architecture(model_dir)[1])
         self.stage("load data")
         examples = job_data.load(self.options, fetch_data(self.store, self.sources,
                                                          self.work / "data"))
         train_examples, holdout = job_data.split(examples, self.options.holdout, self.name)
+        self.dtype, why = job_target.job_dtype(model_dir, self.options.dtype, self._device(),
+                                               self.gpus.capability)
+        if why:
+            log.info("job %s: %s", self.name, why)
         self.capture_backend = capture_stage.choose_for(
-            model_dir, self.options.capture_backend, self._device(), self.gpus.memory_gib)
-        target = (load_target_ends(model_dir) if self.capture_backend == "vllm"
-                  else load_target(model_dir, device=self._device()))
+            model_dir, self.options.capture_backend, self._device(), self.gpus.memory_gib,
+            self.dtype)
+        target = job_target.load(model_dir, self.capture_backend, self._device(), self.dtype)
         prompts = [job_data.prompt_text(e, target.tokenizer) for e in holdout]
         train_out = self._train(target, train_examples, head_kind, init_head, holdout)
         del target
+        job_target.release()  # the benchmark's servers find its GPU memory free
         return self._finish(model_dir, head_kind, train_out, prompts)
 
     def _device(self, ranks: bool = False) -> str:
@@ -194,10 +185,9 @@ class Pipeline:
 
     def _vllm(self, target: Any) -> capture_stage.VllmCapture:
         """The vLLM children's engine: the target over the job's GPUs (the CPU: one)."""
-        return capture_stage.VllmCapture(
-            Path(target.folder), "cpu" if self._device() == "cpu" else "cuda",
-            max(1, len(self.gpus.indexes)), self.options.max_length + 8, self.work,
-            self.children_dir, f"job:{self._key}", self.gpus.env)
+        return job_target.vllm_capture(Path(target.folder), self._device(), self.dtype,
+                                       self.gpus, self.options.max_length + 8, self.work,
+                                       self.children_dir, f"job:{self._key}")
 
     @contextlib.contextmanager
     def _compute(self, role: str) -> Iterator[ThreadPlan]:
@@ -277,6 +267,7 @@ class Pipeline:
         progress.finish()
         (self.work / "out").mkdir(parents=True, exist_ok=True)
         self._record_capture(capture, data, summary)
+        job_target.export(out_dir, self.dtype)  # the head as it serves; checkpoints: fp32
         with open(self.work / "out" / LOG_NAME, "w") as fh:
             for row in summary.pop("history"):
                 fh.write(json.dumps(row) + "\n")
@@ -293,9 +284,9 @@ class Pipeline:
         from eaglenest.models.train import TrainConfig, TrainData
 
         if self.capture_backend == "in-process":
-            device = next(target.model.parameters()).device
+            weight = next(target.model.parameters())
             cache = CaptureCache(target, samples, TrainConfig.capture_cache_mb << 20,
-                                 capture_stage.autocast(device))
+                                 capture_stage.autocast(weight.device, weight.dtype))
             return (TrainData(target, samples, source=self._data_label(), cache=cache,
                               heldout=heldout), CaptureInfo("in-process"))
         self.stage(capture_stage.STAGE)
@@ -332,9 +323,10 @@ class Pipeline:
         self.stage(f"train in {procs} data-parallel processes (torchrun)")
         if next(target.model.parameters()).is_cuda:  # the ranks load their own copies
             target.model.to("cpu")
+            job_target.release()  # rank 0's GPU is free of the parent's copy
         run = write_run(self.work / "ddp", config, Path(target.folder),
                         self._device(ranks=True), self._data_label(), samples, capture,
-                        heldout)
+                        heldout, self.dtype)
         summary = launch(run, procs, self.control.should_stop, config.on_checkpoint,
                          self.children_dir, f"job:{self._key}", on_row=progress.row,
                          env={SHARING_ENV: str(sharing), **self.gpus.env})

@@ -2,7 +2,8 @@
 
 With ``EAGLENEST_TRAIN_PROCESSES`` = N > 1 (the job's ``OptimizationEnvironment``, else the
 worker's setting of the same name) the pipeline does not call ``train()`` itself: it writes
-the run to ``<work>/ddp/`` (``run.json``: the TrainConfig fields, target folder, device;
+the run to ``<work>/ddp/`` (``run.json``: the TrainConfig fields, target folder, device,
+the dtype the target loads in: the job's, float32 on the CPU;
 ``samples.json``: the encoded samples; ``heldout.json``: the held-out samples, when the job
 has any; ``capture``: the capture shards' folder, or none) and
 starts (as ``python -m torch.distributed.run``)
@@ -64,11 +65,12 @@ class LaunchError(RuntimeError):
 
 def write_run(run_dir: Path, config: Any, target_dir: Path, device: str, source: str,
               samples: list[Any], capture: Path | None = None,
-              heldout: list[Any] | None = None) -> Path:
+              heldout: list[Any] | None = None, dtype: str = "float32") -> Path:
     """Write what every rank needs to ``run_dir``; the path of ``run.json``. ``heldout``:
     the held-out samples (every rank measures their accuracy every ``eval_every`` steps: the
     ranks' heads are equal, so are their figures and their plateau decisions; with a
-    ``capture`` folder their captures come from its held-out split)."""
+    ``capture`` folder their captures come from its held-out split). ``dtype``: the one
+    each rank loads the target in (workers/jobs/job_target.py ``job_dtype``)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     from eaglenest.models.train import config_record
 
@@ -77,7 +79,7 @@ def write_run(run_dir: Path, config: Any, target_dir: Path, device: str, source:
         (run_dir / name).write_text(json.dumps(
             [{"input_ids": s.input_ids, "loss_mask": s.loss_mask} for s in group]))
     run = {"config": fields, "target": str(target_dir), "device": device, "source": source,
-           "capture": str(capture) if capture else None}
+           "capture": str(capture) if capture else None, "dtype": dtype}
     (run_dir / "run.json").write_text(json.dumps(run))
     for name in ("stop", "result.json", PROGRESS_FILE):
         (run_dir / name).unlink(missing_ok=True)
@@ -241,7 +243,7 @@ def _rank_data(run: dict[str, Any], samples: list[Any], heldout: list[Any],
                device: Any) -> Any:
     """The rank's TrainData: from the capture shards when the run names them (the held-out
     split's too, when the run has held-out samples), else the target loaded on the rank's
-    device, which then also runs the held-out samples."""
+    device in the run's dtype, which then also runs the held-out samples."""
     from eaglenest.models.shard_source import shard_train_data
     from eaglenest.models.target import load_target
     from eaglenest.models.train import TrainData
@@ -249,8 +251,8 @@ def _rank_data(run: dict[str, Any], samples: list[Any], heldout: list[Any],
     if run.get("capture"):
         return shard_train_data(run["capture"], device, source=run["source"],
                                 heldout=bool(heldout))
-    return TrainData(load_target(run["target"], device=device), samples, source=run["source"],
-                     heldout=heldout)
+    target = load_target(run["target"], device=device, dtype=run.get("dtype", "float32"))
+    return TrainData(target, samples, source=run["source"], heldout=heldout)
 
 
 if __name__ == "__main__":

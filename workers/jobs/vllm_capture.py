@@ -8,7 +8,9 @@ states vLLM's ``extract_hidden_states`` method leaves in its cache, written to f
 workers/jobs/vllm_connector.py. vLLM runs the target tensor-parallel over the GPUs it is
 shown (``tensor_parallel_size``; one process on the CPU), so a target larger than one
 GPU is captured; this process itself holds only the target's embeddings, lm_head and final
-norm (models/target.py ``load_target_ends``).
+norm (models/target.py ``load_target_ends``), in the run's dtype: on CUDA on the first GPU
+it is shown (``cuda:0``), moved there once the engine has started (the run's
+``gpu_memory_utilization`` leaves them room), on the CPU in float32.
 
 What vLLM returns and what a shard holds (models/capture_shards.py), per sample of ``seq``
 tokens: vLLM is asked for layers ``aux_layer_ids + [L]`` (L = the target's layer count;
@@ -20,10 +22,14 @@ and its file holds ``hidden_states`` [seq, n_aux + 1, hidden]. Then
     argmax      = lm_head(last_hidden).argmax(-1)                         # [seq]
 the same tensors the transformers capture stores, equal within float tolerance (vLLM's
 kernels and batching differ from transformers'; tests/workers/jobs/test_vllm_capture.py).
+The last two are computed on the ends' device, ENDS_CHUNK positions at a time (a chunk's
+logits are [chunk, vocab]: a 1024-token sample of a 152k vocabulary never holds its 600 MB
+of float32 logits at once), and come back as CPU tensors (aux and last_hidden float32).
 Prefix caching is off: every request computes all its positions.
 
 The RUN.json keys: ``model`` (the target folder), ``folder`` (the planned capture),
-``splits``, ``dtype``, ``tensor_parallel_size``, ``max_model_len``, ``device``.
+``splits``, ``dtype``, ``tensor_parallel_size``, ``max_model_len``, ``device``,
+``gpu_memory_utilization`` (None: vLLM's default).
 """
 
 from __future__ import annotations
@@ -45,7 +51,8 @@ from eaglenest.models.capture_shards import (
     planned_samples,
     read_manifest,
 )
-from eaglenest.models.target import Target, final_norm, load_target_ends
+from eaglenest.models.target import Target, ends_to, final_norm, load_target_ends
+from eaglenest.workers.jobs.capture_stage import ENDS_CHUNK
 from eaglenest.workers.jobs.vllm_child import engine_base, run_child
 from eaglenest.workers.jobs.vllm_connector import CONNECTOR
 
@@ -74,11 +81,15 @@ def engine_args(run: dict[str, Any], layer_ids: list[int], files: Path) -> dict[
 
 
 class VllmEntries:
-    """``fill_shards``' entries: one vLLM request per sample, read back from its file."""
+    """``fill_shards``' entries: one vLLM request per sample, read back from its file; the
+    final norm, lm_head and argmax run where the target's ends are, ``rows`` positions at
+    a time."""
 
-    def __init__(self, llm: Any, target: Target, samples: list[Any]) -> None:
-        self.llm, self.target, self.samples = llm, target, samples
+    def __init__(self, llm: Any, target: Target, samples: list[Any],
+                 rows: int = ENDS_CHUNK) -> None:
+        self.llm, self.target, self.samples, self.rows = llm, target, samples, rows
         self.norm = final_norm(target.model)
+        self.lm_head = target.model.get_output_embeddings()
         self.n_aux = len(target.aux_layer_ids)
 
     def __call__(self, ids: list[int]) -> list[CaptureEntry]:
@@ -105,12 +116,18 @@ class VllmEntries:
 
     @torch.no_grad()
     def _entry(self, states: torch.Tensor) -> CaptureEntry:
-        seq, _, hidden = states.shape  # [seq, n_aux + 1, hidden]
-        states = states.float()
-        aux = states[:, : self.n_aux].reshape(seq, self.n_aux * hidden)  # [seq, n_aux*hidden]
-        last = self.norm(states[:, self.n_aux].to(self.target.embed_weight().dtype))
-        logits = self.target.model.get_output_embeddings()(last)  # [seq, vocab]
-        return CaptureEntry(aux, last.float(), logits.argmax(-1))
+        """One sample's entry from vLLM's ``states`` [seq, n_aux + 1, hidden] (CPU)."""
+        seq, _, hidden = states.shape
+        aux = states[:, : self.n_aux].float().reshape(seq, self.n_aux * hidden)
+        weight = self.lm_head.weight  # [vocab, hidden], on the ends' device, in their dtype
+        last, argmax = [], []
+        for start in range(0, seq, self.rows):
+            rows = states[start:start + self.rows, self.n_aux]  # [chunk, hidden]
+            normed = self.norm(rows.to(weight.device, weight.dtype))  # [chunk, hidden]
+            last.append(normed.float().cpu())
+            argmax.append(self.lm_head(normed).argmax(-1).cpu())  # logits [chunk, vocab]
+        # aux [seq, n_aux * hidden], last_hidden [seq, hidden], argmax [seq]
+        return CaptureEntry(aux, torch.cat(last), torch.cat(argmax))
 
 
 def main(run_file: str) -> int:
@@ -120,10 +137,12 @@ def main(run_file: str) -> int:
     folder = Path(run["folder"])
     manifest = read_manifest(folder)
     dtype = DTYPES[manifest["dtype"]]
-    target = load_target_ends(run["model"], dtype=torch.float32,
+    target = load_target_ends(run["model"], dtype=run["dtype"],
                               aux_layer_ids=list(manifest["aux_layer_ids"]))
     files = folder / FILES_DIR
     llm = LLM(**engine_args(run, [*target.aux_layer_ids, target.num_layers], files))
+    if run["device"] != "cpu":  # after the engine measured the GPUs' memory without them
+        ends_to(target, "cuda:0")
     try:
         for split in run["splits"]:
             entries = VllmEntries(llm, target, planned_samples(folder, split))

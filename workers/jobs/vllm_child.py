@@ -62,8 +62,13 @@ def run_child(module: str, run: dict[str, Any], stem: Path, poll: Callable[[], N
 
 
 def engine_base(run: dict[str, Any]) -> dict[str, Any]:
-    """The ``vllm.LLM`` arguments every child uses: the target, dtype, tensor parallelism,
-    eager mode on the CPU (no graphs to capture there), a fixed seed."""
-    return {"model": run["model"], "dtype": run["dtype"], "seed": 0,
+    """The ``vllm.LLM`` arguments every child uses: the target, the job's dtype (float32 on
+    the CPU, the GPU dtype on CUDA: workers/jobs/job_target.py), tensor parallelism (a
+    degree that divides the target's heads), eager mode on the CPU (no graphs to capture
+    there), a fixed seed; the run's ``gpu_memory_utilization`` when it names one."""
+    base = {"model": run["model"], "dtype": run["dtype"], "seed": 0,
             "tensor_parallel_size": int(run["tensor_parallel_size"]),
             "enforce_eager": run["device"] == "cpu"}
+    if run.get("gpu_memory_utilization"):
+        base["gpu_memory_utilization"] = float(run["gpu_memory_utilization"])
+    return base

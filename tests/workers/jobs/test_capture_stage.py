@@ -118,6 +118,11 @@ def test_hf_capture_trains_the_same_head(store, in_process, tmp_path, caplog):
         assert cap["target"]["architecture"] == "LlamaForCausalLM"
     head_prov = json.loads((auto / "eagle_model" / "provenance.json").read_text())
     assert head_prov["capture"]["backend"] == "in-process"
+    # on the CPU the head is exported as trained: float32, and says so
+    assert head_prov["dtype"] == "float32" and {t.dtype for t in b.values()
+                                                if t.is_floating_point()} == {torch.float32}
+    assert json.loads((auto / "eagle_model" / "config.json").read_text())["torch_dtype"] \
+        == "float32"
     assert result.train["capture"]["cache_bytes"] > 0
     # the shards went at the job's end, and were not published
     assert not (tmp_path / "capture").exists()
