@@ -98,6 +98,8 @@ class Pipeline:
     kernels_dir: Path | None = None
     #: the capture backend chosen when the model is checked (capture_stage.choose_backend)
     capture_backend: str = "in-process"
+    #: what `python -m` runs for the benchmark's vLLM servers (Settings.vllm_module)
+    vllm_module: str = "vllm.entrypoints.openai.api_server"
     #: the dtype the target runs in, chosen then too (job_target.job_dtype): float32 on CPUs
     dtype: str = "float32"
 
@@ -373,8 +375,10 @@ class Pipeline:
         if self.options.benchmark:
             label = "benchmark baseline vs EAGLE"
             self.stage(label)
-            # its servers (the baseline and one per K) stay loaded together
-            Registry().admit(1 + len(self.options.measured_ks()), self.compute_budget)
+            # on the CPU its servers (the baseline and one per K) stay loaded together; on
+            # GPUs one runs at a time (bench_stage.measure_rows)
+            servers = 1 if self.gpus.indexes else 1 + len(self.options.measured_ks())
+            Registry().admit(servers, self.compute_budget)
             plan = BenchPlan(model_dir, head_dir, prompts, self.options.backend or
                              default_backend(), self.options.concurrency,
                              self.options.bench_max_tokens, self.options.num_speculative_tokens,
@@ -382,8 +386,8 @@ class Pipeline:
                              registry=self.children_dir, resource=f"job:{self._key}",
                              ks=self.options.measured_ks(), schedule_dir=head_dir,
                              rounds=self.options.bench_rounds, gpus=self.gpus.indexes,
-                             gpu_env=self.gpus.env, gpu_memory_gib=self.gpus.memory_gib,
-                             kernel_cache=self.kernels_dir)
+                             gpu_env=self.gpus.env, held=self.gpus.held(),
+                             kernel_cache=self.kernels_dir, vllm_module=self.vllm_module)
             bench = run_benchmark(plan, out, self.control.should_stop,
                                   BenchProgress(self.name, label, self.control.report))
         self.stage("upload outputs")
