@@ -73,14 +73,20 @@ def test_up_sh_installs_a_fresh_venv_and_serves(fresh_venv: Path, tmp_path: Path
         # a line while pip installs, then a quiet console: Celery's banner and library
         # warnings go to the data dir's log file (workers/infra/console.py)
         assert second_line.startswith("EagleNest: installing requirements/service.txt into")
+        # the worker's banner, in the data dir's log file once Celery is up (a fresh venv
+        # compiles every module it imports: that can take longer than the API's start)
+        data_log = tmp_path / "data" / "eaglenest.log"
+        banner = time.monotonic() + 60
+        while " -------------- [queues]" not in data_log.read_text(errors="replace"):
+            assert time.monotonic() < banner, data_log.read_text(errors="replace")[-4000:]
+            time.sleep(0.5)
         time.sleep(5)  # long enough for a crash-looping child to show
         kids = children_of(proc.pid)
         assert any("eaglenest.cli api" in k for k in kids), kids
         assert any("eaglenest.cli worker" in k for k in kids), kids
         text = log.read_text(errors="replace")
         assert " -------------- " not in text and "SecurityWarning" not in text, text[-4000:]
-        text += (tmp_path / "data" / "eaglenest.log").read_text(errors="replace")
-        assert " -------------- [queues]" in text  # the worker's banner, in the log file
+        text += data_log.read_text(errors="replace")
         assert "restarting" not in text and "Traceback" not in text, text[-4000:]
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
