@@ -39,7 +39,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy.orm import Session
@@ -48,7 +48,6 @@ from eaglenest.db.common import find
 from eaglenest.db.tables import ModelRow
 from eaglenest.foundation import instance_types, server_options
 from eaglenest.foundation.accounts import Account
-from eaglenest.foundation.dtypes import BYTES, checkpoint_dtype
 from eaglenest.foundation.errors import ValidationException
 from eaglenest.foundation.instance_types import InstanceType
 from eaglenest.foundation.memory_plan import (
@@ -59,7 +58,7 @@ from eaglenest.foundation.memory_plan import (
     ShapeError,
     gpus_of_type,
     head_estimate,
-    plan,
+    head_from,
     read_shape,
 )
 from eaglenest.foundation.storage import BucketStore, ObjectInfo, S3Uri, parse_uri
@@ -279,26 +278,14 @@ def _head(store: BucketStore, account: Account, source: Source,
         config = _json(store, listed[0].child(_CONFIG))
     except (ShapeError, _Unreadable):
         return head_estimate(shape, draft_vocab=DEFAULT_DRAFT_VOCAB)
-    text = config.get("text_config")
-    own: dict[str, Any] = text if isinstance(text, dict) else config
-    layers = own.get("num_hidden_layers")
-    return HeadShape(size // BYTES[checkpoint_dtype(config)],
-                     layers if isinstance(layers, int) and layers > 0 else 1)
+    return head_from(config, size)
 
 
 def _plan(where: str, shape: ModelShape, itype: InstanceType,
           options: server_options.ServerOptions, head: HeadShape | None) -> None:
     """One server on all of `itype`'s GPUs, as the worker plans it
-    (workers/serving/gpu_options.plan_server); ValidationException when it cannot hold."""
-    gpus = gpus_of_type(itype)
-    wants = replace(options.wants, tensor_parallel=gpus.count if options.max_tp
-                    else options.wants.tensor_parallel)
+    (foundation/server_options.plan_for); ValidationException when it cannot hold."""
     try:
-        planned = plan(shape, gpus, wants, head)
+        server_options.plan_for(options, shape, gpus_of_type(itype), head)
     except PlanError as exc:
         raise ValidationException(f"{where}: {exc}") from None
-    prompt = options.max_input_length
-    if prompt is not None and prompt >= planned.max_model_len:
-        raise ValidationException(
-            f"{where}: {server_options.PROMPT_OPTION}={prompt} must be below the max model "
-            f"length, {planned.max_model_len}")

@@ -173,16 +173,21 @@ class HeadShape:
     layers: int  # its own attention layers, each with a KV cache of the target's shape
 
 
+def head_from(config: dict[str, Any], weights_bytes: int) -> HeadShape:
+    """A saved head's shape from its config.json and its safetensors bytes: parameters are
+    the bytes over its dtype's, layers its ``num_hidden_layers`` (1 when absent)."""
+    text = config.get("text_config")
+    own: dict[str, Any] = text if isinstance(text, dict) else config
+    return HeadShape(weights_bytes // BYTES[checkpoint_dtype(config)],
+                     _int(own, "num_hidden_layers", default=1))
+
+
 def head_of(folder: Path) -> HeadShape:
-    """A saved head's parameters (its safetensors bytes over its dtype's) and layers."""
+    """`head_from` of a head folder on disk (an unreadable config.json counts as empty)."""
     config: dict[str, Any] = {}
     with contextlib.suppress(OSError, ValueError):
         config = json.loads((folder / "config.json").read_text())
-    size = sum(p.stat().st_size for p in folder.glob("*.safetensors"))
-    own = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
-    assert isinstance(own, dict)
-    return HeadShape(size // BYTES[checkpoint_dtype(config)],
-                     _int(own, "num_hidden_layers", default=1))
+    return head_from(config, sum(p.stat().st_size for p in folder.glob("*.safetensors")))
 
 
 #: the draft vocabulary an optimization job trains when EAGLENEST_DRAFT_VOCAB_SIZE is unset

@@ -20,11 +20,20 @@ Each bad value raises `OptionError` naming the variable.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from eaglenest.foundation.dtypes import AUTO, DtypeError, normalize
 from eaglenest.foundation.limits import LimitError, check_length
-from eaglenest.foundation.memory_plan import CPU_MAX_MODEL_LEN, Wants
+from eaglenest.foundation.memory_plan import (
+    CPU_MAX_MODEL_LEN,
+    Gpus,
+    HeadShape,
+    MemoryPlan,
+    ModelShape,
+    PlanError,
+    Wants,
+    plan,
+)
 
 DTYPE_OPTIONS = ("EAGLENEST_DTYPE", "OPTION_DTYPE")
 #: LMI / TGI / SageMaker names for the tensor-parallel degree, in order of precedence
@@ -132,3 +141,20 @@ def read(env: Mapping[str, str]) -> ServerOptions:
               max_model_len=length, len_variable=len_name, max_num_seqs=batch,
               gpu_memory_utilization=_utilization(env)),
         max_tp=max_tp, max_input_length=prompt)
+
+
+def plan_for(options: ServerOptions, shape: ModelShape, gpus: Gpus,
+             head: HeadShape | None = None, copies: int = 1) -> MemoryPlan:
+    """The plan of one server of `copies` on `gpus` as the container asks (``max``: every
+    GPU); PlanError when it cannot hold, MAX_INPUT_LENGTH not below its length included.
+    CreateEndpoint (db/gpu_fit.py) and the worker (workers/serving/gpu_options.py) both
+    plan with this."""
+    wants = replace(options.wants, copies=copies,
+                    tensor_parallel=gpus.count if options.max_tp
+                    else options.wants.tensor_parallel)
+    planned = plan(shape, gpus, wants, head)
+    prompt = options.max_input_length
+    if prompt is not None and prompt >= planned.max_model_len:
+        raise PlanError(f"{PROMPT_OPTION}={prompt} must be below the max model length, "
+                        f"{planned.max_model_len}")
+    return planned

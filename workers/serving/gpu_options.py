@@ -36,7 +36,6 @@ from eaglenest.foundation.memory_plan import (
     PlanError,
     ShapeError,
     head_of,
-    plan,
     shape_of,
 )
 from eaglenest.workers.serving.process import ServerSpec
@@ -55,19 +54,10 @@ def plan_server(spec: ServerSpec, env: Mapping[str, str], held: Gpus,
     GpuOptionError when it cannot hold."""
     try:
         options = server_options.read(env)
-        shape = shape_of(spec.model_dir)
         head = head_of(spec.head_dir) if spec.head_dir is not None else None
-        wants = replace(options.wants, copies=copies,
-                        tensor_parallel=held.count if options.max_tp
-                        else options.wants.tensor_parallel)
-        planned = plan(shape, held, wants, head)
+        return server_options.plan_for(options, shape_of(spec.model_dir), held, head, copies)
     except (server_options.OptionError, PlanError, ShapeError) as exc:
         raise GpuOptionError(str(exc)) from None
-    prompt = options.max_input_length
-    if prompt is not None and prompt >= planned.max_model_len:
-        raise GpuOptionError(f"{server_options.PROMPT_OPTION}={prompt} must be below the max "
-                             f"model length, {planned.max_model_len}")
-    return planned
 
 
 def apply(spec: ServerSpec, env: Mapping[str, str], gpus: list[int], gpu_env: dict[str, str],
