@@ -6,7 +6,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from eaglenest.db import buckets, models_repo, tags_repo
+from eaglenest.db import buckets, models_repo, quotas, tags_repo
 from eaglenest.db.common import check_s3_uris, find, insert_unique, now
 from eaglenest.db.tables import EndpointConfigRow, ModelRow
 from eaglenest.foundation import instance_types
@@ -130,13 +130,17 @@ def _check_instance_types(session: Session, account: Account, spec: dict[str, An
 
 def create(session: Session, account: Account, spec: dict[str, Any],
            max_instances: int | None = None,
-           store: BucketStore | None = None) -> EndpointConfigRow:
+           store: BucketStore | None = None,
+           limits: quotas.Limits | None = None) -> EndpointConfigRow:
     """With `store` (the API: always), every bucket the request names (DataCapture,
     AsyncInference outputs) must be the account's, or nobody's and the caller the default
     account (any caller for Data Capture's destination, which then becomes the account's:
-    db/buckets.py)."""
+    db/buckets.py). With `limits` (the API), the account's endpoint configurations quota
+    (db/quotas.py)."""
     if max_instances is not None:
         _check_instance_counts(spec, max_instances)
+    if limits is not None:
+        quotas.check_new_endpoint_config(session, account, limits)
     _check_serverless(spec)
     _check_variants(session, account, spec)
     _check_instance_types(session, account, spec)

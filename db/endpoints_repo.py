@@ -54,8 +54,7 @@ def create(session: Session, account: Account, spec: dict[str, Any],
     their fit on their GPU types (db/gpu_fit.py), are checked before the row is written."""
     config = endpoint_configs_repo.get(session, account, spec["EndpointConfigName"])
     if limits is not None:
-        quotas.check_new_endpoint(session, account, config.spec, limits.endpoints,
-                                  limits.instances)
+        quotas.check_new_endpoint(session, account, config.spec, limits)
     name = spec["EndpointName"]
     tags = tags_repo.check_new_tags(spec.pop("Tags", None) or [])
     gpu_fit.check_endpoint_config(session, account, config.spec, store)
@@ -117,8 +116,8 @@ def request_update(
                          _fleet_size(config.spec, pending[retention.PENDING_OVERRIDES]))
     _require_in_service(row)
     if limits is not None:
-        quotas.check_instances(session, account, row, quotas.config_instances(
-            config.spec, pending.get(retention.PENDING_OVERRIDES)), limits.instances)
+        quotas.check_endpoint_change(session, account, row, config.spec,
+                                     pending.get(retention.PENDING_OVERRIDES), limits)
     gpu_fit.check_endpoint_config(session, account, config.spec, store)
     new_spec = {k: v for k, v in row.spec.items() if k != retention.DEPLOYMENT_CONFIG}
     if deploy_config is not None:
@@ -232,8 +231,8 @@ def request_weights(session: Session, account: Account, name: str,
         after = effective_overrides({**row.spec, PENDING_WEIGHTS: pending})
         config = find(session, EndpointConfigRow, row.config_name,
                       account_id=row.account_id)
-        quotas.check_instances(session, account, row, quotas.config_instances(
-            config.spec if config else {}, after), limits.instances)
+        quotas.check_endpoint_change(session, account, row, config.spec if config else {},
+                                     after, limits)
     summaries = [{**v, **pending.get(v["VariantName"], {})}
                  for v in row.deployment["ProductionVariants"]]
     row.deployment = {**row.deployment, "ProductionVariants": summaries}

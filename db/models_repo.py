@@ -6,7 +6,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from eaglenest.db import buckets, tags_repo
+from eaglenest.db import buckets, quotas, tags_repo
 from eaglenest.db.common import check_s3_uris, find, insert_unique, now
 from eaglenest.db.tables import ModelRow
 from eaglenest.foundation import environment, limits
@@ -34,27 +34,32 @@ def _check_containers(spec: dict[str, Any]) -> None:
 
 
 def _check_environment(spec: dict[str, Any]) -> None:
-    """Only allowed variables reach a model server (foundation/environment.py), and its
-    thread counts and lengths are within their ceilings (foundation/limits.py)."""
+    """Only allowed variables reach a model server (foundation/environment.py), its thread
+    counts and lengths are within their ceilings, and all the Environment maps together
+    within SageMaker's size (foundation/limits.py)."""
     containers = [("PrimaryContainer", spec.get("PrimaryContainer"))]
     containers += [(f"Containers.{i}", c)
                    for i, c in enumerate(spec.get("Containers") or [], start=1)]
-    for where, container in containers:
-        env = (container or {}).get("Environment")
-        try:
-            environment.check(env, f"{where}.Environment")
-            limits.check_model_environment(env, f"{where}.Environment", limits.host_cpus())
-        except (environment.EnvironmentRejected, limits.LimitError) as exc:
-            raise ValidationException(str(exc)) from None
+    envs = {f"{where}.Environment": (c or {}).get("Environment") for where, c in containers}
+    try:
+        limits.check_environment_size(envs)
+        for where, env in envs.items():
+            environment.check(env, where)
+            limits.check_model_environment(env, where, limits.host_cpus())
+    except (environment.EnvironmentRejected, limits.LimitError) as exc:
+        raise ValidationException(str(exc)) from None
 
 
 def create(session: Session, account: Account, spec: dict[str, Any],
-           store: BucketStore | None = None) -> ModelRow:
+           store: BucketStore | None = None, limits: quotas.Limits | None = None) -> ModelRow:
     """With `store` (the API: always), every bucket the request names must be the
     account's, or nobody's and the caller the default account; none is claimed (a model's
-    buckets are read, not written: db/buckets.py)."""
+    buckets are read, not written: db/buckets.py). With `limits` (the API), the account's
+    models quota (db/quotas.py)."""
     _check_containers(spec)
     _check_environment(spec)
+    if limits is not None:
+        quotas.check_new_model(session, account, limits)
     name = spec["ModelName"]
     tags = tags_repo.check_new_tags(spec.pop("Tags", None) or [])
     check_s3_uris(spec)  # the store would refuse them later: refuse them now

@@ -125,8 +125,7 @@ def create(session: Session, account: Account, spec: dict[str, Any],
     before the row is written."""
     types = _check_spec(session, account, spec)
     if limits is not None:
-        quotas.check_new_job(session, account, limits.jobs)
-        quotas.check_job_instances(session, account, spec, limits.instances)
+        quotas.check_new_job(session, account, spec, limits)
     name = spec["OptimizationJobName"]
     tags = tags_repo.check_new_tags(spec.pop("Tags", None) or [])
     check_s3_uris(spec)  # the store would refuse them later: refuse them now

@@ -1,13 +1,20 @@
 """Per-account quotas (ResourceLimitExceeded, in the words SageMaker uses for its account
-quotas): endpoints, instances across all endpoints and jobs, concurrent optimization jobs.
+quotas): what an account holds (endpoints' instances and GPUs, jobs not yet ended) and what
+it keeps (models, endpoint configurations, endpoints, optimization jobs of any status).
 
 Every instance is a whole model server process on a serving host and every job a training
-run, so a key holder must not be able to start an unbounded number of them. The instance
-quota counts what runs: an endpoint's model servers, and for each job not yet ended one
-instance per GPU of its DeploymentInstanceType or per training process
-(EAGLENEST_TRAIN_PROCESSES), whichever is more (foundation/limits.py job_instances). The
-limits are settings (README's configuration table); each check counts the caller's
-account only.
+run, so a key holder must not be able to start an unbounded number of them, nor hold every
+GPU of a shared fleet, nor fill the database with rows. What each counts:
+- instances: an endpoint's model servers, and for each job not yet ended one instance per
+  GPU of its DeploymentInstanceType or per training process (EAGLENEST_TRAIN_PROCESSES),
+  whichever is more (foundation/limits.py job_instances);
+- GPUs: each endpoint instance holds the GPUs of its variant's InstanceType, each job not
+  yet ended those of its DeploymentInstanceType (foundation/instance_types.py; a CPU type or
+  a serverless variant: none);
+- while an UpdateEndpoint is pending an endpoint holds the larger of its old and new fleet;
+- kept: rows of the account, whatever their status (a Failed endpoint, a COMPLETED job).
+The limits are settings (docs/configuration.md; ``unlimited``: None, no check); each check
+counts the caller's account only.
 """
 
 from __future__ import annotations
@@ -20,7 +27,13 @@ from sqlalchemy.orm import Session
 
 from eaglenest.db.common import find
 from eaglenest.db.endpoint_retention import PENDING_OVERRIDES
-from eaglenest.db.tables import EndpointConfigRow, EndpointRow, OptimizationJobRow
+from eaglenest.db.tables import (
+    Base,
+    EndpointConfigRow,
+    EndpointRow,
+    ModelRow,
+    OptimizationJobRow,
+)
 from eaglenest.foundation import instance_types
 from eaglenest.foundation.accounts import Account
 from eaglenest.foundation.errors import ResourceLimitExceeded
@@ -30,14 +43,36 @@ from eaglenest.foundation.settings import Settings
 
 @dataclass(frozen=True)
 class Limits:
-    endpoints: int
-    instances: int
-    jobs: int
+    """The quotas of Settings (None: unlimited)."""
+
+    endpoints: int | None
+    instances: int | None
+    jobs: int | None
+    gpus: int | None = None
+    models: int | None = None
+    endpoint_configs: int | None = None
+    jobs_kept: int | None = None
 
     @classmethod
     def of(cls, settings: Settings) -> Limits:
         return cls(settings.max_endpoints, settings.max_instances,
-                   settings.max_concurrent_optimization_jobs)
+                   settings.max_concurrent_optimization_jobs, settings.max_gpus,
+                   settings.max_models, settings.max_endpoint_configs,
+                   settings.max_optimization_jobs)
+
+
+@dataclass(frozen=True)
+class Held:
+    """What an endpoint or a job holds against the account's quotas."""
+
+    instances: int = 0
+    gpus: int = 0
+
+    def __add__(self, other: Held) -> Held:
+        return Held(self.instances + other.instances, self.gpus + other.gpus)
+
+    def larger(self, other: Held) -> Held:
+        return Held(max(self.instances, other.instances), max(self.gpus, other.gpus))
 
 
 #: job statuses that hold a training run (or are about to)
@@ -45,6 +80,8 @@ ACTIVE_JOBS = ("STARTING", "INPROGRESS", "STOPPING")
 #: what the instance quota's message adds: jobs count too
 INSTANCES_NOTE = (" Instances are endpoint instances plus, for each optimization job not yet "
                   "ended, its GPUs or training processes.")
+GPUS_NOTE = (" GPUs are those of each endpoint instance's InstanceType and of each "
+             "optimization job not yet ended's DeploymentInstanceType.")
 
 
 def _exceeded(quota: str, limit: int, used: int, delta: int, unit: str,
@@ -55,96 +92,131 @@ def _exceeded(quota: str, limit: int, used: int, delta: int, unit: str,
         f"operator to raise {setting}.")
 
 
-def config_instances(config: dict[str, Any],
-                     overrides: dict[str, dict[str, Any]] | None = None) -> int:
-    """Model server processes an endpoint config runs (a serverless variant runs one),
-    with UpdateEndpointWeightsAndCapacities' DesiredInstanceCount where set."""
+def type_gpus(name: Any) -> int:
+    """The GPUs of an instance type (0: none given, a CPU type, one no longer served)."""
+    if not name:
+        return 0
+    try:
+        return instance_types.lookup(str(name)).accelerators
+    except instance_types.UnsupportedInstanceType:
+        return 0
+
+
+def config_held(config: dict[str, Any],
+                overrides: dict[str, dict[str, Any]] | None = None) -> Held:
+    """The model server processes an endpoint config runs (a serverless variant runs one),
+    with UpdateEndpointWeightsAndCapacities' DesiredInstanceCount where set, and their GPUs."""
     overrides = overrides or {}
-    total = 0
+    total = Held()
     for key in ("ProductionVariants", "ShadowProductionVariants"):
         for v in config.get(key) or []:
             count = overrides.get(v["VariantName"], {}).get("DesiredInstanceCount")
-            total += int(count or v.get("InitialInstanceCount") or 1)
+            count = int(count or v.get("InitialInstanceCount") or 1)
+            total += Held(count, count * type_gpus(v.get("InstanceType")))
     return total
 
 
-def endpoint_instances(session: Session, row: EndpointRow) -> int:
-    """The instances an endpoint holds: its config's, a pending weights change included,
-    and while an UpdateEndpoint is pending the larger of its old and its new fleet."""
+def endpoint_held(session: Session, row: EndpointRow) -> Held:
+    """What an endpoint holds: its config's fleet, a pending weights change included, and
+    while an UpdateEndpoint is pending the larger of its old and its new fleet."""
     from eaglenest.db.endpoints_repo import effective_overrides
 
     config = find(session, EndpointConfigRow, row.config_name, account_id=row.account_id)
-    held = config_instances(config.spec, effective_overrides(row.spec)) if config else 0
+    held = config_held(config.spec, effective_overrides(row.spec)) if config else Held()
     if row.pending_config_name:
         new = find(session, EndpointConfigRow, row.pending_config_name,
                    account_id=row.account_id)
         if new is not None:
-            held = max(held, config_instances(new.spec, row.spec.get(PENDING_OVERRIDES)))
+            held = held.larger(config_held(new.spec, row.spec.get(PENDING_OVERRIDES)))
     return held
 
 
-def spec_instances(spec: dict[str, Any]) -> int:
-    """The instances a job holds (module docstring); an unknown type: its processes."""
-    try:
-        gpus = instance_types.lookup(str(spec.get("DeploymentInstanceType"))).accelerators
-    except instance_types.UnsupportedInstanceType:
-        gpus = 0
-    return job_instances(spec.get("OptimizationEnvironment"), gpus)
+def job_held(spec: dict[str, Any]) -> Held:
+    """What a job holds (module docstring); an unknown type: its processes, no GPU."""
+    gpus = type_gpus(spec.get("DeploymentInstanceType"))
+    return Held(job_instances(spec.get("OptimizationEnvironment"), gpus), gpus)
 
 
-def job_instances_held(session: Session, account_id: str) -> int:
-    """The instances the account's jobs not yet ended hold."""
+def jobs_held(session: Session, account_id: str) -> Held:
+    """What the account's jobs not yet ended hold."""
     specs = session.scalars(select(OptimizationJobRow.spec).where(
         OptimizationJobRow.status.in_(ACTIVE_JOBS),
         OptimizationJobRow.account_id == account_id))
-    return sum(spec_instances(spec or {}) for spec in specs)
+    return sum((job_held(spec or {}) for spec in specs), Held())
+
+
+def _kept(session: Session, table: type[Base], account: Account, limit: int | None,
+          quota: str, unit: str, setting: str) -> None:
+    """One more row of `table` for the account, within `limit` rows of any status."""
+    if limit is None:
+        return
+    t: Any = table
+    used = int(session.scalar(select(func.count()).select_from(table).where(
+        t.account_id == account.account_id)) or 0)
+    if used + 1 > limit:
+        raise _exceeded(quota, limit, used, 1, unit, setting)
+
+
+def check_new_model(session: Session, account: Account, limits: Limits) -> None:
+    """CreateModel: one more model kept."""
+    _kept(session, ModelRow, account, limits.models, "models", "Models",
+          "EAGLENEST_MAX_MODELS")
+
+
+def check_new_endpoint_config(session: Session, account: Account, limits: Limits) -> None:
+    """CreateEndpointConfig: one more endpoint configuration kept."""
+    _kept(session, EndpointConfigRow, account, limits.endpoint_configs,
+          "endpoint configurations", "EndpointConfigs", "EAGLENEST_MAX_ENDPOINT_CONFIGS")
 
 
 def check_new_endpoint(session: Session, account: Account, config: dict[str, Any],
-                       max_endpoints: int, max_instances: int) -> None:
-    """CreateEndpoint: one more endpoint, and its config's instances."""
+                       limits: Limits) -> None:
+    """CreateEndpoint: one more endpoint, and its config's instances and GPUs."""
+    _kept(session, EndpointRow, account, limits.endpoints, "endpoints", "Endpoints",
+          "EAGLENEST_MAX_ENDPOINTS")
     rows = list(session.scalars(select(EndpointRow).where(
         EndpointRow.account_id == account.account_id)))
-    if len(rows) + 1 > max_endpoints:
-        raise _exceeded("endpoints", max_endpoints, len(rows), 1, "Endpoints",
-                        "EAGLENEST_MAX_ENDPOINTS")
-    _check_instances(session, account, rows, config_instances(config), max_instances)
+    _check_held(session, account, rows, config_held(config), limits)
 
 
-def check_instances(session: Session, account: Account, endpoint: EndpointRow, new_count: int,
-                    max_instances: int) -> None:
-    """UpdateEndpoint / UpdateEndpointWeightsAndCapacities: `endpoint` will run
-    `new_count` instances instead of what it runs now."""
+def check_endpoint_change(session: Session, account: Account, endpoint: EndpointRow,
+                          config: dict[str, Any], overrides: dict[str, dict[str, Any]] | None,
+                          limits: Limits) -> None:
+    """UpdateEndpoint / UpdateEndpointWeightsAndCapacities: `endpoint` will run `config`
+    with `overrides` instead of what it runs now."""
     others = [r for r in session.scalars(select(EndpointRow).where(
         EndpointRow.account_id == account.account_id)) if r.id != endpoint.id]
-    _check_instances(session, account, others, new_count, max_instances)
+    _check_held(session, account, others, config_held(config, overrides), limits)
 
 
-def check_job_instances(session: Session, account: Account, spec: dict[str, Any],
-                        max_instances: int) -> None:
-    """CreateOptimizationJob: the job's GPUs or training processes, as instances."""
+def check_new_job(session: Session, account: Account, spec: dict[str, Any],
+                  limits: Limits) -> None:
+    """CreateOptimizationJob: one more job kept and running, its instances and GPUs."""
+    _kept(session, OptimizationJobRow, account, limits.jobs_kept, "optimization jobs",
+          "Jobs", "EAGLENEST_MAX_OPTIMIZATION_JOBS")
+    if limits.jobs is not None:
+        used = int(session.scalar(select(func.count()).select_from(OptimizationJobRow).where(
+            OptimizationJobRow.status.in_(ACTIVE_JOBS),
+            OptimizationJobRow.account_id == account.account_id)) or 0)
+        if used + 1 > limits.jobs:
+            raise _exceeded("concurrent optimization jobs", limits.jobs, used, 1, "Jobs",
+                            "EAGLENEST_MAX_CONCURRENT_OPTIMIZATION_JOBS")
     rows = list(session.scalars(select(EndpointRow).where(
         EndpointRow.account_id == account.account_id)))
-    _check_instances(session, account, rows, spec_instances(spec), max_instances)
+    _check_held(session, account, rows, job_held(spec), limits)
 
 
-def _check_instances(session: Session, account: Account, rows: list[EndpointRow],
-                     delta: int, limit: int) -> None:
-    """`delta` more instances beside the endpoints `rows` and the account's jobs."""
-    used = sum(endpoint_instances(session, r) for r in rows)
-    used += job_instances_held(session, account.account_id)
-    if used + delta > limit:
-        exc = _exceeded("instances across all endpoints", limit, used, delta, "Instances",
-                        "EAGLENEST_MAX_INSTANCES")
+def _check_held(session: Session, account: Account, rows: list[EndpointRow],
+                delta: Held, limits: Limits) -> None:
+    """`delta` more beside the endpoints `rows` and the account's jobs not yet ended."""
+    used = sum((endpoint_held(session, r) for r in rows), Held())
+    used += jobs_held(session, account.account_id)
+    if limits.instances is not None and used.instances + delta.instances > limits.instances:
+        exc = _exceeded("instances across all endpoints", limits.instances, used.instances,
+                        delta.instances, "Instances", "EAGLENEST_MAX_INSTANCES")
         raise ResourceLimitExceeded(exc.message + INSTANCES_NOTE)
-
-
-def check_new_job(session: Session, account: Account, limit: int) -> None:
-    """CreateOptimizationJob: one more concurrent job."""
-    stmt = select(func.count()).select_from(OptimizationJobRow).where(
-        OptimizationJobRow.status.in_(ACTIVE_JOBS),
-        OptimizationJobRow.account_id == account.account_id)
-    used = int(session.scalar(stmt) or 0)
-    if used + 1 > limit:
-        raise _exceeded("concurrent optimization jobs", limit, used, 1, "Jobs",
-                        "EAGLENEST_MAX_CONCURRENT_OPTIMIZATION_JOBS")
+    if (limits.gpus is not None and delta.gpus > 0
+            and used.gpus + delta.gpus > limits.gpus):
+        exc = _exceeded("GPUs across all endpoints and optimization jobs", limits.gpus,
+                        used.gpus, delta.gpus, "GPUs", "EAGLENEST_MAX_GPUS")
+        raise ResourceLimitExceeded(exc.message + GPUS_NOTE)

@@ -53,6 +53,11 @@ JOB_RANGES: dict[str, tuple[int, int]] = {
 }
 _LEADING = re.compile(r"\s*\+?([0-9]+)")
 
+#: SageMaker's bound on what a CreateModel's Environment maps hold: all the keys and values of
+#: all its containers together (botocore's ContainerDefinition.Environment: "32 KB"; each
+#: map 100 entries of 1024-character keys and values, which the request shapes check)
+MAX_ENVIRONMENT_BYTES = 32 * 1024
+
 
 class LimitError(ValueError):
     """A value out of its option's range; the message names the variable and the limit."""
@@ -113,6 +118,18 @@ def check_model_environment(env: Mapping[str, str] | None, where: str, cpus: int
                 check_length(name, str(raw))
         except LimitError as exc:
             raise LimitError(f"Environment variable {exc} (in {where}).") from None
+
+
+def check_environment_size(envs: Mapping[str, Mapping[str, str] | None]) -> None:
+    """CreateModel: the keys and values of every container's Environment (`envs`: where ->
+    map), in UTF-8 bytes, at most MAX_ENVIRONMENT_BYTES together."""
+    total = sum(len(str(k).encode()) + len(str(v).encode())
+                for env in envs.values() for k, v in (env or {}).items())
+    if total > MAX_ENVIRONMENT_BYTES:
+        where = ", ".join(w for w, env in envs.items() if env)
+        raise LimitError(f"{where}: the keys and values of a model's Environment maps total "
+                         f"{total} bytes; at most {MAX_ENVIRONMENT_BYTES} (32 KB) for all of "
+                         "its containers together, as SageMaker allows.")
 
 
 def check_train_processes(value: int, gpus: int, instance_type: str) -> None:

@@ -7,14 +7,24 @@ import os
 import socket
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import BeforeValidator, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 CREDENTIALS_PROFILE = "eaglenest"
 #: the credentials-file option naming the 12-digit account a profile's key acts for
 ACCOUNT_OPTION = "eaglenest_account_id"
+
+
+def _quota(value: object) -> object:
+    """A per-account quota's setting: a count, or ``unlimited`` (None: no limit)."""
+    return None if isinstance(value, str) and value.strip().lower() == "unlimited" else value
+
+
+#: a per-account quota (db/quotas.py): a count >= 0, or ``unlimited`` (None), which only an
+#: operator's setting gives
+Quota = Annotated[Annotated[int, Field(ge=0)] | None, BeforeValidator(_quota)]
 
 
 @dataclass(frozen=True)
@@ -104,11 +114,19 @@ class Settings(BaseSettings):
     #: the most serving processes (InitialInstanceCount) one production variant may ask for;
     #: CreateEndpointConfig refuses more (each is a full model server on this host)
     max_instances_per_variant: int = Field(default=4, ge=1)
-    #: per-account quotas (ResourceLimitExceeded beyond them): endpoints, model server
-    #: processes across all of an account's endpoints, optimization jobs not yet ended
-    max_endpoints: int = Field(default=10, ge=0)
-    max_instances: int = Field(default=16, ge=0)
-    max_concurrent_optimization_jobs: int = Field(default=4, ge=0)
+    #: per-account quotas (ResourceLimitExceeded beyond them; each a count or ``unlimited``;
+    #: db/quotas.py, docs/security.md "Quotas"): endpoints, model server processes across
+    #: all of an account's endpoints, optimization jobs not yet ended
+    max_endpoints: Quota = 10
+    max_instances: Quota = 16
+    max_concurrent_optimization_jobs: Quota = 4
+    #: GPUs held across all of an account's endpoints and jobs not yet ended (each instance
+    #: holds its type's GPUs): one 8-GPU instance type's worth, not a whole fleet
+    max_gpus: Quota = 8
+    #: models, endpoint configurations and optimization jobs (any status) an account keeps
+    max_models: Quota = 100
+    max_endpoint_configs: Quota = 100
+    max_optimization_jobs: Quota = 100
     # -- resources a request multiplies (foundation/limits.py; docs/security.md, "Ceilings
     # and disk quotas") --
     #: a worker's host runs at most this many compute processes (model servers, training

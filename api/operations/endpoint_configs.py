@@ -8,6 +8,7 @@ from eaglenest.api.operations.common import list_query, page, spec_of
 from eaglenest.api.registry import Context, operation
 from eaglenest.db import endpoint_configs_repo
 from eaglenest.db.common import list_rows
+from eaglenest.db.quotas import Limits
 from eaglenest.db.tables import EndpointConfigRow
 from eaglenest.foundation.shapes.endpoint_configs import (
     CreateEndpointConfigInput,
@@ -21,7 +22,8 @@ from eaglenest.foundation.shapes.endpoint_configs import (
 def create_endpoint_config(ctx: Context, req: CreateEndpointConfigInput) -> dict[str, Any]:
     with ctx.db.session() as s:
         row = endpoint_configs_repo.create(s, ctx.account, spec_of(req),
-                                           ctx.settings.max_instances_per_variant, ctx.store)
+                                           ctx.settings.max_instances_per_variant, ctx.store,
+                                           Limits.of(ctx.settings))
         return {"EndpointConfigArn": row.arn}
 
 

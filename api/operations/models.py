@@ -8,6 +8,7 @@ from eaglenest.api.operations.common import list_query, page, spec_of
 from eaglenest.api.registry import Context, operation
 from eaglenest.db import models_repo
 from eaglenest.db.common import list_rows
+from eaglenest.db.quotas import Limits
 from eaglenest.db.tables import ModelRow
 from eaglenest.foundation.shapes.models import (
     CreateModelInput,
@@ -20,7 +21,8 @@ from eaglenest.foundation.shapes.models import (
 @operation("CreateModel")
 def create_model(ctx: Context, req: CreateModelInput) -> dict[str, Any]:
     with ctx.db.session() as s:
-        row = models_repo.create(s, ctx.account, spec_of(req), ctx.store)
+        row = models_repo.create(s, ctx.account, spec_of(req), ctx.store,
+                                 Limits.of(ctx.settings))
         return {"ModelArn": row.arn}
 
 

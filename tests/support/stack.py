@@ -49,7 +49,9 @@ class Stack:
             # suites and benchmarks create far more than a team's quotas allow; the quota
             # tests (tests/security/test_quotas.py) set their own
             EAGLENEST_MAX_ENDPOINTS="10000", EAGLENEST_MAX_INSTANCES="10000",
-            EAGLENEST_MAX_CONCURRENT_OPTIMIZATION_JOBS="10000",
+            EAGLENEST_MAX_CONCURRENT_OPTIMIZATION_JOBS="10000", EAGLENEST_MAX_GPUS="unlimited",
+            EAGLENEST_MAX_MODELS="unlimited", EAGLENEST_MAX_ENDPOINT_CONFIGS="unlimited",
+            EAGLENEST_MAX_OPTIMIZATION_JOBS="unlimited",
             # and this machine's compute-process budget is shared by every stack a suite runs
             EAGLENEST_MAX_COMPUTE_PROCESSES="10000",
         )
