@@ -149,17 +149,8 @@ class Pipeline:
         return self._finish(model_dir, head_kind, train_out, prompts)
 
     def _device(self, ranks: bool = False) -> str:
-        """EAGLENEST_DEVICE, else the job's first GPU in this process (``cuda`` for torchrun
-        ranks, each of which takes its own of the GPUs it is shown), else the CPU."""
-        if self.options.device:
-            return self.options.device
-        import torch
-
-        if not torch.cuda.is_available():
-            return "cpu"
-        if ranks or not self.gpus.indexes:
-            return "cuda"
-        return f"cuda:{self.gpus.indexes[0]}"
+        """The job's own GPU or the CPU (workers/jobs/placing.py JobGpus.device)."""
+        return self.gpus.device(self.options.device, ranks)
 
     def _regenerated(self, done: int, total: int) -> None:
         """Between regeneration batches: a progress line, and a stop ends the job here."""

@@ -28,6 +28,8 @@ from eaglenest.foundation.memory_plan import GIB, Gpus
 from eaglenest.foundation.queue import OPTIMIZE_TASK, TRAIN_QUEUE
 from eaglenest.workers.infra.context import WorkerContext
 from eaglenest.workers.infra.placement import NoCapacity, capacity_reason
+from eaglenest.workers.jobs.options import OptionError
+from eaglenest.workers.serving.process import cuda_available
 
 log = logging.getLogger("eaglenest.optimize")
 
@@ -56,6 +58,21 @@ class JobGpus:
         return Gpus(len(self.indexes), int(self.memory_gib * MEMORY_TOLERANCE * GIB),
                     self.capability, f"the job's {len(self.indexes)} GPU(s) of "
                     f"{self.memory_gib:g} GiB")
+
+    def device(self, wanted: str | None, ranks: bool = False) -> str:
+        """The torch device of the job's stages in the worker's process: ``cpu`` when
+        EAGLENEST_DEVICE says so or the job holds no GPU, else the job's first GPU
+        (``cuda:<its index>``; ``cuda`` in torchrun ranks, which see only the job's GPUs).
+        EAGLENEST_DEVICE=cuda names these GPUs, never the worker's first (GPU 0 may be
+        another job's); OptionError when the job holds none."""
+        if wanted == "cpu":
+            return "cpu"
+        if not (self.indexes and cuda_available()):  # none held, or declared without CUDA
+            if wanted == "cuda":
+                raise OptionError("EAGLENEST_DEVICE=cuda, but the job holds no GPU on this "
+                                  "host: its DeploymentInstanceType runs on the CPU here")
+            return "cpu"
+        return "cuda" if ranks else f"cuda:{self.indexes[0]}"
 
 
 def place(ctx: WorkerContext, ref: ResourceRef) -> Placement | str:
