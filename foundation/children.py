@@ -18,12 +18,18 @@ Contract:
   owner (the process that spawned it, by the same identity) until `forget()`. `reap()` stops
   the children of owners that are no longer alive: a SIGKILLed worker's leftovers are
   stopped by the next worker that starts on this host.
+- Stopped children leave no zombie: `stop_all` waits for each leader this process spawned
+  (by its Popen when known, which keeps the exit status for its holder, else by pid; only
+  a zombie with the recorded start time). Another live owner's child, and its record, are
+  left to it (`owned_elsewhere`): its periodic `sweep()` waits for its exited leaders and
+  forgets the records of trees that are gone.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import json
 import logging
 import os
@@ -36,6 +42,7 @@ import tempfile
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass
@@ -60,13 +67,19 @@ def boot_id() -> str:
 HOST, BOOT = socket.gethostname(), boot_id()
 
 
-def start_time(pid: int) -> int | None:
-    """The pid's start time in clock ticks after boot; None when it is gone (or a zombie)."""
+def _stat(pid: int) -> tuple[str, int] | None:
+    """The pid's state letter and start time in clock ticks after boot (None: no such pid)."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
+        return fields[0], int(fields[19])
+    except (OSError, IndexError, ValueError):
         return None
-    return None if fields[0] in ("Z", "X") else int(fields[19])
+
+
+def start_time(pid: int) -> int | None:
+    """The pid's start time in clock ticks after boot; None when it is gone (or a zombie)."""
+    stat = _stat(pid)
+    return None if stat is None or stat[0] in ("Z", "X") else stat[1]
 
 
 def _environ_has(pid: int, marker: bytes) -> bool:
@@ -110,6 +123,19 @@ class Identity:
     def alive(self) -> bool:
         """The very same process still runs (on this host, since this boot)."""
         return self.local() and start_time(self.pid) == self.start
+
+
+@functools.cache
+def _identity(pid: int) -> Identity | None:
+    return Identity.of(pid)
+
+
+def myself() -> Identity | None:
+    """This process (a forked child is a new one: the cache is cleared in it)."""
+    return _identity(os.getpid())
+
+
+os.register_at_fork(after_in_child=_identity.cache_clear)
 
 
 @dataclass(frozen=True)
@@ -179,6 +205,9 @@ class _Spawner:
 
 
 _spawner = _Spawner()
+#: the Popen of each child this process spawned, while anything holds it (a running one
+#: dropped by its holder stays held by subprocess's own list until it is waited for)
+_procs: weakref.WeakValueDictionary[int, subprocess.Popen[bytes]] = weakref.WeakValueDictionary()
 
 
 def _prctl() -> Callable[..., int] | None:
@@ -220,8 +249,9 @@ def spawn(argv: list[str], *, role: str, resource: str, registry: Path | None = 
     except BaseException:
         _clear_scratch(scratch)
         raise
+    _procs[proc.pid] = proc
     record = ChildRecord(pid=proc.pid, start=start_time(proc.pid) or 0, tag=tag, role=role,
-                         resource=resource, owner=Identity.of(os.getpid()), scratch=scratch)
+                         resource=resource, owner=myself(), scratch=scratch)
     if registry is not None:
         remember(registry, record)
     return proc, record
@@ -298,16 +328,60 @@ def stop_all(recs: list[ChildRecord], timeout: float = 20,
                 _signal(pids, leader, sig)
                 if sig == signal.SIGTERM:  # a paused (SIGSTOP) process acts on it once continued
                     _signal(pids, leader, signal.SIGCONT)
-        deadline = time.monotonic() + wait
-        while any(r.running() for r in local) and time.monotonic() < deadline:
-            for p in procs or []:
-                p.poll()  # reap our own child: a zombie is gone
-            time.sleep(0.1)
+        _await(local, procs or [], time.monotonic() + wait)
     for p in procs or []:
         with contextlib.suppress(subprocess.TimeoutExpired):
             p.wait(timeout=1)
+    for r in local:
+        _collect(r)
     _clear_stopped(local)
     return local
+
+
+def _await(local: list[ChildRecord], procs: list[subprocess.Popen[bytes]], deadline: float
+           ) -> None:
+    """Until these trees are gone or `deadline` passes, waiting for our own exited ones."""
+    while any(r.running() for r in local) and time.monotonic() < deadline:
+        for p in procs:
+            p.poll()  # reap our own child: a zombie is gone
+        for r in local:
+            _collect(r)
+        time.sleep(0.1)
+
+
+def _collect(record: ChildRecord) -> None:
+    """Wait for the record's leader if it has exited and this process spawned it (module
+    docstring): only the zombie that started when the record says, never a reused pid."""
+    if record.owner != myself() or _stat(record.pid) != ("Z", record.start):
+        return
+    proc = _procs.get(record.pid)
+    if proc is not None:
+        proc.poll()  # sets its returncode: whoever holds it still learns how it ended
+    else:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(record.pid, os.WNOHANG)
+
+
+def owned_elsewhere(record: ChildRecord) -> bool:
+    """Whether another live process of this host spawned the child: only that owner can
+    wait for its leader, and its `sweep()` forgets the record."""
+    return record.owner is not None and record.owner != myself() and record.owner.alive()
+
+
+def sweep(registry: Path) -> list[ChildRecord]:
+    """Wait for the exited leaders this process spawned (one that crashed, one another
+    process stopped) and forget the records of trees that are gone; those forgotten.
+    Running trees and other owners' records are left alone."""
+    gone = []
+    for record in records(registry):
+        if record.owner != myself() or record.identity.alive():
+            continue
+        _collect(record)
+        if not record.running():
+            _clear_scratch(record.scratch)
+            forget(registry, record)
+            gone.append(record)
+    return gone
 
 
 def reap(registry: Path) -> list[ChildRecord]:
@@ -333,8 +407,7 @@ def reap(registry: Path) -> list[ChildRecord]:
 
 def stop_owned(registry: Path) -> None:
     """Stop every recorded child this process spawned (a worker's graceful shutdown)."""
-    me = Identity.of(os.getpid())
     for record in records(registry):
-        if record.owner == me:
+        if record.owner == myself():
             stop(record)
             forget(registry, record)

@@ -6,8 +6,10 @@ Contract:
   quota (v2 ``cpu.max``, v1 ``cpu.cfs_quota_us / cpu.cfs_period_us``, rounded down, at
   least 1);
 - compute processes = model servers and training runs of EagleNest on this host, counted
-  from a host-wide registry (``Registry``): each registers its pid while it runs, and an
-  entry whose pid is gone does not count;
+  from a host-wide registry (``Registry``): each registers its pid while it runs, with its
+  start time and the process that registered it (its owner). An entry counts only while
+  that very process runs, not as a zombie (an exited child its parent has not waited for
+  holds no CPU or memory), and while its owner runs; any other entry is removed;
 - threads = max(1, usable CPUs // (those already running + the ones being started));
 - ``EAGLENEST_TORCH_THREADS`` (then ``OMP_NUM_THREADS``) set explicitly wins; a caller's
   value was checked at Create against the API host's CPUs and is clamped by the worker to
@@ -33,6 +35,9 @@ import tempfile
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
+
+from eaglenest.foundation import children
 
 log = logging.getLogger("eaglenest.threads")
 
@@ -133,6 +138,16 @@ def compute_budget(setting: int, cpus: int | None = None) -> int:
     return max(16, 4 * (usable_cpus() if cpus is None else cpus))
 
 
+def _live(entry: dict[str, Any]) -> bool:
+    """The entry's process runs, is no zombie, is the one registered (an entry without a
+    start time was written by an earlier version) and its owner, if recorded, runs."""
+    started = children.start_time(int(entry["pid"]))
+    if started is None or entry.get("start") not in (None, started):
+        return False
+    owner = entry.get("owner")
+    return not owner or children.Identity(**owner).alive()
+
+
 class Registry:
     """Host-wide record of running EagleNest compute processes: one file per process."""
 
@@ -141,17 +156,17 @@ class Registry:
         self.root = root or Path(os.environ.get(REGISTRY_ENV) or default)
 
     def running(self) -> int:
-        """Entries whose process is alive (stale ones are removed)."""
+        """Entries of live processes (module docstring); the others are removed."""
         count = 0
         for entry in self.root.glob("*.json") if self.root.is_dir() else []:
             try:
-                pid = int(json.loads(entry.read_text())["pid"])
-                os.kill(pid, 0)
-                count += 1
-            except ProcessLookupError:
-                entry.unlink(missing_ok=True)
+                live = _live(json.loads(entry.read_text()))
             except (OSError, ValueError, KeyError, TypeError):
-                continue  # unreadable or another user's process: not ours to judge
+                continue  # unreadable: not ours to judge
+            if live:
+                count += 1
+            else:
+                entry.unlink(missing_ok=True)
         return count
 
     def admit(self, count: int, budget: int) -> int:
@@ -170,7 +185,12 @@ class Registry:
         """Count process ``pid`` until it exits (``key`` tells apart two in one process)."""
         self.root.mkdir(parents=True, exist_ok=True)
         path = self.root / f"{pid}{'-' + key if key else ''}.json"
-        path.write_text(json.dumps({"pid": pid, "role": role, **plan.to_dict()}))
+        started, owner = children.start_time(pid), children.myself()
+        part = path.with_suffix(".part")  # written whole, then named: a reader sees all of it
+        part.write_text(json.dumps({
+            "pid": pid, "start": -1 if started is None else started, "role": role,
+            **plan.to_dict(), "owner": asdict(owner) if owner else None}))
+        part.replace(path)
         return path
 
     @contextlib.contextmanager

@@ -12,8 +12,10 @@ While the worker runs, its watchdog thread
 - every lease: resumes jobs whose worker died, re-sends STARTING jobs and transitional
   endpoints whose message is lost (unowned for a lease, queue empty) or whose worker died
   (owner silent for a lease), and ends endpoint transitions older than
-  EAGLENEST_ENDPOINT_TRANSITION_SECONDS (db/endpoints_repo.time_out), and reaps the
-  children of dead owners on this host (foundation/children.py).
+  EAGLENEST_ENDPOINT_TRANSITION_SECONDS (db/endpoints_repo.time_out), reaps the
+  children of dead owners on this host, and waits for this worker's own children that
+  exited (a server that crashed, or one another worker stopped) and forgets their
+  records (foundation/children.py `sweep`).
 Duplicates are harmless: a job or endpoint transition is claimed by one worker only. Every
 task is sent with the resource's ARN (it names the account: db/common.locate).
 """
@@ -150,6 +152,7 @@ def start_watchdog(ctx: WorkerContext) -> threading.Thread:
                 sweep_endpoints(ctx)
                 reclaim_gpus(ctx)
                 children.reap(ctx.children_dir)  # e.g. a killed prefork pool process's
+                children.sweep(ctx.children_dir)  # no zombie of ours outlives a lease
         except Exception as exc:  # database blip: try again next period
             log.warning("watchdog check failed: %s", exc)
 

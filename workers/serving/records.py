@@ -48,9 +48,12 @@ def resolved_image(backend: str) -> str:
 
 
 def stop_servers(servers: dict[str, Any], registry: Path | None = None) -> None:
-    """Stop every instance of these variant records with its process tree, and forget its
-    record. An instance is signalled only when its `child` record matches the live process
-    (foundation/children.py): never one on another host, after a reboot or a reused pid."""
+    """Stop every instance of these variant records with its process tree, wait for the ones
+    this process started (no zombie is left: delete, rollback, scale-in and recovery all stop
+    through here), and forget their records. An instance is signalled only when its `child`
+    record matches the live process (foundation/children.py): never one on another host,
+    after a reboot or a reused pid. One another live worker process started is waited for
+    by that process, whose sweep forgets its record."""
     recs = []
     for record in servers.values():
         for info in instances_of(record):
@@ -60,7 +63,8 @@ def stop_servers(servers: dict[str, Any], registry: Path | None = None) -> None:
                 log.warning("instance %s has no process record; not signalling pid %s",
                             info.get("url"), info.get("pid"))
     for child in children.stop_all(recs):
-        children.forget(registry, child)
+        if not children.owned_elsewhere(child):
+            children.forget(registry, child)
 
 
 def units_of(servers: dict[str, Any]) -> list[str]:
