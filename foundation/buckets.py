@@ -10,7 +10,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import BinaryIO
 
-from eaglenest.foundation.storage import BucketStore, ObjectInfo, S3Uri, StorageError
+from eaglenest.foundation.storage import (
+    BucketNotEmpty,
+    BucketStore,
+    ObjectInfo,
+    OwnerChanged,
+    S3Uri,
+    StorageError,
+)
 
 
 def unowned_reason(bucket: str, account_id: str) -> str:
@@ -42,13 +49,25 @@ class BucketTaken(StorageError):
         self.bucket, self.mine = bucket, mine
 
 
+class TooManyBuckets(StorageError):
+    """CreateBucket by an account that already owns its limit (EAGLENEST_MAX_BUCKETS)."""
+
+    def __init__(self, bucket: str, limit: int) -> None:
+        super().__init__(f"You have attempted to create more buckets than allowed: an "
+                         f"account owns at most {limit} (EAGLENEST_MAX_BUCKETS); delete one "
+                         f"it no longer needs before creating '{bucket}'")
+        self.bucket, self.limit = bucket, limit
+
+
 class AccountStore:
     """`store` as one account may use it: any read, list, write or delete in a bucket
     another account owns raises AccessDenied (naming the URI); a write or delete in a bucket
     no account owns claims it for this account first (the first writer owns a bucket); a
     read of one is allowed only to the store's default account (`store.default_account`,
     the operator's) and claims nothing. A bucket found to be this account's is not asked
-    again for the life of the view (make one per job run, deployment or upload)."""
+    again for the life of the view (make one per job run, deployment or upload), except by
+    `adopt_file`, which the store checks again as it writes (the S3 API's writes: a body
+    may take long to arrive, and its bucket change hands meanwhile)."""
 
     def __init__(self, store: BucketStore, account_id: str) -> None:
         self.store, self.account_id = store, account_id
@@ -106,8 +125,14 @@ class AccountStore:
         return self.store.open_object(uri, start, end)
 
     def adopt_file(self, uri: S3Uri, path: Path) -> None:
+        """Store `path` as `uri` if the bucket is this account's as it is written:
+        AccessDenied once it is another's, NoSuchBucket once it is gone (`path` is kept)."""
         self._allow(uri, write=True)
-        self.store.adopt_file(uri, path)
+        try:
+            self.store.adopt_file(uri, path, owner=self.account_id)
+        except OwnerChanged as exc:
+            self._mine.discard(uri.bucket)
+            raise AccessDenied(str(uri), uri.bucket, self.account_id) from exc
 
     def check_read(self, bucket: str) -> None:
         """AccessDenied unless this account may read `bucket` (HeadBucket)."""
@@ -120,17 +145,26 @@ class AccountStore:
 
     def my_buckets(self) -> dict[str, float]:
         """The buckets this account owns -> creation time (never another account's)."""
-        return {name: created for name, created in self.store.buckets().items()
-                if self.store.owner(name) == self.account_id}
+        return self.store.buckets_of(self.account_id)
 
-    def create_bucket(self, bucket: str) -> None:
-        """Claim `bucket` and make it exist; BucketTaken when it already has an owner."""
+    def create_bucket(self, bucket: str, limit: int = 0) -> None:
+        """Claim `bucket` and make it exist; BucketTaken when it already has an owner,
+        TooManyBuckets when the account would own more than `limit` (0: no limit; counted
+        again after the claim, so concurrent creates never pass it together)."""
         owner = self.store.owner(bucket)
         if owner is not None:
             raise BucketTaken(bucket, owner == self.account_id)
+        if limit and len(self.store.buckets_of(self.account_id)) >= limit:
+            raise TooManyBuckets(bucket, limit)
         self.store.create_bucket(bucket)  # first: S3 keeps the owner record in the bucket
         if self.store.claim(bucket, self.account_id) != self.account_id:
             raise BucketTaken(bucket, False)  # another account's claim came first
+        if limit and len(self.store.buckets_of(self.account_id)) > limit:
+            try:  # a concurrent create took the last place
+                self.store.delete_bucket(bucket)
+            except BucketNotEmpty:  # a folder that was there, no account's: left so
+                self.store.release(bucket)
+            raise TooManyBuckets(bucket, limit)
         self._mine.add(bucket)
 
     def delete_bucket(self, bucket: str) -> None:

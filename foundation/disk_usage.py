@@ -5,8 +5,13 @@ Contract:
   (foundation/storage.py owner records): job outputs, checkpoints and training logs, Data
   Capture files, and whatever was uploaded for the account (`eaglenest s3 cp`). A bucket
   belongs to at most one account, so no byte counts twice; a bucket no account owns counts
-  for none. The local store walks `<root>/<bucket>`; S3 lists every bucket's objects
-  (ListBuckets, then ListObjectsV2). A store of another kind counts 0.
+  for none. The account's buckets come from `BucketStore.buckets_of` (the local store's
+  per-account index: no other account's record is read); the local store walks
+  `<root>/<bucket>`, S3 lists each bucket's objects (ListObjectsV2). A store of another
+  kind counts 0.
+- `staged_bytes(data_dir, account)` = the bytes of the account's multipart uploads in
+  progress (`<data-dir>/s3-uploads/multipart/<account>/`, api/s3/uploads.py), each upload
+  counting `UPLOAD_OVERHEAD` besides its files; the S3 API adds them to `account_bytes`.
 - `check_stored(store, limit, delta, replacing)` raises `StoredBytesExceeded` (a
   StorageError: a job's FailureReason as it stands) when writing `delta` more bytes would
   take the account past `limit`; what is under `replacing` (the job's own output prefix,
@@ -21,6 +26,11 @@ from pathlib import Path
 from typing import Any
 
 from eaglenest.foundation.storage import RESERVED_PREFIX, ArtifactStore, S3Uri, StorageError
+
+#: where the S3 API stages multipart uploads, per account, under the data dir
+MULTIPART_DIR = Path("s3-uploads") / "multipart"
+#: what one upload in progress counts besides its parts (its folder and records)
+UPLOAD_OVERHEAD = 4096
 
 
 class StoredBytesExceeded(StorageError):
@@ -65,22 +75,21 @@ def _s3_bytes(client: Any, bucket: str, prefix: str = "") -> int:
 def account_bytes(store: Any, account_id: str) -> int:
     """The bytes in the buckets `account_id` owns (module docstring)."""
     whole, _ = _unwrap(store)
+    if not hasattr(whole, "buckets_of"):
+        return 0
+    buckets = whole.buckets_of(account_id)
     root = getattr(whole, "root", None)
     if isinstance(root, Path):
-        owners = root / ".owners"
-        total = 0
-        for record in owners.iterdir() if owners.is_dir() else []:
-            if record.name.startswith("."):
-                continue  # a claim being written
-            with contextlib.suppress(OSError):
-                if record.read_text().strip() == account_id:
-                    total += dir_bytes(root / record.name)
-        return total
+        return sum(dir_bytes(root / name) for name in buckets)
     client = getattr(whole, "client", None)
-    if client is None or not hasattr(whole, "owner"):
-        return 0
-    buckets = [b["Name"] for b in client.list_buckets().get("Buckets", [])]
-    return sum(_s3_bytes(client, b) for b in buckets if whole.owner(b) == account_id)
+    return sum(_s3_bytes(client, b) for b in buckets) if client is not None else 0
+
+
+def staged_bytes(data_dir: Path, account_id: str) -> int:
+    """The bytes of `account_id`'s multipart uploads in progress (module docstring)."""
+    folder = data_dir / MULTIPART_DIR / account_id
+    uploads = [p for p in folder.iterdir() if p.is_dir()] if folder.is_dir() else []
+    return sum(dir_bytes(p) + UPLOAD_OVERHEAD for p in uploads)
 
 
 def prefix_bytes(store: Any, prefix: S3Uri) -> int:

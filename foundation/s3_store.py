@@ -7,11 +7,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from eaglenest.foundation.storage import (
+from eaglenest.foundation.store_base import (
     OWNER_KEY,
     RESERVED_PREFIX,
     BucketNotEmpty,
+    NoSuchBucket,
     ObjectInfo,
+    OwnerChanged,
     S3Uri,
     StorageError,
     check_bucket,
@@ -152,13 +154,26 @@ class S3Store:
             raise self._missing(exc, uri) from exc
         return body
 
-    def adopt_file(self, uri: S3Uri, path: Path) -> None:
+    def adopt_file(self, uri: S3Uri, path: Path, owner: str | None = None) -> None:
+        """With `owner`: its record is read just before the upload (S3 has no lock to
+        hold across it: a bucket re-created in between is not caught)."""
+        if owner is not None:
+            current = self.owner(uri.bucket)
+            if current != owner:
+                if current is None and not self.bucket_exists(uri.bucket):
+                    raise NoSuchBucket(uri.bucket)
+                raise OwnerChanged(uri.bucket, owner)
         self.put_file(uri, path)
         path.unlink()
 
     def buckets(self) -> dict[str, float]:
         return {b["Name"]: b["CreationDate"].timestamp()
                 for b in self.client.list_buckets().get("Buckets", [])}
+
+    def buckets_of(self, account_id: str) -> dict[str, float]:
+        """Every bucket's owner record is read (S3 keeps no index of them)."""
+        return {name: created for name, created in self.buckets().items()
+                if self.owner(name) == account_id}
 
     def bucket_exists(self, bucket: str) -> bool:
         try:
