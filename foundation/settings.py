@@ -139,6 +139,12 @@ class Settings(BaseSettings):
     #: per account, the bytes in the artifact store's buckets it owns (job outputs, Data
     #: Capture, what was uploaded for it); a job's outputs or a capture past it are refused
     max_stored_bytes: int = Field(default=1024**4, ge=0)
+    #: per account, the buckets it may own through the S3 API's CreateBucket (S3's default
+    #: quota); 0: no limit
+    max_buckets: int = Field(default=100, ge=0)
+    #: seconds a multipart upload may stay idle (no part received) before it is aborted and
+    #: its parts removed, like S3's lifecycle rule AbortIncompleteMultipartUpload
+    multipart_max_age: float = Field(default=86400.0, gt=0)
     #: log lines of every process (`eaglenest up/api/worker`): plain text, or one JSON
     #: object per line (ts, level, logger, message, job/endpoint, exc) for log shippers
     log_format: Literal["text", "json"] = "text"

@@ -9,8 +9,11 @@ Contract:
   (`STREAMING-*`: decoded here; each chunk's signature is checked for the signed forms, a
   trailing checksum for the trailer forms). Content-MD5 and `x-amz-checksum-crc32`,
   `-sha1`, `-sha256` (header or trailer) are checked (BadDigest); other checksum
-  algorithms are accepted unchecked. A body shorter than its declared length is
-  IncompleteBody. On any failure the file is removed.
+  algorithms are accepted unchecked. A body shorter than its declared length, or cut by a
+  disconnect before its end (a chunked body's last chunk, aws-chunked's final chunk), is
+  IncompleteBody: a body that did not all arrive is never taken for a whole one.
+  `on_bytes(n)` is called as each piece arrives, before it is written (the quota:
+  api/s3/quota.py Meter.add, which may refuse it). On any failure the file is removed.
 - `read_small` reads an XML body (CompleteMultipartUpload, DeleteObjects, CreateBucket)
   up to Settings.max_request_bytes (api/bounded.py), checking its SHA-256 the same way.
 """
@@ -19,8 +22,9 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import re
 import zlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,13 +32,13 @@ from eaglenest.api.bounded import declared_length
 from eaglenest.api.s3.errors import S3Error
 from eaglenest.api.s3.request import S3Request
 from eaglenest.api.sigv4 import Claim, chunk_signature
-from eaglenest.foundation.asgi import body_chunks
 
 UNSIGNED = "UNSIGNED-PAYLOAD"
 SIGNED_STREAMING = ("STREAMING-AWS4-HMAC-SHA256-PAYLOAD",
                     "STREAMING-AWS4-HMAC-SHA256-PAYLOAD-TRAILER")
 UNSIGNED_STREAMING = "STREAMING-UNSIGNED-PAYLOAD-TRAILER"
 _MAX_LINE = 8192
+_CHUNK_SIZE = re.compile(r"^[0-9a-fA-F]{1,16}$")
 
 
 class AwsChunked:
@@ -99,10 +103,9 @@ class AwsChunked:
 
     def _size(self, line: str) -> None:
         size, _, ext = line.partition(";")
-        try:
-            self.left = int(size, 16)
-        except ValueError as exc:
-            raise self._bad(f"bad chunk size {size[:20]!r}") from exc
+        if _CHUNK_SIZE.match(size.strip()) is None:
+            raise self._bad(f"bad chunk size {size[:20]!r}")
+        self.left = int(size, 16)
         self.signature = ext.removeprefix("chunk-signature=").strip()
         self.chunk = hashlib.sha256()
         if self.left == 0:
@@ -195,9 +198,22 @@ def _mode(req: S3Request) -> str:
                   "UNSIGNED-PAYLOAD or a STREAMING-* value.", req.resource)
 
 
+async def _chunks(req: S3Request) -> AsyncIterator[bytes]:
+    """The body's chunks as they arrive; IncompleteBody when the client disconnects before
+    its last one."""
+    while True:
+        message = await req.receive()
+        if message["type"] == "http.disconnect":
+            raise S3Error("IncompleteBody", "The connection closed before the request body "
+                          "ended.", req.resource)
+        yield message.get("body", b"")
+        if not message.get("more_body", False):
+            return
+
+
 async def _decoded(req: S3Request) -> AsyncIterator[bytes]:
     mode = _mode(req)
-    chunks = body_chunks(req.receive)
+    chunks = _chunks(req)
     if not mode.startswith("STREAMING-"):
         async for chunk in chunks:
             yield chunk
@@ -212,16 +228,16 @@ async def _decoded(req: S3Request) -> AsyncIterator[bytes]:
 
 def expected_size(req: S3Request) -> int | None:
     """The payload's declared size (aws-chunked: x-amz-decoded-content-length), if any."""
-    if req.headers.get("x-amz-decoded-content-length"):
-        try:
-            return int(req.headers["x-amz-decoded-content-length"])
-        except ValueError:
-            return None
+    decoded = req.headers.get("x-amz-decoded-content-length", "")
+    if decoded:
+        return int(decoded) if decoded.isascii() and decoded.isdigit() and \
+            len(decoded) <= 19 else None
     mode = req.headers.get("x-amz-content-sha256", "")
     return None if mode.startswith("STREAMING-") else declared_length(req.headers)
 
 
-async def receive_object(req: S3Request, dest: Path, limit: int) -> int:
+async def receive_object(req: S3Request, dest: Path, limit: int,
+                         on_bytes: Callable[[int], None] | None = None) -> int:
     """Write the body into `dest` (module docstring); its size."""
     expected = expected_size(req)
     if expected is not None and expected > limit:
@@ -236,6 +252,8 @@ async def receive_object(req: S3Request, dest: Path, limit: int) -> int:
                 if size > limit:
                     raise S3Error("EntityTooLarge", "Your proposed upload exceeds the "
                                   f"maximum allowed size ({limit} bytes).", req.resource)
+                if on_bytes is not None:
+                    on_bytes(len(piece))
                 checks.update(piece)
                 fh.write(piece)
         if expected is not None and size != expected:

@@ -1,6 +1,6 @@
 """Bucket operations: ListBuckets (the caller's own buckets only), CreateBucket (claims the
-bucket for the caller's account), HeadBucket, DeleteBucket (empty ones, the caller's),
-GetBucketLocation."""
+bucket for the caller's account, at most EAGLENEST_MAX_BUCKETS of them: TooManyBuckets),
+HeadBucket, DeleteBucket (empty ones, the caller's), GetBucketLocation."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ async def list_buckets(req: S3Request) -> Reply:
 async def create_bucket(req: S3Request) -> Reply:
     await read_small(req)  # a CreateBucketConfiguration: one region here, nothing to keep
     try:
-        await run(req.store.create_bucket, req.bucket)
+        await run(req.store.create_bucket, req.bucket, req.settings.max_buckets)
     except BucketTaken as exc:
         if exc.mine:
             raise S3Error("BucketAlreadyOwnedByYou", "Your previous request to create the "

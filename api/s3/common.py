@@ -1,5 +1,5 @@
 """What the S3 handlers share: running store calls off the event loop, the bucket's
-existence, the stored-bytes quota, the staging files of bodies."""
+existence, the staging files of bodies (the quota: api/s3/quota.py)."""
 
 from __future__ import annotations
 
@@ -12,11 +12,6 @@ from anyio import to_thread
 
 from eaglenest.api.s3.errors import S3Error, no_such_bucket
 from eaglenest.api.s3.request import S3Request
-from eaglenest.foundation.disk_usage import (
-    StoredBytesExceeded,
-    account_bytes,
-    exceeded_message,
-)
 
 T = TypeVar("T")
 #: S3's largest PutObject and UploadPart body
@@ -40,21 +35,18 @@ async def require_bucket(req: S3Request) -> None:
         raise no_such_bucket(req.bucket)
 
 
-def check_quota(req: S3Request, delta: int, replaced: int = 0) -> None:
-    """QuotaExceeded when `delta` more bytes (less the `replaced` object's) would take the
-    caller's account past Settings.max_stored_bytes (foundation/disk_usage.py)."""
-    limit = req.settings.max_stored_bytes
-    if not limit:
-        return
-    used = account_bytes(req.store.store, req.store.account_id) - replaced
-    if used + delta > limit:
-        raise StoredBytesExceeded(exceeded_message(limit, max(0, used), delta))
+def incoming(req: S3Request) -> Path:
+    """Where bodies are written as they arrive (`<data-dir>/s3-uploads/incoming/`): out of
+    every bucket, and out of what the quota measures (bodies in flight are reserved
+    instead: api/s3/quota.py)."""
+    return req.staging / "incoming"
 
 
 def staging_file(req: S3Request, kind: str) -> Path:
-    """A new file name under the staging folder (the data dir's s3-uploads/)."""
-    req.staging.mkdir(parents=True, exist_ok=True)
-    return req.staging / f"{kind}-{uuid.uuid4().hex}"
+    """A new file name in `incoming(req)`."""
+    folder = incoming(req)
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder / f"{kind}-{uuid.uuid4().hex}"
 
 
 def bad_request(req: S3Request, code: str, message: str) -> S3Error:

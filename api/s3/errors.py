@@ -8,14 +8,14 @@ from __future__ import annotations
 
 from xml.sax.saxutils import escape
 
-from eaglenest.foundation.buckets import AccessDenied
+from eaglenest.foundation.buckets import AccessDenied, TooManyBuckets
 from eaglenest.foundation.disk_usage import StoredBytesExceeded
 from eaglenest.foundation.errors import (
     InvalidSignatureException,
     ServiceError,
     UnrecognizedClientException,
 )
-from eaglenest.foundation.storage import BucketNotEmpty, StorageError
+from eaglenest.foundation.storage import BucketNotEmpty, KeyTooLong, NoSuchBucket, StorageError
 
 #: code -> HTTP status, as S3 answers each
 STATUS = {
@@ -27,7 +27,7 @@ STATUS = {
     "EntityTooLarge": 400, "BadDigest": 400, "XAmzContentSHA256Mismatch": 400,
     "IncompleteBody": 400, "InvalidRequest": 400, "KeyTooLongError": 400,
     "QuotaExceeded": 403, "MethodNotAllowed": 405, "NotImplemented": 501,
-    "InternalError": 500, "AuthorizationHeaderMalformed": 400,
+    "InternalError": 500, "AuthorizationHeaderMalformed": 400, "TooManyBuckets": 400,
 }
 
 
@@ -63,8 +63,15 @@ def from_auth(exc: ServiceError, resource: str) -> S3Error:
 
 def from_storage(exc: StorageError, resource: str) -> S3Error:
     """S3's code for a store failure: another account's bucket (AccessDenied), the quota
-    (QuotaExceeded), a missing object (NoSuchKey), a bucket not empty, a refused key."""
+    (QuotaExceeded), a missing object (NoSuchKey) or bucket, a bucket not empty, a key the
+    store cannot hold (KeyTooLongError), the bucket limit, a refused key."""
     text = str(exc)
+    if isinstance(exc, NoSuchBucket):
+        return no_such_bucket(exc.bucket)
+    if isinstance(exc, KeyTooLong):
+        return S3Error("KeyTooLongError", f"Your key is too long: {text}", resource)
+    if isinstance(exc, TooManyBuckets):
+        return S3Error("TooManyBuckets", text, resource)
     if isinstance(exc, AccessDenied):
         return S3Error("AccessDenied", "Access Denied: " + text.removeprefix("AccessDenied: "),
                        resource)

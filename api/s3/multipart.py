@@ -1,84 +1,46 @@
 """Multipart upload: CreateMultipartUpload, UploadPart, CompleteMultipartUpload,
-AbortMultipartUpload, ListParts.
+AbortMultipartUpload, ListParts, ListMultipartUploads.
 
-An upload is a folder `<data-dir>/s3-uploads/multipart/<upload id>/` (outside the store:
-its parts are no object, and a part is no key): `meta.json` names the bucket, key and
-account, each part is `<n>` with its `<n>.json` (size, ETag: a random token, unique to the
-part's upload, that Complete must quote back). Only the account that created an upload, for
-the same bucket and key, can see or use it: any other gets NoSuchUpload. Complete appends
-the parts into the first one and moves it into the store whole (foundation/storage.py
-adopt_file), then removes the folder. Abandoned uploads are kept until aborted."""
+Uploads are staged outside the store (api/s3/uploads.py: per account, only the account
+that created one sees or uses it). A part's bytes count against the account's quota as they
+arrive (api/s3/quota.py) and stay counted until Complete moves them into the store (the
+parts named, in order, into one file, renamed into place whole: foundation/storage.py
+adopt_file, the bucket's owner checked as it is) or Abort removes them. Uploads idle longer
+than EAGLENEST_MULTIPART_MAX_AGE are aborted by the API's sweeper. The listings page as
+S3's do: ListParts by part-number-marker, ListMultipartUploads by key-marker and
+upload-id-marker (an upload's key, then its id; ids sort by initiation), with prefix,
+delimiter (CommonPrefixes) and encoding-type=url."""
 
 from __future__ import annotations
 
-import json
-import re
 import shutil
-import time
 import uuid
+import xml.etree.ElementTree as ET
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+from eaglenest.api.s3 import uploads
 from eaglenest.api.s3.body import expected_size, read_small, receive_object
-from eaglenest.api.s3.common import MAX_OBJECT, MIN_PART, check_quota, require_bucket, run
+from eaglenest.api.s3.common import MAX_OBJECT, MIN_PART, require_bucket, run, staging_file
 from eaglenest.api.s3.errors import S3Error
 from eaglenest.api.s3.objects import adopt
+from eaglenest.api.s3.quota import LEDGER, Meter
 from eaglenest.api.s3.request import Reply, S3Request, iso_time, node, parse_xml, root, xml_reply
+from eaglenest.api.s3.upload_pages import list_uploads, owner_nodes
+from eaglenest.foundation.disk_usage import UPLOAD_OVERHEAD
 
-_UPLOAD_ID = re.compile(r"^[0-9a-f]{32}$")
+__all__ = ["abort_upload", "complete_upload", "create_upload", "list_parts", "list_uploads",
+           "upload_part"]
 MAX_PARTS = 10000
-
-
-def _folder(req: S3Request, upload_id: str) -> Path:
-    return req.staging / "multipart" / upload_id
-
-
-def _no_upload(req: S3Request) -> S3Error:
-    return S3Error("NoSuchUpload", "The specified upload does not exist. The upload ID may "
-                   "be invalid, or the upload may have been aborted or completed.",
-                   req.resource)
-
-
-def _open(req: S3Request) -> Path:
-    """The caller's upload named by `uploadId`, for this bucket and key; NoSuchUpload for
-    any other (a malformed id names no folder at all)."""
-    upload_id = req.query.get("uploadId", "")
-    if _UPLOAD_ID.match(upload_id) is None:
-        raise _no_upload(req)
-    folder = _folder(req, upload_id)
-    try:
-        meta = json.loads((folder / "meta.json").read_text())
-    except (OSError, ValueError) as exc:
-        raise _no_upload(req) from exc
-    if (meta.get("account"), meta.get("bucket"), meta.get("key")) != \
-            (req.store.account_id, req.bucket, req.key):
-        raise _no_upload(req)
-    return folder
-
-
-def _parts(folder: Path) -> dict[int, dict[str, Any]]:
-    found = {}
-    for record in folder.glob("*.json"):
-        if record.stem.isdigit():
-            found[int(record.stem)] = json.loads(record.read_text())
-    return found
-
-
-def _create(req: S3Request) -> str:
-    req.store.check_write(req.bucket)
-    upload_id = uuid.uuid4().hex
-    folder = _folder(req, upload_id)
-    folder.mkdir(parents=True)
-    (folder / "meta.json").write_text(json.dumps({
-        "account": req.store.account_id, "bucket": req.bucket, "key": req.key,
-        "initiated": time.time()}))
-    return upload_id
 
 
 async def create_upload(req: S3Request) -> Reply:
     req.uri()
     await require_bucket(req)
-    upload_id = await run(_create, req)
+    with Meter(req) as meter:  # an upload's folder and records count too
+        await meter.start(UPLOAD_OVERHEAD)
+        upload_id = await run(meter.commit, UPLOAD_OVERHEAD, partial(uploads.create, req))
     out = root("InitiateMultipartUploadResult")
     node(out, "Bucket", req.bucket)
     node(out, "Key", req.key)
@@ -88,36 +50,34 @@ async def create_upload(req: S3Request) -> Reply:
 
 def _part_number(req: S3Request) -> int:
     text = req.query.get("partNumber", "")
-    if not text.isdigit() or not 1 <= int(text) <= MAX_PARTS:
+    if not (text.isascii() and text.isdigit() and len(text) <= 5
+            and 1 <= int(text) <= MAX_PARTS):
         raise S3Error("InvalidArgument", f"Part number must be an integer between 1 and "
                       f"{MAX_PARTS}, inclusive", req.resource)
     return int(text)
-
-
-def _staged(folder: Path, skip: int) -> int:
-    return sum(p["size"] for n, p in _parts(folder).items() if n != skip)
 
 
 async def upload_part(req: S3Request) -> Reply:
     if "x-amz-copy-source" in req.headers:
         raise S3Error("NotImplemented", "UploadPartCopy is not supported", req.resource)
     number = _part_number(req)
-    folder = await run(_open, req)
-    declared = expected_size(req)
-    if declared is not None:  # this upload's other parts count as if stored already
-        await run(check_quota, req, declared + await run(_staged, folder, number))
-    tmp = folder / f"{number}.{uuid.uuid4().hex}.tmp"
-    size = await receive_object(req, tmp, MAX_OBJECT)
+    upload = await run(uploads.find, req)
+    tmp = staging_file(req, "part")
     etag = f'"{uuid.uuid4().hex}"'
-    tmp.replace(folder / str(number))
-    (folder / f"{number}.json").write_text(json.dumps({"size": size, "etag": etag,
-                                                       "mtime": time.time()}))
+    try:
+        with Meter(req, partial(uploads.part_size, upload.folder, number)) as meter:
+            await meter.start(expected_size(req))
+            size = await receive_object(req, tmp, MAX_OBJECT, meter.add)
+            await run(meter.commit, size,
+                      partial(uploads.put_part, req, upload, number, tmp, size, etag))
+    finally:
+        tmp.unlink(missing_ok=True)
     return Reply(200, headers={"etag": etag})
 
 
 def _chosen(req: S3Request, doc_parts: list[tuple[int, str]],
-            staged: dict[int, dict[str, Any]]) -> int:
-    """The total size of the parts Complete names; S3's errors for a wrong list."""
+            staged: dict[int, dict[str, Any]]) -> None:
+    """S3's errors for a wrong list of parts."""
     numbers = [n for n, _ in doc_parts]
     if not numbers:
         raise S3Error("MalformedXML", "CompleteMultipartUpload names no part", req.resource)
@@ -133,39 +93,44 @@ def _chosen(req: S3Request, doc_parts: list[tuple[int, str]],
             raise S3Error("EntityTooSmall", f"Part {number} is smaller than the minimum "
                           f"allowed size ({MIN_PART} bytes) and is not the last.",
                           req.resource)
-    return sum(staged[n]["size"] for n in numbers)
 
 
-def _assemble(req: S3Request, folder: Path, numbers: list[int]) -> Path:
-    """The parts appended, in order, into the first one's file."""
-    first = folder / str(numbers[0])
-    with first.open("ab") as out:
-        for number in numbers[1:]:
-            with (folder / str(number)).open("rb") as part:
-                shutil.copyfileobj(part, out, 1024 * 1024)
-    return first
+def _take(req: S3Request, upload: uploads.Upload, doc_parts: list[tuple[int, str]]) -> Path:
+    """Check the list against the parts and take the upload for Complete (no part comes
+    in after). Its bytes stay counted (staged) until the object is in place."""
+    with LEDGER.lock(req.store.account_id):
+        _chosen(req, doc_parts, uploads.parts(upload.folder))
+        return uploads.take(req, upload, "completing")
 
 
-def _complete(req: S3Request, folder: Path, doc_parts: list[tuple[int, str]]) -> str:
+def _complete(req: S3Request, upload: uploads.Upload,
+              doc_parts: list[tuple[int, str]]) -> str:
     uri = req.uri()
-    total = _chosen(req, doc_parts, _parts(folder))
-    old = req.store.stat(uri)
-    check_quota(req, total, old.size if old else 0)
-    whole = _assemble(req, folder, [n for n, _ in doc_parts])
-    info = adopt(req, uri, whole)
-    shutil.rmtree(folder, ignore_errors=True)
+    work = _take(req, upload, doc_parts)
+    whole = work / "whole"
+    try:
+        with whole.open("wb") as out:
+            for number, _ in doc_parts:
+                with (work / str(number)).open("rb") as part:
+                    shutil.copyfileobj(part, out, 1024 * 1024)
+        info = adopt(req, uri, whole)
+    except BaseException:
+        whole.unlink(missing_ok=True)
+        work.rename(upload.folder)  # the upload stays as it was: Complete may be retried
+        raise
+    shutil.rmtree(work, ignore_errors=True)
     return info.etag
 
 
 async def complete_upload(req: S3Request) -> Reply:
-    folder = await run(_open, req)
+    upload = await run(uploads.find, req)
     doc = parse_xml(await read_small(req), req.resource)
     try:
         doc_parts = [(int(el.findtext("PartNumber") or ""), el.findtext("ETag") or "")
                      for el in doc.findall("Part")]
     except ValueError as exc:
         raise S3Error("MalformedXML", "PartNumber must be an integer", req.resource) from exc
-    etag = await run(_complete, req, folder, doc_parts)
+    etag = await run(_complete, req, upload, doc_parts)
     out = root("CompleteMultipartUploadResult")
     node(out, "Location", f"/{req.bucket}/{req.key}")
     node(out, "Bucket", req.bucket)
@@ -174,24 +139,53 @@ async def complete_upload(req: S3Request) -> Reply:
     return xml_reply(out)
 
 
+def _abort(req: S3Request, upload: uploads.Upload) -> None:
+    with LEDGER.lock(req.store.account_id):
+        taken = uploads.take(req, upload, "expired")
+    shutil.rmtree(taken, ignore_errors=True)
+
+
 async def abort_upload(req: S3Request) -> Reply:
-    folder = await run(_open, req)
-    await run(shutil.rmtree, folder, True)
+    upload = await run(uploads.find, req)
+    await run(_abort, req, upload)
     return Reply(204)
 
 
+def _int_query(req: S3Request, name: str, default: int, low: int, high: int) -> int:
+    text = req.query.get(name, "")
+    if not text:
+        return default
+    if not (text.isascii() and text.isdigit() and len(text) <= 10):
+        raise S3Error("InvalidArgument", f"{name} must be an integer between {low} and "
+                      f"2147483647", req.resource)
+    return max(low, min(int(text), high))
+
+
 async def list_parts(req: S3Request) -> Reply:
-    folder = await run(_open, req)
-    staged = await run(_parts, folder)
+    upload = await run(uploads.find, req)
+    staged = await run(uploads.parts, upload.folder)
+    marker = _int_query(req, "part-number-marker", 0, 0, MAX_PARTS)
+    max_parts = _int_query(req, "max-parts", 1000, 0, 1000)
+    numbers = [n for n in sorted(staged) if n > marker]
+    shown, truncated = numbers[:max_parts], len(numbers) > max_parts
     out = root("ListPartsResult")
-    node(out, "Bucket", req.bucket)
-    node(out, "Key", req.key)
-    node(out, "UploadId", req.query["uploadId"])
-    node(out, "IsTruncated", "false")
-    for number in sorted(staged):
-        el = node(out, "Part")
-        node(el, "PartNumber", number)
-        node(el, "LastModified", iso_time(staged[number].get("mtime", 0)))
-        node(el, "ETag", staged[number]["etag"])
-        node(el, "Size", staged[number]["size"])
+    for name, value in (("Bucket", req.bucket), ("Key", req.key), ("UploadId", upload.id)):
+        node(out, name, value)
+    owner_nodes(req, out)
+    node(out, "StorageClass", "STANDARD")
+    node(out, "PartNumberMarker", marker)
+    if shown:
+        node(out, "NextPartNumberMarker", shown[-1])
+    node(out, "MaxParts", max_parts)
+    node(out, "IsTruncated", "true" if truncated else "false")
+    for number in shown:
+        _part_node(out, number, staged[number])
     return xml_reply(out)
+
+
+def _part_node(out: ET.Element, number: int, part: dict[str, Any]) -> None:
+    el = node(out, "Part")
+    node(el, "PartNumber", number)
+    node(el, "LastModified", iso_time(part.get("mtime", 0)))
+    node(el, "ETag", part["etag"])
+    node(el, "Size", part["size"])

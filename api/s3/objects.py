@@ -1,22 +1,26 @@
 """Object operations: PutObject, GetObject (with Range), HeadObject, DeleteObject,
-DeleteObjects, CopyObject. Every store call goes through the caller's account view."""
+DeleteObjects, CopyObject. Every store call goes through the caller's account view.
+
+A write (PutObject, CopyObject) is checked before its body is read (the bucket, the
+caller's right to write into it, the quota for a declared size), received into a staging
+file as it arrives (counted against the quota as it comes: api/s3/quota.py), and then made
+the object at once, the bucket's owner checked again as it is (foundation/storage.py
+adopt_file): a bucket deleted and re-created by another account meanwhile is AccessDenied,
+one deleted NoSuchBucket, and nothing is written."""
 
 from __future__ import annotations
 
 import re
+from functools import partial
 from pathlib import Path
 from urllib.parse import unquote
 
 from eaglenest.api.s3.body import expected_size, read_small, receive_object
-from eaglenest.api.s3.common import (
-    MAX_OBJECT,
-    check_quota,
-    require_bucket,
-    run,
-    staging_file,
-)
+from eaglenest.api.s3.common import MAX_OBJECT, require_bucket, run, staging_file
 from eaglenest.api.s3.errors import S3Error, from_storage, no_such_key
+from eaglenest.api.s3.quota import Meter
 from eaglenest.api.s3.request import (
+    MAX_KEY_BYTES,
     Reply,
     S3Request,
     http_time,
@@ -28,13 +32,16 @@ from eaglenest.api.s3.request import (
 )
 from eaglenest.foundation.storage import ObjectInfo, S3Uri, StorageError, parse_uri
 
-_RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
+_RANGE = re.compile(r"^bytes=([0-9]*)-([0-9]*)$")
+#: the most digits a Range position may have (2**63 has 19): more is InvalidRange
+_MAX_DIGITS = 19
 DEFAULT_TYPE = "binary/octet-stream"
 
 
 def adopt(req: S3Request, uri: S3Uri, tmp: Path) -> ObjectInfo:
-    """Make the staged file `tmp` the object `uri` (removing `tmp` in every case); its
-    info. A key the store cannot hold (a folder of that name is there) is InvalidArgument."""
+    """Make the staged file `tmp` the object `uri` (removing `tmp` in every case), the
+    bucket still the caller's as it is written; its info. A key the store cannot hold (a
+    folder of that name is there) is InvalidArgument."""
     try:
         req.store.adopt_file(uri, tmp)
     except OSError as exc:
@@ -48,20 +55,10 @@ def adopt(req: S3Request, uri: S3Uri, tmp: Path) -> ObjectInfo:
     return info
 
 
-async def receive_checked(req: S3Request, tmp: Path, replaced: int) -> int:
-    """Receive the body into `tmp` within the quota (checked before reading when the size
-    is declared, after it otherwise); its size."""
-    declared = expected_size(req)
-    if declared is not None:
-        await run(check_quota, req, declared, replaced)
-    size = await receive_object(req, tmp, MAX_OBJECT)
-    if declared is None:
-        try:
-            await run(check_quota, req, size, replaced)
-        except StorageError:
-            tmp.unlink(missing_ok=True)
-            raise
-    return size
+def _size_of(req: S3Request, uri: S3Uri) -> int:
+    """The size of the object `uri` (0: none), which a write would replace."""
+    old = req.store.stat(uri)
+    return old.size if old else 0
 
 
 async def put_object(req: S3Request) -> Reply:
@@ -70,10 +67,14 @@ async def put_object(req: S3Request) -> Reply:
     uri = req.uri()
     await require_bucket(req)
     await run(req.store.check_write, req.bucket)
-    old = await run(req.store.stat, uri)
     tmp = staging_file(req, "put")
-    await receive_checked(req, tmp, old.size if old else 0)
-    info = await run(adopt, req, uri, tmp)
+    try:
+        with Meter(req, partial(_size_of, req, uri)) as meter:
+            await meter.start(expected_size(req))
+            size = await receive_object(req, tmp, MAX_OBJECT, meter.add)
+            info = await run(meter.commit, size, partial(adopt, req, uri, tmp))
+    finally:
+        tmp.unlink(missing_ok=True)
     return Reply(200, headers={"etag": info.etag})
 
 
@@ -83,6 +84,8 @@ def _range(req: S3Request, size: int) -> tuple[int, int] | None:
     m = _RANGE.match(req.headers.get("range", "").strip())
     if m is None or not (m[1] or m[2]):
         return None
+    if len(m[1]) > _MAX_DIGITS or len(m[2]) > _MAX_DIGITS:
+        raise _unsatisfiable(req, size)
     if not m[1]:  # the last n bytes
         n = int(m[2])
         if n == 0:
@@ -142,11 +145,16 @@ async def delete_object(req: S3Request) -> Reply:
 def _delete_many(req: S3Request, keys: list[str]) -> list[tuple[str, S3Error | None]]:
     done: list[tuple[str, S3Error | None]] = []
     for key in keys:
+        resource = f"/{req.bucket}/{key}"
         try:
+            if len(key.encode()) > MAX_KEY_BYTES:
+                raise S3Error("KeyTooLongError", "Your key is too long", resource)
             req.store.delete(parse_uri(f"s3://{req.bucket}/{key}"))
             done.append((key, None))
+        except S3Error as exc:
+            done.append((key, exc))
         except StorageError as exc:
-            done.append((key, from_storage(exc, f"/{req.bucket}/{key}")))
+            done.append((key, from_storage(exc, resource)))
     return done
 
 
@@ -154,8 +162,10 @@ async def delete_objects(req: S3Request) -> Reply:
     doc = parse_xml(await read_small(req), req.resource)
     await require_bucket(req)
     keys = [el.findtext("Key") or "" for el in doc.findall("Object")]
-    if not keys or len(keys) > 1000:
-        raise S3Error("MalformedXML", "DeleteObjects takes 1 to 1000 keys", req.resource)
+    if not keys or len(keys) > 1000 or not all(keys):
+        raise S3Error("MalformedXML", "The XML you provided was not well-formed or did not "
+                      "validate against our published schema: DeleteObjects takes 1 to 1000 "
+                      "Object elements, each with a non-empty Key", req.resource)
     quiet = (doc.findtext("Quiet") or "").strip().lower() == "true"
     out = root("DeleteResult")
     for key, err in await run(_delete_many, req, keys):
@@ -191,15 +201,16 @@ async def copy_object(req: S3Request) -> Reply:
     if info is None:
         raise no_such_key("/" + str(src).removeprefix("s3://"))
     await run(req.store.check_write, req.bucket)
-    old = await run(req.store.stat, uri)
-    await run(check_quota, req, info.size, old.size if old else 0)
     tmp = staging_file(req, "copy")
     try:
-        await run(_copy_to, req, src, tmp)
-    except BaseException:
+        with Meter(req, partial(_size_of, req, uri)) as meter:
+            await meter.start(info.size)
+            await run(_copy_to, req, src, tmp)
+            size = tmp.stat().st_size
+            meter.add(size)
+            done = await run(meter.commit, size, partial(adopt, req, uri, tmp))
+    finally:
         tmp.unlink(missing_ok=True)
-        raise
-    done = await run(adopt, req, uri, tmp)
     out = root("CopyObjectResult")
     node(out, "LastModified", iso_time(done.mtime))
     node(out, "ETag", done.etag)

@@ -16,7 +16,7 @@ from eaglenest.api.s3.errors import S3Error
 from eaglenest.api.sigv4 import Claim
 from eaglenest.foundation.buckets import AccountStore
 from eaglenest.foundation.settings import Settings
-from eaglenest.foundation.storage import RESERVED_PREFIX, S3Uri, StorageError, parse_uri
+from eaglenest.foundation.storage import S3Uri, StorageError, parse_uri
 
 NAMESPACE = "http://s3.amazonaws.com/doc/2006-03-01/"
 #: S3's longest key, in UTF-8 bytes
@@ -48,18 +48,17 @@ class S3Request:
     def uri(self) -> S3Uri:
         """The object's URI, checked as every store URI is (foundation/storage.py
         parse_uri: no '.', '..', empty segment, '\\', control character, reserved prefix);
-        InvalidArgument otherwise. Keys ending in '/' and segments the local store uses for
-        its own temporary files are refused as well."""
+        InvalidArgument otherwise, KeyTooLongError past S3's 1024 bytes. A key ending in
+        '/' is refused as well (the local store keeps no object at a folder's name)."""
         if len(self.key.encode()) > MAX_KEY_BYTES:
             raise S3Error("KeyTooLongError", "Your key is too long", self.resource)
         try:
             uri = parse_uri(f"s3://{self.bucket}/{self.key}")
         except StorageError as exc:
             raise S3Error("InvalidArgument", str(exc), self.resource) from exc
-        if uri.key.endswith("/") or any(p.startswith(".tmp-") for p in uri.key.split("/")) \
-                or uri.key.startswith(RESERVED_PREFIX.rstrip("/")):
-            raise S3Error("InvalidArgument", f"'{uri}': this store keeps no key ending in '/' "
-                          "or with a segment starting '.tmp-'", self.resource)
+        if uri.key.endswith("/"):
+            raise S3Error("InvalidArgument", f"'{uri}': this store keeps no key ending in '/'",
+                          self.resource)
         return uri
 
 

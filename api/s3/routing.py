@@ -102,6 +102,8 @@ def _bucket_handler(method: str, query: Mapping[str, str]) -> Handler | None:
         return bucket_ops.bucket_location
     if method == "POST" and "delete" in query:
         return objects.delete_objects
+    if method == "GET" and "uploads" in query:
+        return multipart.list_uploads
     if any(name in query for name in _UNSUPPORTED):
         return None
     if method == "GET":

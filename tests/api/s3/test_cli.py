@@ -41,7 +41,7 @@ def test_cli_mb_cp_ls_rm(stack: Stack, s3: Any, tmp_path: Path) -> None:
         r = aws_s3(stack, tmp_path, *step)
         assert r.returncode == 0, (step, r.stderr)
     uploads = stack.data_dir / "s3-uploads" / "multipart"
-    assert uploads.is_dir() and not list(uploads.iterdir())  # went up in parts, cleaned up
+    assert uploads.is_dir() and not [p for p in uploads.rglob("*") if p.is_file()]  # in parts
     head = s3.head_object(Bucket="cli-bucket", Key="data/big.bin")
     assert head["ContentLength"] == big.stat().st_size
     r = aws_s3(stack, tmp_path, "ls", "s3://cli-bucket/")

@@ -17,7 +17,6 @@ ESCAPES = [
     "/{b}/..%2F..%2Fescaped", "/{b}/a/../../escaped", "/{b}/%2E%2E/escaped",
     "/{b}/a/%2e%2e/%2e%2e/escaped", "/{b}/%2Fescaped", "/{b}//escaped",
     "/{b}/a%00b", "/{b}/.eaglenest/owner", "/{b}/a\\..\\..\\escaped", "/{b}/dir/",
-    "/{b}/.tmp-escaped",
 ]
 BUCKETS = ["/.owners/{b}", "/..%2Fs3-uploads/escaped", "/%2E%2E/escaped", "/.owners",
            "/%2e%2e%2fcredentials"]

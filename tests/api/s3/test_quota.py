@@ -1,7 +1,8 @@
 """The stored-bytes quota (EAGLENEST_MAX_STORED_BYTES, foundation/disk_usage.py) on the S3
-API: a PutObject, UploadPart or CompleteMultipartUpload that would take the account past it
-is refused with QuotaExceeded and writes nothing; replacing an object counts only the
-difference. A stack of its own, with an 8 MiB quota."""
+API: a PutObject or UploadPart that would take the account past it is refused with
+QuotaExceeded and writes nothing; replacing an object counts only the difference; staged
+parts count until their upload is completed or aborted (so a Complete never passes it). A
+stack of its own, with an 8 MiB quota."""
 
 from __future__ import annotations
 
@@ -43,10 +44,11 @@ def test_quota(small: Stack) -> None:
     part = s3.upload_part(Bucket="quota", Key="mpu", UploadId=up, PartNumber=1,
                           Body=b"p" * MIB)
     s3.delete_object(Bucket="quota", Key="five")
-    s3.put_object(Bucket="quota", Key="seven", Body=b"7" * (7 * MIB + 1))
-    with pytest.raises(ClientError) as exc:
-        s3.complete_multipart_upload(Bucket="quota", Key="mpu", UploadId=up,
-                                     MultipartUpload={"Parts": [
-                                         {"PartNumber": 1, "ETag": part["ETag"]}]})
+    with pytest.raises(ClientError) as exc:  # the staged MiB counts
+        s3.put_object(Bucket="quota", Key="seven", Body=b"7" * (7 * MIB + 1))
     assert exc.value.response["Error"]["Code"] == "QuotaExceeded"
-    assert [o["Key"] for o in s3.list_objects_v2(Bucket="quota")["Contents"]] == ["seven"]
+    s3.complete_multipart_upload(Bucket="quota", Key="mpu", UploadId=up, MultipartUpload={
+        "Parts": [{"PartNumber": 1, "ETag": part["ETag"]}]})
+    s3.put_object(Bucket="quota", Key="seven", Body=b"7" * (7 * MIB - 1))
+    assert [o["Key"] for o in s3.list_objects_v2(Bucket="quota")["Contents"]] == \
+        ["mpu", "seven"]
