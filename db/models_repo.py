@@ -9,7 +9,7 @@ from sqlalchemy.orm import Session
 from eaglenest.db import buckets, quotas, tags_repo
 from eaglenest.db.common import check_s3_uris, find, insert_unique, now
 from eaglenest.db.tables import ModelRow
-from eaglenest.foundation import environment, limits
+from eaglenest.foundation import environment, limits, server_options
 from eaglenest.foundation.accounts import Account
 from eaglenest.foundation.errors import ValidationException
 from eaglenest.foundation.storage import BucketStore
@@ -35,8 +35,9 @@ def _check_containers(spec: dict[str, Any]) -> None:
 
 def _check_environment(spec: dict[str, Any]) -> None:
     """Only allowed variables reach a model server (foundation/environment.py), its thread
-    counts and lengths are within their ceilings, and all the Environment maps together
-    within SageMaker's size (foundation/limits.py)."""
+    counts and lengths are within their ceilings, all the Environment maps together within
+    SageMaker's size (foundation/limits.py), and each container's options are what the
+    worker's deploy reads (foundation/server_options.py check_container)."""
     containers = [("PrimaryContainer", spec.get("PrimaryContainer"))]
     containers += [(f"Containers.{i}", c)
                    for i, c in enumerate(spec.get("Containers") or [], start=1)]
@@ -46,6 +47,10 @@ def _check_environment(spec: dict[str, Any]) -> None:
         for where, env in envs.items():
             environment.check(env, where)
             limits.check_model_environment(env, where, limits.host_cpus())
+            try:
+                server_options.check_container(env or {})
+            except server_options.OptionError as exc:
+                raise ValidationException(f"{where}: {exc}") from None
     except (environment.EnvironmentRejected, limits.LimitError) as exc:
         raise ValidationException(str(exc)) from None
 

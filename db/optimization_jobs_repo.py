@@ -24,10 +24,10 @@ from sqlalchemy.orm import Session
 from eaglenest.db import buckets, common, gpu_fit, models_repo, quotas, tags_repo
 from eaglenest.db.common import check_s3_uris, failure_reason, find, insert_unique, locate, now
 from eaglenest.db.tables import ModelRow, OptimizationJobRow
-from eaglenest.foundation import environment, instance_types
+from eaglenest.foundation import environment, instance_types, job_options
 from eaglenest.foundation.accounts import Account
 from eaglenest.foundation.errors import ResourceInUse, ResourceNotFound, ValidationException
-from eaglenest.foundation.limits import LimitError, check_job_environment, host_cpus
+from eaglenest.foundation.limits import host_cpus
 from eaglenest.foundation.storage import BucketStore
 
 STARTING, INPROGRESS, COMPLETED = "STARTING", "INPROGRESS", "COMPLETED"
@@ -72,14 +72,15 @@ def _check_instance_type(spec: dict[str, Any]) -> None:
         raise ValidationException(f"DeploymentInstanceType {exc}") from None
 
 
-def _check_limits(spec: dict[str, Any]) -> None:
-    """The job's options within their ceilings (foundation/limits.py): training processes
-    at most the GPUs of its DeploymentInstanceType, thread counts the API host's CPUs."""
+def _check_options(spec: dict[str, Any]) -> None:
+    """The job's options as the worker parses them, and within what its type holds
+    (foundation/job_options.py check_create): training processes and EAGLENEST_DEVICE=cuda
+    against the GPUs of its DeploymentInstanceType, thread counts the API host's CPUs."""
     itype = spec["DeploymentInstanceType"]
     try:
-        check_job_environment(spec.get("OptimizationEnvironment"), "OptimizationEnvironment",
-                              host_cpus(), instance_types.lookup(itype).accelerators, itype)
-    except LimitError as exc:
+        job_options.check_create(spec.get("OptimizationEnvironment"), "OptimizationEnvironment",
+                                 host_cpus(), instance_types.lookup(itype).accelerators, itype)
+    except job_options.OptionError as exc:
         raise ValidationException(str(exc)) from None
 
 
@@ -110,7 +111,7 @@ def _check_spec(session: Session, account: Account, spec: dict[str, Any]) -> lis
         types.append(OPTIMIZATION_TYPES[member])
     _check_environment(spec)
     _check_instance_type(spec)
-    _check_limits(spec)
+    _check_options(spec)
     return sorted(set(types))
 
 

@@ -6,22 +6,24 @@ differently later. docs/security.md ("Ceilings") says why each limit is what it 
 
 Contract:
 - Thread counts (`THREAD_OPTIONS`: OMP_NUM_THREADS, MKL_NUM_THREADS,
-  EAGLENEST_TORCH_THREADS) are at most the usable CPUs. At Create that is the API host's
-  (`host_cpus`, a proxy: the workers are usually the same machines or larger); a worker
-  with fewer clamps each one to its own usable CPUs before it starts a model server
+  EAGLENEST_TORCH_THREADS) are whole numbers of ASCII digits, at least 1 (`read_threads`:
+  "2,512" is libgomp's nested levels, 512 threads at the second; foundation/threads.py
+  refuses anything else too), and at most the usable CPUs. At Create that is the API
+  host's (`host_cpus`, a proxy: the workers are usually the same machines or larger); a
+  worker with fewer clamps each one to its own usable CPUs before it starts a model server
   (`clamp_threads`, called by workers/serving/process.thread_env; foundation/threads.py
   plan_threads then sizes the pools from the clamped value).
 - Serving lengths (`LENGTH_OPTIONS`: EAGLENEST_MAX_MODEL_LEN, OPTION_MAX_MODEL_LEN,
   MAX_TOTAL_TOKENS, MAX_INPUT_LENGTH) are at most `MAX_MODEL_LEN` tokens, at Create and
   when the worker deploys (`check_length`).
 - Job options (`JOB_RANGES`: EAGLENEST_BATCH_SIZE, EAGLENEST_MAX_LENGTH, EAGLENEST_MAX_STEPS,
-  EAGLENEST_TRAIN_PROCESSES) are parsed by `parse_int` both at Create and by the worker's
-  option parser (workers/jobs/options.py); EAGLENEST_TRAIN_PROCESSES is also at most the
-  GPUs of the job's DeploymentInstanceType (`check_train_processes`; the worker checks it
-  against the GPUs it placed).
-- At Create, a serving value that is not a whole number is left to the worker (it fails the
-  endpoint naming the variable, as before); a job value is refused with the worker's own
-  message. Every refusal names the variable and the limit (`LimitError`).
+  EAGLENEST_TRAIN_PROCESSES) are parsed by `parse_int` in foundation/job_options.py, the one
+  parser of CreateOptimizationJob and the worker; EAGLENEST_TRAIN_PROCESSES is also at most
+  the GPUs of the job's DeploymentInstanceType (`check_train_processes`; the worker checks
+  it against the GPUs it placed).
+- A model's Environment maps hold at most MAX_ENVIRONMENT_BYTES together
+  (`check_environment_size`, CreateModel, as SageMaker documents).
+- Every refusal names the variable and the limit (`LimitError`).
 """
 
 from __future__ import annotations
@@ -94,11 +96,24 @@ def _whole(raw: str) -> int | None:
     return max(readings) if readings else None
 
 
+def read_threads(name: str, raw: str) -> int:
+    """A thread count as every reader takes it alike (module contract); LimitError naming
+    the variable otherwise."""
+    if not (raw.isascii() and raw.isdigit()) or int(raw[:19]) < 1:
+        raise LimitError(f"{name}={raw[:40]!r} must be a whole number >= 1 (digits only: a "
+                         f"list such as '2,512' sets OpenMP's nested thread pools)")
+    return int(raw) if len(raw) <= 18 else 10**18  # past 18 digits: over any limit
+
+
 def check_threads(name: str, raw: str, cpus: int, where: str = "the API host") -> None:
+    """At most `cpus`, then `read_threads` (an empty value is unset, as for the worker)."""
+    if not raw:
+        return
     value = _whole(raw)
     if value is not None and value > cpus:
         raise LimitError(f"{name}={raw.strip()} is over its limit: at most {cpus}, the usable "
                          f"CPUs of {where} (more threads than CPUs only wait for each other)")
+    read_threads(name, raw)
 
 
 def check_length(name: str, raw: str) -> None:
@@ -139,31 +154,13 @@ def check_train_processes(value: int, gpus: int, instance_type: str) -> None:
                          f"of {instance_type}")
 
 
-def check_job_environment(env: Mapping[str, str] | None, where: str, cpus: int, gpus: int,
-                          instance_type: str) -> None:
-    """CreateOptimizationJob: the job's ranged options, its ranks against the GPUs of
-    `instance_type`, thread counts against `cpus` (LimitError naming `where`)."""
-    env = env or {}
-    try:
-        for name, (lo, hi) in JOB_RANGES.items():
-            if name in env:
-                value = parse_int(name, str(env[name]), lo, hi)
-                if name == "EAGLENEST_TRAIN_PROCESSES":
-                    check_train_processes(value, gpus, instance_type)
-        for name in THREAD_OPTIONS:
-            if name in env:
-                check_threads(name, str(env[name]), cpus)
-    except LimitError as exc:
-        raise LimitError(f"{where}: {exc} (EagleNest's limits: docs/configuration.md).") from None
-
-
 def clamp_threads(env: Mapping[str, str], cpus: int) -> dict[str, str]:
     """The worker's re-check: each thread count of `env` above `cpus`, set to `cpus` (the
-    entries to override; empty when none is over)."""
+    entries to override; empty when none is over); LimitError for one no reader takes
+    alike (`read_threads`: a row stored before Create refused it)."""
     over = {}
     for name in THREAD_OPTIONS:
-        value = _whole(str(env.get(name) or ""))
-        if value is not None and value > cpus:
+        if env.get(name) and read_threads(name, str(env[name])) > cpus:
             over[name] = str(cpus)
     return over
 

@@ -15,6 +15,15 @@ Contract, `wants(env)`:
 - OPTION_MAX_ROLLING_BATCH_SIZE: vLLM's --max-num-seqs and the embedded engine's batch.
 - OPTION_GPU_MEMORY_UTILIZATION: vLLM's --gpu-memory-utilization, in (0, 1].
 Each bad value raises `OptionError` naming the variable.
+
+`check_container(env, modes, default_backend)`: every option a model server reads from its
+container, checked by CreateModel and by the worker's deploy with this one function: `read`
+above, then EAGLENEST_SERVING_BACKEND (vllm or embedded), EAGLENEST_DECODE_MODE (one of
+`modes`: the worker passes models/decode/modes.py's; Create, which does not import models,
+passes None and leaves the name to the worker), EAGLENEST_ADAPTIVE and
+EAGLENEST_SPLIT_SERVING (0 or 1; adaptive needs the embedded backend, when the backend is
+known: set, or the worker's default), EAGLENEST_NUM_SPECULATIVE_TOKENS (1..64) and
+EAGLENEST_EXPECTED_CONCURRENCY (1..4096).
 """
 
 from __future__ import annotations
@@ -158,3 +167,59 @@ def plan_for(options: ServerOptions, shape: ModelShape, gpus: Gpus,
         raise PlanError(f"{PROMPT_OPTION}={prompt} must be below the max model length, "
                         f"{planned.max_model_len}")
     return planned
+
+
+#: EAGLENEST_SERVING_BACKEND's values (workers/serving/process.py VLLM, EMBEDDED)
+SERVING_BACKENDS = ("vllm", "embedded")
+#: the decode mode a server runs when none is set (models/decode/modes.py DecodeMode.CHAIN)
+DEFAULT_MODE = "chain"
+
+
+@dataclass(frozen=True)
+class ContainerOptions:
+    """What a model server reads of its container's Environment (`check_container`)."""
+
+    server: ServerOptions
+    #: EAGLENEST_SERVING_BACKEND, else the worker's default (None: not known at Create)
+    backend: str | None
+    mode: str
+    adaptive: bool
+    split: bool
+    #: EAGLENEST_NUM_SPECULATIVE_TOKENS (None: the head's provenance, else 5)
+    speculative_tokens: int | None
+    expected_concurrency: int
+
+
+def _flag(env: Mapping[str, str], name: str, default: str) -> bool:
+    raw = env.get(name, default)
+    if raw not in ("0", "1"):
+        raise OptionError(f"{name}={raw!r} must be 0 or 1")
+    return raw == "1"
+
+
+def _ranged(name: str, raw: str, lo: int, hi: int) -> int:
+    if not (raw.isascii() and raw.isdigit()) or not lo <= int(raw[:19]) <= hi:
+        raise OptionError(f"{name}={raw!r} must be {lo}..{hi}")
+    return int(raw)
+
+
+def check_container(env: Mapping[str, str], modes: tuple[str, ...] | None = None,
+                    default_backend: str | None = None) -> ContainerOptions:
+    """A container's options (module contract); OptionError naming the first bad one."""
+    backend = env.get("EAGLENEST_SERVING_BACKEND") or default_backend
+    if backend is not None and backend not in SERVING_BACKENDS:
+        raise OptionError(f"EAGLENEST_SERVING_BACKEND={backend!r} must be vllm or embedded")
+    mode = env.get("EAGLENEST_DECODE_MODE", DEFAULT_MODE)
+    if modes is not None and mode not in modes:
+        *first, last = modes
+        raise OptionError(f"EAGLENEST_DECODE_MODE={mode!r} must be {', '.join(first)} or {last}")
+    adaptive = _flag(env, "EAGLENEST_ADAPTIVE", "0")
+    split = _flag(env, "EAGLENEST_SPLIT_SERVING", "1")
+    if adaptive and backend is not None and backend != SERVING_BACKENDS[1]:
+        raise OptionError("EAGLENEST_ADAPTIVE=1 needs EAGLENEST_SERVING_BACKEND=embedded "
+                          "(vLLM drafts a fixed num_speculative_tokens)")
+    raw_k = env.get("EAGLENEST_NUM_SPECULATIVE_TOKENS")
+    k = _ranged("EAGLENEST_NUM_SPECULATIVE_TOKENS", raw_k, 1, 64) if raw_k else None
+    load = _ranged("EAGLENEST_EXPECTED_CONCURRENCY",
+                   env.get("EAGLENEST_EXPECTED_CONCURRENCY", "1"), 1, 4096)
+    return ContainerOptions(read(env), backend, mode, adaptive, split, k, load)

@@ -153,7 +153,13 @@ def test_the_default_account_reads_a_bucket_nobody_owns(db, store):
 
 
 def test_options_are_read_on_any_type_and_without_a_store(db, store):
-    model(db, "m", prefix("s3://mine/absent/", OPTION_DTYPE="int8"))
+    """A model stored before CreateModel read its options (it refuses int8 now)."""
+    model(db, "m", prefix("s3://mine/absent/"))
+    with db.session() as s:
+        row = models_repo.get(s, ACCOUNT, "m")
+        container = row.spec["PrimaryContainer"]
+        row.spec = {**row.spec, "PrimaryContainer": {
+            **container, "Environment": {**container["Environment"], "OPTION_DTYPE": "int8"}}}
     for itype in ("ml.m5.xlarge", "ml.g5.2xlarge"):
         with pytest.raises(ValidationException) as exc:
             check(db, None, "m", itype)

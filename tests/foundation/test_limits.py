@@ -19,6 +19,7 @@ from eaglenest.foundation.disk_usage import (
     check_stored,
     prefix_bytes,
 )
+from eaglenest.foundation.job_options import check_create
 from eaglenest.foundation.storage import LocalStore, parse_uri
 from eaglenest.foundation.threads import (
     ComputeBudgetExceeded,
@@ -32,17 +33,27 @@ from eaglenest.workers.serving.process import ServerSpec, thread_env
 
 @pytest.mark.parametrize(("raw", "over"), [
     ("3", True), ("2", False), ("1000000000", True), ("3,1", True),  # libgomp reads 3
-    (" +3", True), ("\u0663", True), ("9" * 5000, True), ("abc", False), ("0", False),
+    (" +3", True), ("\u0663", True), ("9" * 5000, True), ("abc", None), ("0", None),
+    ("2,512", None), ("1,1", None), ("", False),  # None: no reader takes it alike
 ])
-def test_thread_counts_are_read_as_any_reader_would(raw: str, over: bool) -> None:
+def test_thread_counts_are_read_as_any_reader_would(raw: str, over: bool | None) -> None:
+    """Over the CPUs by any reading: refused at Create, clamped by the worker. Not one
+    whole number (a list sets OpenMP's nested pools: "2,512" is 512 threads at the second
+    level): refused at Create and by the worker alike (issue #51, part 5)."""
     env = {"OMP_NUM_THREADS": raw}
     if over:
         with pytest.raises(limits.LimitError, match="OMP_NUM_THREADS=.* at most 2"):
             limits.check_model_environment(env, "PrimaryContainer.Environment", cpus=2)
-        assert limits.clamp_threads(env, 2) == {"OMP_NUM_THREADS": "2"}
+    elif over is None:
+        with pytest.raises(limits.LimitError, match="must be a whole number >= 1"):
+            limits.check_model_environment(env, "PrimaryContainer.Environment", cpus=2)
+        with pytest.raises(limits.LimitError, match="must be a whole number >= 1"):
+            limits.clamp_threads(env, 2)
     else:
         limits.check_model_environment(env, "PrimaryContainer.Environment", cpus=2)
         assert limits.clamp_threads(env, 2) == {}
+    if over and raw.isascii() and raw.isdigit():
+        assert limits.clamp_threads(env, 2) == {"OMP_NUM_THREADS": "2"}
 
 
 def test_job_ranges_are_the_workers(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -51,14 +62,13 @@ def test_job_ranges_are_the_workers(monkeypatch: pytest.MonkeyPatch) -> None:
         parse_options({name: str(hi)})
         with pytest.raises(OptionError) as worker:
             parse_options({name: str(hi + 1)})
-        with pytest.raises(limits.LimitError) as create:
-            limits.check_job_environment({name: str(hi + 1)}, "OptimizationEnvironment",
-                                         cpus=2, gpus=64, instance_type="ml.x")
+        with pytest.raises(OptionError) as create:
+            check_create({name: str(hi + 1)}, "OptimizationEnvironment", cpus=2, gpus=64,
+                         instance_type="ml.x")
         assert str(worker.value) == f"{name}={hi + 1} must be between {lo} and {hi}"
         assert str(create.value).startswith(f"OptimizationEnvironment: {worker.value} (")
-    with pytest.raises(limits.LimitError, match="is more than the 4 GPU"):
-        limits.check_job_environment({"EAGLENEST_TRAIN_PROCESSES": "5"}, "E", 2, 4,
-                                     "ml.g5.12xlarge")
+    with pytest.raises(OptionError, match="is more than the 4 GPU"):
+        check_create({"EAGLENEST_TRAIN_PROCESSES": "5"}, "E", 2, 4, "ml.g5.12xlarge")
 
 
 def test_a_job_holds_its_gpus_or_its_ranks() -> None:

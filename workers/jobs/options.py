@@ -1,235 +1,47 @@
-"""Optimization-job knobs from `OptimizationEnvironment` (documented in README.md).
+"""The worker's reading of a job's `OptimizationEnvironment`: foundation/job_options.py's
+parser, which CreateOptimizationJob ran too, then what only the worker knows: the head kinds
+of models/heads/registry.py (EAGLENEST_HEAD, and the options that depend on its kind).
 
-SageMaker passes job options as environment variables; EagleNest reads these (all
-optional). ``JobOptions`` is a pydantic model whose aliases are the variable names; each
-field's parser takes the variable's string and raises ``OptionError`` naming the variable,
-which is the job's FailureReason as it stands. Unknown variables are ignored.
+A bad value raises ``OptionError`` naming the variable, which is the job's FailureReason as
+it stands.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Annotated, Any
+from collections.abc import Mapping
 
-from pydantic import (
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    ValidationError,
-    ValidationInfo,
-    model_validator,
+from eaglenest.foundation.job_options import (
+    BACKENDS,
+    CAPTURE_BACKENDS,
+    DEVICES,
+    JobOptions,
+    OptionError,
+    parse_job_options,
 )
-
-from eaglenest.foundation.dtypes import DtypeError, normalize
-from eaglenest.foundation.limits import JOB_RANGES, LimitError, parse_int
 from eaglenest.models.heads.registry import HEADS, KINDS
 
-BACKENDS = ("vllm", "embedded")
-DEVICES = ("cpu", "cuda")
-#: EAGLENEST_CAPTURE_BACKEND (workers/jobs/capture_stage.py; docs/capture-shards.md)
-CAPTURE_BACKENDS = ("auto", "hf", "vllm")
+__all__ = ["BACKENDS", "CAPTURE_BACKENDS", "DEVICES", "JobOptions", "OptionError",
+           "parse_options"]
 
 
-class OptionError(ValueError):
-    pass
-
-
-def _variable(info: ValidationInfo) -> str:
-    field = JobOptions.model_fields[str(info.field_name)]
-    return str(field.alias)
-
-
-def _int(name: str, raw: str, lo: int, hi: int) -> int:
-    """foundation/limits.py's parser: CreateOptimizationJob read the value the same way."""
-    try:
-        return parse_int(name, raw, lo, hi)
-    except LimitError as exc:
-        raise OptionError(str(exc)) from None
-
-
-def _parser(parse: Callable[[str, str], Any]) -> BeforeValidator:
-    """Parse a variable's string with ``parse(name, raw)``; other values (a field set by
-    name, e.g. by ``model_copy``) pass as they are."""
-
-    def run(value: Any, info: ValidationInfo) -> Any:
-        return parse(_variable(info), value) if isinstance(value, str) else value
-
-    return BeforeValidator(run)
-
-
-def _between(lo: int, hi: int) -> BeforeValidator:
-    return _parser(lambda name, raw: _int(name, raw, lo, hi))
-
-
-def _limited(name: str) -> BeforeValidator:
-    """The range foundation/limits.py gives `name` (checked at Create too)."""
-    return _between(*JOB_RANGES[name])
-
-
-def _one_of(allowed: tuple[str, ...]) -> BeforeValidator:
-    def parse(name: str, raw: str) -> str:
-        if raw not in allowed:
-            raise OptionError(f"{name}={raw!r} must be one of {', '.join(allowed)}")
-        return raw
-
-    return _parser(parse)
-
-
-def _flag(name: str, raw: str) -> bool:
-    if raw not in ("0", "1", "true", "false"):
-        raise OptionError(f"{name}={raw!r} must be 0 or 1")
-    return raw in ("1", "true")
-
-
-def _number(name: str, raw: str) -> float:
-    try:
-        return float(raw)
-    except ValueError:
-        raise OptionError(f"{name}={raw!r} is not a number") from None
-
-
-def _minutes(name: str, raw: str) -> float:
-    value = _number(name, raw)
-    if not 0 <= value <= 525_600:  # a year
-        raise OptionError(f"{name}={raw!r} must be minutes between 0 (no budget) and 525600")
-    return value
-
-
-def _dtype(name: str, raw: str) -> str:
-    """foundation/dtypes.py's spellings (fp16, bf16, float32, auto, ...) -> its value."""
-    try:
-        return normalize(raw, name)
-    except DtypeError as exc:
-        raise OptionError(str(exc)) from None
-
-
-def _levels(name: str, raw: str) -> tuple[int, ...]:
-    levels = [_int(name, p.strip(), 1, 1024) for p in raw.split(",") if p.strip()]
-    if not levels:
-        raise OptionError(f"{name} must list concurrency levels, e.g. 1,2,4,8")
-    return tuple(levels)
-
-
-def _ks(name: str, raw: str) -> tuple[int, ...]:
-    ks = {_int(name, p.strip(), 1, 64) for p in raw.split(",") if p.strip()}
-    if not ks:
-        raise OptionError(f"{name} must list K values, e.g. 1,3,5")
-    return tuple(sorted(ks))
-
-
-class JobOptions(BaseModel):
-    model_config = ConfigDict(frozen=True, populate_by_name=True, extra="ignore")
-
-    #: a registry kind (models/heads/registry.py); None: the architecture's default
-    head: Annotated[str | None, _one_of(KINDS), Field(alias="EAGLENEST_HEAD")] = None
-    max_steps: Annotated[int, _limited("EAGLENEST_MAX_STEPS"),
-                         Field(alias="EAGLENEST_MAX_STEPS")] = 100_000
-    batch_size: Annotated[int, _limited("EAGLENEST_BATCH_SIZE"),
-                          Field(alias="EAGLENEST_BATCH_SIZE")] = 2
-    lr: Annotated[float, _parser(_number), Field(alias="EAGLENEST_LEARNING_RATE")] = 3e-4
-    seed: Annotated[int, _between(0, 2**31 - 1), Field(alias="EAGLENEST_SEED")] = 0
-    #: tokens per sample
-    max_length: Annotated[int, _limited("EAGLENEST_MAX_LENGTH"),
-                          Field(alias="EAGLENEST_MAX_LENGTH")] = 1024
-    #: EAGLE-3 / P-EAGLE draft vocabulary
-    draft_vocab_size: Annotated[int, _between(16, 1_000_000),
-                                Field(alias="EAGLENEST_DRAFT_VOCAB_SIZE")] = 8192
-    #: draft decoder layers (kinds with HeadSpec.multi_layer)
-    num_layers: Annotated[int, _between(1, 16), Field(alias="EAGLENEST_NUM_LAYERS")] = 1
-    #: a step's anchors in this many parts, a backward each (kinds with HeadSpec.partitions:
-    #: models/partition.py): the same training in the memory of one part, for long samples
-    seq_partitions: Annotated[int, _between(1, 64),
-                              Field(alias="EAGLENEST_SEQ_PARTITIONS")] = 1
-    checkpoint_every: Annotated[int, _between(0, 10_000_000),
-                                Field(alias="EAGLENEST_CHECKPOINT_EVERY")] = 50
-    #: steps between progress lines (log, status, training_log.jsonl published to the output
-    #: prefix)
-    progress_every: Annotated[int, _between(1, 10_000_000),
-                              Field(alias="EAGLENEST_PROGRESS_EVERY")] = 10
-    #: steps between held-out accuracy evaluations on the EAGLENEST_HOLDOUT samples (and
-    #: one at the last step); 0: none (docs/configuration.md: why 50)
-    eval_every: Annotated[int, _between(0, 10_000_000),
-                          Field(alias="EAGLENEST_EVAL_EVERY")] = 50
-    #: wall-clock training budget in minutes (a resumable checkpoint is kept); 0: none.
-    #: With the plateau below it ends training by default; EAGLENEST_MAX_STEPS is a cap
-    max_train_minutes: Annotated[float, _parser(_minutes),
-                                 Field(alias="EAGLENEST_MAX_TRAIN_MINUTES")] = 30.0
-    #: stop after this many evaluations without held-out acc@1 improving; 0: never
-    plateau_evals: Annotated[int, _between(0, 1000), Field(alias="EAGLENEST_PLATEAU_EVALS")] = 4
-    #: built-in dataset name(s), comma-separated
-    dataset: Annotated[str | None, Field(alias="EAGLENEST_DATASET")] = None
-    #: 1 (default) = the target rewrites the assistant turns (training and held-out) first
-    regenerate: Annotated[bool, _parser(_flag), Field(alias="EAGLENEST_REGENERATE")] = True
-    #: 1 (default) = regenerated examples are reused from, and written to, the cache under
-    #: the S3OutputLocation (workers/jobs/regen_cache.py); 0: neither read nor written
-    regenerate_cache: Annotated[bool, _parser(_flag),
-                                Field(alias="EAGLENEST_REGENERATE_CACHE")] = True
-    #: samples kept out of training for the benchmark
-    holdout: Annotated[int, _between(1, 10_000), Field(alias="EAGLENEST_HOLDOUT")] = 8
-    #: 0 skips the benchmark stage
-    benchmark: Annotated[bool, _parser(_flag), Field(alias="EAGLENEST_BENCHMARK")] = True
-    concurrency: Annotated[tuple[int, ...], _parser(_levels),
-                           Field(alias="EAGLENEST_BENCH_CONCURRENCY")] = (1, 2, 4, 8, 16)
-    #: the K values the benchmark measures (and the schedule picks from); None: 1, 3, 5 up to
-    #: num_speculative_tokens, plus num_speculative_tokens
-    bench_ks: Annotated[tuple[int, ...] | None, _parser(_ks),
-                        Field(alias="EAGLENEST_BENCH_KS")] = None
-    bench_max_tokens: Annotated[int, _between(1, 100_000),
-                                Field(alias="EAGLENEST_BENCH_MAX_TOKENS")] = 64
-    #: rounds each row is measured at each level; a K is scheduled only if it wins in every one
-    bench_rounds: Annotated[int, _between(1, 10), Field(alias="EAGLENEST_BENCH_ROUNDS")] = 2
-    #: K
-    num_speculative_tokens: Annotated[int, _between(1, 64),
-                                      Field(alias="EAGLENEST_NUM_SPECULATIVE_TOKENS")] = 5
-    backend: Annotated[str | None, _one_of(BACKENDS),
-                       Field(alias="EAGLENEST_SERVING_BACKEND")] = None
-    #: None: cuda if available
-    device: Annotated[str | None, _one_of(DEVICES), Field(alias="EAGLENEST_DEVICE")] = None
-    #: the dtype the target runs in on GPUs (float16, bfloat16, float32 or auto; the head is
-    #: exported in it); None: auto, the checkpoint's own, float16 where bfloat16 cannot run
-    #: (workers/jobs/job_target.py ``job_dtype``). The CPU: float32 always
-    dtype: Annotated[str | None, _parser(_dtype), Field(alias="EAGLENEST_DTYPE")] = None
-    #: data-parallel training processes (torchrun DDP, one per GPU); None: the worker's
-    #: EAGLENEST_TRAIN_PROCESSES setting (default 1, in-process)
-    train_processes: Annotated[int | None, _limited("EAGLENEST_TRAIN_PROCESSES"),
-                               Field(alias="EAGLENEST_TRAIN_PROCESSES")] = None
-    #: where training's hidden states come from: in the training process, or shards a
-    #: capture stage writes first with transformers (hf) or vLLM (vllm); auto chooses by
-    #: the target's size (workers/jobs/capture_stage.py ``choose_backend``)
-    capture_backend: Annotated[str, _one_of(CAPTURE_BACKENDS),
-                               Field(alias="EAGLENEST_CAPTURE_BACKEND")] = "auto"
-    #: samples per capture shard (hf, vllm)
-    capture_shard_samples: Annotated[int, _between(1, 4096),
-                                     Field(alias="EAGLENEST_CAPTURE_SHARD_SAMPLES")] = 64
-    #: 1 = the capture shards are published with the outputs (`capture/`), not deleted
-    keep_capture: Annotated[bool, _parser(_flag), Field(alias="EAGLENEST_KEEP_CAPTURE")] = False
-
-    def measured_ks(self) -> tuple[int, ...]:
-        if self.bench_ks:
-            return self.bench_ks
-        k = self.num_speculative_tokens
-        return tuple(sorted({x for x in (1, 3, 5) if x <= k} | {k}))
-
-    @model_validator(mode="after")
-    def _together(self) -> JobOptions:
-        """Constraints between variables (each one alone is already valid)."""
-        if self.num_layers != 1 and self.head and not HEADS[self.head].multi_layer:
-            raise OptionError(f"EAGLENEST_NUM_LAYERS={self.num_layers} needs an EAGLE-3 or "
-                              f"P-EAGLE head; EAGLE-2 heads (EAGLENEST_HEAD={self.head}) have "
-                              "one layer")
-        if self.seq_partitions != 1 and self.head and not HEADS[self.head].partitions:
-            raise OptionError(f"EAGLENEST_SEQ_PARTITIONS={self.seq_partitions} needs a P-EAGLE "
-                              f"head (EAGLENEST_HEAD={self.head})")
-        return self
-
-
-def parse_options(env: dict[str, str] | None) -> JobOptions:
+def parse_options(env: Mapping[str, str] | None) -> JobOptions:
     """The job's options; the first bad variable raises OptionError with its message."""
-    try:
-        return JobOptions.model_validate(env or {})
-    except ValidationError as exc:
-        cause = exc.errors()[0].get("ctx", {}).get("error")
-        if isinstance(cause, OptionError):
-            raise cause from None
-        raise OptionError(str(exc)) from None
+    options = parse_job_options(env)
+    check_head(options)
+    return options
+
+
+def check_head(options: JobOptions) -> None:
+    """EAGLENEST_HEAD is a registry kind, and the options that need a kind's trait have it
+    (each variable alone was already checked)."""
+    head = options.head
+    if head is None:
+        return
+    if head not in KINDS:
+        raise OptionError(f"EAGLENEST_HEAD={head!r} must be one of {', '.join(KINDS)}")
+    if options.num_layers != 1 and not HEADS[head].multi_layer:
+        raise OptionError(f"EAGLENEST_NUM_LAYERS={options.num_layers} needs an EAGLE-3 or "
+                          f"P-EAGLE head; EAGLE-2 heads (EAGLENEST_HEAD={head}) have one layer")
+    if options.seq_partitions != 1 and not HEADS[head].partitions:
+        raise OptionError(f"EAGLENEST_SEQ_PARTITIONS={options.seq_partitions} needs a P-EAGLE "
+                          f"head (EAGLENEST_HEAD={head})")

@@ -39,12 +39,11 @@ from eaglenest.foundation.shapes.endpoint_configs import CreateEndpointConfigInp
 from eaglenest.foundation.shapes.models import CreateModelInput
 from eaglenest.foundation.storage import ArtifactStore
 from eaglenest.foundation.threads import SHARING_ENV, ComputeBudgetExceeded, Registry
-from eaglenest.models.decode.modes import SPECULATIVE_MODES, DecodeMode
+from eaglenest.models.decode.modes import SPECULATIVE_MODES
 from eaglenest.workers.infra.placement import Placer
 from eaglenest.workers.jobs.inputs import InputError, container_uris, fetch_tree, model_container
 from eaglenest.workers.serving import gpu_options
 from eaglenest.workers.serving.process import (
-    EMBEDDED,
     VLLM,
     ServerProcess,
     ServerSpec,
@@ -143,12 +142,10 @@ def _rebuild(shape: type[Shape], stored: dict[str, Any]) -> Shape:
         raise DeployError(str(exc)) from None
 
 
-def _speculative_tokens(plan: VariantPlan, head_dir: Path | None) -> int:
-    raw = plan.env.get("EAGLENEST_NUM_SPECULATIVE_TOKENS")
-    if raw:
-        if not raw.isdigit() or not 1 <= int(raw) <= 64:
-            raise DeployError(f"EAGLENEST_NUM_SPECULATIVE_TOKENS={raw!r} must be 1..64")
-        return int(raw)
+def _speculative_tokens(asked: int | None, head_dir: Path | None) -> int:
+    """EAGLENEST_NUM_SPECULATIVE_TOKENS, else the head's training K, else 5."""
+    if asked is not None:
+        return asked
     prov = head_dir / "provenance.json" if head_dir else None
     if prov and prov.exists():
         cfg = json.loads(prov.read_text()).get("train_config", {})
@@ -157,44 +154,31 @@ def _speculative_tokens(plan: VariantPlan, head_dir: Path | None) -> int:
 
 
 def _spec(plan: VariantPlan, model_dir: Path, head_dir: Path | None, served: str) -> ServerSpec:
-    backend = plan.env.get("EAGLENEST_SERVING_BACKEND") or default_backend()
-    if backend not in (VLLM, EMBEDDED):
-        raise DeployError(f"EAGLENEST_SERVING_BACKEND={backend!r} must be vllm or embedded")
-    if backend == VLLM and default_backend() != VLLM:
+    """The server of `plan`: its container's options read by CreateModel's own check
+    (foundation/server_options.py check_container), then what only this host knows."""
+    try:
+        opts = server_options.check_container(plan.env, SPECULATIVE_MODES, default_backend())
+    except server_options.OptionError as exc:
+        raise DeployError(str(exc)) from None
+    if opts.backend == VLLM and default_backend() != VLLM:
         raise DeployError("EAGLENEST_SERVING_BACKEND=vllm but vLLM is not installed on the "
                           "worker (pip install 'EagleNest[vllm]')")
-    mode = plan.env.get("EAGLENEST_DECODE_MODE", DecodeMode.CHAIN.value)
-    if mode not in SPECULATIVE_MODES:
-        *first, last = SPECULATIVE_MODES
-        raise DeployError(f"EAGLENEST_DECODE_MODE={mode!r} must be {', '.join(first)} or {last}")
-    adaptive = plan.env.get("EAGLENEST_ADAPTIVE", "0")
-    if adaptive not in ("0", "1"):
-        raise DeployError(f"EAGLENEST_ADAPTIVE={adaptive!r} must be 0 or 1")
-    split = plan.env.get("EAGLENEST_SPLIT_SERVING", "1")
-    if split not in ("0", "1"):
-        raise DeployError(f"EAGLENEST_SPLIT_SERVING={split!r} must be 0 or 1")
-    if adaptive == "1" and backend != EMBEDDED:
-        raise DeployError("EAGLENEST_ADAPTIVE=1 needs EAGLENEST_SERVING_BACKEND=embedded "
-                          "(vLLM drafts a fixed num_speculative_tokens)")
     try:
         environment.check(plan.env, f"model {plan.model_name}'s Environment")
     except environment.EnvironmentRejected as exc:
         raise DeployError(f"Variant {plan.variant}: {exc}") from exc
-    try:
-        options = server_options.read(plan.env)
-    except server_options.OptionError as exc:
-        raise DeployError(str(exc)) from None
-    wants = options.wants
+    wants = opts.server.wants
     return ServerSpec(model_dir=model_dir, served_name=served, port=free_port(),
-                      backend=backend, head_dir=head_dir, adaptive=adaptive == "1",
-                      num_speculative_tokens=_speculative_tokens(plan, head_dir), mode=mode,
-                      dtype=FLOAT32 if wants.dtype == AUTO else wants.dtype,
+                      backend=str(opts.backend), head_dir=head_dir, adaptive=opts.adaptive,
+                      num_speculative_tokens=_speculative_tokens(opts.speculative_tokens,
+                                                                 head_dir),
+                      mode=opts.mode, dtype=FLOAT32 if wants.dtype == AUTO else wants.dtype,
                       max_model_len=wants.max_model_len or CPU_MAX_MODEL_LEN,
                       max_num_seqs=wants.max_num_seqs,
-                      max_input_length=options.max_input_length,
+                      max_input_length=opts.server.max_input_length,
                       secret=instance_auth.new_secret(),
                       schedule=_schedule(plan, head_dir) if head_dir else None,
-                      expected_load=_expected_load(plan), split=split == "1",
+                      expected_load=opts.expected_concurrency, split=opts.split,
                       extra_env=dict(plan.env))  # as SageMaker sets a container's Environment
 
 
@@ -210,13 +194,6 @@ def _schedule(plan: VariantPlan, head_dir: Path) -> Schedule | None:
         return read_schedule(head_dir)
     except ScheduleError as exc:
         raise DeployError(str(exc)) from exc
-
-
-def _expected_load(plan: VariantPlan) -> int:
-    raw = plan.env.get("EAGLENEST_EXPECTED_CONCURRENCY", "1")
-    if not raw.isdigit() or not 1 <= int(raw) <= 4096:
-        raise DeployError(f"EAGLENEST_EXPECTED_CONCURRENCY={raw!r} must be 1..4096")
-    return int(raw)
 
 
 def start_variant(store: ArtifactStore, workdir: Path, endpoint: str, plan: VariantPlan,
