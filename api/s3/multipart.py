@@ -40,7 +40,7 @@ async def create_upload(req: S3Request) -> Reply:
     await require_bucket(req)
     with Meter(req) as meter:  # an upload's folder and records count too
         await meter.start(UPLOAD_OVERHEAD)
-        upload_id = await run(meter.commit, UPLOAD_OVERHEAD, partial(uploads.create, req))
+        upload_id = await meter.commit(UPLOAD_OVERHEAD, partial(uploads.create, req))
     out = root("InitiateMultipartUploadResult")
     node(out, "Bucket", req.bucket)
     node(out, "Key", req.key)
@@ -68,8 +68,8 @@ async def upload_part(req: S3Request) -> Reply:
         with Meter(req, partial(uploads.part_size, upload.folder, number)) as meter:
             await meter.start(expected_size(req))
             size = await receive_object(req, tmp, MAX_OBJECT, meter.add)
-            await run(meter.commit, size,
-                      partial(uploads.put_part, req, upload, number, tmp, size, etag))
+            await meter.commit(size, partial(uploads.put_part, req, upload, number, tmp,
+                                             size, etag))
     finally:
         tmp.unlink(missing_ok=True)
     return Reply(200, headers={"etag": etag})

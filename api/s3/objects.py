@@ -72,7 +72,7 @@ async def put_object(req: S3Request) -> Reply:
         with Meter(req, partial(_size_of, req, uri)) as meter:
             await meter.start(expected_size(req))
             size = await receive_object(req, tmp, MAX_OBJECT, meter.add)
-            info = await run(meter.commit, size, partial(adopt, req, uri, tmp))
+            info = await meter.commit(size, partial(adopt, req, uri, tmp))
     finally:
         tmp.unlink(missing_ok=True)
     return Reply(200, headers={"etag": info.etag})
@@ -208,7 +208,7 @@ async def copy_object(req: S3Request) -> Reply:
             await run(_copy_to, req, src, tmp)
             size = tmp.stat().st_size
             meter.add(size)
-            done = await run(meter.commit, size, partial(adopt, req, uri, tmp))
+            done = await meter.commit(size, partial(adopt, req, uri, tmp))
     finally:
         tmp.unlink(missing_ok=True)
     out = root("CopyObjectResult")

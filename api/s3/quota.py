@@ -12,9 +12,12 @@ Contract (`Meter`, one per write):
   no decoded length), or one longer than declared, is reserved as it comes and refused
   (QuotaExceeded) as soon as it passes the quota, not after it all came;
 - `commit(size, action)` makes the write happen (`action`: the object renamed into place,
-  the part moved into its upload) holding the account's lock, after measuring the disk
+  the part moved into its upload) holding the account's locks, after measuring the disk
   again: writes of one account racing each other never pass the quota together, and parts,
-  Complete, Abort and the sweeper (api/s3/uploads.py) never interleave;
+  Complete, Abort and the sweeper (api/s3/uploads.py) never interleave. A request waits
+  for its account's turn on the event loop (an asyncio lock), never in a worker thread, so
+  one account's pile of writes cannot take the threads every other request needs; the
+  threading lock, taken next in the worker thread, is only ever held briefly;
 - what the write replaces (the object's or the part's former bytes, `replaced`) does not
   count; the reservation is released at commit or when the meter closes (`with`).
 Writes made elsewhere (a worker's job outputs) are measured, not reserved
@@ -23,6 +26,7 @@ Writes made elsewhere (a worker's job outputs) are measured, not reserved
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Callable
 from types import TracebackType
@@ -48,10 +52,19 @@ class Ledger:
         self._guard = threading.Lock()
         self._reserved: dict[str, int] = {}
         self._locks: dict[str, threading.Lock] = {}
+        self._turns: dict[tuple[int, str], asyncio.Lock] = {}
 
     def lock(self, account_id: str) -> threading.Lock:
+        """The account's lock for a change to its bytes (held in a worker thread)."""
         with self._guard:
             return self._locks.setdefault(account_id, threading.Lock())
+
+    def turn(self, account_id: str) -> asyncio.Lock:
+        """The account's queue for commits, on the running event loop (an asyncio lock
+        belongs to one loop: a process running several, tests, gets one per loop)."""
+        key = (id(asyncio.get_running_loop()), account_id)
+        with self._guard:
+            return self._turns.setdefault(key, asyncio.Lock())
 
     def reserve(self, account_id: str, delta: int) -> int:
         """Add `delta` bytes (negative: release) to the account's reservation; the total."""
@@ -125,9 +138,13 @@ class Meter:
             LEDGER.reserve(self.account, -self.held)
             self.held = 0
 
-    def commit(self, size: int, action: Callable[[], T]) -> T:
-        """`action()` under the account's lock if `size` bytes still fit (in a worker
-        thread: it measures the disk)."""
+    async def commit(self, size: int, action: Callable[[], T]) -> T:
+        """`action()` under the account's locks if `size` bytes still fit (measured and
+        done in a worker thread)."""
+        async with LEDGER.turn(self.account):
+            return await run(self._commit, size, action)
+
+    def _commit(self, size: int, action: Callable[[], T]) -> T:
         with LEDGER.lock(self.account):
             if self.limit:
                 others = LEDGER.reserved(self.account) - self.held
