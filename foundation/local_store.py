@@ -4,7 +4,8 @@ file `<root>/b/k` (foundation/storage.py makes it when no S3 endpoint is configu
 Contract, beyond `BucketStore`'s (foundation/store_base.py):
 - Only keys live in bucket folders. A write goes to a temporary file in `<root>/.tmp/` and
   is renamed into place, so no temporary name ever shares a bucket's key space: every key
-  a stat finds is listed, whatever it is named (`.tmp-` in it included).
+  a stat finds is listed, whatever it is named (`.tmp-` in it included). (A bucket folder
+  on another file system than the root is written by a copy beside the object instead.)
 - A key a file system cannot hold (a segment over NAME_MAX bytes, the path over PATH_MAX)
   is `KeyTooLong`, before any file call; a key that names a folder, or has a file as a
   parent, is no object (stat: None, delete: nothing to do).
@@ -13,7 +14,8 @@ Contract, beyond `BucketStore`'s (foundation/store_base.py):
   indexes them per account (kept by claim, assign and release; built from the records the
   first time a store without it is used), so one account's buckets are found without
   reading every owner record. The index may name a bucket another account owns now (a
-  record edited by hand): each entry is checked against its record.
+  record edited by hand): each entry is checked against its record; a record edited by
+  hand is missing from its new owner's index until `eaglenest s3 owner` assigns it.
 - `adopt_file(uri, path, owner)` checks the owner record as it renames the file into
   place, holding a shared lock (flock) on the record; `delete_bucket` and `assign` hold it
   exclusively. A write checked before its body arrived therefore never lands in a bucket
@@ -205,7 +207,11 @@ class LocalStore:
         except OSError as exc:
             if exc.errno != errno.EXDEV:
                 raise
-            staged = self._temporary()
+            # a bucket folder on another file system (mounted or linked there): the copy
+            # is made beside the object, under a name seen in listings until renamed
+            fd, name = tempfile.mkstemp(dir=dest.parent, prefix=".tmp-")
+            os.close(fd)
+            staged = Path(name)
             try:
                 shutil.copyfile(tmp, staged)
                 os.replace(staged, dest)
