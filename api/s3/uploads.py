@@ -76,8 +76,10 @@ def _read(folder: Path) -> Upload | None:
 
 
 def create(req: S3Request) -> str:
-    """A new upload of the caller's for the request's bucket and key; its id."""
+    """A new upload of the caller's for the request's bucket and key; its id. A key the
+    store cannot hold (KeyTooLong) is refused now, not at Complete."""
     req.store.check_write(req.bucket)
+    req.store.stat(req.uri())
     upload_id = f"{time.time_ns():016x}{secrets.token_hex(8)}"[-32:]
     record = staging_file(req, "meta")
     record.write_text(json.dumps({"bucket": req.bucket, "key": req.key,

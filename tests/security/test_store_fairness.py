@@ -328,6 +328,7 @@ def test_unservable_inputs_get_s3_codes(fair: Stack) -> None:
         ("PUT", f"/{bucket}/{long_segment}", b"x", {}, 400, "KeyTooLongError"),
         ("PUT", f"/{bucket}/d/{long_segment}/k", b"x", {}, 400, "KeyTooLongError"),
         ("GET", f"/{bucket}/{long_segment}", b"", {}, 400, "KeyTooLongError"),
+        ("POST", f"/{bucket}/{long_segment}?uploads", b"", {}, 400, "KeyTooLongError"),
         ("GET", f"/{bucket}/obj", b"", {"Range": "bytes=" + "9" * 5000 + "-"}, 416,
          "InvalidRange"),
         ("GET", f"/{bucket}/obj", b"", {"Range": "bytes=0-" + "9" * 5000}, 416,
