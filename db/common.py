@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from datetime import datetime
@@ -15,19 +16,27 @@ from eaglenest.db.pagination import PageRequest, fingerprint, paginate
 from eaglenest.db.tables import Base
 from eaglenest.foundation.accounts import ResourceRef
 from eaglenest.foundation.errors import ValidationException
+from eaglenest.foundation.failure_reason import one_line
 from eaglenest.foundation.storage import StorageError, check_characters, check_segments
 
 RowT = TypeVar("RowT", bound=Base)
 
 
-#: SageMaker's longest FailureReason (its shapes' max length): a longer reason is cut here,
-#: where a status is set, never by the callers
-FAILURE_REASON_MAX = 1024
+log = logging.getLogger("eaglenest.failure")
 
 
-def failure_reason(reason: str | None) -> str | None:
-    """`reason` as stored and described: at most FAILURE_REASON_MAX characters."""
-    return None if reason is None else reason[:FAILURE_REASON_MAX]
+def failure_reason(reason: str | None, arn: str) -> str | None:
+    """`reason` as the resource `arn` stores and describes it: one line, its cause, nothing
+    of the host or of another account (foundation/failure_reason.py), applied here, where
+    every status is set, never by the callers. The reason in full goes to the log of the
+    process that sets it (the worker's) when that is not what is stored."""
+    if reason is None:
+        return None
+    ref = ResourceRef.parse(arn)
+    stored = one_line(reason, ref.account_id if ref else None)
+    if stored != reason:
+        log.warning("%s: FailureReason %r; in full: %s", arn, stored, reason)
+    return stored
 
 
 def now() -> float:

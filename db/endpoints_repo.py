@@ -85,7 +85,7 @@ def config_spec(session: Session, row: EndpointRow) -> dict[str, Any] | None:
 
 def _set(row: EndpointRow, status: str, reason: str | None = None) -> None:
     row.status = status
-    row.failure_reason = failure_reason(reason)
+    row.failure_reason = failure_reason(reason, row.arn)
     row.last_modified_time = now()
     row.owner, row.heartbeat_time = None, None
 

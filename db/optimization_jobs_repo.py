@@ -163,7 +163,7 @@ def _set(row: OptimizationJobRow, status: str, reason: str | None = None) -> Non
     row.status = status
     row.last_modified_time = t
     if reason is not None:
-        row.failure_reason = failure_reason(reason)
+        row.failure_reason = failure_reason(reason, row.arn)
     if status in TERMINAL:
         row.end_time = t
         row.owner = None

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 import time
@@ -48,6 +47,7 @@ from typing import Any
 
 from eaglenest.foundation import children
 from eaglenest.foundation.environment import child_environment
+from eaglenest.foundation.failure_reason import first_exception
 from eaglenest.foundation.threads import Registry, apply_torch, plan_threads, sharing_from_env
 
 POLL_SECONDS = 0.5
@@ -177,10 +177,10 @@ def stop_predecessor(run_dir: Path) -> None:
 
 def first_error(log: Path) -> str:
     """The first exception a rank printed (torchrun's own summary after it says nothing a
-    user can act on), else the log's tail."""
+    user can act on: foundation/failure_reason.py first_exception), else the log's tail."""
     text = log.read_bytes().decode(errors="replace")
-    found = re.search(r"^(?:\[rank\d+\]: )?([\w.]+(?:Error|Exception): .*)$", text, re.M)
-    return found.group(1)[:LOG_TAIL] if found else text[-LOG_TAIL:]
+    found = first_exception(text)
+    return found[:LOG_TAIL] if found else text[-LOG_TAIL:]
 
 
 def _pointer(ckpts: Path) -> str | None:

@@ -46,6 +46,7 @@ from eaglenest.db.common import resolve
 from eaglenest.db.tables import EndpointRow
 from eaglenest.foundation.accounts import ResourceRef
 from eaglenest.foundation.deployment import instances_of
+from eaglenest.foundation.limits import LimitError
 from eaglenest.foundation.queue import (
     ENDPOINT_CREATE_TASK,
     ENDPOINT_DELETE_TASK,
@@ -92,8 +93,8 @@ def _by_arn(run: Callable[[WorkerContext, ResourceRef], str]
 def _reason(ep: ResourceRef, exc: Exception) -> str:
     """A failed task's FailureReason: the message of a deploy/serving error as it stands,
     anything else as an internal error (logged with its traceback)."""
-    if isinstance(exc, (DeployError, ServingError)):
-        return str(exc)
+    if isinstance(exc, (DeployError, ServingError, LimitError)):  # LimitError: a stored
+        return str(exc)  # container's thread count the worker's reader refuses
     log.exception("endpoint %s: task failed", ep.name)
     return f"Internal error: {type(exc).__name__}: {exc}"
 

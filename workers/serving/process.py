@@ -13,6 +13,7 @@ import contextlib
 import functools
 import importlib.util
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -24,11 +25,14 @@ from typing import Any
 
 from eaglenest.foundation import children, input_guard, instance_auth
 from eaglenest.foundation.environment import child_environment
+from eaglenest.foundation.failure_reason import cause
 from eaglenest.foundation.limits import clamp_threads
 from eaglenest.foundation.threads import SHARING_ENV, Registry, ThreadPlan, plan_threads
 from eaglenest.models.decode.modes import DecodeMode
 from eaglenest.models.heads.registry import vllm_speculative_method
 from eaglenest.workers.serving.schedule import Schedule
+
+log = logging.getLogger("eaglenest.serving")
 
 VLLM, EMBEDDED = "vllm", "embedded"
 VLLM_RPC_ENV = "VLLM_RPC_BASE_PATH"  # where vLLM puts its ZMQ IPC sockets
@@ -269,6 +273,7 @@ class ServerProcess:
         self.record: children.ChildRecord | None = None
         self.launched_at = 0.0
         self.threads: ThreadPlan | None = None  # the share it was started with
+        self.log_start = 0  # where this launch's output begins in the (appended) log
 
     @property
     def base_url(self) -> str:
@@ -284,6 +289,7 @@ class ServerProcess:
         registry = Registry()
         extra, self.threads = thread_env(self.spec, registry)
         with open(self.log_path, "ab") as log:  # the child keeps its own copy of the fd
+            self.log_start = log.tell()
             root = Path(__file__).parents[3]  # holds the eaglenest package (-m finds it)
             self.proc, self.record = children.spawn(
                 self.spec.command(), role=self.role, resource=self.resource,
@@ -303,20 +309,30 @@ class ServerProcess:
         assert self.proc is not None, "launch() first"
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise ServingError(f"{self.spec.backend} server exited with code "
-                                   f"{self.proc.returncode}: {self.tail()}")
+                raise ServingError(self.failed(f"the model server ({self.spec.backend}) "
+                                               f"exited with code {self.proc.returncode}"))
             if instance_auth.probe(self.base_url, self.spec.secret, timeout=2):
                 return
             time.sleep(0.5)
         self.stop()
-        raise ServingError(f"{self.spec.backend} server did not answer /health within "
-                           f"{deadline - self.launched_at:.0f} s: {self.tail()}")
+        raise ServingError(self.failed(f"the model server ({self.spec.backend}) did not answer "
+                                       f"/health within {deadline - self.launched_at:.0f} s"))
+
+    def failed(self, what: str) -> str:
+        """`what` with the cause the server's log printed (its first exception), for a
+        FailureReason; the log's end goes to the worker's log."""
+        printed = self.tail(1 << 16)  # a chain's root exception may lie well above its end
+        log.warning("%s; the end of its log (%s):\n%s", what, self.log_path, printed[-8000:])
+        why = cause(printed)
+        return f"{what}: {why}" if why else f"{what} (its log's end is in the worker's log)"
 
     def tail(self, n: int = 1500) -> str:
+        """The end of what this launch printed (an earlier launch's output is not its)."""
         try:
-            return self.log_path.read_text(errors="replace")[-n:].strip()
+            text = self.log_path.read_bytes()[self.log_start:].decode(errors="replace")
         except OSError:
             return ""
+        return text[-n:].strip()
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
