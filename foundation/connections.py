@@ -17,19 +17,28 @@ protocol plus (docs/security.md, "Connections"):
   seconds of the connection opening (of the request's first byte on a kept-alive
   connection; the idle time between requests is uvicorn's keep-alive timeout). A trickle
   does not extend it. Past it: 408 and close (just a close if no byte came);
-- **body timeout**: once the headers are in, each read of the body must follow the previous
-  one within `body_timeout` seconds (not counted while the application is not reading: flow
-  control paused us, not the client). Past it: 408 (if no response started) and close; the
-  application's `receive()` returns `http.disconnect`;
+- **body timeout**: once the headers are in, the body must keep coming: no `body_timeout`
+  seconds without a byte, and on average at least `min_rate` bytes a second after the
+  first `body_timeout` seconds (foundation/pace.py; time the application is not reading is
+  not counted: flow control holds the client back then, not the client itself). Past
+  either: 408 (if no response started) and close; the application's `receive()` returns
+  `http.disconnect`;
+- **send timeout**: a response the client does not read (writing paused: our buffer is
+  full; or the application is done and the rest waits in our buffer) must drain by the
+  same two rules, with `send_timeout` for the gap. Past either the connection is reset
+  (what neither we nor the kernel delivered is dropped; a graceful close would keep it
+  until the client reads), the application's `send()` returns at once and its `receive()`
+  returns `http.disconnect`;
 - **connections**: at most `max_connections` open at once (and at most half the process's
   open-file limit: the other half is for the database, the broker, model servers and
   files), at most `max_per_address` from one client address. A connection past either cap
   first makes room by closing the one that has been idle longest of those concerned (no
-  request in the application: not yet sent its headers, between kept-alive requests, or
-  draining a body nobody reads); if every one is busy with a request, the new one gets a 503
+  request in the application and nothing of a response in our buffer: not yet sent its
+  headers, between kept-alive requests, or draining a body nobody reads); if every one is
+  busy with a request or a response in flight, the new one gets a 503
   (`ServiceUnavailable`, retried by AWS SDKs) and is closed. So idle or half-sent sockets
   never lock out a caller that sends a request, even from the same address (everything on
-  loopback is 127.0.0.1).
+  loopback is 127.0.0.1), and replies nobody reads count until the send timeout ends them.
 
 Refusals are logged at most every `REPORT_SECONDS` per kind (an attack is not a log flood).
 Error bodies are JSON with `__type` and `message`, plus `x-amzn-ErrorType`, so boto3 reads
@@ -49,6 +58,7 @@ from typing import Any, ClassVar
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from eaglenest.foundation.pace import SLOW, Clock, Pace, reset, unsent
 from eaglenest.foundation.settings import Settings
 
 log = logging.getLogger("eaglenest.connections")
@@ -71,17 +81,23 @@ class Limits:
     body_timeout: float = 20.0
     max_connections: int = 1024
     max_per_address: int = 256
+    send_timeout: float = 20.0
+    min_rate: float = 500.0  # bytes per second, bodies and responses; 0: no rate rule
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Limits:
         return cls(settings.max_header_bytes, settings.header_timeout_seconds,
                    settings.body_timeout_seconds, settings.max_connections,
-                   settings.max_connections_per_address)
+                   settings.max_connections_per_address, settings.send_timeout_seconds,
+                   settings.min_transfer_rate)
 
 
 #: the embedded model server's and the split router's: every request comes from the API's
-#: proxy (one address), so the cap per address is the server's own
-MODEL_SERVER_LIMITS = Limits(max_per_address=Limits.max_connections)
+#: proxy (one address), so the cap per address is the server's own. The proxy holds a
+#: reply up only while its own caller does, whom the API times: here a looser send clock
+#: (no rate rule, three times the gap) that never ends a stream the API still relays
+MODEL_SERVER_LIMITS = Limits(max_per_address=Limits.max_connections, send_timeout=60.0,
+                             min_rate=0.0)
 
 
 def open_file_limit() -> int | None:
@@ -182,8 +198,12 @@ class GuardedProtocol(HttpToolsProtocol):
         self.messages = 0  # requests whose last byte came
         self.quiet_since = time.monotonic()  # since when no request is in the application
         self.lingering = False
-        self.last_read = 0.0
-        self.timer: asyncio.TimerHandle | None = None
+        self.timer: asyncio.TimerHandle | None = None  # the head's or the linger's
+        self.received = 0  # body bytes received (what the body clock sees move)
+        self.sent = 0  # response bytes the client took (what the send clock sees move)
+        self.pending = 0  # unsent(transport) at the send clock's last look
+        self.body_clock: Clock | None = None  # per request; runs until its body is in
+        self.send_clock: Clock | None = None  # per connection (from its first reply)
 
     # -- connection life --------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -199,20 +219,28 @@ class GuardedProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.registry.release(self)
         self.cancel_timer()
+        if self.send_clock is not None:
+            self.send_clock.stop()
         if self.lingering:
             self.lingering = False
             self.registry.lingering -= 1
         super().connection_lost(exc)
 
     def idle(self) -> bool:
-        """No request in the application (so closing this connection loses no work)."""
+        """No request in the application and no response in our buffer (so closing this
+        connection loses no work, and frees what it held at once)."""
         busy = self.cycle is not None and not self.cycle.response_complete
-        return not (busy or self.pipeline or self.lingering)
+        return not (busy or self.pipeline or self.lingering
+                    or self.transport.get_write_buffer_size())
 
     def close_now(self) -> None:
+        """Close; with a reset if some of a response is still in our buffer (a graceful
+        close would wait for the client to read it)."""
         self.registry.release(self)
         self.cancel_timer()
-        if not self.transport.is_closing():
+        if self.transport.get_write_buffer_size():
+            reset(self.transport)
+        elif not self.transport.is_closing():
             self.transport.close()
 
     def reply_and_close(self, reply: bytes) -> None:
@@ -244,6 +272,8 @@ class GuardedProtocol(HttpToolsProtocol):
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
+        if self.body_clock is not None:
+            self.body_clock.stop()
 
     def head_timed_out(self) -> None:
         self.timer = None
@@ -258,36 +288,68 @@ class GuardedProtocol(HttpToolsProtocol):
             408, "RequestTimeout", f"Request headers not received within "
             f"{self.limits.header_timeout:g} s (EAGLENEST_HEADER_TIMEOUT_SECONDS)."))
 
-    def body_timed_out(self) -> None:
-        self.timer = None
+    def body_progress(self) -> tuple[int, bool]:
+        """The body clock's measure: bytes received; whether the client holds the body up
+        (not the application: it reads, has not paused us, waits for no 100 Continue and
+        is not answering without the rest)."""
+        cycle = self.cycle
+        waits_on_us = self.flow.read_paused or (cycle is not None and (
+            cycle.waiting_for_100_continue
+            or (cycle.response_started and not cycle.response_complete)))
+        return self.received, not waits_on_us
+
+    def body_late(self, kind: str) -> None:
         if self.in_head or self.transport.is_closing():
             return
-        waited = self.loop.time() - self.last_read
         cycle = self.cycle
-        if waited < self.limits.body_timeout:  # a read came meanwhile
-            self.arm(self.limits.body_timeout - waited, self.body_timed_out)
-            return
-        if self.flow.read_paused or (cycle is not None and (
-                cycle.waiting_for_100_continue
-                or (cycle.response_started and not cycle.response_complete))):
-            # the application is not reading (yet: the client waits for its 100 Continue),
-            # or answers without the rest: not the client's doing
-            self.arm(self.limits.body_timeout, self.body_timed_out)
-            return
         if cycle is None or cycle.response_complete:
             self.close_now()  # answered already (a body nobody reads): just close
             return
-        self.registry.reports.note("body timeouts", self.address)
-        self.reply_and_close(error_reply(
-            408, "RequestTimeout", f"No request body received for "
-            f"{self.limits.body_timeout:g} s (EAGLENEST_BODY_TIMEOUT_SECONDS)."))
+        self.registry.reports.note(f"body timeouts ({kind})", self.address)
+        self.reply_and_close(error_reply(408, "RequestTimeout", (
+            f"Request body arrived slower than {self.limits.min_rate:g} bytes/s "
+            "(EAGLENEST_MIN_TRANSFER_RATE)." if kind == SLOW else
+            f"No request body received for {self.limits.body_timeout:g} s "
+            "(EAGLENEST_BODY_TIMEOUT_SECONDS).")))
+
+    def send_progress(self) -> tuple[int, bool]:
+        """The send clock's measure: bytes the client took (what left our buffer and the
+        kernel's since the last look); whether it holds the response up (writing paused,
+        or the application done and the rest in our buffer)."""
+        pending = unsent(self.transport)
+        self.sent += max(0, self.pending - pending)
+        self.pending = pending
+        cycle = self.cycle
+        done = cycle is None or cycle.response_complete
+        return self.sent, self.flow.write_paused or (
+            done and self.transport.get_write_buffer_size() > 0)
+
+    def send_late(self, kind: str) -> None:
+        self.registry.reports.note(f"send timeouts ({kind})", self.address)
+        self.registry.release(self)
+        self.cancel_timer()
+        reset(self.transport)  # connection_lost: the application's sends end
+
+    def start_send_clock(self) -> None:
+        if self.send_clock is None:
+            self.send_clock = Clock(self.loop, Pace(self.limits.send_timeout,
+                                                    self.limits.min_rate),
+                                    self.send_progress, self.send_late)
+        if not self.send_clock.running:
+            self.pending = unsent(self.transport)
+            self.send_clock.start()
+
+    # -- output -----------------------------------------------------------------------
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        self.start_send_clock()
 
     # -- input ------------------------------------------------------------------------
     def data_received(self, data: bytes) -> None:
         if self.lingering:
             return  # answered already: read and dropped
         if not self.in_head:
-            self.last_read = self.loop.time()
+            self.received += len(data)
             super().data_received(data)
             return
         room = self.limits.max_header_bytes - self.head_bytes
@@ -317,8 +379,11 @@ class GuardedProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self.in_head = False
-        self.last_read = self.loop.time()
-        self.arm(self.limits.body_timeout, self.body_timed_out)
+        self.cancel_timer()
+        self.body_clock = Clock(self.loop, Pace(self.limits.body_timeout,
+                                                self.limits.min_rate),
+                                self.body_progress, self.body_late, keep=True)
+        self.body_clock.start()
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:
@@ -329,6 +394,8 @@ class GuardedProtocol(HttpToolsProtocol):
 
     def on_response_complete(self) -> None:
         self.quiet_since = time.monotonic()
+        if self.transport.get_write_buffer_size():  # the rest waits for the client
+            self.start_send_clock()
         super().on_response_complete()
 
 

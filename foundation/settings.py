@@ -81,8 +81,15 @@ class Settings(BaseSettings):
     #: seconds a connection has to send its request line and headers, counted from its
     #: opening (from the first byte of a kept-alive connection's next request); more: 408
     header_timeout_seconds: float = Field(default=20.0, gt=0)
-    #: seconds between two reads of a request body; more: 408 and the connection closed
+    #: seconds a request body may go without a byte; more: 408 and the connection closed
     body_timeout_seconds: float = Field(default=20.0, gt=0)
+    #: seconds a response may go without the client taking a byte of it while it waits
+    #: on the client (our buffer full, or the rest of it in our buffer); more: reset
+    send_timeout_seconds: float = Field(default=20.0, gt=0)
+    #: bytes per second a request body, and a response the client holds up, must average
+    #: after their first body / send timeout seconds (a byte every 8 s is under it); 0: no
+    #: rate rule, only the timeouts
+    min_transfer_rate: float = Field(default=500.0, ge=0)
     #: connections open at once (at most half the open-file limit); past it the longest
     #: idle one is closed to make room, or, all busy, the new one gets a 503
     max_connections: int = Field(default=1024, ge=1)

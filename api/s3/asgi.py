@@ -1,9 +1,15 @@
 """The S3 API as a plain ASGI layer ahead of everything else of the app (the runtime's
 layer, FastAPI's router): a request api/s3/routing.py takes for S3's is answered here,
-any other goes on. Errors are S3's XML (api/s3/errors.py); a HEAD's carry no body."""
+any other goes on. Errors are S3's XML (api/s3/errors.py); a HEAD's carry no body.
+
+An object's body is streamed from its file a `BLOCK` at a time, the next block read only
+once the last one left our buffer, so a reply the client does not read costs about one
+block of memory until the send timeout resets it (foundation/connections.py), and a reply
+to a caller gone away stops being read from disk."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from collections.abc import Mapping
@@ -22,7 +28,12 @@ from eaglenest.foundation.settings import Settings
 from eaglenest.foundation.storage import BucketStore, StorageError
 
 log = logging.getLogger("eaglenest.s3")
-BLOCK = 1024 * 1024
+#: the bytes of an object read from disk at a time, and so about the most a reply holds
+#: in memory while its client does not read (1024 unread replies: a quarter of a GiB)
+BLOCK = 256 * 1024
+#: an empty part of a body: uvicorn's send() waits until our buffer has drained below its
+#: low-water mark before writing anything (or returns at once, the client gone)
+_DRAINED = {"type": "http.response.body", "body": b"", "more_body": True}
 
 
 class BodyTracker:
@@ -80,7 +91,8 @@ class S3ASGI:
         if not await body.drained():
             # the rest of an unread body would be read as the next request: close instead
             reply.headers["connection"] = "close"
-        await _send(send, reply, scope["method"] == "HEAD", request_id)
+            receive = _never_told
+        await _send(send, reply, scope["method"] == "HEAD", request_id, receive)
 
     async def _answer(self, scope: Scope, receive: Receive, headers: dict[str, str],
                       query: dict[str, str]) -> Reply | S3Error:
@@ -117,8 +129,17 @@ def _base_headers(request_id: str, extra: Mapping[str, str]) -> list[tuple[bytes
     return out
 
 
-async def _send(send: Send, reply: Reply | S3Error, head: bool, request_id: str) -> None:
-    """The reply; a HEAD's without its body (its content-length is the object's)."""
+async def _never_told() -> Message:
+    """A `receive` for a request whose body is not all read: the rest is not the
+    disconnect a streamed reply watches for, so it is not read to find it."""
+    await asyncio.Event().wait()
+    raise AssertionError("unreachable")
+
+
+async def _send(send: Send, reply: Reply | S3Error, head: bool, request_id: str,
+                receive: Receive) -> None:
+    """The reply; a HEAD's without its body (its content-length is the object's). A
+    streamed one ends early when `receive` says the client is gone."""
     if isinstance(reply, S3Error):
         reply = Reply(reply.status, reply.xml(request_id),
                       {**reply.headers, "content-type": "application/xml"})
@@ -134,17 +155,36 @@ async def _send(send: Send, reply: Reply | S3Error, head: bool, request_id: str)
         await send({"type": "http.response.body", "body": b"" if head else reply.body,
                     "more_body": False})
         return
+    gone = asyncio.ensure_future(_disconnect(receive))
     try:
-        await _stream(send, reply.length, stream)
+        await _stream(send, reply.length, stream, gone)
     finally:
+        gone.cancel()
         stream.close()
 
 
-async def _stream(send: Send, left: int, reader: BinaryIO) -> None:
-    """`left` bytes of `reader`, block by block, each read in a worker thread."""
+async def _disconnect(receive: Receive) -> None:
+    """Returns once the client is gone (or the reply is complete)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _stream(send: Send, left: int, reader: BinaryIO, gone: asyncio.Future[None]
+                  ) -> None:
+    """`left` bytes of `reader`, block by block, each read in a worker thread once the
+    last one is out of our buffer; none once the client is gone."""
     while left > 0:
-        block = await run(reader.read, min(BLOCK, left))
-        if not block:
-            raise OSError("the object was cut short while it was read")
-        left -= len(block)
-        await send({"type": "http.response.body", "body": block, "more_body": left > 0})
+        await send(_DRAINED)
+        if gone.done():
+            return  # the connection is gone, and with it the rest of the reply
+        left -= await _send_block(send, reader, min(BLOCK, left), left)
+
+
+async def _send_block(send: Send, reader: BinaryIO, size: int, left: int) -> int:
+    """One block of `size` of the `left` bytes still to send (its own frame: the block is
+    not kept past the send, so our buffer holds the only copy while the client reads)."""
+    block = await run(reader.read, size)
+    if len(block) != size:
+        raise OSError("the object was cut short while it was read")
+    await send({"type": "http.response.body", "body": block, "more_body": left > size})
+    return size

@@ -2,7 +2,9 @@
 issue #35): a half-sent request is closed at the header timeout, headers over the limit get
 a 431 before they end (the API's memory stays flat), a body that stops coming gets a 408,
 idle sockets past a cap are closed to make room, busy ones past it make a new connection
-get a 503, and a signed caller is served meanwhile and afterwards.
+get a 503, and a signed caller is served meanwhile and afterwards. Issue #51: a reply nobody
+reads is a request in flight until the send timeout resets it, holding one block of the
+API's memory, and a body trickled under the body timeout is cut by the minimum rate.
 
 Runs against a real `eaglenest up` (API and broker) with small limits, from loopback
 addresses of its own (127.0.0.2...: Linux routes all of 127/8 to lo) so that the caps of
@@ -16,17 +18,27 @@ import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
-import psutil
 import pytest
-from botocore.auth import SigV4Auth
-from botocore.awsrequest import AWSRequest
-from botocore.credentials import Credentials
 
-from tests.support.stack import ACCESS_KEY, REGION, SECRET_KEY, Stack
+from tests.security.raw_http import (
+    api_process,
+    closed_within,
+    connect,
+    held_from,
+    is_open,
+    peer_closed,
+    presigned_get,
+    read_reply,
+    s3_client,
+    signed_request,
+)
+from tests.support.stack import Stack
 
 HEADER_TIMEOUT = 3.0
 BODY_TIMEOUT = 3.0
+SEND_TIMEOUT = 3.0
 PER_ADDRESS = 6
 MAX_CONNECTIONS = 16
 MAX_HEADER = 16 * 1024  # the default
@@ -42,98 +54,11 @@ def guarded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         "EAGLENEST_WORKER_QUEUES": "",
         "EAGLENEST_HEADER_TIMEOUT_SECONDS": str(HEADER_TIMEOUT),
         "EAGLENEST_BODY_TIMEOUT_SECONDS": str(BODY_TIMEOUT),
+        "EAGLENEST_SEND_TIMEOUT_SECONDS": str(SEND_TIMEOUT),
         "EAGLENEST_MAX_CONNECTIONS": str(MAX_CONNECTIONS),
         "EAGLENEST_MAX_CONNECTIONS_PER_ADDRESS": str(PER_ADDRESS)}).start()
     yield s
     s.stop()
-
-
-def connect(stack: Stack, source: str = "127.0.0.1") -> socket.socket:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        sock.bind((source, 0))
-    except OSError as exc:  # not Linux: only 127.0.0.1 is on lo
-        sock.close()
-        pytest.skip(f"cannot bind {source}: {exc}")
-    sock.settimeout(10)
-    sock.connect(("127.0.0.1", stack.port))
-    return sock
-
-
-def closed_within(sock: socket.socket, seconds: float) -> tuple[float | None, bytes]:
-    """(seconds until the server closed `sock`, or None if it did not in `seconds`; what
-    it sent before)."""
-    t0 = time.monotonic()
-    got = b""
-    while (left := seconds - (time.monotonic() - t0)) > 0:
-        sock.settimeout(left)
-        try:
-            data = sock.recv(65536)
-        except TimeoutError:
-            break
-        except ConnectionResetError:
-            return time.monotonic() - t0, got
-        if not data:
-            return time.monotonic() - t0, got
-        got += data
-    return None, got
-
-
-def is_open(sock: socket.socket) -> bool:
-    sock.settimeout(0)
-    try:
-        return sock.recv(1, socket.MSG_PEEK) != b""
-    except BlockingIOError:
-        return True
-    except OSError:
-        return False
-
-
-def signed_request(stack: Stack, body: bytes = b"{}", length: int | None = None,
-                   extra: dict[str, str] | None = None) -> bytes:
-    """A SigV4-signed ListModels as raw bytes: head (with `extra` unsigned headers, and
-    Content-Length `length`, default the body's), then the body."""
-    url = f"{stack.url}/"
-    req = AWSRequest(method="POST", url=url, data=body, headers={
-        "X-Amz-Target": "SageMaker.ListModels", "Content-Type": "application/x-amz-json-1.1"})
-    SigV4Auth(Credentials(ACCESS_KEY, SECRET_KEY), "sagemaker", REGION).add_auth(req)
-    headers = {k: v for k, v in req.headers.items() if k.lower() not in ("host", "content-length")}
-    lines = ["POST / HTTP/1.1", f"Host: 127.0.0.1:{stack.port}",
-             f"Content-Length: {len(body) if length is None else length}",
-             *(f"{k}: {v}" for k, v in {**headers, **(extra or {})}.items()), "", ""]
-    return "\r\n".join(lines).encode() + body
-
-
-def read_reply(sock: socket.socket, timeout: float = 10) -> tuple[int, bytes]:
-    """(status, body) of one response (Content-Length framed), or (0, b"") if the server
-    closed without one or sent none within `timeout`."""
-    sock.settimeout(timeout)
-    data = b""
-    try:
-        while b"\r\n\r\n" not in data:
-            chunk = sock.recv(65536)
-            if not chunk:
-                return 0, b""
-            data += chunk
-        head, _, body = data.partition(b"\r\n\r\n")
-        length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
-                       if line.lower().startswith(b"content-length:")), 0)
-        while len(body) < length:
-            chunk = sock.recv(65536)
-            if not chunk:
-                break
-            body += chunk
-    except (ConnectionResetError, TimeoutError):
-        return 0, b""
-    return int(head.split(b" ", 2)[1]), body
-
-
-def api_process(stack: Stack) -> psutil.Process:
-    assert stack.proc is not None
-    for child in psutil.Process(stack.proc.pid).children():
-        if "api" in child.cmdline():
-            return child
-    raise AssertionError("no API process under eaglenest up")
 
 
 def test_half_sent_request_is_closed_at_the_header_timeout(guarded: Stack) -> None:
@@ -282,10 +207,136 @@ def test_body_timeout_frees_a_stalled_body(guarded: Stack) -> None:
         assert BODY_TIMEOUT - 0.5 < time.monotonic() - t0 < BODY_TIMEOUT + SLACK
 
 
+
+# -- the send side, and bodies trickled under the timeout (issue #51) ---------------------
+BUCKET = "edge"
+BIG = 16 * MIB
+TAIL = 900 * 1024  # under the API's read block: the application is done with it at once
+
+
+@pytest.fixture(scope="module")
+def s3(guarded: Stack) -> Any:
+    client = s3_client(guarded)
+    client.create_bucket(Bucket=BUCKET)
+    client.put_object(Bucket=BUCKET, Key="big", Body=b"b" * BIG)
+    client.put_object(Bucket=BUCKET, Key="tail", Body=b"t" * TAIL)
+    body = client.get_object(Bucket=BUCKET, Key="big")["Body"].read()  # warms the path
+    assert len(body) == BIG
+    return client
+
+
+def _unread_gets(stack: Stack, s3: Any, source: str, key: str, count: int,
+                 pause: float = 0.0) -> list[socket.socket]:
+    socks = []
+    for _ in range(count):
+        socks.append(connect(stack, source, narrow=True))
+        socks[-1].sendall(presigned_get(stack, s3, BUCKET, key))
+        time.sleep(pause)
+    return socks
+
+
+def _all_closed(socks: list[socket.socket], seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while not all(peer_closed(s) for s in socks):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def _read_with_a_pause(sock: socket.socket, first: int, pause: float) -> tuple[int, int]:
+    """(status, body length) of a reply read `first` bytes in, then after `pause` s."""
+    sock.settimeout(10)
+    data = b""
+    while len(data) < first and (chunk := sock.recv(65536)):
+        data += chunk
+    time.sleep(pause)
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = int(next(line.split(b":", 1)[1] for line in head.split(b"\r\n")
+                      if line.lower().startswith(b"content-length:")))
+    received = len(body)
+    while received < length and (chunk := sock.recv(1 << 20)):
+        received += len(chunk)
+    return int(head.split(b" ", 2)[1]), received
+
+
+def test_unread_downloads_are_reset_at_the_send_timeout(guarded: Stack, s3: Any) -> None:
+    """PER_ADDRESS GETs of a 16 MiB object from each of 127.0.0.7 and .8, never read. They
+    are requests in flight: one more from .7 gets a 503 while boto3 is served. The API
+    keeps less than 512 KiB of each (one block read from disk at a time, the next only once
+    the last is sent), resets each at the send timeout, and reads no more of the object
+    for it; then a reader from .7 that pauses for less than the timeout halfway gets the
+    whole object."""
+    api = api_process(guarded)
+    before, read_before = api.memory_info().rss, api.io_counters().read_chars
+    socks = _unread_gets(guarded, s3, "127.0.0.7", "big", PER_ADDRESS)
+    socks += _unread_gets(guarded, s3, "127.0.0.8", "big", PER_ADDRESS)
+    t0 = time.monotonic()
+    try:
+        time.sleep(1.0)
+        grown = api.memory_info().rss - before
+        with connect(guarded, "127.0.0.7") as extra:
+            assert read_reply(extra)[0] == 503
+        assert guarded.client().list_models()["ResponseMetadata"]["HTTPStatusCode"] == 200
+        assert _all_closed(socks, SEND_TIMEOUT + 2 * SLACK), \
+            f"{sum(not peer_closed(s) for s in socks)} unread replies still open"
+        assert time.monotonic() - t0 < SEND_TIMEOUT + 2 * SLACK
+        assert grown < len(socks) * MIB // 2, grown / MIB
+        time.sleep(0.5)
+        read = api.io_counters().read_chars - read_before
+        assert read < len(socks) * 2 * MIB, read / MIB  # not the 16 MiB of each
+    finally:
+        for sock in socks:
+            sock.close()
+    with connect(guarded, "127.0.0.7") as sock:
+        sock.sendall(presigned_get(guarded, s3, BUCKET, "big"))
+        assert _read_with_a_pause(sock, MIB, SEND_TIMEOUT * 0.6) == (200, BIG)
+
+
+def test_finished_replies_nobody_reads_still_count(guarded: Stack, s3: Any) -> None:
+    """3 x PER_ADDRESS GETs of a 900 KiB object from 127.0.0.9, never read: the application
+    is done with each at once, but the reply waits in the API's buffers, so the connection
+    is still in flight. The API holds at most PER_ADDRESS of them (the others get a 503:
+    none is closed to make room, and none left open uncounted), none after the send
+    timeout."""
+    api = api_process(guarded)
+    socks = _unread_gets(guarded, s3, "127.0.0.9", "tail", 3 * PER_ADDRESS, pause=0.1)
+    try:
+        time.sleep(0.5)
+        held = held_from(api, "127.0.0.9")
+        assert held <= PER_ADDRESS, held
+        assert _all_closed(socks, SEND_TIMEOUT + 2 * SLACK)
+        assert held_from(api, "127.0.0.9") == 0
+    finally:
+        for sock in socks:
+            sock.close()
+    assert len(s3.get_object(Bucket=BUCKET, Key="tail")["Body"].read()) == TAIL
+
+
+def test_a_trickled_body_is_cut_by_the_minimum_rate(guarded: Stack) -> None:
+    """A signed request's 64-byte body sent a byte a second, every gap under the body
+    timeout: 1 byte/s is under EAGLENEST_MIN_TRANSFER_RATE, so once the body timeout has
+    passed the request gets a 408 (it used to hold its connection for 64 s)."""
+    with connect(guarded) as sock:
+        sock.sendall(signed_request(guarded, body=b"", length=64))
+        t0 = time.monotonic()
+        got, after = b"", None
+        while after is None and time.monotonic() - t0 < BODY_TIMEOUT + 2 * SLACK:
+            with contextlib.suppress(OSError):
+                sock.sendall(b" ")
+            after, data = closed_within(sock, 1.0)
+            got += data
+        elapsed = time.monotonic() - t0
+    assert got.startswith(b"HTTP/1.1 408 "), got[:200]
+    assert json.loads(got.partition(b"\r\n\r\n")[2])["__type"] == "RequestTimeout"
+    assert BODY_TIMEOUT - 0.5 < elapsed < BODY_TIMEOUT + SLACK, elapsed
+
+
 def test_limits_are_documented() -> None:
     root = Path(__file__).resolve().parents[2]
     text = (root / "docs" / "configuration.md").read_text()
     for name in ("EAGLENEST_MAX_HEADER_BYTES", "EAGLENEST_HEADER_TIMEOUT_SECONDS",
-                 "EAGLENEST_BODY_TIMEOUT_SECONDS", "EAGLENEST_MAX_CONNECTIONS",
+                 "EAGLENEST_BODY_TIMEOUT_SECONDS", "EAGLENEST_SEND_TIMEOUT_SECONDS",
+                 "EAGLENEST_MIN_TRANSFER_RATE", "EAGLENEST_MAX_CONNECTIONS",
                  "EAGLENEST_MAX_CONNECTIONS_PER_ADDRESS"):
         assert f"`{name}`" in text, name
