@@ -18,6 +18,7 @@ from pathlib import Path
 from eaglenest.foundation import children
 from eaglenest.foundation.threads import Registry, ThreadPlan
 from eaglenest.workers.serving.records import stop_servers
+from tests.support.processes import zombies_of
 
 PLAN = ThreadPlan(1, 2, 1, "auto")
 
@@ -28,18 +29,6 @@ def _wait(pred, timeout: float = 15) -> None:  # type: ignore[no-untyped-def]
         assert time.monotonic() < deadline, "condition not met in time"
         time.sleep(0.05)
 
-
-def zombies_of(parent: int) -> list[int]:
-    """The exited children of `parent` nobody has waited for."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        try:
-            fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if fields[0] == "Z" and int(fields[1]) == parent:
-            found.append(int(proc.name))
-    return found
 
 
 def test_a_zombie_is_not_counted_and_its_entry_is_removed(tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ import pytest
 
 from tests.security.conftest import ROLE, container, deploy, new_account
 from tests.support.jobs import upload
+from tests.support.processes import zombies_of
 from tests.support.stack import Stack
 
 BUDGET = 2
@@ -40,18 +41,6 @@ def worker_pid(stack: Stack) -> int:
             return int(record["pid"])
     raise AssertionError("the stack has no worker")
 
-
-def zombies_of(parent: int) -> list[int]:
-    """The exited, unreaped children of `parent`."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        try:
-            fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if fields[0] == "Z" and int(fields[1]) == parent:
-            found.append(int(proc.name))
-    return found
 
 
 def wait_status(sm, name: str, timeout: float = 240) -> dict:  # type: ignore[no-untyped-def]

@@ -19,6 +19,20 @@ def process_group_alive(pgid: int) -> bool:
     return False
 
 
+def zombies_of(parent: int) -> list[int]:
+    """The exited children of `parent` nobody has waited for (what a reaping owner leaves
+    none of)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] == "Z" and int(fields[1]) == parent:
+            found.append(int(proc.name))
+    return found
+
+
 def wait_group_gone(pgid: int, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while process_group_alive(pgid):
