@@ -11,7 +11,6 @@ from collections.abc import Iterator
 from urllib.parse import urlparse
 
 import httpx
-import psutil
 import pytest
 from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
@@ -19,6 +18,7 @@ from botocore.credentials import Credentials
 
 from eaglenest.api.bounded import MAX_JSON_DEPTH
 from eaglenest.api.runtime.checks import MAX_BODY
+from tests.security.raw_http import api_process
 from tests.support.stack import ACCESS_KEY, REGION, SECRET_KEY, Stack
 
 CONTROL_LIMIT = 8 * 1024 * 1024
@@ -41,14 +41,6 @@ def create_model_body(name: str) -> bytes:
 
 def model_exists(sm, name: str) -> bool:  # type: ignore[no-untyped-def]
     return any(m["ModelName"] == name for m in sm.list_models(MaxResults=100)["Models"])
-
-
-def api_process(stack: Stack) -> psutil.Process:
-    assert stack.proc is not None
-    for child in psutil.Process(stack.proc.pid).children():
-        if "api" in child.cmdline():
-            return child
-    raise AssertionError("no API process under eaglenest up")
 
 
 def test_unsigned_target_cannot_be_reaimed(stack: Stack, sm) -> None:  # type: ignore[no-untyped-def]
