@@ -8,14 +8,15 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
 
-from eaglenest.api import protocol, s3
-from eaglenest.api.registry import Context
+from eaglenest.api import s3
+from eaglenest.api.edge import json_protocol
+from eaglenest.api.edge.registry import Context
 from eaglenest.api.runtime import proxy
 from eaglenest.db.session import Database
 from eaglenest.foundation.accounts import Account
 from eaglenest.foundation.queue import TaskQueue
 from eaglenest.foundation.settings import Settings
-from eaglenest.foundation.storage import make_store
+from eaglenest.foundation.store.storage import make_store
 
 
 def create_app(settings: Settings, broker_url: str | None = None) -> FastAPI:
@@ -42,7 +43,7 @@ def create_app(settings: Settings, broker_url: str | None = None) -> FastAPI:
 
     app = FastAPI(title="EagleNest", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.ctx = ctx
-    protocol.install(app, ctx)
+    json_protocol.install(app, ctx)
     proxy.install(app, ctx)
     s3.install(app, ctx)  # last: ahead of every other route (api/s3/routing.py)
 

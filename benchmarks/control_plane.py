@@ -44,7 +44,7 @@ import boto3
 import httpx
 from botocore.config import Config
 
-from eaglenest.foundation.processes import free_port
+from eaglenest.foundation.host.processes import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 ACCESS_KEY = "AKIAEAGLENESTBENCH01"

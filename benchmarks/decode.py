@@ -56,7 +56,7 @@ import torch
 
 from benchmarks.head_bench import first_user_prompt, split_builtin
 from benchmarks.oracle import OracleSource
-from eaglenest.foundation.processes import free_port
+from eaglenest.foundation.host.processes import free_port
 from eaglenest.models.decode.engine import SpeculativeEngine
 from eaglenest.models.decode.kernel_cache import cpu_model
 from eaglenest.models.decode.kernels import AUTO, KernelPolicy

@@ -310,7 +310,7 @@ def _report(conc: int, got: dict[str, dict[str, float]], base_name: str,
 
 def _start_relay(url: str) -> tuple[str, subprocess.Popen[bytes]]:
     """A bare TCP relay (benchmarks.bare_relay) in front of the model server at `url`."""
-    from eaglenest.foundation.processes import free_port
+    from eaglenest.foundation.host.processes import free_port
 
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "benchmarks.bare_relay", "--port",

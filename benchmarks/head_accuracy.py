@@ -27,7 +27,7 @@ from eaglenest.models.data import (
 from eaglenest.models.data.regenerate import regenerate
 from eaglenest.models.data.split import held_out_split
 from eaglenest.models.target import Target, load_target
-from eaglenest.models.train import collate
+from eaglenest.models.training.train import collate
 
 DEFAULT_TARGET = Path.home() / ".cache" / "eaglenest" / "smollm2-135m-instruct"
 

@@ -41,7 +41,7 @@ from pathlib import Path
 
 import httpx
 
-from eaglenest.foundation.processes import free_port
+from eaglenest.foundation.host.processes import free_port
 from eaglenest.workers.jobs.loadgen import BenchConfig, LevelResult, pool, run_level_texts
 from eaglenest.workers.serving.embedded.metrics import parse_torch_threads
 from eaglenest.workers.serving.process import (
@@ -52,7 +52,7 @@ from eaglenest.workers.serving.process import (
     vllm_installed,
 )
 from eaglenest.workers.serving.schedule import Schedule, parse_schedule, read_schedule
-from eaglenest.workers.serving.split import PLAIN, SPEC, parse_routed
+from eaglenest.workers.serving.split_router import PLAIN, SPEC, parse_routed
 
 DEFAULT_SCHEDULE = "[[1,5],[4,3],[16,0]]"
 
@@ -70,7 +70,7 @@ class Row:
     ratios: list[float] = field(default_factory=list)  # by_round / the baseline's, round by round
 
 
-RESUME_SETTLE_S = 0.3  # > the governor's post-stall window (foundation/contention.py)
+RESUME_SETTLE_S = 0.3  # > the governor's post-stall window (foundation/host/contention.py)
 
 
 def _spin() -> None:
@@ -256,7 +256,7 @@ def tiny_models(out: Path) -> tuple[Path, Path]:
     from eaglenest.models.heads.registry import DEFAULT_KIND, HEADS
     from eaglenest.models.target import load_target
     from eaglenest.models.tiny import build_tiny_target
-    from eaglenest.models.train import TrainConfig
+    from eaglenest.models.training.train import TrainConfig
 
     target_dir = build_tiny_target(out / "tiny-llama", "LlamaForCausalLM")
     target = load_target(target_dir)

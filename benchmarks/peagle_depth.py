@@ -40,7 +40,7 @@ from eaglenest.models.data import Sample, encode_examples
 from eaglenest.models.heads.base import HeadBatch
 from eaglenest.models.heads.registry import EAGLE3, HEADS, PEAGLE
 from eaglenest.models.target import Capture, Target, load_target
-from eaglenest.models.train import TrainData, collate, train
+from eaglenest.models.training.train import TrainData, collate, train
 
 
 def _cpu() -> float:

@@ -194,7 +194,7 @@ def measure(frames: int, conc: int, requests: int, gap_ms: float,
     checkout, for a before/after in one run)."""
     import psutil
 
-    from eaglenest.foundation.processes import free_port
+    from eaglenest.foundation.host.processes import free_port
 
     api_port, fake_port = free_port(), free_port()
     data_dir = Path(tempfile.mkdtemp(prefix="eaglenest-proxy-"))

@@ -1,5 +1,5 @@
-"""Sequence partitioning (models/partition.py): peak memory and time of one P-EAGLE training
-step on one long sample, whole and in parts, side by side.
+"""Sequence partitioning (models/training/partition.py): peak memory and time of one P-EAGLE
+training step on one long sample, whole and in parts, side by side.
 
     python -m benchmarks.seq_partitions [--seqs 2048,4096] [--parts 1,2,4,8] [--steps 2]
 
@@ -30,16 +30,16 @@ def _peak_mib() -> float:
 
 def one(seq: int, parts: int, steps: int) -> dict[str, float]:
     """The figures of one row, in this process."""
-    from eaglenest.models import partition
     from eaglenest.models.data import BUILTIN_NAMES, encode_examples, load_examples
-    from eaglenest.models.distributed import LossFn
     from eaglenest.models.heads.base import HeadBatch
     from eaglenest.models.heads.peagle import build
     from eaglenest.models.heads.registry import HEADS
-    from eaglenest.models.optim import make_optimizer
     from eaglenest.models.prepare import cached_smollm2
     from eaglenest.models.target import load_target
-    from eaglenest.models.train import TrainConfig
+    from eaglenest.models.training import partition
+    from eaglenest.models.training.distributed import LossFn
+    from eaglenest.models.training.optim import make_optimizer
+    from eaglenest.models.training.train import TrainConfig
 
     torch.set_num_threads(2)
     target = load_target(cached_smollm2())

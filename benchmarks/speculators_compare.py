@@ -71,7 +71,7 @@ from eaglenest.models.data import Chat, Example, Sample, encode_examples, load_e
 from eaglenest.models.heads.registry import EAGLE3
 from eaglenest.models.heads.vocab import build_draft_vocab, token_counts
 from eaglenest.models.target import Target, load_target
-from eaglenest.models.train import TrainData, train
+from eaglenest.models.training.train import TrainData, train
 from eaglenest.workers.serving.process import ServingError
 
 SCRIPTS = Path(__file__).resolve().parent / "speculators_cpu"
@@ -110,7 +110,7 @@ def write_rows(path: Path, samples: list[Sample]) -> Path:
 
 
 def draft_vocab(target: Target, samples: list[Sample], size: int) -> np.ndarray:
-    """Our d2t (models.train builds the head's vocabulary the same way)."""
+    """Our d2t (models.training.train builds the head's vocabulary the same way)."""
     seqs = ([t for t, m in zip(s.input_ids, s.loss_mask, strict=True) if m] for s in samples)
     d2t, _ = build_draft_vocab(token_counts(seqs, target.vocab_size), size)
     return d2t.numpy()

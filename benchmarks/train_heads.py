@@ -42,13 +42,13 @@ import httpx
 import torch
 
 from benchmarks.head_bench import first_user_prompt, split_builtin, train_config
-from eaglenest.foundation.processes import free_port
+from eaglenest.foundation.host.processes import free_port
 from eaglenest.models.capture_cache import CaptureCache
 from eaglenest.models.checkpoint import save_head
 from eaglenest.models.data import Chat, Example, encode_examples
 from eaglenest.models.prepare import cached_smollm2
 from eaglenest.models.target import Target, load_target
-from eaglenest.models.train import TrainConfig, TrainData, train
+from eaglenest.models.training.train import TrainConfig, TrainData, train
 from eaglenest.workers.jobs.loadgen import BenchConfig, run
 from eaglenest.workers.serving.embedded.metrics import parse_spec_counters
 from eaglenest.workers.serving.process import VLLM, ServerProcess, ServerSpec

@@ -60,7 +60,7 @@ def cmd_api(args: argparse.Namespace) -> int:
     import uvicorn
 
     from eaglenest.api.app import create_app
-    from eaglenest.foundation.connections import Limits, uvicorn_options
+    from eaglenest.foundation.http.connections import Limits, uvicorn_options
 
     settings = _settings(args)
     ensure_credentials(settings)
@@ -75,7 +75,7 @@ def cmd_api(args: argparse.Namespace) -> int:
         # uvicorn's default), so a waiter never re-uses a pooled connection just as the
         # server closes it (a connection reset)
         # uvicorn_options: header size, header and body timeouts, connection caps, before
-        # any request is authenticated (foundation/connections.py)
+        # any request is authenticated (foundation/http/connections.py)
         uvicorn.run(create_app(settings, url), host=args.host, port=args.port,
                     log_level="warning", access_log=False, log_config=None,
                     timeout_keep_alive=KEEP_ALIVE_SECONDS,
@@ -100,7 +100,7 @@ def preload_training_modules() -> bool:
         import transformers
 
         import eaglenest.models.target  # noqa: F401
-        import eaglenest.models.train  # noqa: F401
+        import eaglenest.models.training.train  # noqa: F401
         import eaglenest.workers.jobs.pipeline  # noqa: F401
     except ImportError:
         return False
@@ -199,9 +199,10 @@ def build_parser() -> argparse.ArgumentParser:
 #: subcommands implemented in models/ (they import torch): parsed lazily so that `eaglenest
 #: api`, `worker` and `s3` start in a fraction of a second
 _LAZY = {
-    "train": ("eaglenest.models.cli", "train an EAGLE / EAGLE-3 / P-EAGLE draft head"),
-    "prepare-target": ("eaglenest.models.cli", "write SmolLM2-135M-Instruct as a model folder"),
-    "generate": ("eaglenest.models.decode.cli",
+    "train": ("eaglenest.models.commands", "train an EAGLE / EAGLE-3 / P-EAGLE draft head"),
+    "prepare-target": ("eaglenest.models.commands",
+                       "write SmolLM2-135M-Instruct as a model folder"),
+    "generate": ("eaglenest.models.decode.generate",
                  "generate text with the embedded speculative engine"),
 }
 

@@ -3,7 +3,7 @@
 EAGLENEST_S3_ENDPOINT_URL is set. `eaglenest s3 cp s3://bucket/key -` writes one object to
 stdout as it is read, `eaglenest s3 cp - s3://bucket/key` uploads stdin (as `aws s3 cp`).
 
-Each command acts for one account, through its view of the store (foundation/buckets.py):
+Each command acts for one account, through its view of the store (foundation/store/buckets.py):
 by default the account of the credentials file's first-start profile (`eaglenest`), else
 EAGLENEST_ACCOUNT_ID; `--profile NAME` or `--access-key ID` picks another key of the data
 dir (`eaglenest keys`). An upload claims a bucket no account owns; another account's bucket
@@ -24,9 +24,9 @@ import tempfile
 from pathlib import Path
 
 from eaglenest.cli.datadir import add_data_dir_option, require_eaglenest, settings_for
-from eaglenest.foundation.buckets import AccessDenied, AccountStore
 from eaglenest.foundation.settings import CREDENTIALS_PROFILE, Settings
-from eaglenest.foundation.storage import (
+from eaglenest.foundation.store.buckets import AccessDenied, AccountStore
+from eaglenest.foundation.store.storage import (
     ArtifactStore,
     BucketStore,
     StorageError,

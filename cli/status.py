@@ -71,7 +71,7 @@ def ignored_lines(s: Any, row: Any) -> list[str]:
 def _model_environments(s: Any, endpoint: Any) -> list[tuple[str, dict[str, str]]]:
     """(model, its serving container's Environment) of each model of the endpoint's
     config, as the endpoint's account sees them."""
-    from eaglenest.db.common import find
+    from eaglenest.db.repository import find
     from eaglenest.db.tables import EndpointConfigRow, ModelRow
 
     config = find(s, EndpointConfigRow, endpoint.config_name, account_id=endpoint.account_id)

@@ -6,8 +6,8 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from eaglenest.db import buckets, models_repo, quotas, tags_repo
-from eaglenest.db.common import check_s3_uris, find, insert_unique, now
+from eaglenest.db import bucket_claims, models_repo, quotas, tags_repo
+from eaglenest.db.repository import check_s3_uris, find, insert_unique, now
 from eaglenest.db.tables import EndpointConfigRow, ModelRow
 from eaglenest.foundation import instance_types
 from eaglenest.foundation.accounts import Account
@@ -16,7 +16,7 @@ from eaglenest.foundation.errors import (
     ValidationException,
     constraint_message,
 )
-from eaglenest.foundation.storage import BucketStore
+from eaglenest.foundation.store.storage import BucketStore
 
 
 def not_found(account: Account, name: str) -> ValidationException:
@@ -135,7 +135,7 @@ def create(session: Session, account: Account, spec: dict[str, Any],
     """With `store` (the API: always), every bucket the request names (DataCapture,
     AsyncInference outputs) must be the account's, or nobody's and the caller the default
     account (any caller for Data Capture's destination, which then becomes the account's:
-    db/buckets.py). With `limits` (the API), the account's endpoint configurations quota
+    db/bucket_claims.py). With `limits` (the API), the account's endpoint configurations quota
     (db/quotas.py)."""
     if max_instances is not None:
         _check_instance_counts(spec, max_instances)
@@ -147,7 +147,7 @@ def create(session: Session, account: Account, spec: dict[str, Any],
     name = spec["EndpointConfigName"]
     tags = tags_repo.check_new_tags(spec.pop("Tags", None) or [])
     check_s3_uris(spec)  # the store would refuse them later: refuse them now
-    refs = buckets.check(store, account, spec) if store else []
+    refs = bucket_claims.check(store, account, spec) if store else []
     row = EndpointConfigRow(
         name=name, name_key=name.lower(), arn=account.arn("endpoint-config", name),
         account_id=account.account_id,
@@ -157,7 +157,7 @@ def create(session: Session, account: Account, spec: dict[str, Any],
         f'Cannot create already existing endpoint configuration "{row.arn}".')
     insert_unique(session, row, duplicate)
     if store:
-        buckets.claim(store, account, spec, refs)
+        bucket_claims.claim(store, account, spec, refs)
     return row
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from eaglenest.db.common import locate
+from eaglenest.db.repository import locate
 from eaglenest.db.tables import EndpointRow
 
 PLACING, RETIRING = "Placing", "Retiring"

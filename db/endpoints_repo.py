@@ -17,7 +17,7 @@ change clears the owner. No endpoint stays transitional longer than the worker's
 EAGLENEST_ENDPOINT_TRANSITION_SECONDS: `time_out` ends it with a FailureReason.
 
 The web layer calls the request_* functions, by the caller's account and a name; serving
-workers call the others by the endpoint's ARN (`ref`: db/common.locate).
+workers call the others by the endpoint's ARN (`ref`: db/repository.locate).
 """
 
 from __future__ import annotations
@@ -27,15 +27,22 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from eaglenest.db import common, endpoint_configs_repo, gpu_fit, quotas, tags_repo, traffic_policy
+from eaglenest.db import (
+    endpoint_configs_repo,
+    gpu_fit,
+    quotas,
+    repository,
+    tags_repo,
+    traffic_policy,
+)
 from eaglenest.db import endpoint_retention as retention
-from eaglenest.db.common import failure_reason, find, insert_unique, locate, now
 from eaglenest.db.endpoint_spread import drop_placing, next_deployment, settled
+from eaglenest.db.repository import failure_reason, find, insert_unique, locate, now
 from eaglenest.db.tables import EndpointConfigRow, EndpointRow
 from eaglenest.foundation.accounts import Account
 from eaglenest.foundation.deployment import variant_summaries
 from eaglenest.foundation.errors import ResourceLimitExceeded, ValidationException
-from eaglenest.foundation.storage import BucketStore
+from eaglenest.foundation.store.storage import BucketStore
 
 CREATING, IN_SERVICE, UPDATING = "Creating", "InService", "Updating"
 DELETING, FAILED = "Deleting", "Failed"
@@ -325,7 +332,7 @@ def claim(session: Session, ref: str, status: str, owner: str, lease_seconds: fl
 
 def heartbeat(session: Session, ref: str, owner: str) -> str | None:
     """Refresh the owner's lease; the status, or None when gone or no longer ours."""
-    return common.heartbeat(session, EndpointRow, ref, owner)
+    return repository.heartbeat(session, EndpointRow, ref, owner)
 
 
 def release(session: Session, ref: str, owner: str) -> None:

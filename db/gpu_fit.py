@@ -44,7 +44,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from eaglenest.db.common import find
+from eaglenest.db.repository import find
 from eaglenest.db.tables import ModelRow
 from eaglenest.foundation import instance_types, server_options
 from eaglenest.foundation.accounts import Account
@@ -61,7 +61,7 @@ from eaglenest.foundation.memory_plan import (
     head_from,
     read_shape,
 )
-from eaglenest.foundation.storage import BucketStore, ObjectInfo, S3Uri, parse_uri
+from eaglenest.foundation.store.storage import BucketStore, ObjectInfo, S3Uri, parse_uri
 
 log = logging.getLogger("eaglenest.gpu_fit")
 

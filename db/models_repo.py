@@ -6,13 +6,14 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from eaglenest.db import buckets, quotas, tags_repo
-from eaglenest.db.common import check_s3_uris, find, insert_unique, now
+from eaglenest.db import bucket_claims, quotas, tags_repo
+from eaglenest.db.repository import check_s3_uris, find, insert_unique, now
 from eaglenest.db.tables import ModelRow
-from eaglenest.foundation import environment, limits, server_options
+from eaglenest.foundation import environment, server_options
 from eaglenest.foundation.accounts import Account
 from eaglenest.foundation.errors import ValidationException
-from eaglenest.foundation.storage import BucketStore
+from eaglenest.foundation.host import ceilings
+from eaglenest.foundation.store.storage import BucketStore
 
 
 def not_found(account: Account, name: str) -> ValidationException:
@@ -36,22 +37,22 @@ def _check_containers(spec: dict[str, Any]) -> None:
 def _check_environment(spec: dict[str, Any]) -> None:
     """Only allowed variables reach a model server (foundation/environment.py), its thread
     counts and lengths are within their ceilings, all the Environment maps together within
-    SageMaker's size (foundation/limits.py), and each container's options are what the
+    SageMaker's size (foundation/host/ceilings.py), and each container's options are what the
     worker's deploy reads (foundation/server_options.py check_container)."""
     containers = [("PrimaryContainer", spec.get("PrimaryContainer"))]
     containers += [(f"Containers.{i}", c)
                    for i, c in enumerate(spec.get("Containers") or [], start=1)]
     envs = {f"{where}.Environment": (c or {}).get("Environment") for where, c in containers}
     try:
-        limits.check_environment_size(envs)
+        ceilings.check_environment_size(envs)
         for where, env in envs.items():
             environment.check(env, where)
-            limits.check_model_environment(env, where, limits.host_cpus())
+            ceilings.check_model_environment(env, where, ceilings.host_cpus())
             try:
                 server_options.check_container(env or {})
             except server_options.OptionError as exc:
                 raise ValidationException(f"{where}: {exc}") from None
-    except (environment.EnvironmentRejected, limits.LimitError) as exc:
+    except (environment.EnvironmentRejected, ceilings.LimitError) as exc:
         raise ValidationException(str(exc)) from None
 
 
@@ -59,7 +60,7 @@ def create(session: Session, account: Account, spec: dict[str, Any],
            store: BucketStore | None = None, limits: quotas.Limits | None = None) -> ModelRow:
     """With `store` (the API: always), every bucket the request names must be the
     account's, or nobody's and the caller the default account; none is claimed (a model's
-    buckets are read, not written: db/buckets.py). With `limits` (the API), the account's
+    buckets are read, not written: db/bucket_claims.py). With `limits` (the API), the account's
     models quota (db/quotas.py)."""
     _check_containers(spec)
     _check_environment(spec)
@@ -68,7 +69,7 @@ def create(session: Session, account: Account, spec: dict[str, Any],
     name = spec["ModelName"]
     tags = tags_repo.check_new_tags(spec.pop("Tags", None) or [])
     check_s3_uris(spec)  # the store would refuse them later: refuse them now
-    refs = buckets.check(store, account, spec) if store else []
+    refs = bucket_claims.check(store, account, spec) if store else []
     row = ModelRow(
         name=name, name_key=name.lower(), arn=account.arn("model", name),
         account_id=account.account_id,
@@ -77,7 +78,7 @@ def create(session: Session, account: Account, spec: dict[str, Any],
     duplicate = ValidationException(f'Cannot create already existing model "{row.arn}".')
     insert_unique(session, row, duplicate)
     if store:
-        buckets.claim(store, account, spec, refs)
+        bucket_claims.claim(store, account, spec, refs)
     return row
 
 

@@ -11,7 +11,7 @@ job (`complete`, `fail`, `acknowledge_stop` take the owner and change nothing ot
 a worker that lost its lease while paused cannot finish a job another worker now runs.
 
 The API calls create / get / request_* by the caller's account and a name; workers call the
-others by the job's ARN (`ref`: db/common.locate).
+others by the job's ARN (`ref`: db/repository.locate).
 """
 
 from __future__ import annotations
@@ -21,14 +21,14 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from eaglenest.db import buckets, common, gpu_fit, models_repo, quotas, tags_repo
-from eaglenest.db.common import check_s3_uris, failure_reason, find, insert_unique, locate, now
+from eaglenest.db import bucket_claims, gpu_fit, models_repo, quotas, repository, tags_repo
+from eaglenest.db.repository import check_s3_uris, failure_reason, find, insert_unique, locate, now
 from eaglenest.db.tables import ModelRow, OptimizationJobRow
 from eaglenest.foundation import environment, instance_types, job_options
 from eaglenest.foundation.accounts import Account
 from eaglenest.foundation.errors import ResourceInUse, ResourceNotFound, ValidationException
-from eaglenest.foundation.limits import host_cpus
-from eaglenest.foundation.storage import BucketStore
+from eaglenest.foundation.host.ceilings import host_cpus
+from eaglenest.foundation.store.storage import BucketStore
 
 STARTING, INPROGRESS, COMPLETED = "STARTING", "INPROGRESS", "COMPLETED"
 FAILED, STOPPING, STOPPED = "FAILED", "STOPPING", "STOPPED"
@@ -120,7 +120,7 @@ def create(session: Session, account: Account, spec: dict[str, Any],
            store: BucketStore | None = None) -> OptimizationJobRow:
     """With `store` (the API: always), every bucket the request names (model, data, head,
     output) must be the account's, or nobody's and the caller the default account (any
-    caller for the output); the output bucket becomes the account's (db/buckets.py). The
+    caller for the output); the output bucket becomes the account's (db/bucket_claims.py). The
     OptimizationEnvironment's server options, and with `store` the fit of the job's
     benchmark server on its DeploymentInstanceType's GPUs (db/gpu_fit.py), are checked
     before the row is written."""
@@ -130,7 +130,7 @@ def create(session: Session, account: Account, spec: dict[str, Any],
     name = spec["OptimizationJobName"]
     tags = tags_repo.check_new_tags(spec.pop("Tags", None) or [])
     check_s3_uris(spec)  # the store would refuse them later: refuse them now
-    refs = buckets.check(store, account, spec) if store else []
+    refs = bucket_claims.check(store, account, spec) if store else []
     gpu_fit.check_job(session, account, spec, store)
     t = now()
     row = OptimizationJobRow(
@@ -141,14 +141,14 @@ def create(session: Session, account: Account, spec: dict[str, Any],
     )
     insert_unique(session, row, ResourceInUse(f"Optimization job {name} already exists."))
     if store:
-        buckets.claim(store, account, spec, refs)
+        bucket_claims.claim(store, account, spec, refs)
     return row
 
 
 def get(session: Session, name: str, *, lock: bool = False,
         account: Account | None = None) -> OptimizationJobRow:
     """The API's: `account`'s job named `name`. Without `account` (a worker's), the job
-    `name` refers to as db/common.locate reads it (its ARN)."""
+    `name` refers to as db/repository.locate reads it (its ARN)."""
     if account is not None:
         row = find(session, OptimizationJobRow, name, lock=lock, account_id=account.account_id)
     else:
@@ -219,7 +219,7 @@ def claim(session: Session, ref: str, owner: str) -> OptimizationJobRow | None:
 
 def heartbeat(session: Session, ref: str, owner: str) -> str | None:
     """Refresh the lease; return the job's status (None if deleted or not ours)."""
-    return common.heartbeat(session, OptimizationJobRow, ref, owner)
+    return repository.heartbeat(session, OptimizationJobRow, ref, owner)
 
 
 def record_progress(session: Session, ref: str, owner: str, progress: dict[str, Any]) -> bool:

@@ -25,10 +25,10 @@ from sqlalchemy import delete, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from eaglenest.db.common import now
+from eaglenest.db.repository import now
 from eaglenest.db.tables import EndpointRow, GpuHoldingRow, OptimizationJobRow, WorkerRow
-from eaglenest.foundation.children import BOOT, HOST, Identity
-from eaglenest.foundation.gpus import Gpu
+from eaglenest.foundation.host.children import BOOT, HOST, Identity
+from eaglenest.foundation.host.gpus import Gpu
 
 #: job statuses whose GPUs stay held (the job runs, or is being placed / handed back)
 _JOB_HOLDS = ("STARTING", "INPROGRESS", "STOPPING")

@@ -7,7 +7,7 @@ run, so a key holder must not be able to start an unbounded number of them, nor 
 GPU of a shared fleet, nor fill the database with rows. What each counts:
 - instances: an endpoint's model servers, and for each job not yet ended one instance per
   GPU of its DeploymentInstanceType or per training process (EAGLENEST_TRAIN_PROCESSES),
-  whichever is more (foundation/limits.py job_instances);
+  whichever is more (foundation/host/ceilings.py job_instances);
 - GPUs: each endpoint instance holds the GPUs of its variant's InstanceType, each job not
   yet ended those of its DeploymentInstanceType (foundation/instance_types.py; a CPU type or
   a serverless variant: none);
@@ -25,8 +25,8 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from eaglenest.db.common import find
 from eaglenest.db.endpoint_retention import PENDING_OVERRIDES
+from eaglenest.db.repository import find
 from eaglenest.db.tables import (
     Base,
     EndpointConfigRow,
@@ -37,7 +37,7 @@ from eaglenest.db.tables import (
 from eaglenest.foundation import instance_types
 from eaglenest.foundation.accounts import Account
 from eaglenest.foundation.errors import ResourceLimitExceeded
-from eaglenest.foundation.limits import job_instances
+from eaglenest.foundation.host.ceilings import job_instances
 from eaglenest.foundation.settings import Settings
 
 

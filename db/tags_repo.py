@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from eaglenest.db.common import find
+from eaglenest.db.repository import find
 from eaglenest.db.tables import Base, EndpointConfigRow, EndpointRow, ModelRow, OptimizationJobRow
 from eaglenest.foundation.accounts import Account
 from eaglenest.foundation.errors import ValidationException

@@ -1,8 +1,9 @@
 """AWS error shapes.
 
 Every failure the control plane reports is a :class:`ServiceError`; one exception handler
-(`api.protocol`) renders it as ``{"__type": code, "message": message}``. botocore reads the
-code only from ``__type`` for the json protocol, so the HTTP status never chooses the code.
+(`api.edge.json_protocol`) renders it as ``{"__type": code, "message": message}``. botocore
+reads the code only from ``__type`` for the json protocol, so the HTTP status never chooses
+the code.
 Deterministic failures use 400 (or 403 for auth): boto3 retries 429 and 5xx five times.
 """
 

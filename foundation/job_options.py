@@ -7,14 +7,14 @@ field's parser takes the variable's string and raises ``OptionError`` naming the
 Unknown variables are ignored.
 
 Contract:
-- `parse_job_options(env)`: every variable's own check (ranges from foundation/limits.py
+- `parse_job_options(env)`: every variable's own check (ranges from foundation/host/ceilings.py
   JOB_RANGES and here, flags, lists, the dtype's spellings); the first bad one raises
   OptionError with its message, which is the job's FailureReason as it stands.
 - `check_create(env, where, cpus, gpus, instance_type)`: CreateOptimizationJob's check:
   `parse_job_options`, then what Create knows of the host the job will run on:
   EAGLENEST_TRAIN_PROCESSES at most the GPUs of its DeploymentInstanceType,
   EAGLENEST_DEVICE=cuda only on a type with GPUs (the job's own: workers/jobs/placing.py),
-  thread counts within the API host's CPUs (foundation/limits.py check_threads).
+  thread counts within the API host's CPUs (foundation/host/ceilings.py check_threads).
 - What only the worker knows (the head kinds of models/heads/registry.py, which the control
   plane does not import) is checked by the worker's `parse_options`
   (workers/jobs/options.py) after this parser.
@@ -36,7 +36,7 @@ from pydantic import (
 )
 
 from eaglenest.foundation.dtypes import DtypeError, normalize
-from eaglenest.foundation.limits import (
+from eaglenest.foundation.host.ceilings import (
     JOB_RANGES,
     THREAD_OPTIONS,
     LimitError,
@@ -61,7 +61,7 @@ def _variable(info: ValidationInfo) -> str:
 
 
 def _int(name: str, raw: str, lo: int, hi: int) -> int:
-    """foundation/limits.py's parser: CreateOptimizationJob read the value the same way."""
+    """foundation/host/ceilings.py's parser: CreateOptimizationJob read the value the same way."""
     try:
         return parse_int(name, raw, lo, hi)
     except LimitError as exc:
@@ -83,7 +83,7 @@ def _between(lo: int, hi: int) -> BeforeValidator:
 
 
 def _limited(name: str) -> BeforeValidator:
-    """The range foundation/limits.py gives `name` (checked at Create too)."""
+    """The range foundation/host/ceilings.py gives `name` (checked at Create too)."""
     return _between(*JOB_RANGES[name])
 
 
@@ -163,7 +163,7 @@ class JobOptions(BaseModel):
     #: draft decoder layers (kinds with HeadSpec.multi_layer)
     num_layers: Annotated[int, _between(1, 16), Field(alias="EAGLENEST_NUM_LAYERS")] = 1
     #: a step's anchors in this many parts, a backward each (kinds with HeadSpec.partitions:
-    #: models/partition.py): the same training in the memory of one part, for long samples
+    #: models/training/partition.py): the same training in the memory of one part, for long samples
     seq_partitions: Annotated[int, _between(1, 64),
                               Field(alias="EAGLENEST_SEQ_PARTITIONS")] = 1
     checkpoint_every: Annotated[int, _between(0, 10_000_000),

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from eaglenest.foundation.dtypes import AUTO, BYTES, FLOAT32, checkpoint_dtype, for_gpu
-from eaglenest.foundation.gpus import MEMORY_TOLERANCE
+from eaglenest.foundation.host.gpus import MEMORY_TOLERANCE
 from eaglenest.foundation.instance_types import InstanceType
 
 GIB = 2**30
@@ -248,7 +248,7 @@ class Gpus:
 def gpus_of_type(itype: InstanceType, count: int | None = None) -> Gpus:
     """The GPUs of `itype` (`count` of them: what one process holds, default all) as a plan
     sees them: each the least memory a GPU of the type may report and still hold it
-    (foundation/gpus.py MEMORY_TOLERANCE: an A10G "24 GiB" reports 22.5), so Create and the
+    (foundation/host/gpus.py MEMORY_TOLERANCE: an A10G "24 GiB" reports 22.5), so Create and the
     worker plan alike whatever the host's GPU reports."""
     n = itype.accelerators if count is None else count
     return Gpus(n, int(itype.memory_gib * MEMORY_TOLERANCE * GIB), itype.compute_capability,

@@ -32,7 +32,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from eaglenest.foundation.dtypes import AUTO, DtypeError, normalize
-from eaglenest.foundation.limits import LimitError, check_length
+from eaglenest.foundation.host.ceilings import LimitError, check_length
 from eaglenest.foundation.memory_plan import (
     CPU_MAX_MODEL_LEN,
     Gpus,
@@ -79,7 +79,7 @@ def _first(env: Mapping[str, str], names: tuple[str, ...]) -> tuple[str, str] | 
 
 def _positive(name: str, raw: str, most: int | None = None) -> int:
     """A positive integer; over `most` (None: EagleNest's longest max model length)
-    refused with foundation/limits.py's words, as CreateModel refuses it."""
+    refused with foundation/host/ceilings.py's words, as CreateModel refuses it."""
     if not (raw.isascii() and raw.isdigit()) or int(raw) < 1:
         raise OptionError(f"{name}={raw!r} must be a positive integer")
     if most is None:

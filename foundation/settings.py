@@ -73,7 +73,7 @@ class Settings(BaseSettings):
     #: seconds sagemaker-runtime waits for a model server's next bytes (SageMaker: 60 s)
     invocation_timeout_seconds: float = Field(default=60.0, gt=0)
     # -- connection limits of the API, both planes, before any request is authenticated
-    # (foundation/connections.py; docs/security.md, "Connections") --
+    # (foundation/http/connections.py; docs/security.md, "Connections") --
     #: the largest request line plus headers (bytes; more: 431 before the rest is read).
     #: The largest boto3 request's, every runtime header at its maximum and a 4 KiB session
     #: token, is about 8.6 KB; Node.js and h11 stop at 16 KiB too
@@ -134,7 +134,7 @@ class Settings(BaseSettings):
     max_models: Quota = 100
     max_endpoint_configs: Quota = 100
     max_optimization_jobs: Quota = 100
-    # -- resources a request multiplies (foundation/limits.py; docs/security.md, "Ceilings
+    # -- resources a request multiplies (foundation/host/ceilings.py; docs/security.md, "Ceilings
     # and disk quotas") --
     #: a worker's host runs at most this many compute processes (model servers, training
     #: ranks); one that would start more fails the transition or job. 0: four per usable
@@ -158,7 +158,7 @@ class Settings(BaseSettings):
     #: a train worker's default for jobs that do not set EAGLENEST_TRAIN_PROCESSES: >1 trains
     #: each job's head data-parallel in that many processes (torchrun DDP, one per GPU)
     train_processes: int = Field(default=1, ge=1, le=64)
-    #: the worker's GPUs (foundation/gpus.py): empty = every GPU it sees, ``none``, indexes
+    #: the worker's GPUs (foundation/host/gpus.py): empty = every GPU it sees, ``none``, indexes
     #: such as ``0,1``, or a declared inventory such as ``4x24GiB``
     gpus: str = ""
     #: this host's name in the GPU inventory and its placement queues (``serve.<host>``);

@@ -50,7 +50,7 @@ TARGET_LM_HEAD = "lm_head.weight"  # a head without its own vocabulary uses the 
 
 if TYPE_CHECKING:
     from eaglenest.models.target import Target
-    from eaglenest.models.train import TrainConfig
+    from eaglenest.models.training.train import TrainConfig
 
 
 def head_kind(head: nn.Module) -> str:

@@ -3,7 +3,7 @@
     data = shard_train_data(folder, device)  # TrainData: stand-in target, samples, shards
     train(config, data, device)              # the same run as with the live target
     shard_train_data(folder, heldout=True)   # also the held-out split, for the held-out
-                                             # accuracy (models/evaluate.py ``HeldOut``)
+                                             # accuracy (models/training/evaluate.py ``HeldOut``)
 
 ``ShardTarget`` is a ``Target`` holding only what heads and losses use of the target: its
 config, tokenizer, input embeddings and lm_head (read from the capture's target/ folder; the
@@ -15,7 +15,7 @@ from ``last_hidden`` with the lm_head, as the in-process ``CaptureCache`` does.
 
 Files opened: the samples come from the split's samples.safetensors, and a shard file is
 opened only when one of its samples is asked for. ``ShardSource.groups`` lists the samples
-of each shard file, which is how data-parallel training (models/batches.py ``RankStream``)
+of each shard file, which is how data-parallel training (models/training/batches.py ``RankStream``)
 keeps each rank to its own shard files.
 """
 
@@ -43,7 +43,7 @@ from eaglenest.models.capture_shards import (
 )
 from eaglenest.models.data.template import Sample
 from eaglenest.models.target import Capture, Target
-from eaglenest.models.train import TrainData
+from eaglenest.models.training.train import TrainData
 
 
 class _Ends(nn.Module):

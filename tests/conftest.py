@@ -15,7 +15,7 @@ from tests.support.stack import ACCESS_KEY, REGION, SECRET_KEY, Stack
 
 @pytest.fixture(scope="session", autouse=True)
 def compute_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """The suite's own registry of compute processes (foundation/threads.py): thread shares
+    """The suite's own registry of compute processes (foundation/host/threads.py): thread shares
     in tests count the suite's model servers, not those of whatever else runs on the host."""
     import os
 

@@ -63,11 +63,11 @@ def test_nothing_imports_a_bare_top_level_folder():
 
 
 def test_the_scan_catches_bare_names():
-    code = ("import models.train\nfrom api import app\nfrom .x import y\n"
+    code = ("import models.training.train\nfrom api import app\nfrom .x import y\n"
             "cmd = ['python', '-m', 'workers.cli']\nimportlib.import_module('db.session')\n"
             "from eaglenest.api import app\nimport modelsx\n")
     assert [name for _, name in bare_references(ast.parse(code))] == [
-        "models.train", "api", "-m workers.cli", "db.session"]
+        "models.training.train", "api", "-m workers.cli", "db.session"]
 
 
 def test_eaglenest_links_every_folder():

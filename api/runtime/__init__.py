@@ -2,7 +2,7 @@
 
     POST /endpoints/{name}/invocations[-response-stream]
      |  proxy.RuntimeASGI      plain ASGI ahead of FastAPI's router (proxy.install puts it
-     |                         there); SigV4 as for the control plane (api.sigv4)
+     |                         there); SigV4 as for the control plane (api.edge.sigv4)
      |  routes.Routes          endpoint -> variant (weight or TargetVariant) -> instance
      |                         (round-robin); rows cached from the database, re-read in the
      |                         background while in use

@@ -16,7 +16,7 @@ Durability contract:
 - Spool files an API process left behind (killed, or its upload failed) are uploaded by the
   next CaptureWriter on the same spool directory once that process is gone.
 - Each record is written for the endpoint's account, through its view of the store
-  (foundation/buckets.py): a destination bucket another account owns (one that changed
+  (foundation/store/buckets.py): a destination bucket another account owns (one that changed
   owner after CreateEndpointConfig) is refused, and its spool file dropped with a warning.
 """
 
@@ -34,11 +34,11 @@ from pathlib import Path
 from typing import IO, Any
 
 from eaglenest.api.runtime import disk_quota
-from eaglenest.foundation.buckets import AccessDenied, AccountStore
-from eaglenest.foundation.children import Identity
-from eaglenest.foundation.loops import Loop
+from eaglenest.foundation.host.children import Identity
+from eaglenest.foundation.host.loops import Loop
 from eaglenest.foundation.settings import Settings
-from eaglenest.foundation.storage import BucketStore, parse_uri
+from eaglenest.foundation.store.buckets import AccessDenied, AccountStore
+from eaglenest.foundation.store.storage import BucketStore, parse_uri
 
 log = logging.getLogger("eaglenest.capture")
 
@@ -67,7 +67,7 @@ class CaptureWriter:
         self._open: dict[tuple[str, str, str, str, str], _Spool] = {}
         self._lock = threading.Lock()
         self._upload_lock = threading.Lock()
-        # the flush thread survives whatever a round raises (foundation/loops.py): logged,
+        # the flush thread survives whatever a round raises (foundation/host/loops.py): logged,
         # retried after a back-off; what was spooled waits on disk for that round
         self._loop = Loop("capture-flush", self._round, min(flush_seconds, 5.0), first=True,
                           logger=log).start()

@@ -9,7 +9,7 @@ Contract:
   - EAGLENEST_MAX_CAPTURE_SPOOL_BYTES: the account's records spooled on this API host and
     not yet in the store (every API process's files under the writer's spool directory:
     the ones being filled and the rolled ones waiting for an upload that failed);
-  - EAGLENEST_MAX_STORED_BYTES: the account's bytes in the store (foundation/disk_usage.py
+  - EAGLENEST_MAX_STORED_BYTES: the account's bytes in the store (foundation/store/disk_usage.py
     account_bytes: its buckets, uploaded captures included) plus its spool.
   Capturing resumes by itself once uploads (the spool) or deletions (the store) free room.
 - Cheap on the request path: the spool directory is rescanned at most every
@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from eaglenest.foundation.disk_usage import account_bytes
 from eaglenest.foundation.settings import Settings
+from eaglenest.foundation.store.disk_usage import account_bytes
 
 log = logging.getLogger("eaglenest.capture")
 SCAN_SECONDS = 1.0

@@ -36,10 +36,10 @@ from fastapi import FastAPI
 from starlette.datastructures import URL
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from eaglenest.api.bounded import SignedRequest, read_signed
-from eaglenest.api.keyring import KeyRing
+from eaglenest.api.edge.bounded import SignedRequest, read_signed
+from eaglenest.api.edge.keyring import KeyRing
+from eaglenest.api.edge.registry import Context
 from eaglenest.api.observability import ApiMetrics
-from eaglenest.api.registry import Context
 from eaglenest.api.runtime import disk_quota, eventstream
 from eaglenest.api.runtime.bodies import (
     LMI,
@@ -56,15 +56,15 @@ from eaglenest.api.runtime.relay import FrameRelay
 from eaglenest.api.runtime.routes import Route, Routes
 from eaglenest.foundation import queue as q
 from eaglenest.foundation.accounts import ResourceRef
-from eaglenest.foundation.asgi import body_chunks, reply
-from eaglenest.foundation.backend_http import (
+from eaglenest.foundation.errors import ServiceError
+from eaglenest.foundation.http.asgi import body_chunks, reply
+from eaglenest.foundation.http.backend_client import (
     BackendClient,
     BackendConnectError,
     BackendError,
     BackendResponse,
 )
-from eaglenest.foundation.errors import ServiceError
-from eaglenest.foundation.storage import make_store
+from eaglenest.foundation.store.storage import make_store
 
 log = logging.getLogger("eaglenest.runtime")
 Headers = list[tuple[bytes, bytes]]

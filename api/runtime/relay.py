@@ -27,7 +27,7 @@ from starlette.types import Message, Send
 
 from eaglenest.api.runtime import eventstream
 from eaglenest.api.runtime.bodies import chunk_text
-from eaglenest.foundation.backend_http import BackendError, BackendResponse
+from eaglenest.foundation.http.backend_client import BackendError, BackendResponse
 
 
 def send_now(send: Send, message: Message) -> asyncio.Future[None] | None:

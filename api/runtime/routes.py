@@ -21,11 +21,11 @@ from typing import Any
 
 from fastapi.concurrency import run_in_threadpool
 
-from eaglenest.api.registry import Context
+from eaglenest.api.edge.registry import Context
 from eaglenest.api.runtime.bodies import RuntimeValidationError
-from eaglenest.db.common import find
 from eaglenest.db.endpoint_retention import capture_config
 from eaglenest.db.endpoints_repo import SHIFT
+from eaglenest.db.repository import find
 from eaglenest.db.tables import EndpointConfigRow, EndpointRow
 from eaglenest.foundation.deployment import instances_of
 
@@ -45,7 +45,7 @@ class Route:
         self.status, self.cached = status, cached
         #: the endpoint's ARN: what a recovery task is sent with
         self.arn = arn
-        #: url -> the instance's secret (foundation/instance_auth.py)
+        #: url -> the instance's secret (foundation/http/instance_auth.py)
         self.secrets = secrets or {}
 
 

@@ -13,12 +13,12 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from eaglenest.api.keyring import KeyRing
-from eaglenest.api.registry import Context
+from eaglenest.api.edge.keyring import KeyRing
+from eaglenest.api.edge.registry import Context
 from eaglenest.api.s3.asgi import S3ASGI
 from eaglenest.api.s3.uploads import sweep_forever
 from eaglenest.foundation.settings import Settings
-from eaglenest.foundation.storage import make_store
+from eaglenest.foundation.store.storage import make_store
 
 
 def install(app: FastAPI, ctx: Context) -> None:

@@ -4,7 +4,7 @@ any other goes on. Errors are S3's XML (api/s3/errors.py); a HEAD's carry no bod
 
 An object's body is streamed from its file a `BLOCK` at a time, the next block read only
 once the last one left our buffer, so a reply the client does not read costs about one
-block of memory until the send timeout resets it (foundation/connections.py), and a reply
+block of memory until the send timeout resets it (foundation/http/connections.py), and a reply
 to a caller gone away stops being read from disk."""
 
 from __future__ import annotations
@@ -17,15 +17,15 @@ from typing import BinaryIO
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from eaglenest.api.keyring import KeyRing
+from eaglenest.api.edge.keyring import KeyRing
 from eaglenest.api.s3 import routing
-from eaglenest.api.s3.common import run
 from eaglenest.api.s3.errors import S3Error, from_auth, from_storage
 from eaglenest.api.s3.request import Reply, S3Request
-from eaglenest.foundation.buckets import AccountStore
+from eaglenest.api.s3.store_access import run
 from eaglenest.foundation.errors import ServiceError
 from eaglenest.foundation.settings import Settings
-from eaglenest.foundation.storage import BucketStore, StorageError
+from eaglenest.foundation.store.buckets import AccountStore
+from eaglenest.foundation.store.storage import BucketStore, StorageError
 
 log = logging.getLogger("eaglenest.s3")
 #: the bytes of an object read from disk at a time, and so about the most a reply holds

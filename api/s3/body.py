@@ -15,7 +15,7 @@ Contract:
   `on_bytes(n)` is called as each piece arrives, before it is written (the quota:
   api/s3/quota.py Meter.add, which may refuse it). On any failure the file is removed.
 - `read_small` reads an XML body (CompleteMultipartUpload, DeleteObjects, CreateBucket)
-  up to Settings.max_request_bytes (api/bounded.py), checking its SHA-256 the same way.
+  up to Settings.max_request_bytes (api/edge/bounded.py), checking its SHA-256 the same way.
 """
 
 from __future__ import annotations
@@ -28,10 +28,10 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from eaglenest.api.bounded import declared_length
+from eaglenest.api.edge.bounded import declared_length
+from eaglenest.api.edge.sigv4 import Claim, chunk_signature
 from eaglenest.api.s3.errors import S3Error
 from eaglenest.api.s3.request import S3Request
-from eaglenest.api.sigv4 import Claim, chunk_signature
 
 UNSIGNED = "UNSIGNED-PAYLOAD"
 SIGNED_STREAMING = ("STREAMING-AWS4-HMAC-SHA256-PAYLOAD",

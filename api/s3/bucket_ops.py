@@ -5,10 +5,10 @@ HeadBucket, DeleteBucket (empty ones, the caller's), GetBucketLocation."""
 from __future__ import annotations
 
 from eaglenest.api.s3.body import read_small
-from eaglenest.api.s3.common import require_bucket, run
 from eaglenest.api.s3.errors import S3Error
 from eaglenest.api.s3.request import Reply, S3Request, iso_time, node, root, xml_reply
-from eaglenest.foundation.buckets import BucketTaken
+from eaglenest.api.s3.store_access import require_bucket, run
+from eaglenest.foundation.store.buckets import BucketTaken
 
 
 async def list_buckets(req: S3Request) -> Reply:

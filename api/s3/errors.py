@@ -8,14 +8,19 @@ from __future__ import annotations
 
 from xml.sax.saxutils import escape
 
-from eaglenest.foundation.buckets import AccessDenied, TooManyBuckets
-from eaglenest.foundation.disk_usage import StoredBytesExceeded
 from eaglenest.foundation.errors import (
     InvalidSignatureException,
     ServiceError,
     UnrecognizedClientException,
 )
-from eaglenest.foundation.storage import BucketNotEmpty, KeyTooLong, NoSuchBucket, StorageError
+from eaglenest.foundation.store.buckets import AccessDenied, TooManyBuckets
+from eaglenest.foundation.store.disk_usage import StoredBytesExceeded
+from eaglenest.foundation.store.storage import (
+    BucketNotEmpty,
+    KeyTooLong,
+    NoSuchBucket,
+    StorageError,
+)
 
 #: code -> HTTP status, as S3 answers each
 STATUS = {
@@ -47,7 +52,7 @@ class S3Error(ServiceError):
 
 
 def from_auth(exc: ServiceError, resource: str) -> S3Error:
-    """S3's code for a SigV4 failure (api/sigv4.py raises the JSON protocols' codes)."""
+    """S3's code for a SigV4 failure (api/edge/sigv4.py raises the JSON protocols' codes)."""
     if isinstance(exc, UnrecognizedClientException):
         return S3Error("InvalidAccessKeyId", "The AWS Access Key Id you provided does not "
                        "exist in our records.", resource)

@@ -13,10 +13,10 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from urllib.parse import quote
 
-from eaglenest.api.s3.common import require_bucket, run
 from eaglenest.api.s3.errors import S3Error
 from eaglenest.api.s3.request import Reply, S3Request, iso_time, node, root, xml_reply
-from eaglenest.foundation.storage import ObjectInfo, S3Uri
+from eaglenest.api.s3.store_access import require_bucket, run
+from eaglenest.foundation.store.storage import ObjectInfo, S3Uri
 
 MAX_KEYS = 1000
 

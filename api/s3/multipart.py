@@ -4,7 +4,7 @@ AbortMultipartUpload, ListParts, ListMultipartUploads.
 Uploads are staged outside the store (api/s3/uploads.py: per account, only the account
 that created one sees or uses it). A part's bytes count against the account's quota as they
 arrive (api/s3/quota.py) and stay counted until Complete moves them into the store (the
-parts named, in order, into one file, renamed into place whole: foundation/storage.py
+parts named, in order, into one file, renamed into place whole: foundation/store/storage.py
 adopt_file, the bucket's owner checked as it is) or Abort removes them. Uploads idle longer
 than EAGLENEST_MULTIPART_MAX_AGE are aborted by the API's sweeper. The listings page as
 S3's do: ListParts by part-number-marker, ListMultipartUploads by key-marker and
@@ -22,13 +22,13 @@ from typing import Any
 
 from eaglenest.api.s3 import uploads
 from eaglenest.api.s3.body import expected_size, read_small, receive_object
-from eaglenest.api.s3.common import MAX_OBJECT, MIN_PART, require_bucket, run, staging_file
 from eaglenest.api.s3.errors import S3Error
 from eaglenest.api.s3.objects import adopt
 from eaglenest.api.s3.quota import LEDGER, Meter
 from eaglenest.api.s3.request import Reply, S3Request, iso_time, node, parse_xml, root, xml_reply
+from eaglenest.api.s3.store_access import MAX_OBJECT, MIN_PART, require_bucket, run, staging_file
 from eaglenest.api.s3.upload_pages import list_uploads, owner_nodes
-from eaglenest.foundation.disk_usage import UPLOAD_OVERHEAD
+from eaglenest.foundation.store.disk_usage import UPLOAD_OVERHEAD
 
 __all__ = ["abort_upload", "complete_upload", "create_upload", "list_parts", "list_uploads",
            "upload_part"]

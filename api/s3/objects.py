@@ -4,7 +4,7 @@ DeleteObjects, CopyObject. Every store call goes through the caller's account vi
 A write (PutObject, CopyObject) is checked before its body is read (the bucket, the
 caller's right to write into it, the quota for a declared size), received into a staging
 file as it arrives (counted against the quota as it comes: api/s3/quota.py), and then made
-the object at once, the bucket's owner checked again as it is (foundation/storage.py
+the object at once, the bucket's owner checked again as it is (foundation/store/storage.py
 adopt_file): a bucket deleted and re-created by another account meanwhile is AccessDenied,
 one deleted NoSuchBucket, and nothing is written."""
 
@@ -16,7 +16,6 @@ from pathlib import Path
 from urllib.parse import unquote
 
 from eaglenest.api.s3.body import expected_size, read_small, receive_object
-from eaglenest.api.s3.common import MAX_OBJECT, require_bucket, run, staging_file
 from eaglenest.api.s3.errors import S3Error, from_storage, no_such_key
 from eaglenest.api.s3.quota import Meter
 from eaglenest.api.s3.request import (
@@ -30,7 +29,8 @@ from eaglenest.api.s3.request import (
     root,
     xml_reply,
 )
-from eaglenest.foundation.storage import ObjectInfo, S3Uri, StorageError, parse_uri
+from eaglenest.api.s3.store_access import MAX_OBJECT, require_bucket, run, staging_file
+from eaglenest.foundation.store.storage import ObjectInfo, S3Uri, StorageError, parse_uri
 
 _RANGE = re.compile(r"^bytes=([0-9]*)-([0-9]*)$")
 #: the most digits a Range position may have (2**63 has 19): more is InvalidRange

@@ -1,6 +1,6 @@
 """The stored-bytes quota (EAGLENEST_MAX_STORED_BYTES) on the S3 API's writes.
 
-What an account uses, here: the objects of the buckets it owns (foundation/disk_usage.py
+What an account uses, here: the objects of the buckets it owns (foundation/store/disk_usage.py
 account_bytes), its multipart uploads in progress (staged_bytes), and the bodies of its
 requests still arriving in this API process (reserved in `LEDGER` as they arrive).
 
@@ -21,7 +21,7 @@ Contract (`Meter`, one per write):
 - what the write replaces (the object's or the part's former bytes, `replaced`) does not
   count; the reservation is released at commit or when the meter closes (`with`).
 Writes made elsewhere (a worker's job outputs) are measured, not reserved
-(foundation/disk_usage.py check_stored).
+(foundation/store/disk_usage.py check_stored).
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import TypeVar
 
-from eaglenest.api.s3.common import run
 from eaglenest.api.s3.request import S3Request
-from eaglenest.foundation.disk_usage import (
+from eaglenest.api.s3.store_access import run
+from eaglenest.foundation.store.disk_usage import (
     StoredBytesExceeded,
     account_bytes,
     exceeded_message,

@@ -12,11 +12,11 @@ from typing import BinaryIO
 
 from starlette.types import Receive
 
+from eaglenest.api.edge.sigv4 import Claim
 from eaglenest.api.s3.errors import S3Error
-from eaglenest.api.sigv4 import Claim
-from eaglenest.foundation.buckets import AccountStore
 from eaglenest.foundation.settings import Settings
-from eaglenest.foundation.storage import S3Uri, StorageError, parse_uri
+from eaglenest.foundation.store.buckets import AccountStore
+from eaglenest.foundation.store.storage import S3Uri, StorageError, parse_uri
 
 NAMESPACE = "http://s3.amazonaws.com/doc/2006-03-01/"
 #: S3's longest key, in UTF-8 bytes
@@ -46,7 +46,7 @@ class S3Request:
         return self.settings.data_dir / "s3-uploads"
 
     def uri(self) -> S3Uri:
-        """The object's URI, checked as every store URI is (foundation/storage.py
+        """The object's URI, checked as every store URI is (foundation/store/storage.py
         parse_uri: no '.', '..', empty segment, '\\', control character, reserved prefix);
         InvalidArgument otherwise, KeyTooLongError past S3's 1024 bytes. A key ending in
         '/' is refused as well (the local store keeps no object at a folder's name)."""

@@ -12,10 +12,16 @@ import re
 from collections.abc import Awaitable, Callable, Mapping
 from urllib.parse import parse_qsl, unquote
 
+from eaglenest.api.edge.sigv4 import (
+    Claim,
+    IncomingRequest,
+    check_header,
+    check_query,
+    check_signature,
+)
 from eaglenest.api.s3 import bucket_ops, listing, multipart, objects
 from eaglenest.api.s3.errors import S3Error
 from eaglenest.api.s3.request import Reply, S3Request
-from eaglenest.api.sigv4 import Claim, IncomingRequest, check_header, check_query, check_signature
 from eaglenest.foundation.settings import Settings
 
 SERVICE = "s3"

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from urllib.parse import quote
 
 from eaglenest.api.s3 import uploads
-from eaglenest.api.s3.common import require_bucket, run
 from eaglenest.api.s3.errors import S3Error
 from eaglenest.api.s3.request import Reply, S3Request, iso_time, node, root, xml_reply
+from eaglenest.api.s3.store_access import require_bucket, run
 
 MAX_UPLOADS = 1000
 

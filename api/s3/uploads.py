@@ -4,7 +4,7 @@ Layout: `<data-dir>/s3-uploads/multipart/<account>/<upload id>/` holds `meta.jso
 key, initiation time) and, per part n, the file `<n>` and its record `<n>.json` (size,
 ETag: a random token, unique to the part's upload, that Complete must quote back, time).
 An upload is found only under the caller's account, for the same bucket and key: any other
-gets NoSuchUpload. Its bytes count against the account's quota (foundation/disk_usage.py
+gets NoSuchUpload. Its bytes count against the account's quota (foundation/store/disk_usage.py
 staged_bytes) until Complete moves them into the store or Abort removes them.
 
 An upload id is 32 hex digits: the initiation time in nanoseconds, then 64 random bits, so
@@ -35,12 +35,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from eaglenest.api.s3.common import run, staging_file
 from eaglenest.api.s3.errors import S3Error
 from eaglenest.api.s3.quota import LEDGER
 from eaglenest.api.s3.request import S3Request
-from eaglenest.foundation.disk_usage import MULTIPART_DIR
+from eaglenest.api.s3.store_access import run, staging_file
 from eaglenest.foundation.settings import Settings
+from eaglenest.foundation.store.disk_usage import MULTIPART_DIR
 
 log = logging.getLogger("eaglenest.s3")
 UPLOAD_ID = re.compile(r"^[0-9a-f]{32}$")

@@ -10,7 +10,7 @@ for a few steps on random tokens: every number here is about speed or exactness,
 about draft quality. Per target, four sections (each one recorded on its own, an error in
 one leaves the others running):
 
-* ``training``: models.train steps/s for an EAGLE-3 and a P-EAGLE head (bf16 autocast on
+* ``training``: models.training.train steps/s for an EAGLE-3 and a P-EAGLE head (bf16 autocast on
   CUDA), measured after a warm-up, with the target's captures cached (every epoch after
   the first); ``capture_ms`` is the target forward a first-epoch step adds per sample.
 * ``lossless``: greedy SpeculativeEngine output (plain, chain, tree, parallel) against HF

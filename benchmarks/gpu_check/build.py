@@ -151,7 +151,7 @@ class Bench:
 
     @property
     def perf_dtype(self) -> torch.dtype:
-        """Timed sections: bfloat16 on CUDA, float32 on a CPU (as models.cli loads targets;
+        """Timed sections: bfloat16 on CUDA, float32 on a CPU (as models.commands loads targets;
         bf16 GEMMs are slow on most CPUs)."""
         return torch.bfloat16 if self.device.type == "cuda" else torch.float32
 
@@ -170,7 +170,7 @@ class Bench:
             base = self.heads.get((kind, torch.float32))
             if base is None:
                 from eaglenest.models.heads.registry import HEADS
-                from eaglenest.models.train import TrainConfig
+                from eaglenest.models.training.train import TrainConfig
 
                 target = self.target(next(iter(self.models), torch.float32))  # as it is
                 torch.manual_seed(0)

@@ -259,11 +259,12 @@ def _capture_ms(bench: Bench, target: Any, autocast: Any) -> float:
 
 
 def training(bench: Bench) -> dict[str, Any]:
-    """models.train steps/s per head kind after ``train_warmup`` steps (captures cached)."""
-    from eaglenest.models.train import TrainConfig, TrainData, train
+    """models.training.train steps/s per head kind after ``train_warmup`` steps (captures
+    cached)."""
+    from eaglenest.models.training.train import TrainConfig, TrainData, train
 
     spec, cuda = bench.spec, bench.device.type == "cuda"
-    target = bench.target(bench.perf_dtype)  # as models.cli loads it
+    target = bench.target(bench.perf_dtype)  # as models.commands loads it
     autocast = torch.autocast("cuda", torch.bfloat16) if cuda else contextlib.nullcontext()
     rows = []
     for kind in (EAGLE3.kind, PEAGLE.kind):

@@ -35,7 +35,7 @@ from eaglenest.models.data.regenerate import regenerate
 from eaglenest.models.decode.modes import DecodeMode
 from eaglenest.models.heads.registry import EAGLE3, PEAGLE
 from eaglenest.models.target import Target, load_target
-from eaglenest.models.train import TrainData, train
+from eaglenest.models.training.train import TrainData, train
 
 K = 5
 HELD_OUT = 2

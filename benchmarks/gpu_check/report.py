@@ -30,8 +30,8 @@ def _status(sections: dict[str, dict[str, Any]]) -> list[str]:
 def _training(sections: dict[str, dict[str, Any]]) -> list[str]:
     rows = [[m, h["head"], e["autocast"], h["steps_per_s"], h["tokens_per_s"], h["loss"],
              e["capture_ms"]] for m, e in _ok(sections, "training") for h in e["heads"]]
-    return ["### Training (models.train, batch 2, captures cached; capture_ms: target forward "
-            "per sample, first epoch)", "", *_table(
+    return ["### Training (models.training.train, batch 2, captures cached; capture_ms: target "
+            "forward per sample, first epoch)", "", *_table(
                 ["model", "head", "autocast", "steps/s", "tokens/s", "loss", "capture ms"],
                 rows)]
 

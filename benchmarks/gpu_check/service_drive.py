@@ -25,7 +25,7 @@ import boto3
 import httpx
 from botocore.config import Config
 
-from eaglenest.foundation.processes import free_port
+from eaglenest.foundation.host.processes import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY, SECRET = "AKIAGPUCHECK00000001", "gpu-check-secret-0123456789abcdefghij"

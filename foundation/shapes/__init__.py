@@ -29,7 +29,7 @@ from eaglenest.foundation.errors import (
 
 from . import tagging
 from .base import AwsShape, AwsUnion
-from .registry import INPUT_SHAPES, OUTPUT_SHAPES
+from .operations import INPUT_SHAPES, OUTPUT_SHAPES
 from .validation import json_kind, service_error
 
 __all__ = [

@@ -53,8 +53,8 @@ RESOURCES: dict[str, tuple[str, ...]] = {
     ),
     "tags": ("AddTags", "ListTags", "DeleteTags"),
 }
-COMMON = "common"
-REGISTRY = "registry"
+COMMON = "shared"
+REGISTRY = "operations"
 #: the Resource Groups Tagging API (botocore service model of its own): one self-contained
 #: module, with its own operation -> shape tables (INPUT_SHAPES / OUTPUT_SHAPES)
 TAGGING_SERVICE = "resourcegroupstaggingapi"

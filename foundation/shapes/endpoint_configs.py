@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from .base import AwsShape, aws_pattern
-from .common import (
+from .shared import (
     T_AcceleratorPartitionLayout,
     T_AsyncInferenceConfig,
     T_Boolean,

@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from .base import AwsShape, AwsTimestamp, AwsUnion, aws_pattern
-from .common import (
+from .shared import (
     T_FailureReason,
     T_KmsKeyId,
     T_MaxResults,

@@ -9,7 +9,7 @@ from typing import Annotated
 from pydantic import Field
 
 from .base import AwsShape, aws_pattern
-from .common import (
+from .shared import (
     T_NextToken,
     T_TagKey,
     T_TagList,

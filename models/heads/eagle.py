@@ -35,7 +35,7 @@ from eaglenest.models.target import Capture
 if TYPE_CHECKING:
     from eaglenest.models.data.template import Sample
     from eaglenest.models.target import Target
-    from eaglenest.models.train import TrainConfig
+    from eaglenest.models.training.train import TrainConfig
 
 
 class EagleLayer(nn.Module):

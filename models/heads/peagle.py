@@ -17,7 +17,7 @@ one part of the anchors [a, b) -- block 0 for slots 0..b-1 (the keys the part's 
 read; block 0 attends only to itself, causally, so these are exactly the full forward's)
 and the mask slots of anchors a..b-1 -- and scores only the part's anchors, normalised as
 the whole batch. The parts' gradients sum to the whole forward's while one part holds at
-most b + (depth - 1) * (b - a) slots instead of depth * seq. models/partition.py runs the
+most b + (depth - 1) * (b - a) slots instead of depth * seq. models/training/partition.py runs the
 parts, one backward each.
 """
 
@@ -38,7 +38,7 @@ from eaglenest.models.target import Capture
 if TYPE_CHECKING:
     from eaglenest.models.data.template import Sample
     from eaglenest.models.target import Target
-    from eaglenest.models.train import TrainConfig
+    from eaglenest.models.training.train import TrainConfig
 
 
 def parallel_mask(seq: int, depth: int, device: torch.device | None = None) -> torch.Tensor:

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
     from eaglenest.models.data.template import Sample
     from eaglenest.models.target import Target
-    from eaglenest.models.train import TrainConfig
+    from eaglenest.models.training.train import TrainConfig
 
 CHECKPOINT_FORMATS = ("native", "speculators")
 
@@ -73,7 +73,7 @@ class HeadSpec:
     job_format: str = "native"  # the checkpoint format an optimization job publishes
     #: DDP must look for parameters without gradient (a step may not use all of them)
     unused_parameters: bool = False
-    #: head.loss() takes ``partition`` (sequence partitioning: models/partition.py)
+    #: head.loss() takes ``partition`` (sequence partitioning: models/training/partition.py)
     partitions: bool = False
     #: kinds whose trained heads a new head of this kind may start from (TrainConfig.init_head)
     starts_from: tuple[str, ...] = ()

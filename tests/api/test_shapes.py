@@ -29,11 +29,11 @@ from eaglenest.foundation.shapes import (
     INPUT_SHAPES,
     OUTPUT_SHAPES,
     _codegen,
-    common,
     endpoint_configs,
     endpoints,
     models,
     optimization_jobs,
+    shared,
     tags,
 )
 from eaglenest.foundation.shapes.base import (
@@ -75,7 +75,7 @@ SHAPES_DIR = Path(shapes.__file__).parent
 SAGEMAKER: ServiceModel = botocore.session.get_session().get_service_model("sagemaker")
 CLASSES: dict[str, type[AwsShape]] = {
     name: value
-    for module in (common, models, endpoint_configs, endpoints, optimization_jobs, tags)
+    for module in (shared, models, endpoint_configs, endpoints, optimization_jobs, tags)
     for name, value in vars(module).items()
     if isinstance(value, type)
     and issubclass(value, AwsShape)
@@ -200,13 +200,13 @@ def test_registry_names_botocore_shapes() -> None:
 def test_generated_modules_are_up_to_date(tmp_path: Path) -> None:
     written = _codegen.write(tmp_path)
     assert {p.name for p in written} == {
-        "common.py",
+        "shared.py",
         "models.py",
         "endpoint_configs.py",
         "endpoints.py",
         "optimization_jobs.py",
         "tags.py",
-        "registry.py",
+        "operations.py",
         "tagging.py",
     }
     for path in written:

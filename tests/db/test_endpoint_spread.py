@@ -15,8 +15,8 @@ from eaglenest.db import placement_repo
 from eaglenest.db.migrate import upgrade_head
 from eaglenest.db.session import Database
 from eaglenest.db.tables import EndpointRow
-from eaglenest.foundation.children import Identity
-from eaglenest.foundation.gpus import Gpu
+from eaglenest.foundation.host.children import Identity
+from eaglenest.foundation.host.gpus import Gpu
 from tests.support.endpoint_rows import ACCOUNT, EP, seed_endpoint
 
 A0 = {"unit": "v-a-0", "host": "host-a", "url": "http://a:1"}

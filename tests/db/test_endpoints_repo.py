@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from eaglenest.db import endpoints_repo
-from eaglenest.db.common import locate, now
+from eaglenest.db.repository import locate, now
 from eaglenest.db.session import Database
 from eaglenest.db.tables import EndpointRow
 from eaglenest.foundation.errors import ValidationException

@@ -18,7 +18,7 @@ from eaglenest.db.session import Database
 from eaglenest.foundation.accounts import Account
 from eaglenest.foundation.errors import ValidationException
 from eaglenest.foundation.memory_plan import GIB
-from eaglenest.foundation.storage import LocalStore, parse_uri
+from eaglenest.foundation.store.storage import LocalStore, parse_uri
 
 ACCOUNT = Account("us-east-1", "123456789012")
 OTHER = Account("us-east-1", "222222222222")

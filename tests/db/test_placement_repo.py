@@ -10,11 +10,11 @@ import threading
 from sqlalchemy import update
 
 from eaglenest.db import placement_repo as repo
-from eaglenest.db.common import now
+from eaglenest.db.repository import now
 from eaglenest.db.session import Database
 from eaglenest.db.tables import GpuHoldingRow, WorkerRow
-from eaglenest.foundation.children import Identity
-from eaglenest.foundation.gpus import Gpu
+from eaglenest.foundation.host.children import Identity
+from eaglenest.foundation.host.gpus import Gpu
 
 GPUS = tuple(Gpu(i, "A10G", 24.0) for i in range(6))
 

@@ -53,7 +53,7 @@ def named_paths(text: str) -> set[str]:
 def test_the_pattern_finds_paths_and_skips_placeholders() -> None:
     text = ("see api/runtime/capture.py, eaglenest/db/common.py and `docs/gpu-hosts.md`; "
             "not models/heads/<kind>.py nor tests/**/*.py nor xapi/a.py")
-    assert named_paths(text) == {"api/runtime/capture.py", "db/common.py", "docs/gpu-hosts.md"}
+    assert named_paths(text) == {"api/runtime/capture.py", "db/repository.py", "docs/gpu-hosts.md"}
 
 
 def test_every_named_path_exists() -> None:
@@ -65,7 +65,7 @@ def test_every_named_path_exists() -> None:
     assert not missing, "paths named that do not exist:\n" + "\n".join(missing)
 
 
-#: a dotted name of our code: `eaglenest.api.runtime.capture` or `eaglenest.db.common.now`
+#: a dotted name of our code: `eaglenest.api.runtime.capture` or `eaglenest.db.repository.now`
 DOTTED = re.compile(r"\beaglenest\.((?:api|cli|db|foundation|models|workers)(?:\.\w+)+)")
 
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from eaglenest.foundation.processes import free_port
+from eaglenest.foundation.host.processes import free_port
 
 
 def _missing(what: str) -> None:

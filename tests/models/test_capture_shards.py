@@ -13,7 +13,6 @@ import torch
 
 import eaglenest.models.capture_shards as capture_shards_module
 import eaglenest.models.shard_source as shard_source_module
-from eaglenest.models.batches import rank_shards
 from eaglenest.models.capture_shards import (
     HELDOUT,
     MANIFEST,
@@ -24,7 +23,6 @@ from eaglenest.models.capture_shards import (
 )
 from eaglenest.models.data import encode_examples, load_examples
 from eaglenest.models.data.template import Sample
-from eaglenest.models.evaluate import HELDOUT_KEY, HeldOut
 from eaglenest.models.heads.registry import HEADS
 from eaglenest.models.shard_source import (
     IncompleteCaptureError,
@@ -34,7 +32,9 @@ from eaglenest.models.shard_source import (
     shard_train_data,
 )
 from eaglenest.models.target import load_target
-from eaglenest.models.train import TrainConfig, TrainData, train
+from eaglenest.models.training.batches import rank_shards
+from eaglenest.models.training.evaluate import HELDOUT_KEY, HeldOut
+from eaglenest.models.training.train import TrainConfig, TrainData, train
 
 CPU = torch.device("cpu")
 

@@ -33,13 +33,13 @@ import httpx
 import pytest
 import torch
 
-from eaglenest.foundation.processes import free_port
+from eaglenest.foundation.host.processes import free_port
 from eaglenest.models.checkpoint import load_head, save_head
 from eaglenest.models.data import encode_examples, load_examples
 from eaglenest.models.decode import DecodeMode, SpecStats, SpeculativeEngine
 from eaglenest.models.prepare import cached_smollm2
 from eaglenest.models.target import Target, load_target
-from eaglenest.models.train import TrainConfig, TrainData, train
+from eaglenest.models.training.train import TrainConfig, TrainData, train
 from eaglenest.workers.serving.embedded.metrics import parse_spec_counters
 from eaglenest.workers.serving.process import (
     VLLM,

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from eaglenest.foundation.settings import Settings
-from eaglenest.foundation.storage import make_store
+from eaglenest.foundation.store.storage import make_store
 from tests.security.asgi_api import InProcessApi
 
 ALICE, BOB = "111111111111", "222222222222"

@@ -360,9 +360,9 @@ def test_a_jobs_output_written_claims_its_bucket(pair: tuple[Stack, Caller, Call
                                                  tmp_path: Path) -> None:
     """A job's outputs are written as workers/jobs/optimize.py does: through its account's
     view of the worker's store, published with `publish_dir` (workers/jobs/pipeline.py)."""
-    from eaglenest.foundation.buckets import AccessDenied, AccountStore
     from eaglenest.foundation.settings import Settings
-    from eaglenest.foundation.storage import make_store, parse_uri, publish_dir
+    from eaglenest.foundation.store.buckets import AccessDenied, AccountStore
+    from eaglenest.foundation.store.storage import make_store, parse_uri, publish_dir
 
     stack, _, bob = pair
     settings = Settings(data_dir=stack.data_dir, account_id=ACCOUNT, s3_endpoint_url=None)

@@ -53,7 +53,7 @@ def wait_status(sm, name: str, timeout: float = 240) -> dict:  # type: ignore[no
 
 def test_a_deleted_fleet_gives_its_compute_budget_back(budgeted: Stack,
                                                       tiny_llama_dir: Path) -> None:
-    from eaglenest.foundation.threads import Registry
+    from eaglenest.foundation.host.threads import Registry
 
     registry, worker = Registry(budgeted.data_dir / "compute"), worker_pid(budgeted)
     sm = budgeted.client()

@@ -1,4 +1,4 @@
-"""Connections are bounded before any request is authenticated (foundation/connections.py,
+"""Connections are bounded before any request is authenticated (foundation/http/connections.py,
 issue #35): a half-sent request is closed at the header timeout, headers over the limit get
 a 431 before they end (the API's memory stays flat), a body that stops coming gets a 408,
 idle sockets past a cap are closed to make room, busy ones past it make a new connection
@@ -147,7 +147,7 @@ def test_idle_connections_past_the_cap_make_room(guarded: Stack) -> None:
 
 
 def test_the_connection_cap_keeps_half_the_open_file_limit() -> None:
-    from eaglenest.foundation.connections import Limits, Registry
+    from eaglenest.foundation.http.connections import Limits, Registry
 
     assert Registry(Limits(max_connections=1024), files=600).capacity == 300
     assert Registry(Limits(max_connections=100, max_per_address=256), files=None).per_address \

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from eaglenest.foundation import job_options
-from eaglenest.foundation.limits import LimitError, clamp_threads
+from eaglenest.foundation.host.ceilings import LimitError, clamp_threads
 from eaglenest.workers.jobs.options import OptionError, parse_options
 from eaglenest.workers.serving.deploy import DeployError, VariantPlan, _spec
 from tests.security.asgi_api import InProcessApi

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from eaglenest.foundation.s3_store import S3Store
-from eaglenest.foundation.storage import (
+from eaglenest.foundation.store.s3_store import S3Store
+from eaglenest.foundation.store.storage import (
     LocalStore,
     S3Uri,
     StorageError,

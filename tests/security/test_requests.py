@@ -16,7 +16,7 @@ from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 
-from eaglenest.api.bounded import MAX_JSON_DEPTH
+from eaglenest.api.edge.bounded import MAX_JSON_DEPTH
 from eaglenest.api.runtime.checks import MAX_BODY
 from tests.security.raw_http import api_process
 from tests.support.stack import ACCESS_KEY, REGION, SECRET_KEY, Stack

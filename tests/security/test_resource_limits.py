@@ -5,12 +5,12 @@
   CreateOptimizationJob refuses EAGLENEST_BATCH_SIZE, EAGLENEST_MAX_LENGTH,
   EAGLENEST_MAX_STEPS over their ceilings and EAGLENEST_TRAIN_PROCESSES over the GPUs of
   its DeploymentInstanceType: ValidationException naming the option and the limit, nothing
-  created; the ceiling itself is accepted (foundation/limits.py).
+  created; the ceiling itself is accepted (foundation/host/ceilings.py).
 - A job holds one instance per GPU of its type against EAGLENEST_MAX_INSTANCES; a host
   starts no more model servers than EAGLENEST_MAX_COMPUTE_PROCESSES (the endpoint fails).
 - Data Capture past the account's spool quota stops capturing (the requests are served);
   a job whose outputs would pass the account's stored-bytes quota fails with a
-  ResourceLimitExceeded reason and leaves nothing in the store (foundation/disk_usage.py).
+  ResourceLimitExceeded reason and leaves nothing in the store (foundation/store/disk_usage.py).
 
 (tests/security/test_limits.py is about prompt lengths, the model server's limits.)"""
 
@@ -235,7 +235,7 @@ def test_capture_past_the_spool_quota_stops_capturing(capturing: Stack) -> None:
 def test_a_host_starts_no_more_compute_processes_than_its_budget(capturing: Stack) -> None:
     """EAGLENEST_MAX_COMPUTE_PROCESSES=2: an endpoint of 3 instances is not started; it
     fails with the reason, and no model server of it runs."""
-    from eaglenest.foundation.threads import Registry
+    from eaglenest.foundation.host.threads import Registry
 
     registry = Registry(capturing.data_dir / "compute")
     sm, running = capturing.client(), registry.running()

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from eaglenest.api.s3.uploads import sweep
-from eaglenest.foundation.buckets import AccessDenied, AccountStore
-from eaglenest.foundation.disk_usage import account_bytes
-from eaglenest.foundation.storage import LocalStore, NoSuchBucket, S3Uri
+from eaglenest.foundation.store.buckets import AccessDenied, AccountStore
+from eaglenest.foundation.store.disk_usage import account_bytes
+from eaglenest.foundation.store.storage import LocalStore, NoSuchBucket, S3Uri
 
 ALICE, BOB = "111111111111", "222222222222"
 

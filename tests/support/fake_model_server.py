@@ -26,7 +26,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
-from eaglenest.foundation.instance_auth import InstanceGuard
+from eaglenest.foundation.http.instance_auth import InstanceGuard
 
 
 def app_for(name: str) -> FastAPI:

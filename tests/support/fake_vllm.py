@@ -30,7 +30,7 @@ from pathlib import Path
 
 import uvicorn
 
-from eaglenest.foundation.instance_auth import InstanceGuard
+from eaglenest.foundation.http.instance_auth import InstanceGuard
 from tests.support.fake_model_server import app_for
 
 RUNS_FILE = "fake_vllm_runs.jsonl"

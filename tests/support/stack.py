@@ -17,7 +17,7 @@ import boto3
 import httpx
 from botocore.config import Config
 
-from eaglenest.foundation.processes import free_port
+from eaglenest.foundation.host.processes import free_port
 
 ACCESS_KEY = "AKIAEAGLENESTTEST001"
 SECRET_KEY = "test-secret-key-0123456789abcdefghijklmno"

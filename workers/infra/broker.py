@@ -26,8 +26,8 @@ from pathlib import Path
 
 import redis
 
-from eaglenest.foundation import children
-from eaglenest.foundation.processes import free_port
+from eaglenest.foundation.host import children
+from eaglenest.foundation.host.processes import free_port
 
 
 def redis_server_binary() -> Path:
@@ -81,7 +81,7 @@ def embedded_url(data_dir: Path) -> str | None:
 
 @dataclass
 class EmbeddedBroker:
-    """The broker's redis-server is an owned child (foundation/children.py): it dies with the
+    """The broker's redis-server is an owned child (foundation/host/children.py): it dies with the
     process that started it; with `registry` its record is kept there until it stops."""
 
     data_dir: Path

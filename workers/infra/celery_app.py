@@ -17,8 +17,8 @@ from celery.signals import (
 )
 
 from eaglenest.db.session import Database
-from eaglenest.foundation import children
 from eaglenest.foundation.accounts import ResourceRef
+from eaglenest.foundation.host import children
 from eaglenest.foundation.queue import OPTIMIZE_TASK, SERVE_QUEUE, TRAIN_QUEUE, TaskQueue
 from eaglenest.foundation.settings import Settings
 from eaglenest.workers.infra.context import WorkerContext

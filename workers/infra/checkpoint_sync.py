@@ -14,7 +14,7 @@ checkpoint downloads the one ``latest`` names and resumes from it.
 What the store holds is data, never a path: the pointer must name a checkpoint as the
 trainer names them (``step-`` and at least 8 digits), and every downloaded key's part below
 the checkpoint's prefix must be a relative path that stays in the checkpoint's folder
-(``foundation.storage.local_path``). Otherwise `restore` raises StorageError naming the
+(``foundation.store.storage.local_path``). Otherwise `restore` raises StorageError naming the
 pointer or the key and writes nothing; `upload` logs a bad pointer and replaces it.
 """
 
@@ -24,7 +24,7 @@ import logging
 import re
 from pathlib import Path
 
-from eaglenest.foundation.storage import (
+from eaglenest.foundation.store.storage import (
     ArtifactStore,
     S3Uri,
     StorageError,
@@ -35,7 +35,7 @@ from eaglenest.foundation.storage import (
 log = logging.getLogger("eaglenest.optimize")
 
 POINTER = "latest"
-#: the names models/train.py gives checkpoints (``f"step-{step:08d}"``)
+#: the names models/training/train.py gives checkpoints (``f"step-{step:08d}"``)
 CHECKPOINT_NAME = re.compile(r"step-[0-9]{8,20}")
 
 

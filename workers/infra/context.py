@@ -39,5 +39,6 @@ class WorkerContext:
 
     @property
     def children_dir(self) -> Path:
-        """Records of the child processes workers on this host started (foundation/children.py)."""
+        """Records of the child processes workers on this host started
+        (foundation/host/children.py)."""
         return self.settings.data_dir / "children"

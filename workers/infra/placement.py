@@ -27,8 +27,8 @@ import threading
 
 from eaglenest.db import placement_repo as repo
 from eaglenest.db.session import Database
-from eaglenest.foundation.children import Identity
-from eaglenest.foundation.gpus import Gpu, inventory, visible_devices
+from eaglenest.foundation.host.children import Identity
+from eaglenest.foundation.host.gpus import Gpu, inventory, visible_devices
 from eaglenest.foundation.instance_types import InstanceType
 from eaglenest.foundation.queue import TaskQueue
 from eaglenest.foundation.settings import Settings

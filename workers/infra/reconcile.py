@@ -15,7 +15,7 @@ While the worker runs, its watchdog thread
   EAGLENEST_ENDPOINT_TRANSITION_SECONDS (db/endpoints_repo.time_out), reaps the
   children of dead owners on this host, and waits for this worker's own children that
   exited (a server that crashed, or one another worker stopped) and forgets their
-  records (foundation/children.py `sweep`).
+  records (foundation/host/children.py `sweep`).
 Duplicates are harmless: a job or endpoint transition is claimed by one worker only. Every
 task is sent with the resource's ARN (it names the account: db/common.locate).
 """
@@ -31,9 +31,9 @@ from sqlalchemy import select
 from eaglenest.db import endpoints_repo, placement_repo
 from eaglenest.db import optimization_jobs_repo as jobs
 from eaglenest.db.tables import EndpointRow
-from eaglenest.foundation import children
 from eaglenest.foundation import queue as q
-from eaglenest.foundation.loops import Loop
+from eaglenest.foundation.host import children
+from eaglenest.foundation.host.loops import Loop
 from eaglenest.workers.infra.context import WorkerContext
 
 log = logging.getLogger("eaglenest.reconcile")
@@ -132,7 +132,7 @@ def reclaim_gpus(ctx: WorkerContext) -> None:
 def start_watchdog(ctx: WorkerContext) -> threading.Thread:
     """The watchdog thread (module docstring), until `ctx.shutting_down`. A check that
     fails is logged and tried again the next period; whatever escapes a check (not an
-    Exception) is logged by foundation/loops.py and the thread goes on at the same pace
+    Exception) is logged by foundation/host/loops.py and the thread goes on at the same pace
     (its GPU heartbeat must not fall behind)."""
     state = {"broker_up": True, "next_sweep": time.monotonic() + ctx.lease_seconds,
              "next_beat": time.monotonic() + ctx.lease_seconds / 3}

@@ -12,7 +12,7 @@ Contract:
   same port, so the children's broker URL stays valid (queued tasks persist in its AOF).
 - SIGINT/SIGTERM stop the worker gracefully first (Celery finishes or re-queues its tasks:
   acks_late), then the API, then the broker.
-- Every child (API, worker, broker) is an owned child (foundation/children.py): it dies with
+- Every child (API, worker, broker) is an owned child (foundation/host/children.py): it dies with
   `up`, SIGKILL included, and is recorded in `<data-dir>/up/` until it stops. An `up` that
   starts on a data dir first stops, by record, what a dead `up` left there; while another
   `up` of that data dir is alive it refuses (exit 1, naming its pid and its children's).
@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
-from eaglenest.foundation import children
+from eaglenest.foundation.host import children
 from eaglenest.foundation.settings import Settings
 from eaglenest.workers.infra.broker import EmbeddedBroker
 from eaglenest.workers.infra.console import ErrorLines, UpLog, attach
@@ -53,7 +53,7 @@ GIVE_UP_AFTER = 2  # consecutive quick exits
 HEALTHY_SECONDS = 60.0
 MAX_BACKOFF_SECONDS = 30.0
 TAIL_LINES = 20
-#: `<data-dir>/up/`: the records of `up`'s own children (foundation/children.py)
+#: `<data-dir>/up/`: the records of `up`'s own children (foundation/host/children.py)
 UP_RECORDS = "up"
 
 

@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eaglenest.foundation.instance_auth import new_secret
+from eaglenest.foundation.host.processes import free_port
+from eaglenest.foundation.host.threads import SHARING_ENV, Registry
+from eaglenest.foundation.http.instance_auth import new_secret
 from eaglenest.foundation.memory_plan import Gpus
-from eaglenest.foundation.processes import free_port
-from eaglenest.foundation.threads import SHARING_ENV, Registry
 from eaglenest.models.decode.modes import DecodeMode
 from eaglenest.workers.jobs.loadgen import (
     BenchConfig,
@@ -43,7 +43,7 @@ class BenchPlan:
     num_speculative_tokens: int
     mode: str = DecodeMode.CHAIN
     startup_timeout: float = 900.0
-    #: children registry (foundation/children.py) and the job the servers belong to
+    #: children registry (foundation/host/children.py) and the job the servers belong to
     registry: Path | None = None
     resource: str = ""
     ks: tuple[int, ...] = ()  # the K values measured; () = (num_speculative_tokens,)

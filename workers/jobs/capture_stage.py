@@ -92,7 +92,7 @@ def choose_for(model_dir: Path, requested: str, device: str, gpu_gib: float,
     foundation/memory_plan.py ``shape_of(model_dir).weight_bytes``), its device ("cpu",
     else a GPU of the type's ``gpu_gib``, taken as memory_plan.gpus_of_type does: the least
     memory such a GPU may report), whether vLLM is installed."""
-    from eaglenest.foundation.gpus import MEMORY_TOLERANCE
+    from eaglenest.foundation.host.gpus import MEMORY_TOLERANCE
     from eaglenest.foundation.memory_plan import GIB, ShapeError, shape_of
     from eaglenest.workers.jobs.inputs import InputError
     from eaglenest.workers.serving.process import vllm_installed
@@ -184,7 +184,7 @@ class CaptureProgress:
 def autocast(device: Any, dtype: Any = None) -> contextlib.AbstractContextManager:
     """The in-process capture's autocast: on CUDA in the target's dtype ``dtype`` when it is
     a half precision (float16 on a T4, bfloat16 on an L40S), else bfloat16 (as
-    models/train.py); none on the CPU."""
+    models/training/train.py); none on the CPU."""
     import torch
 
     if device.type == "cuda":

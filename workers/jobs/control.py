@@ -13,7 +13,7 @@ from typing import Any
 
 from eaglenest.db import optimization_jobs_repo as jobs
 from eaglenest.foundation.accounts import ResourceRef
-from eaglenest.foundation.loops import Loop
+from eaglenest.foundation.host.loops import Loop
 from eaglenest.workers.infra.context import WorkerContext
 
 log = logging.getLogger("eaglenest.optimize")
@@ -35,7 +35,7 @@ class JobControl:
         self.interval = interval or ctx.lease_seconds / 3
         self.deadline = started_at + max_runtime if max_runtime else None
         self.reason: str | None = None
-        # beats every `interval` whatever a beat raises (foundation/loops.py), never slower:
+        # beats every `interval` whatever a beat raises (foundation/host/loops.py), never slower:
         # a later beat would lose the lease
         self._beats = Loop(f"heartbeat-{ref}", self.poll, self.interval,
                            max_backoff=self.interval, logger=log)

@@ -19,7 +19,12 @@ from pathlib import Path
 from eaglenest.foundation.shapes import AwsShape
 from eaglenest.foundation.shapes.models import ContainerDefinition, CreateModelInput
 from eaglenest.foundation.shapes.optimization_jobs import CreateOptimizationJobRequest
-from eaglenest.foundation.storage import ArtifactStore, StorageError, download_prefix, read_manifest
+from eaglenest.foundation.store.storage import (
+    ArtifactStore,
+    StorageError,
+    download_prefix,
+    read_manifest,
+)
 
 EAGLE_CHANNEL = "eagle_model"
 

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from eaglenest.foundation.dtypes import AUTO, BYTES, FLOAT32, checkpoint_dtype, for_gpu
-from eaglenest.foundation.gpus import MEMORY_TOLERANCE
+from eaglenest.foundation.host.gpus import MEMORY_TOLERANCE
 from eaglenest.foundation.memory_plan import (
     DEFAULT_UTILIZATION,
     FIXED_OVERHEAD,

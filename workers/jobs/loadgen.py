@@ -65,7 +65,7 @@ class BenchConfig:
     requests_per_level: int | None = None  # default: max(len(prompts), 2 * concurrency)
     temperature: float = 0.0
     timeout_s: float = 600.0
-    #: the server's instance secret (foundation/instance_auth.py), sent as a bearer token
+    #: the server's instance secret (foundation/http/instance_auth.py), sent as a bearer token
     api_key: str | None = None
 
 

@@ -23,14 +23,14 @@ from sqlalchemy.orm import Session
 
 from eaglenest.db import models_repo
 from eaglenest.db import optimization_jobs_repo as jobs
-from eaglenest.db.common import find, resolve
+from eaglenest.db.repository import find, resolve
 from eaglenest.db.tables import ModelRow, OptimizationJobRow
 from eaglenest.foundation import environment
 from eaglenest.foundation.accounts import Account, ResourceRef
-from eaglenest.foundation.buckets import AccountStore
 from eaglenest.foundation.errors import ValidationException
+from eaglenest.foundation.host.ceilings import LimitError, check_train_processes
+from eaglenest.foundation.host.threads import ComputeBudgetExceeded, compute_budget
 from eaglenest.foundation.instance_types import UnsupportedInstanceType, lookup
-from eaglenest.foundation.limits import LimitError, check_train_processes
 from eaglenest.foundation.queue import OPTIMIZE_TASK, TRAIN_QUEUE
 from eaglenest.foundation.shapes import StoredShapeError, rebuild, to_wire
 from eaglenest.foundation.shapes.models import (
@@ -41,8 +41,8 @@ from eaglenest.foundation.shapes.models import (
     S3ModelDataSource,
 )
 from eaglenest.foundation.shapes.optimization_jobs import CreateOptimizationJobRequest
-from eaglenest.foundation.storage import StorageError, make_store
-from eaglenest.foundation.threads import ComputeBudgetExceeded, compute_budget
+from eaglenest.foundation.store.buckets import AccountStore
+from eaglenest.foundation.store.storage import StorageError, make_store
 from eaglenest.workers.infra.context import WorkerContext
 from eaglenest.workers.jobs import placing
 from eaglenest.workers.jobs.control import JobControl, JobStopped

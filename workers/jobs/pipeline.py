@@ -26,21 +26,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eaglenest.foundation.disk_usage import (
-    StoredBytesExceeded,
-    check_stored,
-    clear_prefix,
-    dir_bytes,
-)
-from eaglenest.foundation.shapes.optimization_jobs import CreateOptimizationJobRequest
-from eaglenest.foundation.storage import ArtifactStore, StorageError, parse_uri, publish_dir
-from eaglenest.foundation.threads import (
+from eaglenest.foundation.host.threads import (
     SHARING_ENV,
     Registry,
     ThreadPlan,
     apply_torch,
     plan_threads,
 )
+from eaglenest.foundation.shapes.optimization_jobs import CreateOptimizationJobRequest
+from eaglenest.foundation.store.disk_usage import (
+    StoredBytesExceeded,
+    check_stored,
+    clear_prefix,
+    dir_bytes,
+)
+from eaglenest.foundation.store.storage import ArtifactStore, StorageError, parse_uri, publish_dir
 from eaglenest.models.data import encode_examples
 from eaglenest.models.heads.registry import HEADS
 from eaglenest.workers.infra.checkpoint_sync import CheckpointSync
@@ -83,16 +83,16 @@ class Pipeline:
     store: ArtifactStore
     work: Path
     control: JobControl
-    #: where the job's child processes are recorded (foundation/children.py)
+    #: where the job's child processes are recorded (foundation/host/children.py)
     children_dir: Path | None = None
     #: `<account>/<name>` (foundation/accounts.ResourceRef.local_key): what tells this job's
     #: processes apart from another account's job of the same name on this host
     key: str = ""
     #: the GPUs the job holds (workers/jobs/placing.py); none: the CPU
     gpus: JobGpus = field(default_factory=JobGpus)
-    #: the host's budget of compute processes (foundation/threads.py compute_budget; 0: none)
+    #: the host's budget of compute processes (foundation/host/threads.py compute_budget; 0: none)
     compute_budget: int = 0
-    #: the account's EAGLENEST_MAX_STORED_BYTES (foundation/disk_usage.py; 0: none)
+    #: the account's EAGLENEST_MAX_STORED_BYTES (foundation/store/disk_usage.py; 0: none)
     max_stored_bytes: int = 0
     #: the host's linear-kernel timing cache for the benchmark's embedded servers
     kernels_dir: Path | None = None
@@ -196,7 +196,7 @@ class Pipeline:
 
     def _train(self, target: Any, examples: list[Any], head: str,
                init_head: Path | None, holdout: list[Any] | None = None) -> dict[str, Any]:
-        from eaglenest.models.train import TrainConfig, latest_checkpoint, train
+        from eaglenest.models.training.train import TrainConfig, latest_checkpoint, train
 
         holdout = holdout or []
         regeneration = None
@@ -274,7 +274,7 @@ class Pipeline:
         split, and the held-out accuracy reads them from there)."""
         from eaglenest.models.capture_cache import CaptureCache
         from eaglenest.models.shard_source import shard_train_data
-        from eaglenest.models.train import TrainConfig, TrainData
+        from eaglenest.models.training.train import TrainConfig, TrainData
 
         if self.capture_backend == "in-process":
             weight = next(target.model.parameters())

@@ -19,10 +19,10 @@ import uuid
 from dataclasses import dataclass, field
 
 from eaglenest.db import optimization_jobs_repo as jobs
-from eaglenest.db.common import locate
+from eaglenest.db.repository import locate
 from eaglenest.db.tables import OptimizationJobRow
 from eaglenest.foundation.accounts import ResourceRef
-from eaglenest.foundation.gpus import MEMORY_TOLERANCE
+from eaglenest.foundation.host.gpus import MEMORY_TOLERANCE
 from eaglenest.foundation.instance_types import UnsupportedInstanceType, lookup
 from eaglenest.foundation.memory_plan import GIB, Gpus
 from eaglenest.foundation.queue import OPTIMIZE_TASK, TRAIN_QUEUE

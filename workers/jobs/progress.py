@@ -1,14 +1,14 @@
 """An optimization job's progress where users look: the worker log, `eaglenest status` and
 (training) the job's output prefix.
 
-`TrainingProgress.row` takes each training step's history row (models.train's `on_step`, or
+`TrainingProgress.row` takes each training step's history row (models.training.train's `on_step`, or
 the ranks' rows under torchrun: workers/jobs/train_launch.py). Every `every` steps, and at
 the last step (`finish`), it
 - logs one line, `job NAME: step 100/200 (50%)  loss 2.314  train acc@1/2/3 0.94/0.95/0.98
   held-out acc@1/2/3 0.61/0.42/0.30  1,234 tokens/s  ETA 5m20s` (the record also carries
   job=NAME: the task's log context). `train` is the step's greedy draft accuracy per depth
   on its training batch, which a head can learn by heart; `held-out` is the same metric on
-  the EAGLENEST_HOLDOUT samples (models/evaluate.py), measured every EAGLENEST_EVAL_EVERY
+  the EAGLENEST_HOLDOUT samples (models/training/evaluate.py), measured every EAGLENEST_EVAL_EVERY
   steps: shown from the first evaluation on, with `(step N)` after it when it was measured
   at an earlier step than the line's. Where the time budget (EAGLENEST_MAX_TRAIN_MINUTES)
   will end training before the step cap, the line starts `step 412 (40% of 30m00s)` and the
@@ -41,11 +41,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from eaglenest.foundation.storage import ArtifactStore, StorageError, parse_uri
+from eaglenest.foundation.store.storage import ArtifactStore, StorageError, parse_uri
 
 log = logging.getLogger("eaglenest.optimize")
 LOG_NAME = "training_log.jsonl"
-HELDOUT_KEY = "heldout_accuracy"  # models/evaluate.py HELDOUT_KEY (no torch import here)
+HELDOUT_KEY = "heldout_accuracy"  # models/training/evaluate.py HELDOUT_KEY (no torch import here)
 
 
 def format_duration(seconds: float) -> str:

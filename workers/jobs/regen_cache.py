@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from eaglenest.foundation.storage import ArtifactStore, StorageError, parse_uri
+from eaglenest.foundation.store.storage import ArtifactStore, StorageError, parse_uri
 from eaglenest.models.data import Chat, Completion, Example
 from eaglenest.workers.jobs.job_data import REGEN_PARAMS
 

@@ -10,13 +10,13 @@ starts (as ``python -m torch.distributed.run``)
 
     torchrun --standalone --nproc-per-node N -m eaglenest.workers.jobs.train_launch RUN
 
-as an owned child (foundation/children.py: its own process group, killed when the worker
+as an owned child (foundation/host/children.py: its own process group, killed when the worker
 dies; each rank also dies with torchrun). Each rank loads the target on its device
 (``cuda:LOCAL_RANK``, or the CPU with gloo), or with a capture folder
 (EAGLENEST_CAPTURE_BACKEND=hf) reads the shards (models/shard_source.py
 ``shard_train_data``: every rank reads the samples' tokens, but opens only the shard
-files of its own share: models/batches.py ``RankStream``), and runs ``train()``
-(models/distributed.py does the rest). The job keeps
+files of its own share: models/training/batches.py ``RankStream``), and runs ``train()``
+(models/training/distributed.py does the rest). The job keeps
 control from the parent, by files, because the ranks cannot reach the job's database
 session or store:
 
@@ -45,10 +45,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from eaglenest.foundation import children
 from eaglenest.foundation.environment import child_environment
 from eaglenest.foundation.failure_reason import first_exception
-from eaglenest.foundation.threads import Registry, apply_torch, plan_threads, sharing_from_env
+from eaglenest.foundation.host import children
+from eaglenest.foundation.host.threads import Registry, apply_torch, plan_threads, sharing_from_env
 
 POLL_SECONDS = 0.5
 LOG_TAIL = 2000
@@ -72,7 +72,7 @@ def write_run(run_dir: Path, config: Any, target_dir: Path, device: str, source:
     ``capture`` folder their captures come from its held-out split). ``dtype``: the one
     each rank loads the target in (workers/jobs/job_target.py ``job_dtype``)."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    from eaglenest.models.train import config_record
+    from eaglenest.models.training.train import config_record
 
     fields = config_record(config)
     for name, group in (("samples.json", samples), (HELDOUT_FILE, heldout or [])):
@@ -118,7 +118,7 @@ def launch(run_file: Path, nproc: int, should_stop: Callable[[], bool],
     run_dir = run_file.parent
     rows = RowReader(run_dir / PROGRESS_FILE, on_row)
     ckpts = Path(json.loads(run_file.read_text())["config"]["out_dir"]) / "checkpoints"
-    from eaglenest.models.distributed import torchrun_argv
+    from eaglenest.models.training.distributed import torchrun_argv
 
     stop_predecessor(run_dir)
     cmd = [*torchrun_argv(nproc), "-m", "eaglenest.workers.jobs.train_launch", str(run_file)]
@@ -201,9 +201,9 @@ def _mirror(ckpts: Path, seen: str | None,
 
 def rank_main(run_file: Path) -> int:
     """One rank (run by torchrun): load the target, train, rank 0 writes result.json."""
-    from eaglenest.models import distributed
     from eaglenest.models.data.template import Sample
-    from eaglenest.models.train import TrainConfig, train
+    from eaglenest.models.training import distributed
+    from eaglenest.models.training.train import TrainConfig, train
 
     children.die_with_parent()  # torchrun killed (its worker died): the ranks go too
     run_dir = run_file.parent
@@ -246,7 +246,7 @@ def _rank_data(run: dict[str, Any], samples: list[Any], heldout: list[Any],
     device in the run's dtype, which then also runs the held-out samples."""
     from eaglenest.models.shard_source import shard_train_data
     from eaglenest.models.target import load_target
-    from eaglenest.models.train import TrainData
+    from eaglenest.models.training.train import TrainData
 
     if run.get("capture"):
         return shard_train_data(run["capture"], device, source=run["source"],

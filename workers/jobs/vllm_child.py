@@ -4,7 +4,7 @@ way to start, watch, stop and reap them.
 A child runs ``python -m MODULE RUN.json`` from the folder holding the eaglenest package,
 in a confined environment (foundation/environment.py) plus the job's GPUs, with vLLM's
 socket folder in a private scratch directory, recorded in the worker's children registry
-(foundation/children.py) so a dead worker's successor reaps it. Its output goes to
+(foundation/host/children.py) so a dead worker's successor reaps it. Its output goes to
 ``<stem>.log`` beside ``<stem>.json``.
 """
 
@@ -28,8 +28,8 @@ def run_child(module: str, run: dict[str, Any], stem: Path, poll: Callable[[], N
     then ``poll()`` every POLL_SECONDS: whatever they raise (a stop) stops the child and
     every process under it, and is raised. RuntimeError names the child's first error when
     it exits with a failure."""
-    from eaglenest.foundation import children
     from eaglenest.foundation.environment import child_environment
+    from eaglenest.foundation.host import children
     from eaglenest.workers.jobs.train_launch import PACKAGE_ROOT, first_error
     from eaglenest.workers.serving.process import VLLM_RPC_ENV
 

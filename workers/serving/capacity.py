@@ -16,7 +16,7 @@ import logging
 import time
 from typing import Any
 
-from eaglenest.db.common import locate
+from eaglenest.db.repository import locate
 from eaglenest.db.tables import EndpointRow
 from eaglenest.foundation.accounts import ResourceRef
 from eaglenest.foundation.queue import SERVE_QUEUE

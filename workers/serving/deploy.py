@@ -26,19 +26,20 @@ from typing import Any, TypeVar
 
 from sqlalchemy.orm import Session
 
-from eaglenest.db.common import find
+from eaglenest.db.repository import find
 from eaglenest.db.tables import EndpointConfigRow, ModelRow
-from eaglenest.foundation import environment, instance_auth, server_options
+from eaglenest.foundation import environment, server_options
 from eaglenest.foundation.deployment import instances_of
 from eaglenest.foundation.dtypes import AUTO, FLOAT32
+from eaglenest.foundation.host.processes import free_port
+from eaglenest.foundation.host.threads import SHARING_ENV, ComputeBudgetExceeded, Registry
+from eaglenest.foundation.http import instance_auth
 from eaglenest.foundation.instance_types import InstanceType, UnsupportedInstanceType, lookup
 from eaglenest.foundation.memory_plan import CPU_MAX_MODEL_LEN, gpus_of_type
-from eaglenest.foundation.processes import free_port
 from eaglenest.foundation.shapes import AwsShape, StoredShapeError, rebuild
 from eaglenest.foundation.shapes.endpoint_configs import CreateEndpointConfigInput
 from eaglenest.foundation.shapes.models import CreateModelInput
-from eaglenest.foundation.storage import ArtifactStore
-from eaglenest.foundation.threads import SHARING_ENV, ComputeBudgetExceeded, Registry
+from eaglenest.foundation.store.storage import ArtifactStore
 from eaglenest.models.decode.modes import SPECULATIVE_MODES
 from eaglenest.workers.infra.placement import Placer
 from eaglenest.workers.jobs.inputs import InputError, container_uris, fetch_tree, model_container
@@ -84,7 +85,7 @@ class VariantPlan:
     instance_type: str = ""
     #: `python -m` module of a vLLM server (Settings.vllm_module)
     vllm_module: str = "vllm.entrypoints.openai.api_server"
-    #: the host's budget of compute processes (foundation/threads.py; 0: not checked)
+    #: the host's budget of compute processes (foundation/host/threads.py; 0: not checked)
     compute_budget: int = 0
     #: the host's linear-kernel timing cache for embedded servers (None: each measures)
     kernel_cache: Path | None = None

@@ -21,7 +21,7 @@ import logging
 import threading
 
 from eaglenest.db import endpoints_repo as eps
-from eaglenest.foundation.loops import Loop
+from eaglenest.foundation.host.loops import Loop
 from eaglenest.workers.infra.context import WorkerContext
 
 log = logging.getLogger("eaglenest.endpoints")
@@ -48,7 +48,7 @@ class EndpointLease:
     def __init__(self, ctx: WorkerContext, arn: str, status: str) -> None:
         self.ctx, self.arn, self.status = ctx, arn, status
         self.held = False
-        # beats every third of the lease whatever a beat raises (foundation/loops.py), never
+        # beats every third of the lease whatever a beat raises (foundation/host/loops.py), never
         # slower: a later beat would lose the lease
         every = ctx.lease_seconds / 3
         self._beats = Loop(f"endpoint-lease-{arn}", self._beat, every, max_backoff=every,

@@ -20,7 +20,7 @@ row goes once every host has stopped its instances.
 Every task holds its transition with an EndpointLease (one worker at a time; a dead one's
 task is sent again). Any exception ends the transition: Failed with the reason (create,
 delete, recover) or a rollback to the config that serves (update); never left transitional.
-Serving processes are owned children of the worker (foundation/children.py): they die with it,
+Serving processes are owned children of the worker (foundation/host/children.py): they die with it,
 and its next start restarts InService endpoints.
 
 A task's argument is the endpoint's ARN: every row it reads (the endpoint, its configs, their
@@ -42,11 +42,11 @@ from celery import Celery
 
 from eaglenest.db import endpoint_spread, placement_repo
 from eaglenest.db import endpoints_repo as eps
-from eaglenest.db.common import resolve
+from eaglenest.db.repository import resolve
 from eaglenest.db.tables import EndpointRow
 from eaglenest.foundation.accounts import ResourceRef
 from eaglenest.foundation.deployment import instances_of
-from eaglenest.foundation.limits import LimitError
+from eaglenest.foundation.host.ceilings import LimitError
 from eaglenest.foundation.queue import (
     ENDPOINT_CREATE_TASK,
     ENDPOINT_DELETE_TASK,

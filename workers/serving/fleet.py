@@ -24,14 +24,14 @@ from typing import Any
 
 from eaglenest.db import endpoint_retention, endpoint_spread
 from eaglenest.db import endpoints_repo as eps
-from eaglenest.db.common import locate
+from eaglenest.db.repository import locate
 from eaglenest.db.tables import EndpointRow
 from eaglenest.foundation.accounts import ResourceRef
-from eaglenest.foundation.buckets import AccountStore
 from eaglenest.foundation.deployment import instances_of
+from eaglenest.foundation.host.threads import compute_budget
 from eaglenest.foundation.queue import ENDPOINT_DELETE_TASK, SERVE_QUEUE
-from eaglenest.foundation.storage import make_store
-from eaglenest.foundation.threads import compute_budget
+from eaglenest.foundation.store.buckets import AccountStore
+from eaglenest.foundation.store.storage import make_store
 from eaglenest.workers.infra.context import WorkerContext
 from eaglenest.workers.infra.placement import NoCapacity
 from eaglenest.workers.serving import capacity, spread

@@ -1,7 +1,7 @@
 """One serving process (vLLM's OpenAI server or the embedded engine's) and its lifecycle.
 
 Both speak the same HTTP API, so callers only choose a backend here and never branch
-afterwards. A process is started as an owned child (foundation/children.py: it dies with the
+afterwards. A process is started as an owned child (foundation/host/children.py: it dies with the
 process that started it and is identified beyond its pid), waited on until `/health` answers
 (or it exits, or the start-up timeout passes), and stopped with its whole process tree,
 SIGTERM then SIGKILL.
@@ -23,11 +23,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from eaglenest.foundation import children, input_guard, instance_auth
 from eaglenest.foundation.environment import child_environment
 from eaglenest.foundation.failure_reason import cause
-from eaglenest.foundation.limits import clamp_threads
-from eaglenest.foundation.threads import SHARING_ENV, Registry, ThreadPlan, plan_threads
+from eaglenest.foundation.host import children
+from eaglenest.foundation.host.ceilings import clamp_threads
+from eaglenest.foundation.host.threads import SHARING_ENV, Registry, ThreadPlan, plan_threads
+from eaglenest.foundation.http import input_guard, instance_auth
 from eaglenest.models.decode.modes import DecodeMode
 from eaglenest.models.heads.registry import vllm_speculative_method
 from eaglenest.workers.serving.schedule import Schedule
@@ -82,7 +83,7 @@ class ServerSpec:
     bind_host: str = "127.0.0.1"
     max_model_len: int = 2048
     extra_env: dict[str, str] = field(default_factory=dict)
-    #: the instance's secret (foundation/instance_auth.py): every request must carry it and
+    #: the instance's secret (foundation/http/instance_auth.py): every request must carry it and
     #: the health check asks for its proof; None: an unguarded server (benchmarks)
     secret: str | None = None
     #: K per load (workers/serving/schedule.py); None: num_speculative_tokens at every load
@@ -90,7 +91,7 @@ class ServerSpec:
     #: vLLM without dynamic speculation only: the running requests to pick a fixed K for
     expected_load: int = 1
     #: vLLM with a schedule that turns off above some load: serve those loads from a second
-    #: server of the target alone (workers/serving/split.py)
+    #: server of the target alone (workers/serving/split_router.py)
     split: bool = True
     #: the GPUs the server is shown (CUDA_VISIBLE_DEVICES, workers/infra/placement.py); {}:
     #: the host's view is left as it is (a host without GPUs)
@@ -119,7 +120,7 @@ class ServerSpec:
         return self.head_dir is not None and (self.schedule is None or self.schedule.speculates)
 
     def split_upto(self) -> int | None:
-        """Split serving's threshold (workers/serving/split.py), None when not split: vLLM
+        """Split serving's threshold (workers/serving/split_router.py), None when not split: vLLM
         with dynamic speculation and a schedule that is off above some load."""
         if (self.backend != VLLM or not self.split or self.schedule is None
                 or not self.speculates() or not vllm_dynamic_speculation()):
@@ -163,9 +164,9 @@ class ServerSpec:
         if self.max_num_seqs is not None:
             cmd += ["--max-num-seqs", str(self.max_num_seqs)]
         if self.max_input_length is not None:  # inside InstanceGuard (listed after it)
-            cmd += ["--middleware", "eaglenest.foundation.input_guard.InputLengthGuard"]
+            cmd += ["--middleware", "eaglenest.foundation.http.input_guard.InputLengthGuard"]
         if self.secret:  # the key itself goes in the environment (VLLM_API_KEY)
-            cmd += ["--middleware", "eaglenest.foundation.instance_auth.InstanceGuard"]
+            cmd += ["--middleware", "eaglenest.foundation.http.instance_auth.InstanceGuard"]
         if not cuda_available():
             cmd.append("--enforce-eager")
         spec = self.vllm_speculative_config()
@@ -177,7 +178,7 @@ class ServerSpec:
         """The split router's command; its two servers listen on loopback only."""
         inner = replace(self, bind_host="127.0.0.1")
         plain = replace(inner, head_dir=None, schedule=None)
-        return [sys.executable, "-m", "eaglenest.workers.serving.split",
+        return [sys.executable, "-m", "eaglenest.workers.serving.split_router",
                 "--host", self.bind_host, "--port", str(self.port),
                 "--speculate-upto", str(upto),
                 "--speculative-command", json.dumps(inner._vllm()),
@@ -238,11 +239,11 @@ def cuda_available() -> bool:
 
 
 def thread_env(spec: ServerSpec, registry: Registry) -> tuple[dict[str, str], ThreadPlan]:
-    """The server's share of the CPUs (foundation/threads.py): EAGLENEST_COMPUTE_SHARING =
+    """The server's share of the CPUs (foundation/host/threads.py): EAGLENEST_COMPUTE_SHARING =
     the compute processes running plus this one (or the value the caller set, when it
     starts several at once); vLLM, which binds its own OpenMP threads, gets a disjoint
     VLLM_CPU_OMP_THREADS_BIND slice when the CPUs are shared. Explicit settings win, a
-    container's thread counts clamped to this host's usable CPUs (foundation/limits.py)."""
+    container's thread counts clamped to this host's usable CPUs (foundation/host/ceilings.py)."""
     running = registry.running()
     merged = {**os.environ, **spec.extra_env}
     sharing = int(spec.extra_env.get(SHARING_ENV) or running + 1)

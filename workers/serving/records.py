@@ -18,11 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from eaglenest.db.common import locate
+from eaglenest.db.repository import locate
 from eaglenest.db.tables import EndpointRow
-from eaglenest.foundation import children, instance_auth
 from eaglenest.foundation.accounts import ResourceRef
 from eaglenest.foundation.deployment import instances_of
+from eaglenest.foundation.host import children
+from eaglenest.foundation.http import instance_auth
 from eaglenest.workers.serving.process import EMBEDDED, VLLM
 
 if TYPE_CHECKING:
@@ -51,7 +52,7 @@ def stop_servers(servers: dict[str, Any], registry: Path | None = None) -> None:
     """Stop every instance of these variant records with its process tree, wait for the ones
     this process started (no zombie is left: delete, rollback, scale-in and recovery all stop
     through here), and forget their records. An instance is signalled only when its `child`
-    record matches the live process (foundation/children.py): never one on another host,
+    record matches the live process (foundation/host/children.py): never one on another host,
     after a reboot or a reused pid. One another live worker process started is waited for
     by that process, whose sweep forgets its record."""
     recs = []

@@ -15,7 +15,7 @@ from typing import Any
 from eaglenest.db import endpoint_retention as retention
 from eaglenest.db import endpoints_repo as eps
 from eaglenest.db import traffic_policy
-from eaglenest.db.common import locate
+from eaglenest.db.repository import locate
 from eaglenest.db.tables import EndpointRow
 from eaglenest.foundation.deployment import instances_of
 from eaglenest.workers.infra.context import WorkerContext

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from eaglenest.api.runtime.capture import CaptureWriter
-from eaglenest.foundation.storage import LocalStore, S3Uri
+from eaglenest.foundation.store.storage import LocalStore, S3Uri
 
 DEST = "s3://capture/traffic"
 ACCT = "111111111111"  # the endpoint's account
@@ -52,7 +52,7 @@ KILLED = textwrap.dedent("""
     import os, signal
     from pathlib import Path
     from eaglenest.api.runtime.capture import CaptureWriter
-    from eaglenest.foundation.storage import LocalStore
+    from eaglenest.foundation.store.storage import LocalStore
     w = CaptureWriter(LocalStore(Path({root!r}) / "s3"), Path({root!r}) / "spool", 3600)
     for i in range(20):
         w.add("s3://capture/traffic", "ep", "v", {{"n": i}}, "111111111111")

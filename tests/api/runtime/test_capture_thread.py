@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from eaglenest.api.runtime.capture import CaptureWriter
-from eaglenest.foundation.storage import LocalStore
+from eaglenest.foundation.store.storage import LocalStore
 from tests.api.runtime.test_capture import ACCT, DEST, stored, wait
 
 

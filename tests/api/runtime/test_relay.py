@@ -12,7 +12,7 @@ import pytest
 from botocore.eventstream import EventStreamBuffer
 
 from eaglenest.api.runtime.relay import FrameRelay, send_now
-from eaglenest.foundation.backend_http import BackendClient, BackendError
+from eaglenest.foundation.http.backend_client import BackendClient, BackendError
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 

@@ -1,4 +1,4 @@
-"""The stored-bytes quota (EAGLENEST_MAX_STORED_BYTES, foundation/disk_usage.py) on the S3
+"""The stored-bytes quota (EAGLENEST_MAX_STORED_BYTES, foundation/store/disk_usage.py) on the S3
 API: a PutObject or UploadPart that would take the account past it is refused with
 QuotaExceeded and writes nothing; replacing an object counts only the difference; staged
 parts count until their upload is completed or aborted (so a Complete never passes it). A

@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from eaglenest.models.decode import SpeculativeEngine, cli, kernel_cache
+from eaglenest.models.decode import SpeculativeEngine, generate, kernel_cache
 from eaglenest.models.decode.kernels import (
     CANDIDATES,
     Candidate,
@@ -140,7 +140,7 @@ def test_registry_names_every_candidate() -> None:
 def test_cli_explain_and_env(tiny_dir, capsys, monkeypatch) -> None:  # noqa: ANN001
     monkeypatch.setenv("EAGLENEST_LINEAR_KERNEL", "stock")
     parser = argparse.ArgumentParser()
-    cli.register(parser.add_subparsers())
+    generate.register(parser.add_subparsers())
     args = parser.parse_args(["generate", "--target", str(tiny_dir("LlamaForCausalLM")),
                               "--prompt", "hi", "--max-new-tokens", "3", "--explain",
                               "--kernel-cache", ""])
@@ -150,7 +150,7 @@ def test_cli_explain_and_env(tiny_dir, capsys, monkeypatch) -> None:  # noqa: AN
     assert "target forward: direct" in out
     forced = parser.parse_args(["generate", "--target", "t", "--prompt", "p",
                                 "--linear-kernel", "onednn"])
-    assert cli.kernel_policy(forced).force == "onednn"
+    assert generate.kernel_policy(forced).force == "onednn"
 
 
 def test_busy_host_measures_again_and_is_not_cached(tmp_path: Path, llama) -> None:  # noqa: ANN001

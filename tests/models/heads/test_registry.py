@@ -20,7 +20,7 @@ from eaglenest.models.heads.registry import (
     spec_of_config,
     vllm_speculative_method,
 )
-from eaglenest.models.train import TrainConfig
+from eaglenest.models.training.train import TrainConfig
 from tests.support import sources
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -82,7 +82,7 @@ def test_every_allowed_literal_is_still_there():
 def test_the_registry_imports_no_torch():
     """Workers and CLIs read kinds without loading torch; head classes load on first use."""
     code = ("import sys\nimport eaglenest.models.heads.registry as r\n"
-            "import eaglenest.workers.jobs.options, eaglenest.models.cli\n"
+            "import eaglenest.workers.jobs.options, eaglenest.models.commands\n"
             "assert r.KINDS and 'torch' not in sys.modules, sorted(sys.modules)\n"
             "r.EAGLE.head_class()\nassert 'torch' in sys.modules\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

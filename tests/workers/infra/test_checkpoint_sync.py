@@ -6,12 +6,12 @@ from pathlib import Path
 
 import torch
 
-from eaglenest.foundation.storage import LocalStore, parse_uri
+from eaglenest.foundation.store.storage import LocalStore, parse_uri
 from eaglenest.workers.infra.checkpoint_sync import CheckpointSync
 
 
 def _train(target, samples, out: Path, **kw):  # noqa: ANN001, ANN003, ANN202
-    from eaglenest.models.train import TrainConfig, TrainData, train
+    from eaglenest.models.training.train import TrainConfig, TrainData, train
 
     cfg = TrainConfig(head="eagle3", out_dir=str(out), max_steps=6, draft_vocab_size=64,
                       progress=False, lr=2e-3, warmup_steps=2, **kw)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from eaglenest.foundation.processes import free_port
+from eaglenest.foundation.host.processes import free_port
 from eaglenest.foundation.settings import Settings
 from eaglenest.workers.infra.logs import (
     JsonFormatter,

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import redis
 
-from eaglenest.foundation.processes import free_port
+from eaglenest.foundation.host.processes import free_port
 from tests.support.stack import Stack
 
 BANNER = "EagleNest is listening on"

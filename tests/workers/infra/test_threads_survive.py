@@ -1,6 +1,6 @@
 """The worker's long-running threads survive whatever one round raises (issue #35): the
 watchdog, a job's heartbeat and an endpoint's lease heartbeat log it and go on at their
-pace (foundation/loops.py). SystemExit stands for what an `except Exception` lets through."""
+pace (foundation/host/loops.py). SystemExit stands for what an `except Exception` lets through."""
 
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 from eaglenest.foundation.environment import Kind, classify
 from eaglenest.foundation.shapes import rebuild
 from eaglenest.foundation.shapes.optimization_jobs import CreateOptimizationJobRequest
-from eaglenest.foundation.storage import LocalStore, parse_uri
+from eaglenest.foundation.store.storage import LocalStore, parse_uri
 from eaglenest.workers.jobs import capture_stage
 from eaglenest.workers.jobs.control import JobStopped
 from eaglenest.workers.jobs.inputs import InputError, JobSources

@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 import eaglenest.models.target as target_module
 from eaglenest.foundation.environment import Kind, classify
 from eaglenest.foundation.memory_plan import GIB, shape_of
-from eaglenest.foundation.storage import LocalStore, parse_uri
+from eaglenest.foundation.store.storage import LocalStore, parse_uri
 from eaglenest.workers.jobs import capture_stage, job_target
 from eaglenest.workers.jobs.inputs import InputError
 from eaglenest.workers.jobs.options import OptionError, parse_options

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from eaglenest.cli.status import progress_line
-from eaglenest.foundation.storage import LocalStore, StorageError, parse_uri
+from eaglenest.foundation.store.storage import LocalStore, StorageError, parse_uri
 from eaglenest.workers.jobs.progress import BenchProgress, TrainingProgress, describe
 
 URI = "s3://output/jobs/j1/training_log.jsonl"

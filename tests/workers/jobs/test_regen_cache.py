@@ -23,7 +23,7 @@ from safetensors.torch import load_file, save_file
 from eaglenest.foundation.environment import Kind, classify
 from eaglenest.foundation.shapes import rebuild
 from eaglenest.foundation.shapes.optimization_jobs import CreateOptimizationJobRequest
-from eaglenest.foundation.storage import LocalStore, S3Uri, parse_uri
+from eaglenest.foundation.store.storage import LocalStore, S3Uri, parse_uri
 from eaglenest.models.data import Chat, Completion
 from eaglenest.models.data import regenerate as regenerate_module
 from eaglenest.workers.jobs import job_data, regen_cache

@@ -12,7 +12,7 @@ import pytest
 
 from eaglenest.models.data import encode_examples, load_examples
 from eaglenest.models.target import load_target
-from eaglenest.models.train import TrainConfig
+from eaglenest.models.training.train import TrainConfig
 from eaglenest.workers.jobs.train_launch import LaunchError, launch, write_run
 
 STEPS = 6
@@ -93,7 +93,7 @@ def test_a_launch_first_stops_what_the_previous_launch_left(tmp_path):
     and a predecessor on another host makes the launch refuse."""
     import dataclasses
 
-    from eaglenest.foundation import children
+    from eaglenest.foundation.host import children
     from eaglenest.workers.jobs.train_launch import LAUNCHER, stop_predecessor
 
     proc, record = children.spawn(["bash", "-c", "sleep 300 & setsid sleep 300 & wait"],

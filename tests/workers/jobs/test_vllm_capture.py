@@ -22,16 +22,16 @@ import torch
 from safetensors.torch import load_file
 
 import eaglenest.models.target as target_module
-from eaglenest.foundation import children
+from eaglenest.foundation.host import children
 from eaglenest.foundation.shapes import rebuild
 from eaglenest.foundation.shapes.optimization_jobs import CreateOptimizationJobRequest
-from eaglenest.foundation.storage import LocalStore, parse_uri
+from eaglenest.foundation.store.storage import LocalStore, parse_uri
 from eaglenest.models.capture_shards import HELDOUT, TRAIN, read_manifest, write_shards
 from eaglenest.models.data import encode_examples, load_examples
 from eaglenest.models.prepare import cached_smollm2
 from eaglenest.models.shard_source import shard_train_data
 from eaglenest.models.target import load_target, load_target_ends
-from eaglenest.models.train import TrainConfig, train
+from eaglenest.models.training.train import TrainConfig, train
 from eaglenest.workers.jobs import capture_stage
 from eaglenest.workers.jobs.control import JobStopped
 from eaglenest.workers.jobs.inputs import JobSources

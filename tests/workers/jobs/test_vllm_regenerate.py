@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from eaglenest.foundation import children
+from eaglenest.foundation.host import children
 from eaglenest.models.data import Chat, load_examples
 from eaglenest.models.data.regenerate import regenerate
 from eaglenest.models.prepare import cached_smollm2

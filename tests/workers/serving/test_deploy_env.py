@@ -131,7 +131,7 @@ def test_vllm_gets_the_schedule_as_its_dynamic_speculation(
 def test_vllm_splits_where_the_schedule_turns_off(tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """Off above 4 running: the split router with a speculating and a plain vLLM server
-    (workers/serving/split.py), both on loopback; EAGLENEST_SPLIT_SERVING=0: one server."""
+    (workers/serving/split_router.py), both on loopback; EAGLENEST_SPLIT_SERVING=0: one server."""
     import json
 
     import eaglenest.workers.serving.deploy as deploy
@@ -144,7 +144,7 @@ def test_vllm_splits_where_the_schedule_turns_off(tmp_path: Path,
     spec = _spec(plan(EAGLENEST_SERVING_BACKEND="vllm"), Path("/m"), head, "ep")
     spec.bind_host = "0.0.0.0"
     cmd = spec.command()
-    assert cmd[1:3] == ["-m", "eaglenest.workers.serving.split"]
+    assert cmd[1:3] == ["-m", "eaglenest.workers.serving.split_router"]
     assert (_arg(cmd, "--speculate-upto"), _arg(cmd, "--port"), _arg(cmd, "--host")) == (
         "4", str(spec.port), "0.0.0.0")
     fast = json.loads(_arg(cmd, "--speculative-command") or "[]")

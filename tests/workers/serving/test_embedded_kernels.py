@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from eaglenest.foundation.processes import free_port
+from eaglenest.foundation.host.processes import free_port
 from eaglenest.models.decode.kernel_cache import FILE_NAME
 from eaglenest.workers.serving.process import ServerProcess, ServerSpec
 

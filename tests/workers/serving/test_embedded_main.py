@@ -20,7 +20,7 @@ import pytest
 import uvicorn
 from fastapi import FastAPI
 
-from eaglenest.foundation.processes import free_port
+from eaglenest.foundation.host.processes import free_port
 from eaglenest.workers.serving.embedded.__main__ import serve
 from tests.workers.serving.test_embedded_server import completion_text
 

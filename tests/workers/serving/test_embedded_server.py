@@ -10,8 +10,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from eaglenest.foundation.processes import free_port
-from eaglenest.foundation.threads import plan_threads
+from eaglenest.foundation.host.processes import free_port
+from eaglenest.foundation.host.threads import plan_threads
 from eaglenest.workers.jobs.loadgen import BenchConfig, run
 from eaglenest.workers.serving.embedded.metrics import (
     parse_rounds_by_k,

@@ -129,7 +129,7 @@ def _server_url(stack: Stack, name: str) -> str:
 
 
 def _get(stack: Stack, url: str, path: str, timeout: float = 10) -> httpx.Response:
-    """GET a model server of the stack with its instance secret (foundation/instance_auth.py:
+    """GET a model server of the stack with its instance secret (foundation/http/instance_auth.py:
     without it every request is refused)."""
     from eaglenest.db.session import Database
     from eaglenest.db.tables import EndpointRow

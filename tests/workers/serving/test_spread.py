@@ -16,8 +16,8 @@ from eaglenest.db.migrate import upgrade_head
 from eaglenest.db.session import Database
 from eaglenest.db.tables import EndpointRow
 from eaglenest.foundation.accounts import ResourceRef
-from eaglenest.foundation.children import Identity
-from eaglenest.foundation.gpus import Gpu
+from eaglenest.foundation.host.children import Identity
+from eaglenest.foundation.host.gpus import Gpu
 from eaglenest.foundation.queue import ENDPOINT_DELETE_TASK, ENDPOINT_RETIRE_TASK, TaskQueue
 from eaglenest.foundation.settings import Settings
 from eaglenest.workers.infra.context import WorkerContext

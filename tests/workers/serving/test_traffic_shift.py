@@ -38,7 +38,7 @@ def stack(tmp_path_factory, tiny_llama_dir):
 
 
 def _alive(stack: Stack, url: str) -> None:
-    """The instance answers /health to its secret (foundation/instance_auth.py)."""
+    """The instance answers /health to its secret (foundation/http/instance_auth.py)."""
     assert _get(stack, url, "/health", timeout=5).status_code == 200
 
 

@@ -83,7 +83,7 @@ def served(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path, eagle3_h
             "Image": "vllm",
             "Environment": {"EAGLENEST_SERVING_BACKEND": "vllm", "EAGLENEST_DTYPE": "float32",
                             "EAGLENEST_NUM_SPECULATIVE_TOKENS": str(recipe.K),
-                            # off above 1 running: split serving (workers/serving/split.py)
+                            # off above 1 running: split serving (workers/serving/split_router.py)
                             "EAGLENEST_SPECULATION_SCHEDULE": f"[[1,{recipe.K}],[64,0]]",
                             "EAGLENEST_MAX_MODEL_LEN": "1024"},
             "ModelDataSource": {"S3DataSource": {
@@ -135,7 +135,7 @@ def test_vllm_endpoint_serves_head_losslessly_with_speculation(served, smol) -> 
 
     stack, record = served
     url = record["instances"][0]["url"]
-    # the instance secret (foundation/instance_auth.py): vLLM refuses requests without it
+    # the instance secret (foundation/http/instance_auth.py): vLLM refuses requests without it
     auth = {"Authorization": f"Bearer {record['instances'][0]['secret']}"}
     assert httpx.get(f"{url}/metrics", timeout=30).status_code == 401
     rt = stack.client("sagemaker-runtime")
@@ -184,7 +184,7 @@ def test_vllm_endpoint_serves_head_losslessly_with_speculation(served, smol) -> 
 
     # above the schedule's speculating load: the plain server takes them, same text
     cmdline = Path(f"/proc/{record['instances'][0]['pid']}/cmdline").read_bytes()
-    assert b"eaglenest.workers.serving.split" in cmdline
+    assert b"eaglenest.workers.serving.split_router" in cmdline
     body = json.dumps({"prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0})
     with ThreadPoolExecutor(3) as pool:
         texts = list(pool.map(lambda _: json.loads(rt.invoke_endpoint(

@@ -14,8 +14,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from eaglenest.foundation.contention import governor_for
-from eaglenest.foundation.threads import apply_torch, plan_threads, sharing_from_env
+from eaglenest.foundation.host.contention import governor_for
+from eaglenest.foundation.host.threads import apply_torch, plan_threads, sharing_from_env
 from eaglenest.models.decode.modes import SPECULATIVE_MODES, DecodeMode
 
 
@@ -139,15 +139,15 @@ def serve(runner: Any, web: Any) -> int:
 def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
-    from eaglenest.foundation.connections import MODEL_SERVER_LIMITS, uvicorn_options
-    from eaglenest.foundation.instance_auth import InstanceGuard
+    from eaglenest.foundation.http.connections import MODEL_SERVER_LIMITS, uvicorn_options
+    from eaglenest.foundation.http.instance_auth import InstanceGuard
     from eaglenest.workers.serving.embedded.server import create_server_app
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     args = build_parser().parse_args(argv)
     server = build_server(args)
     # every request carries the instance's secret (EAGLENEST_INSTANCE_SECRET, when set);
-    # connections are bounded before it is checked (foundation/connections.py)
+    # connections are bounded before it is checked (foundation/http/connections.py)
     config = uvicorn.Config(InstanceGuard(create_server_app(server)), host=args.host,
                             port=args.port, log_level="warning", access_log=False,
                             **uvicorn_options(MODEL_SERVER_LIMITS))

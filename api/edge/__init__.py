@@ -1,0 +1,1 @@
+"""edge: see docs/architecture.md."""

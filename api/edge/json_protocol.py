@@ -1,0 +1,158 @@
+"""AWS JSON 1.1 on `POST /`: SigV4 check, X-Amz-Target dispatch (SageMaker's operations and
+the Resource Groups Tagging API's, api.tagging.operations), AWS error rendering."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import Response
+from sqlalchemy.exc import OperationalError
+
+import eaglenest.api.sagemaker  # noqa: F401  (registers the handlers)
+from eaglenest.api.edge.bounded import SignedRequest, check_depth, read_signed, too_large
+from eaglenest.api.edge.keyring import KeyRing
+from eaglenest.api.edge.registry import REGISTRY, Context
+from eaglenest.api.edge.sigv4 import REQUIRED_JSON
+from eaglenest.api.observability import ApiMetrics, BrokerProbe
+from eaglenest.api.tagging import operations
+from eaglenest.foundation import shapes
+from eaglenest.foundation.accounts import Account
+from eaglenest.foundation.errors import (
+    InternalFailure,
+    SerializationException,
+    ServiceError,
+    ServiceUnavailable,
+    UnknownOperationException,
+)
+
+log = logging.getLogger("eaglenest.api")
+TARGET_PREFIX = "SageMaker."
+JSON_11 = "application/x-amz-json-1.1"
+
+
+def json_response(body: dict[str, Any], status: int = 200) -> Response:
+    # The request id is set here rather than by an HTTP middleware: Starlette's
+    # BaseHTTPMiddleware costs more per call than the whole operation on a small request.
+    return Response(
+        content=json.dumps(body, separators=(",", ":")), status_code=status, media_type=JSON_11,
+        headers={"x-amzn-RequestId": str(uuid.uuid4())},
+    )
+
+
+def error_response(err: ServiceError) -> Response:
+    return json_response(err.body(), err.status)
+
+
+async def authenticated_body(request: Request, ctx: Context, secrets: Mapping[str, str],
+                             service: str = "sagemaker") -> tuple[bytes, str]:
+    """The body of a request whose signature is valid, and its access key id
+    (api.edge.bounded.read_signed, at most `max_request_bytes`)."""
+    headers = {k.lower(): v for k, v in request.headers.items()}
+    settings, limit = ctx.settings, ctx.settings.max_request_bytes
+    body, verified = await read_signed(
+        SignedRequest(request.method, str(request.url), headers, limit,
+                      lambda: too_large(limit), service, REQUIRED_JSON),
+        request.stream(), secrets, settings.region, settings.signature_max_skew)
+    return body, verified.access_key
+
+
+def route(target: str) -> tuple[str, str]:
+    """(SigV4 service name, operation label) of an X-Amz-Target: SageMaker's operations,
+    the Resource Groups Tagging API's (`tagging:<Op>`), else ("sagemaker", "Unknown")."""
+    if target.startswith(TARGET_PREFIX) and target[len(TARGET_PREFIX):] in REGISTRY:
+        return "sagemaker", target[len(TARGET_PREFIX):]
+    op = target.removeprefix(operations.TARGET_PREFIX)
+    if target.startswith(operations.TARGET_PREFIX) and op in operations.OPERATIONS:
+        return operations.SERVICE, f"tagging:{op}"
+    return "sagemaker", "Unknown"
+
+
+def _not_json(token: str) -> Any:
+    """Python's json reads NaN / Infinity / -Infinity; JSON (and botocore) has no such thing."""
+    raise ValueError(f"{token} is not a JSON value")
+
+
+def _finite(text: str) -> float:
+    """A JSON number too large for a double (1e400) would become inf: refuse it as well."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"number out of range: {text[:32]}")
+    return value
+
+
+def _payload(body: bytes) -> dict[str, Any]:
+    check_depth(body)
+    try:
+        payload = json.loads(body or b"{}", parse_constant=_not_json, parse_float=_finite)
+    except ValueError as exc:
+        raise SerializationException("Request body is not valid JSON.") from exc
+    if not isinstance(payload, dict):
+        raise SerializationException("Request body must be a JSON object.")
+    return payload
+
+
+def dispatch(ctx: Context, target: str, body: bytes) -> dict[str, Any]:
+    """Run one control-plane operation; raise ServiceError for every failure."""
+    service, op = route(target)
+    if op == "Unknown":
+        raise UnknownOperationException(f"Operation '{target}' is not supported by EagleNest.")
+    payload = _payload(body)
+    try:
+        if service == operations.SERVICE:
+            return operations.dispatch(ctx, op.removeprefix("tagging:"), payload)
+        result = REGISTRY[op](ctx, shapes.parse_input(op, payload))
+    except OperationalError as exc:
+        log.warning("database unavailable during %s: %s", op, exc.orig)
+        raise ServiceUnavailable("The database is unavailable; retry the request.") from exc
+    return shapes.dump_output(op, result or {})
+
+
+def install(app: FastAPI, ctx: Context) -> None:
+    router = APIRouter()
+    metrics = ApiMetrics(ctx.settings.job_lease_seconds)
+    app.state.metrics = metrics
+    app.state.broker = BrokerProbe(ctx.queue.broker_up)
+    keyring = KeyRing(ctx.settings)  # re-read when `eaglenest keys` changes the file
+
+    @router.post("/")
+    async def aws_json(request: Request) -> Response:
+        start = time.perf_counter()
+        target = request.headers.get("x-amz-target", "")
+        service, op = route(target)
+        try:
+            keys = keyring.current()
+            secrets = {k: v.secret for k, v in keys.items()}
+            body, key = await authenticated_body(request, ctx, secrets, service)
+            # the operation acts for the account of the key that signed it
+            caller = replace(ctx, account=Account(ctx.settings.region, keys[key].account_id))
+            result = await run_in_threadpool(dispatch, caller, target, body)
+        except ServiceError as err:
+            metrics.observe(op, err.code, time.perf_counter() - start)
+            raise
+        metrics.observe(op, "OK", time.perf_counter() - start)
+        return json_response(result)
+
+    @router.get("/metrics")
+    async def prometheus() -> Response:
+        text = await run_in_threadpool(metrics.render, ctx.db, app.state.broker)
+        return Response(text, media_type="text/plain; version=0.0.4")
+
+    app.include_router(router)
+
+    @app.exception_handler(ServiceError)
+    async def service_error(_: Request, exc: ServiceError) -> Response:
+        return error_response(exc)
+
+    @app.exception_handler(Exception)
+    async def unexpected(_: Request, exc: Exception) -> Response:
+        log.exception("unhandled error", exc_info=exc)
+        return error_response(InternalFailure("An internal error occurred."))

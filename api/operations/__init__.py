@@ -1,5 +1,0 @@
-"""One module per resource; importing this package registers every handler."""
-
-from eaglenest.api.operations import endpoint_configs, endpoints, models, optimization_jobs, tags
-
-__all__ = ["endpoint_configs", "endpoints", "models", "optimization_jobs", "tags"]

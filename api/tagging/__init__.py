@@ -1,0 +1,1 @@
+"""tagging: see docs/architecture.md."""

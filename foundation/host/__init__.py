@@ -1,0 +1,1 @@
+"""host: see docs/architecture.md."""

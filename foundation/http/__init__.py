@@ -1,0 +1,1 @@
+"""http: see docs/architecture.md."""
