@@ -34,7 +34,7 @@ from eaglenest.models.heads.registry import EAGLE, EAGLE3
 def random_head(target: Any, kind: str) -> torch.nn.Module:
     from eaglenest.models.data import builtin_path, encode_examples, load_examples
     from eaglenest.models.heads.registry import HEADS
-    from eaglenest.models.training.train import TrainConfig
+    from eaglenest.models.training.config import TrainConfig
 
     examples = load_examples(builtin_path("gsm8k_training.jsonl"))[:16]
     samples = encode_examples(examples, target.tokenizer, max_length=256)

@@ -64,7 +64,7 @@ from eaglenest.models.decode.modes import DecodeMode
 from eaglenest.models.decode.stats import SpecStats
 from eaglenest.models.target import Target
 from eaglenest.workers.jobs.loadgen import BenchConfig, run
-from eaglenest.workers.serving.process import EMBEDDED, VLLM, ServerProcess, ServerSpec
+from eaglenest.workers.model_servers.process import EMBEDDED, VLLM, ServerProcess, ServerSpec
 
 CODE_SETS = ("magicoder", "opencodeinstruct", "swebench")
 ORACLE = " oracle"  # name suffix of the oracle rows (drafts read from plain's output)
@@ -262,7 +262,7 @@ def vllm_batch1(server: ServerProcess, prompts: list[str], n: int,
     """(tokens/s, tau, texts) of the prompts one at a time, non-streaming, temperature 0."""
     import httpx
 
-    from eaglenest.workers.serving.embedded.metrics import parse_spec_counters
+    from eaglenest.workers.model_servers.embedded.metrics import parse_spec_counters
 
     with httpx.Client(timeout=3600) as client:
         before = parse_spec_counters(client.get(f"{server.base_url}/metrics").text)

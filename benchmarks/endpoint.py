@@ -248,7 +248,7 @@ def _server_pids(stack: Stack) -> set[int]:
             return ""
 
     servers = [p for p in psutil.Process(stack.proc.pid).children(True)
-               if any(n in cmd(p) for n in ("eaglenest.workers.serving.embedded", "vllm"))]
+               if any(n in cmd(p) for n in ("eaglenest.workers.model_servers.embedded", "vllm"))]
     return {p.pid for p in servers} | {c.pid for p in servers for c in p.children(True)}
 
 

@@ -12,7 +12,7 @@ from typing import Any
 from eaglenest.models.data import BUILTIN_NAMES, Chat, Example, load_examples
 from eaglenest.models.data.split import held_out_split
 from eaglenest.models.target import Target
-from eaglenest.models.training.train import TrainConfig
+from eaglenest.models.training.config import TrainConfig
 
 
 def split_builtin(held_out: int) -> tuple[list[Example], list[Example]]:

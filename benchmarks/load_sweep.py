@@ -43,16 +43,16 @@ import httpx
 
 from eaglenest.foundation.host.processes import free_port
 from eaglenest.workers.jobs.loadgen import BenchConfig, LevelResult, pool, run_level_texts
-from eaglenest.workers.serving.embedded.metrics import parse_torch_threads
-from eaglenest.workers.serving.process import (
+from eaglenest.workers.model_servers.embedded.metrics import parse_torch_threads
+from eaglenest.workers.model_servers.process import (
     EMBEDDED,
     VLLM,
     ServerProcess,
     ServerSpec,
     vllm_installed,
 )
-from eaglenest.workers.serving.schedule import Schedule, parse_schedule, read_schedule
-from eaglenest.workers.serving.split_router import PLAIN, SPEC, parse_routed
+from eaglenest.workers.model_servers.schedule import Schedule, parse_schedule, read_schedule
+from eaglenest.workers.model_servers.split_router import PLAIN, SPEC, parse_routed
 
 DEFAULT_SCHEDULE = "[[1,5],[4,3],[16,0]]"
 
@@ -256,7 +256,7 @@ def tiny_models(out: Path) -> tuple[Path, Path]:
     from eaglenest.models.heads.registry import DEFAULT_KIND, HEADS
     from eaglenest.models.target import load_target
     from eaglenest.models.tiny import build_tiny_target
-    from eaglenest.models.training.train import TrainConfig
+    from eaglenest.models.training.config import TrainConfig
 
     target_dir = build_tiny_target(out / "tiny-llama", "LlamaForCausalLM")
     target = load_target(target_dir)

@@ -39,7 +39,7 @@ def one(seq: int, parts: int, steps: int) -> dict[str, float]:
     from eaglenest.models.training import partition
     from eaglenest.models.training.distributed import LossFn
     from eaglenest.models.training.optim import make_optimizer
-    from eaglenest.models.training.train import TrainConfig
+    from eaglenest.models.training.config import TrainConfig
 
     torch.set_num_threads(2)
     target = load_target(cached_smollm2())

@@ -72,7 +72,7 @@ from eaglenest.models.heads.registry import EAGLE3
 from eaglenest.models.heads.vocab import build_draft_vocab, token_counts
 from eaglenest.models.target import Target, load_target
 from eaglenest.models.training.train import TrainData, train
-from eaglenest.workers.serving.process import ServingError
+from eaglenest.workers.model_servers.process import ServingError
 
 SCRIPTS = Path(__file__).resolve().parent / "speculators_cpu"
 

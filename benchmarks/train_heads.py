@@ -23,7 +23,7 @@ Per head: training tokens/s (real tokens, padding excluded), peak RSS of this pr
 that head's training (a sampling thread, 0.2 s), and acceptance length tau = 1 + accepted /
 drafts at K = 3 and 5, temperature 0, from vLLM's spec-decode counters on /metrics, read by
 workers.jobs.loadgen around one pass over the held-out prompts (concurrency 1) against a vLLM
-server started by workers.serving.process with the saved head.
+server started by workers.model_servers.process with the saved head.
 """
 
 from __future__ import annotations
@@ -48,10 +48,11 @@ from eaglenest.models.checkpoint import save_head
 from eaglenest.models.data import Chat, Example, encode_examples
 from eaglenest.models.prepare import cached_smollm2
 from eaglenest.models.target import Target, load_target
-from eaglenest.models.training.train import TrainConfig, TrainData, train
+from eaglenest.models.training.config import TrainConfig
+from eaglenest.models.training.train import TrainData, train
 from eaglenest.workers.jobs.loadgen import BenchConfig, run
-from eaglenest.workers.serving.embedded.metrics import parse_spec_counters
-from eaglenest.workers.serving.process import VLLM, ServerProcess, ServerSpec
+from eaglenest.workers.model_servers.embedded.metrics import parse_spec_counters
+from eaglenest.workers.model_servers.process import VLLM, ServerProcess, ServerSpec
 
 HEALTH_TIMEOUT_S = 900.0
 

@@ -54,7 +54,7 @@ def _kernel_cache(args: argparse.Namespace) -> Path | None:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from eaglenest.workers.jobs.bench_stage import BenchPlan, run_benchmark
-    from eaglenest.workers.serving.process import default_backend
+    from eaglenest.workers.model_servers.process import default_backend
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

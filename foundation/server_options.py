@@ -156,7 +156,7 @@ def plan_for(options: ServerOptions, shape: ModelShape, gpus: Gpus,
              head: HeadShape | None = None, copies: int = 1) -> MemoryPlan:
     """The plan of one server of `copies` on `gpus` as the container asks (``max``: every
     GPU); PlanError when it cannot hold, MAX_INPUT_LENGTH not below its length included.
-    CreateEndpoint (db/gpu_fit.py) and the worker (workers/serving/gpu_options.py) both
+    CreateEndpoint (db/gpu_fit.py) and the worker (workers/model_servers/gpu_options.py) both
     plan with this."""
     wants = replace(options.wants, copies=copies,
                     tensor_parallel=gpus.count if options.max_tp
@@ -169,7 +169,7 @@ def plan_for(options: ServerOptions, shape: ModelShape, gpus: Gpus,
     return planned
 
 
-#: EAGLENEST_SERVING_BACKEND's values (workers/serving/process.py VLLM, EMBEDDED)
+#: EAGLENEST_SERVING_BACKEND's values (workers/model_servers/process.py VLLM, EMBEDDED)
 SERVING_BACKENDS = ("vllm", "embedded")
 #: the decode mode a server runs when none is set (models/decode/modes.py DecodeMode.CHAIN)
 DEFAULT_MODE = "chain"

@@ -170,7 +170,7 @@ class Bench:
             base = self.heads.get((kind, torch.float32))
             if base is None:
                 from eaglenest.models.heads.registry import HEADS
-                from eaglenest.models.training.train import TrainConfig
+                from eaglenest.models.training.config import TrainConfig
 
                 target = self.target(next(iter(self.models), torch.float32))  # as it is
                 torch.manual_seed(0)

@@ -261,7 +261,8 @@ def _capture_ms(bench: Bench, target: Any, autocast: Any) -> float:
 def training(bench: Bench) -> dict[str, Any]:
     """models.training.train steps/s per head kind after ``train_warmup`` steps (captures
     cached)."""
-    from eaglenest.models.training.train import TrainConfig, TrainData, train
+    from eaglenest.models.training.config import TrainConfig
+    from eaglenest.models.training.train import TrainData, train
 
     spec, cuda = bench.spec, bench.device.type == "cuda"
     target = bench.target(bench.perf_dtype)  # as models.commands loads it

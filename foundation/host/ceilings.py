@@ -11,7 +11,7 @@ Contract:
   refuses anything else too), and at most the usable CPUs. At Create that is the API
   host's (`host_cpus`, a proxy: the workers are usually the same machines or larger); a
   worker with fewer clamps each one to its own usable CPUs before it starts a model server
-  (`clamp_threads`, called by workers/serving/process.thread_env; foundation/host/threads.py
+  (`clamp_threads`, called by workers/model_servers/process.thread_env; foundation/host/threads.py
   plan_threads then sizes the pools from the clamped value).
 - Serving lengths (`LENGTH_OPTIONS`: EAGLENEST_MAX_MODEL_LEN, OPTION_MAX_MODEL_LEN,
   MAX_TOTAL_TOKENS, MAX_INPUT_LENGTH) are at most `MAX_MODEL_LEN` tokens, at Create and

@@ -1,8 +1,9 @@
 """Plain-ASGI edges both planes share: reading a request body and sending a whole reply.
 
 The API's own ASGI layers (api/runtime/proxy.py, api/s3/), the model servers' guard
-(foundation/http/instance_auth.py) and the split router (workers/serving/split_router.py) answer
-below FastAPI, so they read and reply through these, never through copies of their own.
+(foundation/http/instance_auth.py) and the split router
+(workers/model_servers/split_router.py) answer below FastAPI, so they read and reply
+through these, never through copies of their own.
 """
 
 from __future__ import annotations

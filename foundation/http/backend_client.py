@@ -1,5 +1,5 @@
 """A lean HTTP/1.1 client for the hop to the model servers: the runtime proxy's
-(api/runtime) and the split router's (workers/serving/split_router.py).
+(api/runtime) and the split router's (workers/model_servers/split_router.py).
 
 The hop is the proxy's per-token cost: every streamed token is one chunk read here and one
 frame written to the caller. httpx parses responses in pure Python (h11) under anyio

@@ -6,7 +6,7 @@ Contract:
 - Listed before InstanceGuard on vLLM's command line: Starlette runs the last middleware
   added outermost, so a request is authenticated before it is tokenized.
 - Active only when its environment has ``EAGLENEST_MAX_INPUT_LENGTH`` (the container's
-  MAX_INPUT_LENGTH, set by workers/serving/process.py) and ``EAGLENEST_TOKENIZER_DIR`` (the
+  MAX_INPUT_LENGTH, set by workers/model_servers/process.py) and ``EAGLENEST_TOKENIZER_DIR`` (the
   model folder); otherwise every request passes untouched.
 - ``POST /v1/completions``: the prompt's tokens (a string is tokenized without special
   tokens, as vLLM's completions endpoint adds them only where the tokenizer does; a list of

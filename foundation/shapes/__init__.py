@@ -40,6 +40,7 @@ __all__ = [
     "ResponseValidationError",
     "StoredShapeError",
     "dump_output",
+    "invalid_output",
     "parse_input",
     "rebuild",
     "to_wire",
@@ -141,22 +142,42 @@ def to_wire(shape: AwsShape) -> dict[str, Any]:
     return data
 
 
-def dump_output(operation: str, data: dict[str, Any], service: str = "sagemaker"
-                ) -> dict[str, Any]:
-    """Validate ``data`` against ``operation``'s output shape; return the JSON-ready dict.
+def invalid_output(operation: str, exc: ValidationError) -> ResponseValidationError:
+    """The error of a reply that breaks `operation`'s output shape (a server bug)."""
+    detail = service_error(type_of(exc), exc).message
+    return ResponseValidationError(f"Invalid {operation} response: {detail}")
 
-    None members are dropped and timestamps become epoch seconds (float). Operations
-    without an output shape return ``{}``.
+
+def type_of(exc: ValidationError) -> type[AwsShape]:
+    """The shape class a ValidationError was raised for (pydantic names it by its title)."""
+    for table in SERVICES.values():
+        for shape in (*table[0].values(), *table[1].values()):
+            if shape is not None and shape.__name__ == exc.title:
+                return shape
+    return AwsShape
+
+
+def dump_output(operation: str, data: AwsShape | dict[str, Any] | None,
+                service: str = "sagemaker") -> dict[str, Any]:
+    """The JSON-ready dict of ``operation``'s reply: its output shape (what handlers
+    return), or a dict validated against it. None members are dropped and timestamps
+    become epoch seconds (float). Operations without an output shape return ``{}``.
     """
     _input_shape(operation, service)
     shape = SERVICES[service][1][operation]
     if shape is None:
         if data:
-            raise ResponseValidationError(f"{operation} has no output members, got {sorted(data)}")
+            members = sorted(data) if isinstance(data, dict) else type(data).__name__
+            raise ResponseValidationError(f"{operation} has no output members, got {members}")
         return {}
-    try:
-        model = shape.model_validate(data)
-    except ValidationError as exc:
-        detail = service_error(shape, exc).message
-        raise ResponseValidationError(f"Invalid {operation} response: {detail}") from None
+    if isinstance(data, AwsShape):
+        if type(data) is not shape:
+            raise ResponseValidationError(
+                f"Invalid {operation} response: a {type(data).__name__}, not {shape.__name__}")
+        model = data
+    else:
+        try:
+            model = shape.model_validate(data or {})
+        except ValidationError as exc:
+            raise invalid_output(operation, exc) from None
     return model.model_dump(mode="json", exclude_none=True, by_alias=True)

@@ -34,7 +34,7 @@ def target(tiny_llama_dir: Path) -> Target:
 def head(target: Target) -> Any:
     """A random (untrained) EAGLE-3 head: the oracle rows do not use it, the others do."""
     from eaglenest.models.heads.registry import HEADS
-    from eaglenest.models.training.train import TrainConfig
+    from eaglenest.models.training.config import TrainConfig
 
     rng = random.Random(0)
     vocab = int(target.model.config.vocab_size)

@@ -16,7 +16,7 @@ from eaglenest.models.decode.kernels import KernelPolicy
 from eaglenest.models.decode.modes import DecodeMode
 from eaglenest.models.heads.registry import HEADS
 from eaglenest.models.target import load_target
-from eaglenest.models.training.train import TrainConfig
+from eaglenest.models.training.config import TrainConfig
 
 
 @pytest.mark.parametrize(("name", "matrix"), [

@@ -13,7 +13,7 @@ from eaglenest.db import endpoints_repo
 from eaglenest.db import optimization_jobs_repo as jobs
 from eaglenest.db.session import Database
 from eaglenest.foundation.failure_reason import MAX_CHARS, first_exception, one_line
-from eaglenest.workers.serving.process import ServerProcess, ServerSpec, ServingError
+from eaglenest.workers.model_servers.process import ServerProcess, ServerSpec, ServingError
 from tests.db.test_optimization_jobs_repo import ACCOUNT, JOB, make
 from tests.support.endpoint_rows import EP, seed_endpoint
 
@@ -30,7 +30,7 @@ eaglenest.models.target.TargetError: unknown architecture NoSuchForCausalLM
 The above exception was the direct cause of the following exception:
 
 Traceback (most recent call last):
-  File "/srv/eaglenest/eaglenest/workers/serving/embedded.py", line 12, in main
+  File "/srv/eaglenest/eaglenest/workers/model_servers/embedded.py", line 12, in main
 RuntimeError: the server could not start
 """
 

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from eaglenest.models.capture_cache import CaptureCache
-from eaglenest.models.training.train import TrainConfig, TrainData, collate, train
+from eaglenest.models.training.config import TrainConfig
+from eaglenest.models.training.train import TrainData, collate, train
 
 
 def test_cached_capture_matches_a_live_capture(llama, samples) -> None:  # noqa: ANN001

@@ -15,7 +15,8 @@ from eaglenest.models.data import encode_examples, load_examples
 from eaglenest.models.shard_source import shard_train_data
 from eaglenest.models.target import load_target
 from eaglenest.models.tiny import build_tiny_target
-from eaglenest.models.training.train import TrainConfig, TrainData, train
+from eaglenest.models.training.config import TrainConfig
+from eaglenest.models.training.train import TrainData, train
 
 
 @pytest.mark.gpu

@@ -8,7 +8,8 @@ import torch
 from safetensors.torch import load_file
 
 from eaglenest.models.checkpoint import export_head, load_head, read_head_config, save_head
-from eaglenest.models.training.train import TrainConfig, TrainData, latest_checkpoint, train
+from eaglenest.models.training.config import TrainConfig
+from eaglenest.models.training.train import TrainData, latest_checkpoint, train
 from tests.models.vllm_reference import ReferenceDraft
 
 EXPLICIT = (

@@ -11,7 +11,8 @@ from eaglenest.models.checkpoint import save_head
 from eaglenest.models.data import encode_examples, load_examples
 from eaglenest.models.prepare import prepare_smollm2
 from eaglenest.models.target import load_target
-from eaglenest.models.training.train import TrainConfig, TrainData, train
+from eaglenest.models.training.config import TrainConfig
+from eaglenest.models.training.train import TrainData, train
 from tests.models.vllm_reference import ReferenceDraft
 
 pytestmark = pytest.mark.slow

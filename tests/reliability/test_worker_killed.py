@@ -75,9 +75,9 @@ def test_worker_killed_during_the_benchmark(stack):
         "s3://models/tiny-llama/", EAGLENEST_MAX_STEPS="4"))
     running = _kill_worker_when(
         stack, lambda: "benchmark baseline vs EAGLE" in stack.log() and any(
-            "workers.serving.embedded" in c for c in strays(stack).values()),
+            "workers.model_servers.embedded" in c for c in strays(stack).values()),
         "the benchmark's model server never ran")
-    assert any("workers.serving.embedded" in c for c in running.values()), running
+    assert any("workers.model_servers.embedded" in c for c in running.values()), running
     assert_no_strays(stack, timeout=15)  # the model server died with the worker
     d = wait_job(sm, "bench-killed", {"COMPLETED", "FAILED", "STOPPED"}, 600, stack)
     assert d["OptimizationJobStatus"] == "COMPLETED", d.get("FailureReason")

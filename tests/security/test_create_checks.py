@@ -116,7 +116,7 @@ def test_the_control_planes_names_are_the_workers() -> None:
     plane imports neither)."""
     from eaglenest.foundation import server_options
     from eaglenest.models.decode.modes import SPECULATIVE_MODES, DecodeMode
-    from eaglenest.workers.serving.process import EMBEDDED, VLLM
+    from eaglenest.workers.model_servers.process import EMBEDDED, VLLM
 
     assert DecodeMode.CHAIN.value == server_options.DEFAULT_MODE
     assert server_options.DEFAULT_MODE in SPECULATIVE_MODES

@@ -1,6 +1,6 @@
 """Prompt length and max_new_tokens are checked against the model's limits before any work
 starts: the model server refuses what is over them with a 400 in vLLM's words
-(workers/serving/embedded/limits.py), which the caller gets as SageMaker reports a
+(workers/model_servers/embedded/limits.py), which the caller gets as SageMaker reports a
 container's 4xx (ModelError 424, OriginalStatusCode 400, the container's message), for
 InvokeEndpoint and, before any chunk, for the streaming variant. A refused request never
 reaches the engine: its counters do not move and a request beside it is served as alone.

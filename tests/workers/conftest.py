@@ -13,7 +13,8 @@ import pytest
 def tiny_eagle3_dir(tmp_path_factory: pytest.TempPathFactory, tiny_llama_dir: Path) -> Path:
     from eaglenest.models.data import builtin_path, encode_examples, load_examples
     from eaglenest.models.target import load_target
-    from eaglenest.models.training.train import TrainConfig, TrainData, train
+    from eaglenest.models.training.config import TrainConfig
+    from eaglenest.models.training.train import TrainData, train
 
     target = load_target(tiny_llama_dir)
     samples = encode_examples(load_examples(builtin_path("gsm8k_training.jsonl"))[:8],

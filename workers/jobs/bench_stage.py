@@ -1,6 +1,6 @@
 """The benchmark stage: baseline (target alone) vs speculative at each K, same load, same
 backend, each level measured in ``rounds`` rounds, and the speculation schedule derived from
-it (workers/serving/schedule.py)."""
+it (workers/model_servers/schedule.py)."""
 
 from __future__ import annotations
 
@@ -25,9 +25,9 @@ from eaglenest.workers.jobs.loadgen import (
     to_markdown,
 )
 from eaglenest.workers.jobs.progress import BenchProgress
-from eaglenest.workers.serving import gpu_options
-from eaglenest.workers.serving.process import ServerProcess, ServerSpec, cuda_available
-from eaglenest.workers.serving.schedule import FILE_NAME, MARGIN, Schedule, derive
+from eaglenest.workers.model_servers import gpu_options
+from eaglenest.workers.model_servers.process import ServerProcess, ServerSpec, cuda_available
+from eaglenest.workers.model_servers.schedule import FILE_NAME, MARGIN, Schedule, derive
 
 log = logging.getLogger("eaglenest.optimize")
 

@@ -95,7 +95,7 @@ def choose_for(model_dir: Path, requested: str, device: str, gpu_gib: float,
     from eaglenest.foundation.host.gpus import MEMORY_TOLERANCE
     from eaglenest.foundation.memory_plan import GIB, ShapeError, shape_of
     from eaglenest.workers.jobs.inputs import InputError
-    from eaglenest.workers.serving.process import vllm_installed
+    from eaglenest.workers.model_servers.process import vllm_installed
 
     if device == "cpu":
         return choose_backend(requested, "cpu", 0, 0, vllm_installed())

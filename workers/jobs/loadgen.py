@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 
-from eaglenest.workers.serving.embedded.metrics import parse_spec_counters
+from eaglenest.workers.model_servers.embedded.metrics import parse_spec_counters
 
 
 @dataclass

@@ -53,8 +53,8 @@ from eaglenest.workers.jobs.inputs import (
     resolve_sources,
 )
 from eaglenest.workers.jobs.options import OptionError, parse_options
-from eaglenest.workers.serving.process import ServingError, default_backend
-from eaglenest.workers.serving.schedule import ENV_NAME as SCHEDULE_ENV
+from eaglenest.workers.model_servers.process import ServingError, default_backend
+from eaglenest.workers.model_servers.schedule import ENV_NAME as SCHEDULE_ENV
 
 log = logging.getLogger("eaglenest.optimize")
 #: the model container variable naming the serving backend (workers/serving/deploy.py)

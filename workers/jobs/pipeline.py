@@ -53,8 +53,8 @@ from eaglenest.workers.jobs.options import JobOptions
 from eaglenest.workers.jobs.placing import JobGpus
 from eaglenest.workers.jobs.progress import LOG_NAME, BenchProgress, TrainingProgress
 from eaglenest.workers.jobs.regen_cache import RegenCache
-from eaglenest.workers.serving.process import default_backend
-from eaglenest.workers.serving.schedule import schedule_from
+from eaglenest.workers.model_servers.process import default_backend
+from eaglenest.workers.model_servers.schedule import schedule_from
 
 log = logging.getLogger("eaglenest.optimize")
 HEAD_FILES = ("config.json", "model.safetensors", "provenance.json")
@@ -196,7 +196,8 @@ class Pipeline:
 
     def _train(self, target: Any, examples: list[Any], head: str,
                init_head: Path | None, holdout: list[Any] | None = None) -> dict[str, Any]:
-        from eaglenest.models.training.train import TrainConfig, latest_checkpoint, train
+        from eaglenest.models.training.config import TrainConfig
+        from eaglenest.models.training.train import latest_checkpoint, train
 
         holdout = holdout or []
         regeneration = None
@@ -274,7 +275,8 @@ class Pipeline:
         split, and the held-out accuracy reads them from there)."""
         from eaglenest.models.capture_cache import CaptureCache
         from eaglenest.models.shard_source import shard_train_data
-        from eaglenest.models.training.train import TrainConfig, TrainData
+        from eaglenest.models.training.config import TrainConfig
+        from eaglenest.models.training.train import TrainData
 
         if self.capture_backend == "in-process":
             weight = next(target.model.parameters())

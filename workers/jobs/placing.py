@@ -29,7 +29,7 @@ from eaglenest.foundation.queue import OPTIMIZE_TASK, TRAIN_QUEUE
 from eaglenest.workers.infra.context import WorkerContext
 from eaglenest.workers.infra.placement import NoCapacity, capacity_reason
 from eaglenest.workers.jobs.options import OptionError
-from eaglenest.workers.serving.process import cuda_available
+from eaglenest.workers.model_servers.process import cuda_available
 
 log = logging.getLogger("eaglenest.optimize")
 

@@ -72,7 +72,7 @@ def write_run(run_dir: Path, config: Any, target_dir: Path, device: str, source:
     ``capture`` folder their captures come from its held-out split). ``dtype``: the one
     each rank loads the target in (workers/jobs/job_target.py ``job_dtype``)."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    from eaglenest.models.training.train import config_record
+    from eaglenest.models.training.config import config_record
 
     fields = config_record(config)
     for name, group in (("samples.json", samples), (HELDOUT_FILE, heldout or [])):
@@ -203,7 +203,8 @@ def rank_main(run_file: Path) -> int:
     """One rank (run by torchrun): load the target, train, rank 0 writes result.json."""
     from eaglenest.models.data.template import Sample
     from eaglenest.models.training import distributed
-    from eaglenest.models.training.train import TrainConfig, train
+    from eaglenest.models.training.config import TrainConfig
+    from eaglenest.models.training.train import train
 
     children.die_with_parent()  # torchrun killed (its worker died): the ranks go too
     run_dir = run_file.parent

@@ -31,7 +31,7 @@ def run_child(module: str, run: dict[str, Any], stem: Path, poll: Callable[[], N
     from eaglenest.foundation.environment import child_environment
     from eaglenest.foundation.host import children
     from eaglenest.workers.jobs.train_launch import PACKAGE_ROOT, first_error
-    from eaglenest.workers.serving.process import VLLM_RPC_ENV
+    from eaglenest.workers.model_servers.process import VLLM_RPC_ENV
 
     run_file, log_file = stem.with_suffix(".json"), stem.with_suffix(".log")
     run_file.write_text(json.dumps(run))

@@ -43,22 +43,22 @@ from eaglenest.foundation.store.storage import ArtifactStore
 from eaglenest.models.decode.modes import SPECULATIVE_MODES
 from eaglenest.workers.infra.placement import Placer
 from eaglenest.workers.jobs.inputs import InputError, container_uris, fetch_tree, model_container
-from eaglenest.workers.serving import gpu_options
-from eaglenest.workers.serving.process import (
+from eaglenest.workers.model_servers import gpu_options
+from eaglenest.workers.model_servers.process import (
     VLLM,
     ServerProcess,
     ServerSpec,
     cuda_available,
     default_backend,
 )
-from eaglenest.workers.serving.records import resolved_image, stop_servers
-from eaglenest.workers.serving.schedule import ENV_NAME as SCHEDULE_ENV
-from eaglenest.workers.serving.schedule import (
+from eaglenest.workers.model_servers.schedule import ENV_NAME as SCHEDULE_ENV
+from eaglenest.workers.model_servers.schedule import (
     Schedule,
     ScheduleError,
     parse_schedule,
     read_schedule,
 )
+from eaglenest.workers.serving.records import resolved_image, stop_servers
 
 DEFAULT_HEALTH_TIMEOUT = 900
 log = logging.getLogger("eaglenest.endpoints")

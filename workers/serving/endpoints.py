@@ -56,6 +56,7 @@ from eaglenest.foundation.queue import (
 )
 from eaglenest.workers.infra.context import WorkerContext
 from eaglenest.workers.infra.placement import NoCapacity
+from eaglenest.workers.model_servers.process import ServingError
 from eaglenest.workers.serving import capacity, fleet, shift, spread
 from eaglenest.workers.serving.deploy import (
     DeployError,
@@ -64,7 +65,6 @@ from eaglenest.workers.serving.deploy import (
     restart_instances,
 )
 from eaglenest.workers.serving.endpoint_lease import EndpointLease
-from eaglenest.workers.serving.process import ServingError
 from eaglenest.workers.serving.records import (
     dead_instances,
     deployment,

@@ -24,7 +24,7 @@ from eaglenest.foundation.accounts import ResourceRef
 from eaglenest.foundation.deployment import instances_of
 from eaglenest.foundation.host import children
 from eaglenest.foundation.http import instance_auth
-from eaglenest.workers.serving.process import EMBEDDED, VLLM
+from eaglenest.workers.model_servers.process import EMBEDDED, VLLM
 
 if TYPE_CHECKING:
     from eaglenest.workers.infra.context import WorkerContext

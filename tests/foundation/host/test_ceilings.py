@@ -28,7 +28,7 @@ from eaglenest.foundation.store.disk_usage import (
 )
 from eaglenest.foundation.store.storage import LocalStore, parse_uri
 from eaglenest.workers.jobs.options import OptionError, parse_options
-from eaglenest.workers.serving.process import ServerSpec, thread_env
+from eaglenest.workers.model_servers.process import ServerSpec, thread_env
 
 
 @pytest.mark.parametrize(("raw", "over"), [

@@ -1,6 +1,6 @@
 """Thread sizing on a shared host (foundation/host/threads.py): usable CPUs from affinity and the
 cgroup quota, one share per EagleNest compute process counted in the host registry,
-explicit settings first; model servers start with their share (workers/serving/process.py)."""
+explicit settings first; model servers start with their share (workers/model_servers/process.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 
 from eaglenest.foundation.host import threads
 from eaglenest.foundation.host.threads import Registry, ThreadPlan, plan_threads, usable_cpus
-from eaglenest.workers.serving.process import VLLM, ServerSpec, thread_env
+from eaglenest.workers.model_servers.process import VLLM, ServerSpec, thread_env
 
 
 def _cgroup(tmp_path: Path, v2: str | None = None, v1: tuple[int, int] | None = None) -> Path:

@@ -13,7 +13,7 @@ from eaglenest.models.heads.eagle import build as _build_eagle
 from eaglenest.models.heads.eagle3 import build as _build_eagle3
 from eaglenest.models.heads.peagle import build as _build_peagle
 from eaglenest.models.target import Target
-from eaglenest.models.training.train import TrainConfig
+from eaglenest.models.training.config import TrainConfig
 
 BUILDERS = {"eagle": _build_eagle, "eagle3": _build_eagle3, "peagle": _build_peagle}
 

@@ -5,7 +5,7 @@ import torch
 from eaglenest.models.heads.base import HeadBatch
 from eaglenest.models.heads.eagle import build as _build_eagle
 from eaglenest.models.heads.layers import causal_mask
-from eaglenest.models.training.train import TrainConfig
+from eaglenest.models.training.config import TrainConfig
 
 
 def test_eagle_head_structure(llama, samples) -> None:  # noqa: ANN001

@@ -6,7 +6,7 @@ from eaglenest.models.heads.base import HeadBatch
 from eaglenest.models.heads.eagle3 import Eagle3Head
 from eaglenest.models.heads.eagle3 import build as _build_eagle3
 from eaglenest.models.heads.layers import causal_mask
-from eaglenest.models.training.train import TrainConfig
+from eaglenest.models.training.config import TrainConfig
 
 
 def make_head(llama, samples, **kw) -> Eagle3Head:  # noqa: ANN001

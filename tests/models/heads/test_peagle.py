@@ -5,7 +5,7 @@ import torch
 from eaglenest.models.heads.layers import causal_mask
 from eaglenest.models.heads.peagle import PEagleHead, cod_keep
 from eaglenest.models.heads.peagle import build as _build_peagle
-from eaglenest.models.training.train import TrainConfig
+from eaglenest.models.training.config import TrainConfig
 
 
 def make_head(llama, samples) -> PEagleHead:  # noqa: ANN001

@@ -20,7 +20,7 @@ from eaglenest.models.heads.registry import (
     spec_of_config,
     vllm_speculative_method,
 )
-from eaglenest.models.training.train import TrainConfig
+from eaglenest.models.training.config import TrainConfig
 from tests.support import sources
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -24,7 +24,8 @@ import eaglenest.models.training.train as train_module
 from eaglenest.models.data import encode_examples, load_examples
 from eaglenest.models.data.template import Sample
 from eaglenest.models.target import Target, load_target
-from eaglenest.models.training.train import TrainConfig, TrainData, train
+from eaglenest.models.training.config import TrainConfig
+from eaglenest.models.training.train import TrainData, train
 
 STEPS = 4
 

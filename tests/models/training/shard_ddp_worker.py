@@ -21,7 +21,8 @@ import torch.distributed as dist
 import eaglenest.models.capture_shards as capture_shards
 import eaglenest.models.shard_source as shard_source
 from eaglenest.models.shard_source import shard_train_data
-from eaglenest.models.training.train import TrainConfig, train
+from eaglenest.models.training.config import TrainConfig
+from eaglenest.models.training.train import train
 
 
 def main(capture: str, root: str, steps: int) -> None:

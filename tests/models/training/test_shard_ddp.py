@@ -20,7 +20,7 @@ import torch
 from eaglenest.models.capture_shards import shard_name, write_shards
 from eaglenest.models.shard_source import ShardSource, ShardTarget
 from eaglenest.models.training.batches import RankStream
-from eaglenest.models.training.train import TrainConfig
+from eaglenest.models.training.config import TrainConfig
 from tests.models.training.test_distributed import _env
 
 HERE = Path(__file__).parent

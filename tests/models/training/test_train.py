@@ -10,13 +10,8 @@ from eaglenest.models.data import encode_examples, load_examples
 from eaglenest.models.heads.registry import HEADS
 from eaglenest.models.tiny import ARCHITECTURES
 from eaglenest.models.training.optim import BudgetShare, Muon, lr_lambda, make_optimizer
-from eaglenest.models.training.train import (
-    BatchStream,
-    TrainConfig,
-    TrainData,
-    latest_checkpoint,
-    train,
-)
+from eaglenest.models.training.config import TrainConfig
+from eaglenest.models.training.train import BatchStream, TrainData, latest_checkpoint, train
 
 
 def cfg(tmp: Path | None, **kw) -> TrainConfig:  # noqa: ANN003
@@ -109,7 +104,7 @@ def test_a_peagle_head_starts_from_an_eagle3_head(llama, samples, tmp_path: Path
 def test_each_step_row_reaches_on_step_with_time_and_tokens(llama, samples) -> None:  # noqa: ANN001
     from datetime import UTC, datetime, timedelta
 
-    from eaglenest.models.training.train import config_record
+    from eaglenest.models.training.config import config_record
 
     rows: list[dict] = []
     config = cfg(None, head="eagle3", on_step=rows.append)

@@ -11,7 +11,8 @@ from eaglenest.workers.infra.checkpoint_sync import CheckpointSync
 
 
 def _train(target, samples, out: Path, **kw):  # noqa: ANN001, ANN003, ANN202
-    from eaglenest.models.training.train import TrainConfig, TrainData, train
+    from eaglenest.models.training.config import TrainConfig
+    from eaglenest.models.training.train import TrainData, train
 
     cfg = TrainConfig(head="eagle3", out_dir=str(out), max_steps=6, draft_vocab_size=64,
                       progress=False, lr=2e-3, warmup_steps=2, **kw)

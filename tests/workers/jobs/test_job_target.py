@@ -29,12 +29,12 @@ from tests.workers.jobs.test_capture_stage import _out, _pipeline
 
 @pytest.fixture
 def installed(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("eaglenest.workers.serving.process.vllm_installed", lambda: True)
+    monkeypatch.setattr("eaglenest.workers.model_servers.process.vllm_installed", lambda: True)
 
 
 @pytest.fixture
 def not_installed(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("eaglenest.workers.serving.process.vllm_installed", lambda: False)
+    monkeypatch.setattr("eaglenest.workers.model_servers.process.vllm_installed", lambda: False)
 
 
 def _fp32(folder: Path, name: str) -> Path:

@@ -12,7 +12,7 @@ import pytest
 
 from eaglenest.models.data import encode_examples, load_examples
 from eaglenest.models.target import load_target
-from eaglenest.models.training.train import TrainConfig
+from eaglenest.models.training.config import TrainConfig
 from eaglenest.workers.jobs.train_launch import LaunchError, launch, write_run
 
 STEPS = 6

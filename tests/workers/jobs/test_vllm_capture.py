@@ -31,13 +31,14 @@ from eaglenest.models.data import encode_examples, load_examples
 from eaglenest.models.prepare import cached_smollm2
 from eaglenest.models.shard_source import shard_train_data
 from eaglenest.models.target import load_target, load_target_ends
-from eaglenest.models.training.train import TrainConfig, train
+from eaglenest.models.training.config import TrainConfig
+from eaglenest.models.training.train import train
 from eaglenest.workers.jobs import capture_stage
 from eaglenest.workers.jobs.control import JobStopped
 from eaglenest.workers.jobs.inputs import JobSources
 from eaglenest.workers.jobs.options import parse_options
 from eaglenest.workers.jobs.pipeline import Pipeline
-from eaglenest.workers.serving.process import vllm_installed
+from eaglenest.workers.model_servers.process import vllm_installed
 from tests.support.jobs import job
 from tests.workers.jobs.test_capture_stage import ENV, Control
 

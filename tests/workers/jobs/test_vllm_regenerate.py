@@ -21,7 +21,7 @@ from eaglenest.models.prepare import cached_smollm2
 from eaglenest.models.target import load_target
 from eaglenest.workers.jobs import vllm_regenerate
 from eaglenest.workers.jobs.control import JobStopped
-from eaglenest.workers.serving.process import vllm_installed
+from eaglenest.workers.model_servers.process import vllm_installed
 
 pytestmark = [
     pytest.mark.vllm,

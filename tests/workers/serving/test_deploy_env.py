@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from eaglenest.workers.model_servers.process import EMBEDDED
 from eaglenest.workers.serving.deploy import DeployError, VariantPlan, _spec
-from eaglenest.workers.serving.process import EMBEDDED
 
 
 def plan(**env: str) -> VariantPlan:
@@ -102,8 +102,8 @@ def test_vllm_gets_the_schedule_as_its_dynamic_speculation(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import json
 
+    import eaglenest.workers.model_servers.process as process
     import eaglenest.workers.serving.deploy as deploy
-    import eaglenest.workers.serving.process as process
 
     monkeypatch.setattr(deploy, "default_backend", lambda: "vllm")
     monkeypatch.setattr(process, "cuda_available", lambda: False)
@@ -131,11 +131,11 @@ def test_vllm_gets_the_schedule_as_its_dynamic_speculation(
 def test_vllm_splits_where_the_schedule_turns_off(tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """Off above 4 running: the split router with a speculating and a plain vLLM server
-    (workers/serving/split_router.py), both on loopback; EAGLENEST_SPLIT_SERVING=0: one server."""
+    (workers/model_servers/split_router.py), both on loopback; EAGLENEST_SPLIT_SERVING=0: one server."""
     import json
 
+    import eaglenest.workers.model_servers.process as process
     import eaglenest.workers.serving.deploy as deploy
-    import eaglenest.workers.serving.process as process
 
     monkeypatch.setattr(deploy, "default_backend", lambda: "vllm")
     monkeypatch.setattr(process, "cuda_available", lambda: False)
@@ -144,7 +144,7 @@ def test_vllm_splits_where_the_schedule_turns_off(tmp_path: Path,
     spec = _spec(plan(EAGLENEST_SERVING_BACKEND="vllm"), Path("/m"), head, "ep")
     spec.bind_host = "0.0.0.0"
     cmd = spec.command()
-    assert cmd[1:3] == ["-m", "eaglenest.workers.serving.split_router"]
+    assert cmd[1:3] == ["-m", "eaglenest.workers.model_servers.split_router"]
     assert (_arg(cmd, "--speculate-upto"), _arg(cmd, "--port"), _arg(cmd, "--host")) == (
         "4", str(spec.port), "0.0.0.0")
     fast = json.loads(_arg(cmd, "--speculative-command") or "[]")

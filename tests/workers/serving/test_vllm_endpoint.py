@@ -34,8 +34,8 @@ import httpx
 import pytest
 import torch
 
-from eaglenest.workers.serving.embedded.metrics import parse_spec_counters
-from eaglenest.workers.serving.process import vllm_installed
+from eaglenest.workers.model_servers.embedded.metrics import parse_spec_counters
+from eaglenest.workers.model_servers.process import vllm_installed
 from tests.support.jobs import upload
 from tests.support.processes import wait_group_gone
 from tests.support.stack import Stack
@@ -83,7 +83,7 @@ def served(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path, eagle3_h
             "Image": "vllm",
             "Environment": {"EAGLENEST_SERVING_BACKEND": "vllm", "EAGLENEST_DTYPE": "float32",
                             "EAGLENEST_NUM_SPECULATIVE_TOKENS": str(recipe.K),
-                            # off above 1 running: split serving (workers/serving/split_router.py)
+                            # off above 1 running: split serving (workers/model_servers/split_router.py)
                             "EAGLENEST_SPECULATION_SCHEDULE": f"[[1,{recipe.K}],[64,0]]",
                             "EAGLENEST_MAX_MODEL_LEN": "1024"},
             "ModelDataSource": {"S3DataSource": {
@@ -184,7 +184,7 @@ def test_vllm_endpoint_serves_head_losslessly_with_speculation(served, smol) -> 
 
     # above the schedule's speculating load: the plain server takes them, same text
     cmdline = Path(f"/proc/{record['instances'][0]['pid']}/cmdline").read_bytes()
-    assert b"eaglenest.workers.serving.split_router" in cmdline
+    assert b"eaglenest.workers.model_servers.split_router" in cmdline
     body = json.dumps({"prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0})
     with ThreadPoolExecutor(3) as pool:
         texts = list(pool.map(lambda _: json.loads(rt.invoke_endpoint(

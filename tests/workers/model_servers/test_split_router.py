@@ -1,4 +1,4 @@
-"""Split serving (workers/serving/split_router.py): the policy on its own, then the router as a
+"""Split serving (workers/model_servers/split_router.py): the policy on its own, then the router as a
 process over two stand-in model servers (tests/support/fake_model_server.py): which server
 each request reaches under load, relayed bodies and streams, the instance's secret, and
 that no model server outlives the router or runs on without its sibling."""
@@ -20,7 +20,7 @@ import pytest
 
 from eaglenest.foundation.host.processes import free_port
 from eaglenest.foundation.http import instance_auth
-from eaglenest.workers.serving.split_router import (
+from eaglenest.workers.model_servers.split_router import (
     PLAIN,
     SPEC,
     WARM_UP_BATCH,
@@ -77,7 +77,7 @@ def router(request):  # type: ignore[no-untyped-def]
     extra = getattr(request, "param", {})
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "eaglenest.workers.serving.split_router", "--port", str(port),
+        [sys.executable, "-m", "eaglenest.workers.model_servers.split_router", "--port", str(port),
          "--speculate-upto", "2", "--speculative-command", _fake(SPEC, *extra.get(SPEC, [])),
          "--plain-command", _fake(PLAIN)],
         cwd=ROOT, env={**os.environ, instance_auth.SECRET_ENV: SECRET},

@@ -13,13 +13,13 @@ import pytest
 from eaglenest.foundation.host.processes import free_port
 from eaglenest.foundation.host.threads import plan_threads
 from eaglenest.workers.jobs.loadgen import BenchConfig, run
-from eaglenest.workers.serving.embedded.metrics import (
+from eaglenest.workers.model_servers.embedded.metrics import (
     parse_rounds_by_k,
     parse_spec_counters,
     parse_torch_threads,
 )
-from eaglenest.workers.serving.process import EMBEDDED, ServerProcess, ServerSpec
-from eaglenest.workers.serving.schedule import Schedule
+from eaglenest.workers.model_servers.process import EMBEDDED, ServerProcess, ServerSpec
+from eaglenest.workers.model_servers.schedule import Schedule
 
 PROMPTS = ["Natalia sold 48 clips", "def add(a, b):", "The quick brown fox"]
 LENGTHS = [24, 5, 17, 9, 30, 2]  # different lengths: requests leave the batch at different steps

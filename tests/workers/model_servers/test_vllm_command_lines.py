@@ -13,8 +13,8 @@ import pytest
 from eaglenest.foundation.instance_types import lookup
 from eaglenest.foundation.memory_plan import gpus_of_type
 from eaglenest.workers.jobs import bench_stage
-from eaglenest.workers.serving import gpu_options
-from eaglenest.workers.serving.process import VLLM, ServerSpec
+from eaglenest.workers.model_servers import gpu_options
+from eaglenest.workers.model_servers.process import VLLM, ServerSpec
 from tests.foundation.test_memory_plan import FITS
 from tests.support.model_shapes import write_shape
 

@@ -9,7 +9,7 @@ import pytest
 
 from eaglenest.workers.jobs.bench_stage import describe, requests_per_round
 from eaglenest.workers.jobs.loadgen import LevelResult, pool
-from eaglenest.workers.serving.schedule import (
+from eaglenest.workers.model_servers.schedule import (
     Schedule,
     ScheduleError,
     derive,

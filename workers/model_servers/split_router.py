@@ -320,7 +320,7 @@ async def _lifespan(receive: Receive, send: Send, close: Callable[[], Awaitable[
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m eaglenest.workers.serving.split_router")
+    p = argparse.ArgumentParser(prog="python -m eaglenest.workers.model_servers.split_router")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--speculate-upto", type=int, required=True,

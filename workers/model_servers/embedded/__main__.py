@@ -1,4 +1,5 @@
-"""`python -m eaglenest.workers.serving.embedded --model DIR [--head DIR] ...`: the embedded server.
+"""The embedded server:
+`python -m eaglenest.workers.model_servers.embedded --model DIR [--head DIR] ...`.
 
 Its arguments mirror vLLM's OpenAI server where they overlap (--model, --port, --host,
 --served-model-name, --dtype, --max-model-len) so the process manager treats both alike.
@@ -20,7 +21,7 @@ from eaglenest.models.decode.modes import SPECULATIVE_MODES, DecodeMode
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m eaglenest.workers.serving.embedded")
+    p = argparse.ArgumentParser(prog="python -m eaglenest.workers.model_servers.embedded")
     p.add_argument("--model", required=True)
     p.add_argument("--head", default=None)
     p.add_argument("--mode", default=DecodeMode.CHAIN.value, choices=SPECULATIVE_MODES)
@@ -40,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="folder of the linear-kernel timing cache (models/decode/kernel_cache.py)"
                         " shared by this host's servers (default: measure at every start)")
     p.add_argument("--speculation-schedule", default=None,
-                   help="K per load, [[max_running, K], ...] (workers/serving/schedule.py); "
+                   help="K per load, [[max_running, K], ...] (workers/model_servers/schedule.py); "
                         "each step drafts the K for the requests running (0 = plain)")
     return p
 
@@ -54,8 +55,8 @@ def build_server(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     from eaglenest.models.decode.kernels import KernelPolicy
     from eaglenest.models.heads.registry import head_spec
     from eaglenest.models.target import load_target
-    from eaglenest.workers.serving.embedded.server import EmbeddedServer
-    from eaglenest.workers.serving.schedule import parse_schedule
+    from eaglenest.workers.model_servers.embedded.server import EmbeddedServer
+    from eaglenest.workers.model_servers.schedule import parse_schedule
 
     schedule = parse_schedule(args.speculation_schedule, "--speculation-schedule") if (
         args.speculation_schedule) else None
@@ -141,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from eaglenest.foundation.http.connections import MODEL_SERVER_LIMITS, uvicorn_options
     from eaglenest.foundation.http.instance_auth import InstanceGuard
-    from eaglenest.workers.serving.embedded.server import create_server_app
+    from eaglenest.workers.model_servers.embedded.server import create_server_app
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     args = build_parser().parse_args(argv)

@@ -1,4 +1,4 @@
-"""workers/serving/embedded/generation.py Runner: an admitted request's first token is taken
+"""workers/model_servers/embedded/generation.py Runner: an admitted request's first token is taken
 by the HTTP side before the step that admitted it goes on to its batched forward."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from eaglenest.workers.serving.embedded import generation
-from eaglenest.workers.serving.embedded.generation import Request, Runner
-from eaglenest.workers.serving.embedded.metrics import ServerMetrics
+from eaglenest.workers.model_servers.embedded import generation
+from eaglenest.workers.model_servers.embedded.generation import Request, Runner
+from eaglenest.workers.model_servers.embedded.metrics import ServerMetrics
 
 
 class _Tokenizer:

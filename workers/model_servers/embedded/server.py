@@ -16,10 +16,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from eaglenest.workers.serving.embedded import limits
-from eaglenest.workers.serving.embedded.generation import Engine, Runner
-from eaglenest.workers.serving.embedded.generation import Request as GenRequest
-from eaglenest.workers.serving.embedded.metrics import ServerMetrics
+from eaglenest.workers.model_servers.embedded import limits
+from eaglenest.workers.model_servers.embedded.generation import Engine, Runner
+from eaglenest.workers.model_servers.embedded.generation import Request as GenRequest
+from eaglenest.workers.model_servers.embedded.metrics import ServerMetrics
 
 
 class _Common(BaseModel):

@@ -15,7 +15,7 @@ import pytest
 
 from eaglenest.foundation.host.processes import free_port
 from eaglenest.models.decode.kernel_cache import FILE_NAME
-from eaglenest.workers.serving.process import ServerProcess, ServerSpec
+from eaglenest.workers.model_servers.process import ServerProcess, ServerSpec
 
 
 @pytest.fixture(scope="module")

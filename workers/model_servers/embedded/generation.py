@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Protocol
 
-from eaglenest.workers.serving.embedded.metrics import ServerMetrics
+from eaglenest.workers.model_servers.embedded.metrics import ServerMetrics
 
 
 class Engine(Protocol):

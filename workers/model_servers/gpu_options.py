@@ -38,7 +38,7 @@ from eaglenest.foundation.memory_plan import (
     head_of,
     shape_of,
 )
-from eaglenest.workers.serving.process import ServerSpec
+from eaglenest.workers.model_servers.process import ServerSpec
 
 log = logging.getLogger("eaglenest.endpoints")
 

@@ -1,5 +1,5 @@
 """The embedded server's process: the engine on the main thread, HTTP on another
-(workers/serving/embedded/__main__.py `serve`), the one-at-a-time engine path, and how the
+(workers/model_servers/embedded/__main__.py `serve`), the one-at-a-time engine path, and how the
 process ends (a signal: 0 after in-flight work; a port in use: 1)."""
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import uvicorn
 from fastapi import FastAPI
 
 from eaglenest.foundation.host.processes import free_port
-from eaglenest.workers.serving.embedded.__main__ import serve
-from tests.workers.serving.test_embedded_server import completion_text
+from eaglenest.workers.model_servers.embedded.__main__ import serve
+from tests.workers.model_servers.test_embedded_server import completion_text
 
 PROMPTS = ["Natalia sold 48 clips", "def add(a, b):", "The quick brown fox"]
 
@@ -117,7 +117,7 @@ def one_at_a_time(tmp_path: Path, tiny_llama_dir, tiny_eagle3_dir) -> Iterator[t
     port = free_port()
     log = open(tmp_path / "server.log", "wb")  # noqa: SIM115 - closed below
     proc = subprocess.Popen(
-        [sys.executable, "-m", "eaglenest.workers.serving.embedded", "--model",
+        [sys.executable, "-m", "eaglenest.workers.model_servers.embedded", "--model",
          str(tiny_llama_dir), "--head", str(tiny_eagle3_dir), "--num-speculative-tokens", "3",
          "--max-num-seqs", "1", "--port", str(port), "--served-model-name", "tiny",
          "--max-model-len", "256"], stdout=log, stderr=subprocess.STDOUT)

@@ -9,9 +9,9 @@ import pytest
 
 from eaglenest.foundation.instance_types import lookup
 from eaglenest.foundation.memory_plan import gpus_of_type
-from eaglenest.workers.serving import gpu_options
-from eaglenest.workers.serving.process import EMBEDDED, VLLM, ServerSpec
-from eaglenest.workers.serving.schedule import Schedule
+from eaglenest.workers.model_servers import gpu_options
+from eaglenest.workers.model_servers.process import EMBEDDED, VLLM, ServerSpec
+from eaglenest.workers.model_servers.schedule import Schedule
 from tests.support.model_shapes import write_shape
 
 
@@ -122,7 +122,7 @@ def test_the_embedded_engine_gets_the_length_and_batch(tmp_path: Path) -> None:
 def test_split_serving_on_cuda_only_when_asked_and_twice_fits(tmp_path: Path,
                                                                monkeypatch: pytest.MonkeyPatch
                                                                ) -> None:
-    monkeypatch.setattr("eaglenest.workers.serving.process.vllm_dynamic_speculation",
+    monkeypatch.setattr("eaglenest.workers.model_servers.process.vllm_dynamic_speculation",
                         lambda: True)
     head = tmp_path / "head"
     head.mkdir()

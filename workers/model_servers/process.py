@@ -31,7 +31,7 @@ from eaglenest.foundation.host.threads import SHARING_ENV, Registry, ThreadPlan,
 from eaglenest.foundation.http import input_guard, instance_auth
 from eaglenest.models.decode.modes import DecodeMode
 from eaglenest.models.heads.registry import vllm_speculative_method
-from eaglenest.workers.serving.schedule import Schedule
+from eaglenest.workers.model_servers.schedule import Schedule
 
 log = logging.getLogger("eaglenest.serving")
 
@@ -86,12 +86,12 @@ class ServerSpec:
     #: the instance's secret (foundation/http/instance_auth.py): every request must carry it and
     #: the health check asks for its proof; None: an unguarded server (benchmarks)
     secret: str | None = None
-    #: K per load (workers/serving/schedule.py); None: num_speculative_tokens at every load
+    #: K per load (workers/model_servers/schedule.py); None: num_speculative_tokens at every load
     schedule: Schedule | None = None
     #: vLLM without dynamic speculation only: the running requests to pick a fixed K for
     expected_load: int = 1
     #: vLLM with a schedule that turns off above some load: serve those loads from a second
-    #: server of the target alone (workers/serving/split_router.py)
+    #: server of the target alone (workers/model_servers/split_router.py)
     split: bool = True
     #: the GPUs the server is shown (CUDA_VISIBLE_DEVICES, workers/infra/placement.py); {}:
     #: the host's view is left as it is (a host without GPUs)
@@ -101,7 +101,7 @@ class ServerSpec:
     #: vLLM: --tensor-parallel-size (the instance's GPUs, or the LMI option that says less)
     tensor_parallel: int = 1
     #: vLLM: --gpu-memory-utilization (the memory plan's, or OPTION_GPU_MEMORY_UTILIZATION;
-    #: workers/serving/gpu_options.py); None: vLLM's default (no GPUs)
+    #: workers/model_servers/gpu_options.py); None: vLLM's default (no GPUs)
     gpu_memory_utilization: float | None = None
     #: sequences decoded together (OPTION_MAX_ROLLING_BATCH_SIZE): vLLM's --max-num-seqs and
     #: the embedded engine's batch; None: each backend's default
@@ -120,8 +120,8 @@ class ServerSpec:
         return self.head_dir is not None and (self.schedule is None or self.schedule.speculates)
 
     def split_upto(self) -> int | None:
-        """Split serving's threshold (workers/serving/split_router.py), None when not split: vLLM
-        with dynamic speculation and a schedule that is off above some load."""
+        """Split serving's threshold (workers/model_servers/split_router.py), None when not
+        split: vLLM with dynamic speculation and a schedule that is off above some load."""
         if (self.backend != VLLM or not self.split or self.schedule is None
                 or not self.speculates() or not vllm_dynamic_speculation()):
             return None
@@ -131,7 +131,7 @@ class ServerSpec:
         if self.backend == VLLM:
             upto = self.split_upto()
             return self._vllm() if upto is None else self._split(upto)
-        cmd = [sys.executable, "-m", "eaglenest.workers.serving.embedded",
+        cmd = [sys.executable, "-m", "eaglenest.workers.model_servers.embedded",
                "--model", str(self.model_dir),
                "--port", str(self.port), "--host", self.bind_host,
                "--served-model-name", self.served_name, "--dtype", self.dtype,
@@ -178,7 +178,7 @@ class ServerSpec:
         """The split router's command; its two servers listen on loopback only."""
         inner = replace(self, bind_host="127.0.0.1")
         plain = replace(inner, head_dir=None, schedule=None)
-        return [sys.executable, "-m", "eaglenest.workers.serving.split_router",
+        return [sys.executable, "-m", "eaglenest.workers.model_servers.split_router",
                 "--host", self.bind_host, "--port", str(self.port),
                 "--speculate-upto", str(upto),
                 "--speculative-command", json.dumps(inner._vllm()),

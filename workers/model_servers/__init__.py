@@ -1,0 +1,1 @@
+"""model_servers: see docs/architecture.md."""
