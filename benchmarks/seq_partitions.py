@@ -37,9 +37,9 @@ def one(seq: int, parts: int, steps: int) -> dict[str, float]:
     from eaglenest.models.prepare import cached_smollm2
     from eaglenest.models.target import load_target
     from eaglenest.models.training import partition
+    from eaglenest.models.training.config import TrainConfig
     from eaglenest.models.training.distributed import LossFn
     from eaglenest.models.training.optim import make_optimizer
-    from eaglenest.models.training.config import TrainConfig
 
     torch.set_num_threads(2)
     target = load_target(cached_smollm2())

@@ -41,6 +41,7 @@ from eaglenest.models.heads.registry import (
     head_spec,
     spec_of_config,
 )
+from eaglenest.models.training.config import TrainConfig
 
 WEIGHTS = "model.safetensors"
 PROVENANCE = "provenance.json"
@@ -50,7 +51,6 @@ TARGET_LM_HEAD = "lm_head.weight"  # a head without its own vocabulary uses the 
 
 if TYPE_CHECKING:
     from eaglenest.models.target import Target
-    from eaglenest.models.training.train import TrainConfig
 
 
 def head_kind(head: nn.Module) -> str:

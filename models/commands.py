@@ -127,7 +127,8 @@ def _train(args: argparse.Namespace, device: Any) -> int:
     from eaglenest.models.data import DataError, encode_examples, load_examples
     from eaglenest.models.data.regenerate import regenerate
     from eaglenest.models.target import TargetError, load_target
-    from eaglenest.models.training.train import TrainConfig, TrainData, train
+    from eaglenest.models.training.config import TrainConfig
+    from eaglenest.models.training.train import TrainData, train
 
     try:
         dtype = torch.bfloat16 if args.device == "cuda" else torch.float32

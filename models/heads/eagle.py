@@ -31,11 +31,11 @@ from eaglenest.models.heads.layers import (
     shift_left,
 )
 from eaglenest.models.target import Capture
+from eaglenest.models.training.config import TrainConfig
 
 if TYPE_CHECKING:
     from eaglenest.models.data.template import Sample
     from eaglenest.models.target import Target
-    from eaglenest.models.training.train import TrainConfig
 
 
 class EagleLayer(nn.Module):

@@ -40,11 +40,11 @@ from eaglenest.models.heads.layers import (
 )
 from eaglenest.models.heads.vocab import draft_to_target, draft_vocab_for
 from eaglenest.models.target import Capture
+from eaglenest.models.training.config import TrainConfig
 
 if TYPE_CHECKING:
     from eaglenest.models.data.template import Sample
     from eaglenest.models.target import Target
-    from eaglenest.models.training.train import TrainConfig
 
 
 class Eagle3Layer(nn.Module):

@@ -34,11 +34,11 @@ from eaglenest.models.heads.eagle3 import Eagle3Head, layer_config
 from eaglenest.models.heads.layers import HeadConfig, causal_mask, shift_left, ttt_mask
 from eaglenest.models.heads.vocab import draft_vocab_for
 from eaglenest.models.target import Capture
+from eaglenest.models.training.config import TrainConfig
 
 if TYPE_CHECKING:
     from eaglenest.models.data.template import Sample
     from eaglenest.models.target import Target
-    from eaglenest.models.training.train import TrainConfig
 
 
 def parallel_mask(seq: int, depth: int, device: torch.device | None = None) -> torch.Tensor:

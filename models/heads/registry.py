@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
     from eaglenest.models.data.template import Sample
     from eaglenest.models.target import Target
-    from eaglenest.models.training.train import TrainConfig
+    from eaglenest.models.training.config import TrainConfig
 
 CHECKPOINT_FORMATS = ("native", "speculators")
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
@@ -28,9 +28,7 @@ from eaglenest.models.capture_cache import CaptureCache, CaptureSource
 from eaglenest.models.data.template import Sample
 from eaglenest.models.heads.base import HeadBatch, HeadLoss
 from eaglenest.models.target import Target
-
-if TYPE_CHECKING:
-    from eaglenest.models.training.train import TrainConfig
+from eaglenest.models.training.config import TrainConfig
 
 #: the history row key of a held-out evaluation (per depth; only on evaluated steps)
 HELDOUT_KEY = "heldout_accuracy"

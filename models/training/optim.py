@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
 
-if TYPE_CHECKING:
-    from eaglenest.models.training.train import TrainConfig
+from eaglenest.models.training.config import TrainConfig
 
 __all__ = ["NS_DTYPES", "OPTIMIZERS", "BudgetShare", "Muon", "Optimizers", "lr_lambda",
            "make_optimizer", "ns_dtype", "orthogonalize"]

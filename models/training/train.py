@@ -19,8 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -32,76 +31,17 @@ from tqdm import tqdm
 from eaglenest.models.capture_cache import CaptureCache, CaptureSource
 from eaglenest.models.checkpoint import head_kind, load_start_head, save_head
 from eaglenest.models.data.template import Sample
-from eaglenest.models.heads.registry import DEFAULT_KIND, HEADS
+from eaglenest.models.heads.registry import HEADS
 from eaglenest.models.target import Target
 from eaglenest.models.training import distributed, partition
 from eaglenest.models.training.batches import BatchStream, RankStream, batch_stream
+from eaglenest.models.training.config import TrainConfig, config_record
 from eaglenest.models.training.evaluate import HELDOUT_KEY, HeldOut, Stopper, collate
 from eaglenest.models.training.optim import BudgetShare, make_optimizer
 
 STATE_FILE = "trainer_state.pt"
 #: TrainResult.stop_reason values
 STOP_REASONS = ("max steps", "stop_after", "time budget", "plateau", "stopped")
-
-
-@dataclass
-class TrainConfig:
-    head: str = DEFAULT_KIND  # a kind of models/heads/registry.py (HEADS)
-    out_dir: str | None = None
-    max_steps: int = 100
-    batch_size: int = 2
-    lr: float = 3e-4
-    weight_decay: float = 0.01  # AdamW group
-    warmup_steps: int = 10
-    min_lr_ratio: float = 0.1
-    grad_clip: float = 0.5
-    seed: int = 0
-    ttt_steps: int = 3  # EAGLE-3 training-time-test steps
-    #: P-EAGLE positions trained per anchor (the real one plus depth - 1 mask slots); 3
-    #: trained better heads than 5 (docs/training.md); served K may be larger
-    parallel_depth: int = 3
-    #: P-EAGLE: a step's anchors in this many parts, a backward each (models/training/partition.py):
-    #: the same gradients in the memory of one part, for long samples
-    seq_partitions: int = 1
-    keep_prob: float = 0.7  # P-EAGLE conditional drop-token keep probability
-    step_decay: float = 1.0  # loss weight decay**j of draft step j (1.0: all steps equal)
-    draft_vocab_size: int = 8192
-    num_layers: int = 1  # EAGLE-3 / P-EAGLE draft decoder layers (EAGLE-1/2: always 1)
-    # EAGLE-3 / P-EAGLE layer recipe (all three read by vLLM): hidden_norm before the
-    # residual, an RMSNorm on the aux states before fc, TTT steps fed the post-norm hidden
-    norm_before_residual: bool = True
-    norm_before_fc: bool = True
-    norm_output: bool = True
-    optimizer: str = "muon"  # Muon for the layer's matrices + AdamW for the rest, or "adamw"
-    muon_lr: float | None = None  # default: lr (Muon's update is scaled to AdamW's RMS)
-    muon_weight_decay: float = 0.1
-    muon_ns_dtype: str = "auto"  # Newton-Schulz matmuls: auto | float32 | bfloat16 (optim.py)
-    mask_token_id: int | None = None  # P-EAGLE; default: pad, else eos
-    checkpoint_every: int = 0  # 0: only the final save
-    stop_after: int | None = None  # stop early at this step (schedule still spans max_steps)
-    max_seconds: float | None = None  # wall-clock budget; a resumable checkpoint is saved
-    eval_every: int = 0  # steps between held-out evaluations (TrainData.heldout); 0: none
-    #: stop when held-out acc@1 has not risen by plateau_margin over its best for this many
-    #: consecutive evaluations; 0: never
-    plateau_evals: int = 0
-    plateau_margin: float = 0.005
-    #: seconds for max_seconds (default time.perf_counter; tests inject a fake clock)
-    clock: Callable[[], float] | None = field(default=None, repr=False, compare=False)
-    #: polled before every step; True ends training early with a resumable checkpoint
-    #: (the optimization job's stop / max-runtime check). Not part of provenance.
-    should_stop: Callable[[], bool] | None = field(default=None, repr=False, compare=False)
-    #: called with each checkpoint folder once written (the job mirrors it to the store)
-    on_checkpoint: Callable[[Path], None] | None = field(default=None, repr=False, compare=False)
-    #: called on the main process with each step's history row once the step is done
-    on_step: Callable[[dict[str, Any]], None] | None = field(default=None, repr=False,
-                                                             compare=False)
-    resume: bool = False
-    init_head: str | None = None
-    checkpoint_format: str = "native"  # or "speculators" (EAGLE-3 / P-EAGLE)
-    #: target hidden states kept (CPU RAM) so later epochs skip the target forward; 0: none
-    capture_cache_mb: int = 4096
-    speculative_tokens: int = 3  # written into speculators configs
-    progress: bool = True
 
 
 @dataclass
@@ -200,14 +140,6 @@ def _load_rng(state: dict[str, Any], place: distributed.Dist) -> None:
 def latest_checkpoint(out_dir: str | Path) -> Path | None:
     pointer = Path(out_dir) / "checkpoints" / "latest"
     return pointer.parent / pointer.read_text().strip() if pointer.is_file() else None
-
-
-_HOOKS = ("should_stop", "on_checkpoint", "on_step", "clock")
-
-
-def config_record(config: TrainConfig) -> dict[str, Any]:
-    """The config's fields without its callbacks (provenance; a run file for other processes)."""
-    return {f.name: getattr(config, f.name) for f in fields(config) if f.name not in _HOOKS}
 
 
 def _save_head(

@@ -33,8 +33,8 @@ from eaglenest.models.shard_source import (
 )
 from eaglenest.models.target import load_target
 from eaglenest.models.training.batches import rank_shards
-from eaglenest.models.training.evaluate import HELDOUT_KEY, HeldOut
 from eaglenest.models.training.config import TrainConfig
+from eaglenest.models.training.evaluate import HELDOUT_KEY, HeldOut
 from eaglenest.models.training.train import TrainData, train
 
 CPU = torch.device("cpu")

@@ -13,8 +13,8 @@ import torch
 
 from eaglenest.models.data import encode_examples, load_examples
 from eaglenest.models.heads.registry import HEADS
-from eaglenest.models.training.evaluate import HELDOUT_KEY, HeldOut, collate, plateaued
 from eaglenest.models.training.config import TrainConfig
+from eaglenest.models.training.evaluate import HELDOUT_KEY, HeldOut, collate, plateaued
 from eaglenest.models.training.train import TrainData, latest_checkpoint, train
 
 

@@ -11,9 +11,9 @@ import torch
 
 from eaglenest.models.heads.base import Partition
 from eaglenest.models.heads.peagle import build, cod_keep, parallel_mask, slot_mask
+from eaglenest.models.training.config import TrainConfig
 from eaglenest.models.training.evaluate import collate
 from eaglenest.models.training.partition import merged
-from eaglenest.models.training.config import TrainConfig
 from eaglenest.models.training.train import TrainData, train
 
 

@@ -9,8 +9,8 @@ from eaglenest.models.checkpoint import load_head
 from eaglenest.models.data import encode_examples, load_examples
 from eaglenest.models.heads.registry import HEADS
 from eaglenest.models.tiny import ARCHITECTURES
-from eaglenest.models.training.optim import BudgetShare, Muon, lr_lambda, make_optimizer
 from eaglenest.models.training.config import TrainConfig
+from eaglenest.models.training.optim import BudgetShare, Muon, lr_lambda, make_optimizer
 from eaglenest.models.training.train import BatchStream, TrainData, latest_checkpoint, train
 
 
