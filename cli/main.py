@@ -60,7 +60,8 @@ def cmd_api(args: argparse.Namespace) -> int:
     import uvicorn
 
     from eaglenest.api.app import create_app
-    from eaglenest.foundation.http.connections import Limits, uvicorn_options
+    from eaglenest.foundation.http.connection_limits import Limits
+    from eaglenest.foundation.http.connections import uvicorn_options
 
     settings = _settings(args)
     ensure_credentials(settings)
@@ -110,7 +111,7 @@ def preload_training_modules() -> bool:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from eaglenest.workers.infra.celery_app import create_celery
+    from eaglenest.workers.app import create_worker_app
     from eaglenest.workers.infra.placement import host_queue
 
     if args.pool == "prefork" and "serve" in args.queues.split(","):
@@ -125,7 +126,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if "train" in args.queues.split(","):
         preload_training_modules()
     url, broker = _broker(settings)
-    app, _ = create_celery(settings, url, args.queues)
+    app, _ = create_worker_app(settings, url, args.queues)
     # each queue's host twin: what GPU placement hands to this host (workers/infra/placement)
     queues = args.queues.split(",")
     consumed = ",".join([*queues, *(host_queue(q, settings.host_name) for q in queues if q)])

@@ -65,7 +65,7 @@ from eaglenest.foundation.store.storage import BucketStore, ObjectInfo, S3Uri, p
 
 log = logging.getLogger("eaglenest.gpu_fit")
 
-#: the AdditionalModelDataSources channel of a draft head (workers/jobs/inputs.py)
+#: the AdditionalModelDataSources channel of a draft head (workers/infra/model_fetch.py)
 EAGLE_CHANNEL = "eagle_model"
 _TARBALLS = (".tar.gz", ".tgz")
 _CONFIG, _INDEX = "config.json", "model.safetensors.index.json"

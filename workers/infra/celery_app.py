@@ -1,4 +1,9 @@
-"""create_celery(settings, broker_url): the worker's Celery app with our tasks."""
+"""create_celery(settings, broker_url): the worker's Celery app, before any task.
+
+Its configuration, routing (`eaglenest.optimize` to queue `train`, `eaglenest.endpoint.*`
+to `serve`) and signal handlers (start-up reaping and reconciliation, shutdown, log
+context) are here; the tasks are registered by jobs/ and serving/ themselves, composed in
+workers/app.py."""
 
 from __future__ import annotations
 
@@ -29,8 +34,6 @@ from eaglenest.workers.infra.logs import (
     redirect_output,
 )
 from eaglenest.workers.infra.reconcile import reclaim_gpus, reconcile, start_watchdog
-from eaglenest.workers.jobs import optimize
-from eaglenest.workers.serving import endpoints
 
 log = logging.getLogger("eaglenest.worker")
 #: longer than any task may run: Redis redelivers an unacked task only after this
@@ -93,8 +96,6 @@ def create_celery(settings: Settings, broker_url: str,
         queue=TaskQueue(broker_url, settings.broker_publish_timeout),
         lease_seconds=settings.job_lease_seconds, queues=queues,
     )
-    optimize.register(app, ctx)
-    endpoints.register(app, ctx)
 
     def on_ready(**_: Any) -> None:
         children.reap(ctx.children_dir)  # what a dead worker on this host left running

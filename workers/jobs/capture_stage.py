@@ -1,9 +1,9 @@
 """The optimization job's capture stage (EAGLENEST_CAPTURE_BACKEND; docs/capture-shards.md).
 
 With ``hf`` the job runs the transformers target once per training sample and writes the
-hidden states as capture shards (models/capture_shards.py ``write_shards``) to
+hidden states as capture shards (models/capture/shards.py ``write_shards``) to
 ``<work>/capture/``, then does the same for the held-out samples (the held-out split, in
-the same folder); training then reads both (models/shard_source.py ``shard_train_data``)
+the same folder); training then reads both (models/training/shard_source.py ``shard_train_data``)
 instead of capturing in its own process, and the held-out accuracy is measured from the
 held-out shards. With ``vllm`` the job plans the same folder and a vLLM child fills it
 (workers/jobs/vllm_capture.py), the job polling its manifests. ``auto`` (the default)
@@ -66,7 +66,7 @@ def choose_backend(requested: str, device: str, target_bytes: int, gpu_bytes: fl
     without vLLM installed raises InputError naming the variable and the sizes; so does
     ``hf`` asked for a target whose weights alone are more than one GPU's memory.
     """
-    from eaglenest.workers.jobs.inputs import InputError
+    from eaglenest.workers.infra.model_fetch import InputError
 
     chosen = requested
     one_gpu = f"one GPU's {gpu_bytes / 2**30:.1f} GiB"
@@ -94,7 +94,7 @@ def choose_for(model_dir: Path, requested: str, device: str, gpu_gib: float,
     memory such a GPU may report), whether vLLM is installed."""
     from eaglenest.foundation.host.gpus import MEMORY_TOLERANCE
     from eaglenest.foundation.memory_plan import GIB, ShapeError, shape_of
-    from eaglenest.workers.jobs.inputs import InputError
+    from eaglenest.workers.infra.model_fetch import InputError
     from eaglenest.workers.model_servers.process import vllm_installed
 
     if device == "cpu":
@@ -197,7 +197,7 @@ def _plan(folder: Path, target: Any, samples: list[Any], heldout: list[Any],
           per_shard: int, cast: Any, job: str) -> None:
     """Plan both splits (or check the plans found) and write target/, no shard yet; a
     folder of another plan, in either split, is cleared and planned afresh."""
-    from eaglenest.models.capture_shards import HELDOUT, ShardMismatchError, write_shards
+    from eaglenest.models.capture.shards import HELDOUT, ShardMismatchError, write_shards
 
     def plan_all() -> None:
         write_shards(target, samples, folder, per_shard, autocast=cast, max_new_shards=0)
@@ -250,7 +250,7 @@ def capture(folder: Path, target: Any, samples: list[Any], per_shard: int, job: 
     (the held-out split; none: not captured); ``check`` raises to stop between shards
     (JobControl.check). With ``vllm`` a vLLM engine writes them (``target`` then needs only
     its ends: models/target.py ``load_target_ends``), else ``target`` itself."""
-    from eaglenest.models.capture_shards import HELDOUT, MANIFEST, TRAIN, read_manifest
+    from eaglenest.models.capture.shards import HELDOUT, MANIFEST, TRAIN, read_manifest
 
     weight = next(target.model.parameters())
     cast = autocast(weight.device, weight.dtype)
@@ -290,7 +290,7 @@ def _fill_here(folder: Path, target: Any, samples: list[Any], per_shard: int, ca
                progress: CaptureProgress, check: Callable[[], None]) -> None:
     """The training split's missing shards from the transformers target in this process,
     one shard at a time with a stop check before each."""
-    from eaglenest.models.capture_shards import read_manifest, write_shards
+    from eaglenest.models.capture.shards import read_manifest, write_shards
 
     shards = read_manifest(folder)["shards"]
     while True:
@@ -305,7 +305,7 @@ def _fill_here(folder: Path, target: Any, samples: list[Any], per_shard: int, ca
 def _capture_heldout(folder: Path, target: Any, heldout: list[Any], per_shard: int,
                      cast: Any, job: str, check: Callable[[], None]) -> list[dict[str, Any]]:
     """Write the held-out split's shards (all in one call); its manifest's shards."""
-    from eaglenest.models.capture_shards import HELDOUT, read_manifest, write_shards
+    from eaglenest.models.capture.shards import HELDOUT, read_manifest, write_shards
 
     if not heldout:
         return []

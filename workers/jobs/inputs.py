@@ -1,4 +1,5 @@
-"""Where a job's model, data and optional starting head come from, and fetching them.
+"""Where a job's model, data and optional starting head come from, and fetching its data
+(the model and the head are fetched by workers/infra/model_fetch.py).
 
 - model: `ModelSource.S3.S3Uri`, or the `ModelDataSource` / `ModelDataUrl` of the
   container of `ModelSource.SageMakerModel` (an S3 prefix, a single object or a .tar.gz);
@@ -10,14 +11,10 @@
 
 from __future__ import annotations
 
-import gzip
-import tarfile
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from eaglenest.foundation.shapes import AwsShape
-from eaglenest.foundation.shapes.models import ContainerDefinition, CreateModelInput
+from eaglenest.foundation.shapes.models import CreateModelInput
 from eaglenest.foundation.shapes.optimization_jobs import CreateOptimizationJobRequest
 from eaglenest.foundation.store.storage import (
     ArtifactStore,
@@ -25,12 +22,7 @@ from eaglenest.foundation.store.storage import (
     download_prefix,
     read_manifest,
 )
-
-EAGLE_CHANNEL = "eagle_model"
-
-
-class InputError(Exception):
-    """A job input that cannot be used; the message is the job's FailureReason."""
+from eaglenest.workers.infra.model_fetch import InputError, container_uris, given, model_container
 
 
 @dataclass(frozen=True)
@@ -41,34 +33,11 @@ class JobSources:
     data_type: str  # S3Prefix | ManifestFile | builtin
 
 
-def _given(shape: AwsShape | None) -> bool:
-    """A member the request set with at least one member of its own (``{}`` is absent)."""
-    return shape is not None and bool(shape.model_fields_set)
-
-
-def model_container(model: CreateModelInput) -> ContainerDefinition:
-    """The container a model serves from: PrimaryContainer, else the first of Containers."""
-    if model.PrimaryContainer is not None and _given(model.PrimaryContainer):
-        return model.PrimaryContainer
-    return (model.Containers or [ContainerDefinition()])[0]
-
-
-def container_uris(container: ContainerDefinition) -> tuple[str | None, str | None]:
-    """(model artifacts URI, head URI of the ``eagle_model`` channel) of a container."""
-    src = container.ModelDataSource.S3DataSource if container.ModelDataSource else None
-    model_uri = (src.S3Uri if src else None) or container.ModelDataUrl
-    head_uri = None
-    for extra in container.AdditionalModelDataSources or []:
-        if extra.ChannelName == EAGLE_CHANNEL:
-            head_uri = extra.S3DataSource.S3Uri
-    return model_uri, head_uri
-
-
 def resolve_sources(job: CreateOptimizationJobRequest,
                     model: CreateModelInput | None) -> JobSources:
     source = job.ModelSource
     head_uri = None
-    if source.S3 is not None and _given(source.S3):
+    if source.S3 is not None and given(source.S3):
         if not source.S3.S3Uri:
             raise InputError("ModelSource.S3 has no S3Uri")
         model_uri = source.S3.S3Uri
@@ -86,25 +55,6 @@ def resolve_sources(job: CreateOptimizationJobRequest,
     if data:
         return JobSources(model_uri, head_uri, data.S3Uri, data.S3DataType or "S3Prefix")
     return JobSources(model_uri, head_uri, None, "builtin")
-
-
-def fetch_tree(store: ArtifactStore, uri: str, dest: Path) -> Path:
-    """Download an S3 prefix / object into `dest`; unpack a single .tar.gz. Returns the
-    folder holding the files."""
-    try:
-        files = download_prefix(store, uri, dest)
-    except StorageError as exc:
-        raise InputError(str(exc)) from exc
-    tars = [f for f in files if f.name.endswith((".tar.gz", ".tgz"))]
-    if len(files) == 1 and tars:
-        try:
-            with tarfile.open(tars[0]) as tar:
-                tar.extractall(dest, filter="data")
-        except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile) as exc:
-            raise InputError(f"{uri}: {tars[0].name} is not a readable .tar.gz archive "
-                             f"({type(exc).__name__}: {exc})") from exc
-        tars[0].unlink()
-    return dest
 
 
 def fetch_data(store: ArtifactStore, sources: JobSources, dest: Path) -> list[Path]:

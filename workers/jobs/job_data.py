@@ -15,7 +15,7 @@ from typing import Any
 
 from eaglenest.models.data import Chat, builtin_path, encode_examples, load_examples
 from eaglenest.models.data.split import held_out_split
-from eaglenest.workers.jobs.inputs import InputError
+from eaglenest.workers.infra.model_fetch import InputError
 from eaglenest.workers.jobs.options import JobOptions
 
 log = logging.getLogger("eaglenest.optimize")

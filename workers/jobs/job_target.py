@@ -42,8 +42,8 @@ from eaglenest.foundation.memory_plan import (
     tensor_parallel,
 )
 from eaglenest.models.heads.registry import HEADS
+from eaglenest.workers.infra.model_fetch import InputError
 from eaglenest.workers.jobs.capture_stage import ENDS_CHUNK, VllmCapture
-from eaglenest.workers.jobs.inputs import InputError
 from eaglenest.workers.jobs.options import JobOptions
 from eaglenest.workers.jobs.placing import JobGpus
 

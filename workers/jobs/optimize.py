@@ -44,14 +44,10 @@ from eaglenest.foundation.shapes.optimization_jobs import CreateOptimizationJobR
 from eaglenest.foundation.store.buckets import AccountStore
 from eaglenest.foundation.store.storage import StorageError, make_store
 from eaglenest.workers.infra.context import WorkerContext
+from eaglenest.workers.infra.model_fetch import EAGLE_CHANNEL, InputError, model_container
 from eaglenest.workers.jobs import placing
 from eaglenest.workers.jobs.control import JobControl, JobStopped
-from eaglenest.workers.jobs.inputs import (
-    EAGLE_CHANNEL,
-    InputError,
-    model_container,
-    resolve_sources,
-)
+from eaglenest.workers.jobs.inputs import resolve_sources
 from eaglenest.workers.jobs.options import OptionError, parse_options
 from eaglenest.workers.model_servers.process import ServingError, default_backend
 from eaglenest.workers.model_servers.schedule import ENV_NAME as SCHEDULE_ENV
@@ -281,7 +277,9 @@ def _stopped(ctx: WorkerContext, ref: ResourceRef, reason: str, max_runtime: int
     return "deleted"
 
 
-def register(app: Celery, ctx: WorkerContext) -> None:
+def register_tasks(app: Celery, ctx: WorkerContext) -> None:
+    """The optimization task on `app` (routed to queue `train`,
+    workers/infra/celery_app.py), running with `ctx`."""
     @app.task(name=OPTIMIZE_TASK, acks_late=True, reject_on_worker_lost=True)
     def optimize(ref: str) -> str:
         return run_job(ctx, ref)

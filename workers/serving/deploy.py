@@ -41,8 +41,13 @@ from eaglenest.foundation.shapes.endpoint_configs import CreateEndpointConfigInp
 from eaglenest.foundation.shapes.models import CreateModelInput
 from eaglenest.foundation.store.storage import ArtifactStore
 from eaglenest.models.decode.modes import SPECULATIVE_MODES
+from eaglenest.workers.infra.model_fetch import (
+    InputError,
+    container_uris,
+    fetch_tree,
+    model_container,
+)
 from eaglenest.workers.infra.placement import Placer
-from eaglenest.workers.jobs.inputs import InputError, container_uris, fetch_tree, model_container
 from eaglenest.workers.model_servers import gpu_options
 from eaglenest.workers.model_servers.process import (
     VLLM,

@@ -373,23 +373,23 @@ def _hand_on_recovery(ctx: WorkerContext, ep: ResourceRef, dep: dict[str, Any],
     raise capacity.WaitingForCapacity(None, host)
 
 
-def register(app: Celery, ctx: WorkerContext) -> None:
-    @app.task(name=ENDPOINT_CREATE_TASK, acks_late=True)
-    def create_endpoint(ref: str) -> str:
-        return create(ctx, ref)
+#: each endpoint task's name and what it runs (every one takes the endpoint's ARN)
+TASKS: dict[str, Callable[[WorkerContext, str], str]] = {
+    ENDPOINT_CREATE_TASK: create, ENDPOINT_UPDATE_TASK: update, ENDPOINT_DELETE_TASK: delete,
+    ENDPOINT_RECOVER_TASK: recover, ENDPOINT_RETIRE_TASK: retire,
+}
 
-    @app.task(name=ENDPOINT_UPDATE_TASK, acks_late=True)
-    def update_endpoint(ref: str) -> str:
-        return update(ctx, ref)
 
-    @app.task(name=ENDPOINT_DELETE_TASK, acks_late=True)
-    def delete_endpoint(ref: str) -> str:
-        return delete(ctx, ref)
+def register_tasks(app: Celery, ctx: WorkerContext) -> None:
+    """The endpoint tasks on `app` (routed to queue `serve` by their names' prefix,
+    workers/infra/celery_app.py), each running with `ctx`."""
+    for name, run in TASKS.items():
+        app.task(name=name, acks_late=True)(_with_context(ctx, run))
 
-    @app.task(name=ENDPOINT_RECOVER_TASK, acks_late=True)
-    def recover_endpoint(ref: str) -> str:
-        return recover(ctx, ref)
 
-    @app.task(name=ENDPOINT_RETIRE_TASK, acks_late=True)
-    def retire_instances(ref: str) -> str:
-        return retire(ctx, ref)
+def _with_context(ctx: WorkerContext, run: Callable[[WorkerContext, str], str]
+                  ) -> Callable[[str], str]:
+    def task(ref: str) -> str:
+        return run(ctx, ref)
+    task.__name__ = task.__qualname__ = run.__name__
+    return task

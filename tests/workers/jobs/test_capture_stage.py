@@ -20,9 +20,10 @@ from eaglenest.foundation.environment import Kind, classify
 from eaglenest.foundation.shapes import rebuild
 from eaglenest.foundation.shapes.optimization_jobs import CreateOptimizationJobRequest
 from eaglenest.foundation.store.storage import LocalStore, parse_uri
+from eaglenest.workers.infra.model_fetch import InputError
 from eaglenest.workers.jobs import capture_stage
 from eaglenest.workers.jobs.control import JobStopped
-from eaglenest.workers.jobs.inputs import InputError, JobSources
+from eaglenest.workers.jobs.inputs import JobSources
 from eaglenest.workers.jobs.options import OptionError, parse_options
 from eaglenest.workers.jobs.pipeline import Pipeline
 from eaglenest.workers.jobs.progress import describe
@@ -237,7 +238,7 @@ def test_hf_job_logs_the_held_out_accuracy_of_the_in_process_job(store, in_proce
 
 
 def test_a_held_out_split_of_another_plan_is_captured_again(tiny_llama_dir, tmp_path, caplog):
-    from eaglenest.models.capture_shards import HELDOUT, read_manifest
+    from eaglenest.models.capture.shards import HELDOUT, read_manifest
     from eaglenest.models.data import encode_examples, load_examples
     from eaglenest.models.target import load_target
 

@@ -9,7 +9,7 @@ import pytest
 
 from eaglenest.models.data import BUILTIN_NAMES, Chat, builtin_path, load_examples
 from eaglenest.models.data.split import benchmark_question, questions
-from eaglenest.workers.jobs.inputs import InputError
+from eaglenest.workers.infra.model_fetch import InputError
 from eaglenest.workers.jobs.job_data import split
 
 

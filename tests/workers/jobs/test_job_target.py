@@ -18,8 +18,8 @@ import eaglenest.models.target as target_module
 from eaglenest.foundation.environment import Kind, classify
 from eaglenest.foundation.memory_plan import GIB, shape_of
 from eaglenest.foundation.store.storage import LocalStore, parse_uri
+from eaglenest.workers.infra.model_fetch import InputError
 from eaglenest.workers.jobs import capture_stage, job_target
-from eaglenest.workers.jobs.inputs import InputError
 from eaglenest.workers.jobs.options import OptionError, parse_options
 from eaglenest.workers.jobs.placing import JobGpus
 from eaglenest.workers.jobs.vllm_child import engine_base
