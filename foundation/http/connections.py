@@ -49,61 +49,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
-import resource
 import time
-from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any, ClassVar
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from eaglenest.foundation.http.connection_limits import LINGER_SECONDS, Limits, OpenConnections
 from eaglenest.foundation.http.pace import SLOW, Clock, Pace, reset, unsent
-from eaglenest.foundation.settings import Settings
-
-log = logging.getLogger("eaglenest.connections")
-
-#: how long a connection answered 431 or 503 keeps reading (and discarding) before it is
-#: closed, so that the client reads the answer rather than a reset
-LINGER_SECONDS = 2.0
-#: lingering connections at once: a quarter of the connection cap, at least LINGER_MIN;
-#: past it an answered connection is closed at once
-LINGER_SHARE = 4
-LINGER_MIN = 16
-#: the shortest gap between two log lines about refused or closed connections of one kind
-REPORT_SECONDS = 10.0
-
-
-@dataclass(frozen=True)
-class Limits:
-    max_header_bytes: int = 16 * 1024
-    header_timeout: float = 20.0
-    body_timeout: float = 20.0
-    max_connections: int = 1024
-    max_per_address: int = 256
-    send_timeout: float = 20.0
-    min_rate: float = 500.0  # bytes per second, bodies and responses; 0: no rate rule
-
-    @classmethod
-    def from_settings(cls, settings: Settings) -> Limits:
-        return cls(settings.max_header_bytes, settings.header_timeout_seconds,
-                   settings.body_timeout_seconds, settings.max_connections,
-                   settings.max_connections_per_address, settings.send_timeout_seconds,
-                   settings.min_transfer_rate)
-
-
-#: the embedded model server's and the split router's: every request comes from the API's
-#: proxy (one address), so the cap per address is the server's own. The proxy holds a
-#: reply up only while its own caller does, whom the API times: here a looser send clock
-#: (no rate rule, three times the gap) that never ends a stream the API still relays
-MODEL_SERVER_LIMITS = Limits(max_per_address=Limits.max_connections, send_timeout=60.0,
-                             min_rate=0.0)
-
-
-def open_file_limit() -> int | None:
-    """The process's soft limit on open files (None: unlimited)."""
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    return None if soft == resource.RLIM_INFINITY else soft
 
 
 def error_reply(status: int, code: str, message: str) -> bytes:
@@ -115,83 +68,17 @@ def error_reply(status: int, code: str, message: str) -> bytes:
     return head.encode() + body
 
 
-class _Reports:
-    """Counts refusals by kind; logs the first at once, then at most every REPORT_SECONDS."""
-
-    def __init__(self) -> None:
-        self.counts: dict[str, int] = {}
-        self.last: dict[str, float] = {}
-
-    def note(self, kind: str, detail: str) -> None:
-        self.counts[kind] = self.counts.get(kind, 0) + 1
-        now = time.monotonic()
-        if now - self.last.get(kind, -REPORT_SECONDS) >= REPORT_SECONDS:
-            log.warning("%s: %d connection(s) since the last report (latest: %s)", kind,
-                        self.counts[kind], detail)
-            self.last[kind], self.counts[kind] = now, 0
-
-
-class Registry:
-    """One server's open connections, by age and by client address."""
-
-    def __init__(self, limits: Limits, files: int | None = None) -> None:
-        self.limits = limits
-        files = open_file_limit() if files is None else files
-        self.capacity = limits.max_connections
-        if files is not None and files // 2 < self.capacity:
-            self.capacity = max(1, files // 2)
-            log.warning("at most %d connections (half the open-file limit %d), not %d",
-                        self.capacity, files, limits.max_connections)
-        self.per_address = min(limits.max_per_address, self.capacity)
-        self.open: dict[GuardedProtocol, None] = {}  # insertion order: oldest first
-        self.by_address: dict[str, dict[GuardedProtocol, None]] = {}
-        self.lingering = 0
-        self.reports = _Reports()
-
-    def admit(self, conn: GuardedProtocol) -> bool:
-        """Register `conn`, closing an idle connection to make room if a cap is reached;
-        False (not registered) when every connection concerned is busy."""
-        same = self.by_address.get(conn.address, {})
-        if len(same) >= self.per_address and not self._evict(same, conn.address):
-            return False
-        if len(self.open) >= self.capacity and not self._evict(self.open, "any address"):
-            return False
-        self.open[conn] = None
-        self.by_address.setdefault(conn.address, {})[conn] = None
-        return True
-
-    def _evict(self, conns: dict[GuardedProtocol, None], whose: str) -> bool:
-        idle = [c for c in conns if c.idle()]
-        if not idle:
-            return False
-        victim = min(idle, key=lambda c: c.quiet_since)
-        self.reports.note("closed idle connections to make room", whose)
-        victim.close_now()
-        return True
-
-    def release(self, conn: GuardedProtocol) -> None:
-        self.open.pop(conn, None)
-        same = self.by_address.get(conn.address)
-        if same is not None:
-            same.pop(conn, None)
-            if not same:
-                del self.by_address[conn.address]
-
-    def may_linger(self) -> bool:
-        return self.lingering < max(LINGER_MIN, self.capacity // LINGER_SHARE)
-
-
 class GuardedProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol under `registry.limits` (module docstring). Contract
+    """uvicorn's httptools protocol under `open_connections.limits` (module docstring). Contract
     with the parent: every parser callback and uvicorn's own bookkeeping run unchanged; this
     class only feeds the parser less (the head is cut at the limit), adds timers, and
     closes connections."""
 
-    registry: ClassVar[Registry]
+    open_connections: ClassVar[OpenConnections]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.limits = self.registry.limits
+        self.limits = self.open_connections.limits
         self.address = ""
         self.in_head = True  # the parser awaits (the rest of) a request line and headers
         self.head_bytes = 0
@@ -209,21 +96,21 @@ class GuardedProtocol(HttpToolsProtocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self.address = self.client[0] if self.client else ""
-        if not self.registry.admit(self):
-            self.registry.reports.note("refused connections (all busy)", self.address)
+        if not self.open_connections.admit(self):
+            self.open_connections.reports.note("refused connections (all busy)", self.address)
             self.reply_and_close(error_reply(
                 503, "ServiceUnavailable", "Too many connections; try again later."))
             return
         self.arm(self.limits.header_timeout, self.head_timed_out)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.registry.release(self)
+        self.open_connections.release(self)
         self.cancel_timer()
         if self.send_clock is not None:
             self.send_clock.stop()
         if self.lingering:
             self.lingering = False
-            self.registry.lingering -= 1
+            self.open_connections.lingering -= 1
         super().connection_lost(exc)
 
     def idle(self) -> bool:
@@ -236,7 +123,7 @@ class GuardedProtocol(HttpToolsProtocol):
     def close_now(self) -> None:
         """Close; with a reset if some of a response is still in our buffer (a graceful
         close would wait for the client to read it)."""
-        self.registry.release(self)
+        self.open_connections.release(self)
         self.cancel_timer()
         if self.transport.get_write_buffer_size():
             reset(self.transport)
@@ -246,7 +133,7 @@ class GuardedProtocol(HttpToolsProtocol):
     def reply_and_close(self, reply: bytes) -> None:
         """Write `reply`, stop the application's request, then linger (if the budget
         allows) or close."""
-        self.registry.release(self)
+        self.open_connections.release(self)
         self.cancel_timer()
         if self.cycle is not None and not self.cycle.response_complete:
             self.cycle.disconnected = True  # the application's sends are dropped from now
@@ -254,11 +141,11 @@ class GuardedProtocol(HttpToolsProtocol):
         if self.transport.is_closing():
             return
         self.transport.write(reply)
-        if not (self.registry.may_linger() and self.transport.can_write_eof()):
+        if not (self.open_connections.may_linger() and self.transport.can_write_eof()):
             self.transport.close()
             return
         self.lingering = True
-        self.registry.lingering += 1
+        self.open_connections.lingering += 1
         self.transport.write_eof()
         self.flow.resume_reading()
         self.timer = self.loop.call_later(LINGER_SECONDS, self.close_now)
@@ -280,10 +167,10 @@ class GuardedProtocol(HttpToolsProtocol):
         if not self.in_head or self.transport.is_closing():
             return
         if not self.head_bytes:  # opened and never used: nothing to answer
-            self.registry.reports.note("closed connections that sent nothing", self.address)
+            self.open_connections.reports.note("closed connections that sent nothing", self.address)
             self.close_now()
             return
-        self.registry.reports.note("header timeouts", self.address)
+        self.open_connections.reports.note("header timeouts", self.address)
         self.reply_and_close(error_reply(
             408, "RequestTimeout", f"Request headers not received within "
             f"{self.limits.header_timeout:g} s (EAGLENEST_HEADER_TIMEOUT_SECONDS)."))
@@ -305,7 +192,7 @@ class GuardedProtocol(HttpToolsProtocol):
         if cycle is None or cycle.response_complete:
             self.close_now()  # answered already (a body nobody reads): just close
             return
-        self.registry.reports.note(f"body timeouts ({kind})", self.address)
+        self.open_connections.reports.note(f"body timeouts ({kind})", self.address)
         self.reply_and_close(error_reply(408, "RequestTimeout", (
             f"Request body arrived slower than {self.limits.min_rate:g} bytes/s "
             "(EAGLENEST_MIN_TRANSFER_RATE)." if kind == SLOW else
@@ -325,8 +212,8 @@ class GuardedProtocol(HttpToolsProtocol):
             done and self.transport.get_write_buffer_size() > 0)
 
     def send_late(self, kind: str) -> None:
-        self.registry.reports.note(f"send timeouts ({kind})", self.address)
-        self.registry.release(self)
+        self.open_connections.reports.note(f"send timeouts ({kind})", self.address)
+        self.open_connections.release(self)
         self.cancel_timer()
         reset(self.transport)  # connection_lost: the application's sends end
 
@@ -363,7 +250,7 @@ class GuardedProtocol(HttpToolsProtocol):
         # the limit passed and the headers are not complete (unless a request ended in
         # `head` and the next began there: a pipelined head gets up to twice the limit)
         if self.in_head and self.messages == done:
-            self.registry.reports.note("headers too large", self.address)
+            self.open_connections.reports.note("headers too large", self.address)
             self.reply_and_close(error_reply(
                 431, "RequestHeaderFieldsTooLarge", f"Request headers are larger than "
                 f"{self.limits.max_header_bytes} bytes, the most this service accepts "
@@ -400,9 +287,10 @@ class GuardedProtocol(HttpToolsProtocol):
 
 
 def guarded_protocol(limits: Limits) -> type[GuardedProtocol]:
-    """A protocol class for `uvicorn.Config(http=...)` with its own registry: one per
-    server (each server counts its own connections)."""
-    return type("GuardedProtocol", (GuardedProtocol,), {"registry": Registry(limits)})
+    """A protocol class for `uvicorn.Config(http=...)` with its own `OpenConnections`: one
+    per server (each server counts its own connections)."""
+    return type("GuardedProtocol", (GuardedProtocol,),
+                {"open_connections": OpenConnections(limits)})
 
 
 def uvicorn_options(limits: Limits) -> dict[str, Any]:

@@ -147,12 +147,12 @@ def test_idle_connections_past_the_cap_make_room(guarded: Stack) -> None:
 
 
 def test_the_connection_cap_keeps_half_the_open_file_limit() -> None:
-    from eaglenest.foundation.http.connections import Limits, Registry
+    from eaglenest.foundation.http.connection_limits import Limits, OpenConnections
 
-    assert Registry(Limits(max_connections=1024), files=600).capacity == 300
-    assert Registry(Limits(max_connections=100, max_per_address=256), files=None).per_address \
+    assert OpenConnections(Limits(max_connections=1024), files=600).capacity == 300
+    assert OpenConnections(Limits(max_connections=100, max_per_address=256), files=None).per_address \
         == 100
-    assert Registry(Limits(), files=1 << 20).capacity == 1024
+    assert OpenConnections(Limits(), files=1 << 20).capacity == 1024
 
 
 def _busy(stack: Stack, source: str, count: int) -> list[socket.socket]:

@@ -354,7 +354,8 @@ def _watch(backends: Backends, web: Any) -> Loop:
 def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
-    from eaglenest.foundation.http.connections import MODEL_SERVER_LIMITS, uvicorn_options
+    from eaglenest.foundation.http.connection_limits import MODEL_SERVER_LIMITS
+    from eaglenest.foundation.http.connections import uvicorn_options
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     args = build_parser().parse_args(argv)

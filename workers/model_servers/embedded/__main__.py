@@ -140,7 +140,8 @@ def serve(runner: Any, web: Any) -> int:
 def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
-    from eaglenest.foundation.http.connections import MODEL_SERVER_LIMITS, uvicorn_options
+    from eaglenest.foundation.http.connection_limits import MODEL_SERVER_LIMITS
+    from eaglenest.foundation.http.connections import uvicorn_options
     from eaglenest.foundation.http.instance_auth import InstanceGuard
     from eaglenest.workers.model_servers.embedded.server import create_server_app
 
