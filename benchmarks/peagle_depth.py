@@ -35,7 +35,7 @@ import torch
 
 from benchmarks.head_bench import split_builtin, train_config
 from benchmarks.train_heads import prepared_target
-from eaglenest.models.capture_cache import CaptureCache
+from eaglenest.models.capture.cache import CaptureCache
 from eaglenest.models.data import Sample, encode_examples
 from eaglenest.models.heads.base import HeadBatch
 from eaglenest.models.heads.registry import EAGLE3, HEADS, PEAGLE

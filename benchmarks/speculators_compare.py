@@ -65,7 +65,7 @@ from safetensors.torch import load_file
 
 from benchmarks.head_bench import first_user_prompt, split_builtin, train_config
 from benchmarks.train_heads import _cpu_seconds, measure_tau, prepared_target
-from eaglenest.models.capture_cache import CaptureCache
+from eaglenest.models.capture.cache import CaptureCache
 from eaglenest.models.checkpoint import save_head
 from eaglenest.models.data import Chat, Example, Sample, encode_examples, load_examples
 from eaglenest.models.heads.registry import EAGLE3

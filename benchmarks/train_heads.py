@@ -43,7 +43,7 @@ import torch
 
 from benchmarks.head_bench import first_user_prompt, split_builtin, train_config
 from eaglenest.foundation.host.processes import free_port
-from eaglenest.models.capture_cache import CaptureCache
+from eaglenest.models.capture.cache import CaptureCache
 from eaglenest.models.checkpoint import save_head
 from eaglenest.models.data import Chat, Example, encode_examples
 from eaglenest.models.prepare import cached_smollm2

@@ -129,7 +129,7 @@ def read_architecture(folder: str | Path) -> tuple[str, ArchitectureSupport]:
 class Capture:
     """Tensors from one target forward pass (no grad).
 
-    A live capture carries the full ``logits``; a cached one (models.capture_cache) keeps
+    A live capture carries the full ``logits``; a cached one (models.capture.cache) keeps
     only the hidden states plus the target's argmax and recomputes the logits it needs
     from ``last_hidden`` with ``lm_head``: the draft-vocabulary heads need only 8k of the
     vocabulary's columns, so caching them all (100 MB per 512-token sample) is not needed.

@@ -29,7 +29,7 @@ import torch
 from benchmarks.gpu_check.build import log, sync
 from benchmarks.gpu_check.measure import hf_greedy
 from benchmarks.head_bench import first_user_prompt, split_builtin, train_config
-from eaglenest.models.capture_cache import CaptureCache
+from eaglenest.models.capture.cache import CaptureCache
 from eaglenest.models.data import Example, encode_examples
 from eaglenest.models.data.regenerate import regenerate
 from eaglenest.models.decode.modes import DecodeMode

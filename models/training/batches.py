@@ -5,7 +5,7 @@
   trains on the r-th contiguous share of each global batch (``distributed.shard``). Every
   single-process run, and every data-parallel run whose captures are not in shard files,
   walks this order.
-- ``RankStream``: data-parallel training from capture shards (models/shard_source.py). The
+- ``RankStream``: data-parallel training from capture shards (models/training/shard_source.py). The
   shard files are split between the ranks (``rank_shards``: contiguous, disjoint shares),
   and rank r's part of every global batch is drawn from its own shards' samples only, so a
   rank opens only its own shard files and its memory and disk reads scale with 1/ranks.
@@ -135,7 +135,7 @@ def batch_stream(samples: list[Sample], cache: Any, batch_size: int, seed: int,
                  place: Dist) -> BatchStream | RankStream:
     """The order ``train()`` walks: a ``RankStream`` when several ranks train from a
     capture source whose samples are ``samples`` and that lists its shard files' samples
-    (``cache.groups``, models/shard_source.py) with at least one shard per rank; else a
+    (``cache.groups``, models/training/shard_source.py) with at least one shard per rank; else a
     ``BatchStream`` of ``batch_size * world_size`` (one process: always)."""
     groups = getattr(cache, "groups", None)
     if place.enabled and groups is not None and getattr(cache, "samples", None) is samples:

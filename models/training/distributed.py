@@ -11,7 +11,7 @@ and wraps it in DDP, which broadcasts rank 0's parameters at construction and al
 
 Who trains on what (:func:`shard`): the stream (models/training/batches.py ``batch_stream``) yields
 a *global* batch of ``batch_size * world_size`` indices; rank r takes the r-th contiguous
-share. Which stream: training from capture shards (models/shard_source.py) uses
+share. Which stream: training from capture shards (models/training/shard_source.py) uses
 ``RankStream``, whose rank r share is drawn from rank r's own shard files only (a
 deterministic seeded order per rank, see its docstring), so no two ranks open the same
 shard file; every other run uses ``BatchStream``, one global order, as below.

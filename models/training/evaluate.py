@@ -5,7 +5,7 @@ draft depth; models/heads/base.py ``scored_steps``) measured on samples the head
 trains on: the head in eval mode under ``torch.no_grad``, each depth's hits summed over
 every held-out sample and divided by its scored positions (token-weighted, so the batching
 does not change the figure). The captures come from ``source`` when given (the held-out
-split of capture shards, models/shard_source.py: no target forward, the same tensors),
+split of capture shards, models/training/shard_source.py: no target forward, the same tensors),
 else the target runs once per held-out sample and they are kept in their own
 ``CaptureCache``, as training keeps its own. The global RNG (P-EAGLE's
 drop-token draws) is forked and seeded, so an evaluation is deterministic and leaves
@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from eaglenest.models.capture_cache import CaptureCache, CaptureSource
+from eaglenest.models.capture.cache import CaptureCache, CaptureSource
 from eaglenest.models.data.template import Sample
 from eaglenest.models.heads.base import HeadBatch, HeadLoss
 from eaglenest.models.target import Target

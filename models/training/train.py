@@ -28,7 +28,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from eaglenest.models.capture_cache import CaptureCache, CaptureSource
+from eaglenest.models.capture.cache import CaptureCache, CaptureSource
 from eaglenest.models.checkpoint import head_kind, load_start_head, save_head
 from eaglenest.models.data.template import Sample
 from eaglenest.models.heads.registry import HEADS
@@ -50,7 +50,7 @@ class TrainData:
     samples: list[Sample]
     source: str = ""  # recorded in provenance.json
     #: captures shared across runs on the same samples (e.g. several heads), or read from
-    #: capture shards (models/capture_shards.py); None: own in-process cache
+    #: capture shards (models/capture/shards.py); None: own in-process cache
     cache: CaptureSource | None = field(default=None, repr=False, compare=False)
     #: samples never trained on, encoded like ``samples``: the held-out accuracy's
     heldout: list[Sample] = field(default_factory=list, repr=False, compare=False)

@@ -13,7 +13,7 @@ starts (as ``python -m torch.distributed.run``)
 as an owned child (foundation/host/children.py: its own process group, killed when the worker
 dies; each rank also dies with torchrun). Each rank loads the target on its device
 (``cuda:LOCAL_RANK``, or the CPU with gloo), or with a capture folder
-(EAGLENEST_CAPTURE_BACKEND=hf) reads the shards (models/shard_source.py
+(EAGLENEST_CAPTURE_BACKEND=hf) reads the shards (models/training/shard_source.py
 ``shard_train_data``: every rank reads the samples' tokens, but opens only the shard
 files of its own share: models/training/batches.py ``RankStream``), and runs ``train()``
 (models/training/distributed.py does the rest). The job keeps
@@ -48,7 +48,12 @@ from typing import Any
 from eaglenest.foundation.environment import child_environment
 from eaglenest.foundation.failure_reason import first_exception
 from eaglenest.foundation.host import children
-from eaglenest.foundation.host.threads import Registry, apply_torch, plan_threads, sharing_from_env
+from eaglenest.foundation.host.threads import (
+    ComputeLedger,
+    apply_torch,
+    plan_threads,
+    sharing_from_env,
+)
 
 POLL_SECONDS = 0.5
 LOG_TAIL = 2000
@@ -107,12 +112,12 @@ class RowReader:
 
 
 def launch(run_file: Path, nproc: int, should_stop: Callable[[], bool],
-           on_checkpoint: Callable[[Path], None] | None, registry: Path | None = None,
+           on_checkpoint: Callable[[Path], None] | None, children_dir: Path | None = None,
            resource: str = "",
            on_row: Callable[[dict[str, Any]], None] | None = None,
            env: dict[str, str] | None = None) -> dict[str, Any]:
     """Run the ranks to the end; the result rank 0 wrote. Raises LaunchError on failure.
-    `registry`/`resource`: where torchrun is recorded for reaping, and for what; `on_row`
+    `children_dir`/`resource`: where torchrun is recorded for reaping, and for what; `on_row`
     gets each training history row as rank 0 writes it; `env` is added to the ranks'
     environment (their thread share)."""
     run_dir = run_file.parent
@@ -125,7 +130,8 @@ def launch(run_file: Path, nproc: int, should_stop: Callable[[], bool],
     with open(run_dir / "ranks.log", "wb") as log:
         # a confined environment (foundation/environment.py): nothing of the worker's
         proc, record = children.spawn(cmd, role="torchrun", resource=resource,
-                                      registry=registry, env=child_environment(None, **(env or {})),
+                                      children_dir=children_dir,
+                                      env=child_environment(None, **(env or {})),
                                       stdout=log, stderr=subprocess.STDOUT, cwd=PACKAGE_ROOT)
         (run_dir / LAUNCHER).write_text(json.dumps(record.to_dict()))
         seen = _pointer(ckpts)
@@ -141,7 +147,7 @@ def launch(run_file: Path, nproc: int, should_stop: Callable[[], bool],
             raise
         finally:
             children.stop(record, timeout=5, proc=proc)  # ranks torchrun left, if any
-            children.forget(registry, record)
+            children.forget(children_dir, record)
             (run_dir / LAUNCHER).unlink(missing_ok=True)
     _mirror(ckpts, seen, on_checkpoint)
     rows.read()
@@ -224,7 +230,7 @@ def rank_main(run_file: Path) -> int:
     threads = plan_threads(sharing_from_env())
     apply_torch(threads)
     try:
-        with Registry().entry("training", threads):
+        with ComputeLedger().entry("training", threads):
             result = train(config, _rank_data(run, samples, heldout, device), device)
     finally:
         distributed.shutdown()
@@ -245,8 +251,8 @@ def _rank_data(run: dict[str, Any], samples: list[Any], heldout: list[Any],
     """The rank's TrainData: from the capture shards when the run names them (the held-out
     split's too, when the run has held-out samples), else the target loaded on the rank's
     device in the run's dtype, which then also runs the held-out samples."""
-    from eaglenest.models.shard_source import shard_train_data
     from eaglenest.models.target import load_target
+    from eaglenest.models.training.shard_source import shard_train_data
     from eaglenest.models.training.train import TrainData
 
     if run.get("capture"):

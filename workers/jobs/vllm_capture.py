@@ -2,7 +2,7 @@
 
 Run as a child of the job (``python -m eaglenest.workers.jobs.vllm_capture RUN.json``,
 started and reaped by workers/jobs/capture_stage.py): the job has planned the capture
-folder (manifests, samples files, target/: models/capture_shards.py), and this process
+folder (manifests, samples files, target/: models/capture/shards.py), and this process
 fills the planned shards of each split it is given, one shard at a time, with the hidden
 states vLLM's ``extract_hidden_states`` method leaves in its cache, written to files by
 workers/jobs/vllm_connector.py. vLLM runs the target tensor-parallel over the GPUs it is
@@ -12,7 +12,7 @@ norm (models/target.py ``load_target_ends``), in the run's dtype: on CUDA on the
 it is shown (``cuda:0``), moved there once the engine has started (the run's
 ``gpu_memory_utilization`` leaves them room), on the CPU in float32.
 
-What vLLM returns and what a shard holds (models/capture_shards.py), per sample of ``seq``
+What vLLM returns and what a shard holds (models/capture/shards.py), per sample of ``seq``
 tokens: vLLM is asked for layers ``aux_layer_ids + [L]`` (L = the target's layer count;
 layer id k is the residual stream entering layer k, and id L the last layer's output before
 the final norm), one request per sample (its input ids as the prompt, one output token),
@@ -44,8 +44,8 @@ from typing import Any
 
 import torch
 
-from eaglenest.models.capture_cache import CaptureEntry
-from eaglenest.models.capture_shards import (
+from eaglenest.models.capture.cache import CaptureEntry
+from eaglenest.models.capture.shards import (
     DTYPES,
     fill_shards,
     planned_samples,
@@ -155,7 +155,7 @@ def main(run_file: str) -> int:
 
 
 def launch(run: dict[str, Any], work: Path, on_shard: Callable[[str, dict[str, Any]], None],
-           check: Callable[[], None], *, registry: Path | None = None, resource: str = "",
+           check: Callable[[], None], *, children_dir: Path | None = None, resource: str = "",
            env: dict[str, str] | None = None) -> None:
     """Run this module as an owned child over ``run`` (see the module doc) to the end
     (workers/jobs/vllm_child.py ``run_child``: ``check`` stops it), calling
@@ -168,7 +168,7 @@ def launch(run: dict[str, Any], work: Path, on_shard: Callable[[str, dict[str, A
         seen = _report(folder, run["splits"], seen, on_shard)
 
     run_child("eaglenest.workers.jobs.vllm_capture", run, work / "vllm-capture", poll, check,
-              registry=registry, resource=resource, env=env)
+              children_dir=children_dir, resource=resource, env=env)
     poll()
 
 

@@ -3,8 +3,8 @@
 Usage: ``torchrun --standalone --nproc-per-node 2 shard_ddp_worker.py CAPTURE ROOT STEPS``.
 Trains an EAGLE-3 head from the capture shards in CAPTURE (``shard_train_data``, as a
 job's ranks do) for STEPS steps of one sample per rank, recording the files
-models/shard_source.py reads (every read goes through its ``load_file`` or, for the
-samples file, models/capture_shards.py's) and the sample
+models/training/shard_source.py reads (every read goes through its ``load_file`` or, for the
+samples file, models/capture/shards.py's) and the sample
 indices the rank asks the shards for; saves them with the head and the history as
 ``ROOT/rank{r}.pt``.
 """
@@ -18,10 +18,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-import eaglenest.models.capture_shards as capture_shards
-import eaglenest.models.shard_source as shard_source
-from eaglenest.models.shard_source import shard_train_data
+from eaglenest.models.capture import shards
+from eaglenest.models.training import shard_source
 from eaglenest.models.training.config import TrainConfig
+from eaglenest.models.training.shard_source import shard_train_data
 from eaglenest.models.training.train import train
 
 
@@ -36,7 +36,7 @@ def main(capture: str, root: str, steps: int) -> None:
         return real_load(path, *args, **kw)
 
     shard_source.load_file = load_file  # type: ignore[assignment]  # records, then reads
-    capture_shards.load_file = load_file  # type: ignore[assignment]
+    shards.load_file = load_file  # type: ignore[assignment]
     data = shard_train_data(capture)
     asked: list[list[int]] = []
     real_capture = data.cache.capture  # type: ignore[union-attr]

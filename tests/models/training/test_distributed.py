@@ -17,7 +17,7 @@ from typing import Any, cast
 import pytest
 import torch
 
-from eaglenest.models.capture_cache import CaptureCache
+from eaglenest.models.capture.cache import CaptureCache
 from eaglenest.models.commands import main
 from eaglenest.models.heads.base import HeadLoss
 from eaglenest.models.heads.registry import HEADS

@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 import torch
 
-from eaglenest.models.capture_shards import shard_name, write_shards
-from eaglenest.models.shard_source import ShardSource, ShardTarget
+from eaglenest.models.capture.shards import shard_name, write_shards
 from eaglenest.models.training.batches import RankStream
 from eaglenest.models.training.config import TrainConfig
+from eaglenest.models.training.shard_source import ShardSource, ShardTarget
 from tests.models.training.test_distributed import _env
 
 HERE = Path(__file__).parent

@@ -27,7 +27,7 @@ from eaglenest.models.target import Capture, Target
 
 class CaptureSource(Protocol):
     """Where training gets its captures: this in-process cache, or capture shards on disk
-    (models/capture_shards.py). ``samples`` is the list the indices refer to."""
+    (models/capture/shards.py). ``samples`` is the list the indices refer to."""
 
     samples: list[Sample]
 

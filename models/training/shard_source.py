@@ -1,4 +1,4 @@
-"""Train a head from capture shards (models/capture_shards.py) without the target's decoder.
+"""Train a head from capture shards (models/capture/shards.py) without the target's decoder.
 
     data = shard_train_data(folder, device)  # TrainData: stand-in target, samples, shards
     train(config, data, device)              # the same run as with the live target
@@ -29,8 +29,8 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
-from eaglenest.models.capture_cache import CaptureEntry, padded_capture
-from eaglenest.models.capture_shards import (
+from eaglenest.models.capture.cache import CaptureEntry, padded_capture
+from eaglenest.models.capture.shards import (
     ENDS,
     HELDOUT,
     TARGET_DIR,

@@ -1,6 +1,6 @@
 """Capture shards on CUDA (bf16 autocast, as train() captures there): a head trained from
 shards on the GPU matches one trained with the in-process capture. Needs a CUDA device;
-also runs as a script (``python tests/models/test_capture_shards_gpu.py``)."""
+also runs as a script (``python tests/models/capture/test_shards_gpu.py``)."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from eaglenest.models.capture_shards import write_shards
+from eaglenest.models.capture.shards import write_shards
 from eaglenest.models.data import encode_examples, load_examples
-from eaglenest.models.shard_source import shard_train_data
 from eaglenest.models.target import load_target
 from eaglenest.models.tiny import build_tiny_target
 from eaglenest.models.training.config import TrainConfig
+from eaglenest.models.training.shard_source import shard_train_data
 from eaglenest.models.training.train import TrainData, train
 
 

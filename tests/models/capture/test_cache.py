@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eaglenest.models.capture_cache import CaptureCache
+from eaglenest.models.capture.cache import CaptureCache
 from eaglenest.models.training.config import TrainConfig
 from eaglenest.models.training.train import TrainData, collate, train
 

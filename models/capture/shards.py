@@ -1,5 +1,5 @@
 """Target captures written once to disk as safetensors shards, so a head can be trained from
-files, on another machine and without the target's decoder (models/shard_source.py reads
+files, on another machine and without the target's decoder (models/training/shard_source.py reads
 them). ``write_shards(target, samples, folder, samples_per_shard)`` lays out:
 
     manifest.json              format version, target identity, the plan of shards and which
@@ -52,7 +52,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save
 
-from eaglenest.models.capture_cache import CaptureCache, CaptureEntry
+from eaglenest.models.capture.cache import CaptureCache, CaptureEntry
 from eaglenest.models.data.template import Sample
 from eaglenest.models.target import Target
 

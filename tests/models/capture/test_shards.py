@@ -1,5 +1,5 @@
-"""Capture shards on disk (models/capture_shards.py) and training from them
-(models/shard_source.py): same tensors, same head, resume, refusal, rank assignment, the
+"""Capture shards on disk (models/capture/shards.py) and training from them
+(models/training/shard_source.py): same tensors, same head, resume, refusal, rank assignment, the
 samples file (no shard opened for the samples), and the held-out split (the same held-out
 accuracy as the live target)."""
 
@@ -11,9 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import eaglenest.models.capture_shards as capture_shards_module
-import eaglenest.models.shard_source as shard_source_module
-from eaglenest.models.capture_shards import (
+from eaglenest.models.capture.shards import (
     HELDOUT,
     MANIFEST,
     ShardMismatchError,
@@ -24,17 +22,18 @@ from eaglenest.models.capture_shards import (
 from eaglenest.models.data import encode_examples, load_examples
 from eaglenest.models.data.template import Sample
 from eaglenest.models.heads.registry import HEADS
-from eaglenest.models.shard_source import (
+from eaglenest.models.target import load_target
+from eaglenest.models.training import shard_source
+from eaglenest.models.training.batches import rank_shards
+from eaglenest.models.training.config import TrainConfig
+from eaglenest.models.training.evaluate import HELDOUT_KEY, HeldOut
+from eaglenest.models.training.shard_source import (
     IncompleteCaptureError,
     ShardSource,
     ShardTarget,
     read_samples,
     shard_train_data,
 )
-from eaglenest.models.target import load_target
-from eaglenest.models.training.batches import rank_shards
-from eaglenest.models.training.config import TrainConfig
-from eaglenest.models.training.evaluate import HELDOUT_KEY, HeldOut
 from eaglenest.models.training.train import TrainData, train
 
 CPU = torch.device("cpu")
@@ -199,16 +198,16 @@ def test_ranks_get_disjoint_shards_covering_all(captured: Path, samples) -> None
 
 def _recording(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The names of the files shard_source reads (every read goes through load_file, its
-    own or capture_shards' for the samples file)."""
+    own or models/capture/shards.py's for the samples file)."""
     opened: list[str] = []
-    real = shard_source_module.load_file
+    real = shard_source.load_file
 
     def load_file(path, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
         opened.append(Path(path).name)
         return real(path, *args, **kwargs)
 
-    monkeypatch.setattr(shard_source_module, "load_file", load_file)
-    monkeypatch.setattr(capture_shards_module, "load_file", load_file)
+    monkeypatch.setattr(shard_source, "load_file", load_file)
+    monkeypatch.setattr("eaglenest.models.capture.shards.load_file", load_file)
     return opened
 
 
