@@ -66,7 +66,7 @@ def choose_backend(requested: str, device: str, target_bytes: int, gpu_bytes: fl
     without vLLM installed raises InputError naming the variable and the sizes; so does
     ``hf`` asked for a target whose weights alone are more than one GPU's memory.
     """
-    from eaglenest.workers.jobs.inputs import InputError
+    from eaglenest.workers.infra.model_fetch import InputError
 
     chosen = requested
     one_gpu = f"one GPU's {gpu_bytes / 2**30:.1f} GiB"
@@ -94,7 +94,7 @@ def choose_for(model_dir: Path, requested: str, device: str, gpu_gib: float,
     memory such a GPU may report), whether vLLM is installed."""
     from eaglenest.foundation.host.gpus import MEMORY_TOLERANCE
     from eaglenest.foundation.memory_plan import GIB, ShapeError, shape_of
-    from eaglenest.workers.jobs.inputs import InputError
+    from eaglenest.workers.infra.model_fetch import InputError
     from eaglenest.workers.model_servers.process import vllm_installed
 
     if device == "cpu":

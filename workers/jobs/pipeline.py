@@ -44,11 +44,12 @@ from eaglenest.foundation.store.storage import ArtifactStore, StorageError, pars
 from eaglenest.models.data import encode_examples
 from eaglenest.models.heads.registry import HEADS
 from eaglenest.workers.infra.checkpoint_sync import CheckpointSync
+from eaglenest.workers.infra.model_fetch import fetch_tree
 from eaglenest.workers.jobs import capture_stage, job_data, job_target
 from eaglenest.workers.jobs.bench_stage import BenchPlan, run_benchmark
 from eaglenest.workers.jobs.capture_stage import CaptureInfo
 from eaglenest.workers.jobs.control import JobControl
-from eaglenest.workers.jobs.inputs import JobSources, fetch_data, fetch_tree
+from eaglenest.workers.jobs.inputs import JobSources, fetch_data
 from eaglenest.workers.jobs.options import JobOptions
 from eaglenest.workers.jobs.placing import JobGpus
 from eaglenest.workers.jobs.progress import LOG_NAME, BenchProgress, TrainingProgress

@@ -48,12 +48,7 @@ from typing import Any
 from eaglenest.foundation.environment import child_environment
 from eaglenest.foundation.failure_reason import first_exception
 from eaglenest.foundation.host import children
-from eaglenest.foundation.host.threads import (
-    ComputeLedger,
-    apply_torch,
-    plan_threads,
-    sharing_from_env,
-)
+from eaglenest.foundation.host.threads import Registry, apply_torch, plan_threads, sharing_from_env
 
 POLL_SECONDS = 0.5
 LOG_TAIL = 2000
@@ -112,12 +107,12 @@ class RowReader:
 
 
 def launch(run_file: Path, nproc: int, should_stop: Callable[[], bool],
-           on_checkpoint: Callable[[Path], None] | None, children_dir: Path | None = None,
+           on_checkpoint: Callable[[Path], None] | None, registry: Path | None = None,
            resource: str = "",
            on_row: Callable[[dict[str, Any]], None] | None = None,
            env: dict[str, str] | None = None) -> dict[str, Any]:
     """Run the ranks to the end; the result rank 0 wrote. Raises LaunchError on failure.
-    `children_dir`/`resource`: where torchrun is recorded for reaping, and for what; `on_row`
+    `registry`/`resource`: where torchrun is recorded for reaping, and for what; `on_row`
     gets each training history row as rank 0 writes it; `env` is added to the ranks'
     environment (their thread share)."""
     run_dir = run_file.parent
@@ -130,8 +125,7 @@ def launch(run_file: Path, nproc: int, should_stop: Callable[[], bool],
     with open(run_dir / "ranks.log", "wb") as log:
         # a confined environment (foundation/environment.py): nothing of the worker's
         proc, record = children.spawn(cmd, role="torchrun", resource=resource,
-                                      children_dir=children_dir,
-                                      env=child_environment(None, **(env or {})),
+                                      registry=registry, env=child_environment(None, **(env or {})),
                                       stdout=log, stderr=subprocess.STDOUT, cwd=PACKAGE_ROOT)
         (run_dir / LAUNCHER).write_text(json.dumps(record.to_dict()))
         seen = _pointer(ckpts)
@@ -147,7 +141,7 @@ def launch(run_file: Path, nproc: int, should_stop: Callable[[], bool],
             raise
         finally:
             children.stop(record, timeout=5, proc=proc)  # ranks torchrun left, if any
-            children.forget(children_dir, record)
+            children.forget(registry, record)
             (run_dir / LAUNCHER).unlink(missing_ok=True)
     _mirror(ckpts, seen, on_checkpoint)
     rows.read()
@@ -230,7 +224,7 @@ def rank_main(run_file: Path) -> int:
     threads = plan_threads(sharing_from_env())
     apply_torch(threads)
     try:
-        with ComputeLedger().entry("training", threads):
+        with Registry().entry("training", threads):
             result = train(config, _rank_data(run, samples, heldout, device), device)
     finally:
         distributed.shutdown()

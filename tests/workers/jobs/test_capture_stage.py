@@ -20,9 +20,10 @@ from eaglenest.foundation.environment import Kind, classify
 from eaglenest.foundation.shapes import rebuild
 from eaglenest.foundation.shapes.optimization_jobs import CreateOptimizationJobRequest
 from eaglenest.foundation.store.storage import LocalStore, parse_uri
+from eaglenest.workers.infra.model_fetch import InputError
 from eaglenest.workers.jobs import capture_stage
 from eaglenest.workers.jobs.control import JobStopped
-from eaglenest.workers.jobs.inputs import InputError, JobSources
+from eaglenest.workers.jobs.inputs import JobSources
 from eaglenest.workers.jobs.options import OptionError, parse_options
 from eaglenest.workers.jobs.pipeline import Pipeline
 from eaglenest.workers.jobs.progress import describe
