@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from eaglenest.api.edge.sigv4 import (
     REQUIRED,
     SERVICE,
-    IncomingRequest,
+    SignedRequest,
     Verified,
     check_header,
     check_signature,
@@ -57,33 +57,29 @@ async def read_capped(chunks: AsyncIterator[bytes], limit: int) -> bytes | None:
 
 
 @dataclass(frozen=True)
-class SignedRequest:
-    """What a signed request is checked against (api.edge.sigv4), and its body's limit."""
+class BodyLimit:
+    """The most bytes of a body a plane reads, and its own error for more."""
 
-    method: str
-    url: str  # scheme://host/path?query exactly as received
-    headers: Mapping[str, str]  # lower-cased names
-    limit: int
-    too_large: Callable[[], ServiceError]  # the plane's own error for an oversized body
-    service: str = SERVICE
-    required: tuple[str, ...] = REQUIRED
+    size: int
+    too_large: Callable[[], ServiceError]
 
 
-async def read_signed(req: SignedRequest, chunks: AsyncIterator[bytes],
-                      secrets: Mapping[str, str], region: str, max_skew: int
+async def read_signed(req: SignedRequest, chunks: AsyncIterator[bytes], limit: BodyLimit,
+                      secrets: Mapping[str, str], region: str, max_skew: int,
+                      service: str = SERVICE, required: tuple[str, ...] = REQUIRED
                       ) -> tuple[bytes, Verified]:
     """The body of a request whose signature is valid, and who signed it. The Authorization
-    header is checked first and the body read only up to `req.limit` (a declared length
+    header is checked first and the body read only up to `limit.size` (a declared length
     over it is refused unread): an unsigned or oversized request costs no body. The one
     path of both planes (the control plane's POST /, sagemaker-runtime)."""
-    claim = check_header(req.headers, secrets, region, max_skew, req.service, req.required)
+    claim = check_header(req.headers, secrets, region, max_skew, service, required)
     declared = declared_length(req.headers)
-    if declared is not None and declared > req.limit:
-        raise req.too_large()
-    body = await read_capped(chunks, req.limit)
+    if declared is not None and declared > limit.size:
+        raise limit.too_large()
+    body = await read_capped(chunks, limit.size)
     if body is None:
-        raise req.too_large()
-    return body, check_signature(IncomingRequest(req.method, req.url, req.headers, body), claim)
+        raise limit.too_large()
+    return body, check_signature(replace(req, body=body), claim)
 
 
 def too_large(limit: int) -> RequestTooLarge:

@@ -7,7 +7,6 @@ import json
 import logging
 import math
 import time
-import uuid
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
@@ -18,10 +17,10 @@ from fastapi.responses import Response
 from sqlalchemy.exc import OperationalError
 
 import eaglenest.api.sagemaker  # noqa: F401  (registers the handlers)
-from eaglenest.api.edge.bounded import SignedRequest, check_depth, read_signed, too_large
+from eaglenest.api.edge.bounded import BodyLimit, check_depth, read_signed, too_large
 from eaglenest.api.edge.keyring import KeyRing
 from eaglenest.api.edge.registry import REGISTRY, Context
-from eaglenest.api.edge.sigv4 import REQUIRED_JSON
+from eaglenest.api.edge.sigv4 import REQUIRED_JSON, SignedRequest
 from eaglenest.api.observability import ApiMetrics, BrokerProbe
 from eaglenest.api.tagging import operations
 from eaglenest.foundation import shapes
@@ -33,6 +32,7 @@ from eaglenest.foundation.errors import (
     ServiceUnavailable,
     UnknownOperationException,
 )
+from eaglenest.foundation.http.asgi import WholeReply, amzn_request_id
 
 log = logging.getLogger("eaglenest.api")
 TARGET_PREFIX = "SageMaker."
@@ -40,12 +40,11 @@ JSON_11 = "application/x-amz-json-1.1"
 
 
 def json_response(body: dict[str, Any], status: int = 200) -> Response:
+    """The reply, written by the writer of every plane (foundation.http.asgi.reply)."""
     # The request id is set here rather than by an HTTP middleware: Starlette's
     # BaseHTTPMiddleware costs more per call than the whole operation on a small request.
-    return Response(
-        content=json.dumps(body, separators=(",", ":")), status_code=status, media_type=JSON_11,
-        headers={"x-amzn-RequestId": str(uuid.uuid4())},
-    )
+    return WholeReply(status, json.dumps(body, separators=(",", ":")).encode(),
+                      JSON_11.encode(), [amzn_request_id()])
 
 
 def error_response(err: ServiceError) -> Response:
@@ -56,12 +55,11 @@ async def authenticated_body(request: Request, ctx: Context, secrets: Mapping[st
                              service: str = "sagemaker") -> tuple[bytes, str]:
     """The body of a request whose signature is valid, and its access key id
     (api.edge.bounded.read_signed, at most `max_request_bytes`)."""
-    headers = {k.lower(): v for k, v in request.headers.items()}
     settings, limit = ctx.settings, ctx.settings.max_request_bytes
     body, verified = await read_signed(
-        SignedRequest(request.method, str(request.url), headers, limit,
-                      lambda: too_large(limit), service, REQUIRED_JSON),
-        request.stream(), secrets, settings.region, settings.signature_max_skew)
+        SignedRequest.of(request.scope), request.stream(),
+        BodyLimit(limit, lambda: too_large(limit)), secrets, settings.region,
+        settings.signature_max_skew, service, REQUIRED_JSON)
     return body, verified.access_key
 
 

@@ -23,6 +23,8 @@ from datetime import UTC, datetime, timedelta
 from botocore.auth import S3SigV4Auth, S3SigV4QueryAuth, SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
+from starlette.datastructures import URL
+from starlette.types import Scope
 
 from eaglenest.foundation.errors import (
     InvalidSignatureException,
@@ -37,11 +39,30 @@ _AUTH_RE = re.compile(
 
 
 @dataclass(frozen=True)
-class IncomingRequest:
+class SignedRequest:
+    """A request as its signature is checked: the one record of the signed edge, built by
+    every plane with `of` (api.edge.bounded.read_signed reads its body, then checks it)."""
+
     method: str
-    url: str  # scheme://host/path?query exactly as received
+    url: str  # scheme://host/path?query as received (module docstring: S3's path)
     headers: Mapping[str, str]  # lower-cased names
-    body: bytes
+    body: bytes = b""  # S3 signs its payload's hash in x-amz-content-sha256 instead
+
+    @classmethod
+    def of(cls, scope: Scope, path_as_sent: bool = False) -> SignedRequest:
+        """The request of an ASGI `scope` (its body not read yet). The path is the decoded
+        one, as botocore normalises it for the JSON and runtime planes; `path_as_sent`: the
+        raw path, as S3 signs it."""
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1")
+                   for k, v in scope["headers"]}
+        if not path_as_sent:
+            return cls(scope["method"], str(URL(scope=scope)), headers)
+        raw = scope.get("raw_path") or str(scope.get("path", "/")).encode()
+        path = raw.decode("latin-1") if isinstance(raw, bytes) else str(raw)
+        query = scope.get("query_string", b"")
+        qs = query.decode("latin-1") if isinstance(query, bytes) else ""
+        url = f"{scope.get('scheme', 'http')}://{headers.get('host', '')}{path}"
+        return cls(scope["method"], f"{url}?{qs}" if qs else url, headers)
 
 
 @dataclass(frozen=True)
@@ -184,7 +205,7 @@ def chunk_signature(claim: Claim, previous: str, chunk_sha256: str) -> str:
     return str(signer.signature(text, req))
 
 
-def check_signature(req: IncomingRequest, claim: Claim) -> Verified:
+def check_signature(req: SignedRequest, claim: Claim) -> Verified:
     """The signature of `req` (body included) is the one `claim` carries."""
     expected = _signature(req, claim)
     if not hmac.compare_digest(expected, claim.signature):
@@ -196,7 +217,7 @@ def check_signature(req: IncomingRequest, claim: Claim) -> Verified:
 
 
 def verify(
-    req: IncomingRequest, secrets: Mapping[str, str], region: str, max_skew: int,
+    req: SignedRequest, secrets: Mapping[str, str], region: str, max_skew: int,
     service: str = SERVICE, required: tuple[str, ...] = REQUIRED,
 ) -> Verified:
     """Raise an AWS auth error unless `req` carries a valid SigV4 signature for `service`."""
@@ -241,7 +262,7 @@ def _unsigned_url(url: str) -> str:
     return f"{base}?{'&'.join(kept)}" if kept else base
 
 
-def _signature(req: IncomingRequest, claim: Claim) -> str:
+def _signature(req: SignedRequest, claim: Claim) -> str:
     headers = {name: req.headers[name] for name in claim.signed}
     url = _unsigned_url(req.url) if claim.presigned else req.url
     aws_req = AWSRequest(method=req.method, url=url, headers=headers, data=req.body)

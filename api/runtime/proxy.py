@@ -28,17 +28,16 @@ import json
 import logging
 import random
 import time
-import uuid
 from collections.abc import Mapping
 from typing import Any
 
 from fastapi import FastAPI
-from starlette.datastructures import URL
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from eaglenest.api.edge.bounded import SignedRequest, read_signed
+from eaglenest.api.edge.bounded import BodyLimit, read_signed
 from eaglenest.api.edge.keyring import KeyRing
 from eaglenest.api.edge.registry import Context
+from eaglenest.api.edge.sigv4 import SignedRequest
 from eaglenest.api.observability import ApiMetrics
 from eaglenest.api.runtime import disk_quota, eventstream
 from eaglenest.api.runtime.bodies import (
@@ -57,7 +56,7 @@ from eaglenest.api.runtime.routes import Route, Routes
 from eaglenest.foundation import queue as q
 from eaglenest.foundation.accounts import ResourceRef
 from eaglenest.foundation.errors import ServiceError
-from eaglenest.foundation.http.asgi import body_chunks, reply
+from eaglenest.foundation.http.asgi import amzn_request_id, body_chunks, reply, start
 from eaglenest.foundation.http.backend_client import (
     BackendClient,
     BackendConnectError,
@@ -131,13 +130,9 @@ class Clock:
         self.frames += frames
 
 
-def _request_id() -> tuple[bytes, bytes]:
-    return b"x-amzn-requestid", str(uuid.uuid4()).encode()
-
-
 async def _reply(send: Send, status: int, body: bytes, content_type: bytes,
                  headers: Headers) -> None:
-    await reply(send, status, body, content_type, [_request_id(), *headers])
+    await reply(send, status, body, content_type, [amzn_request_id(), *headers])
 
 
 async def _error_reply(send: Send, err: ServiceError) -> None:
@@ -288,10 +283,10 @@ async def _stream(px: Proxy, receive: Receive, send: Send,
                               route.arn)
     captured = _sampled(route)
     parts: list[str] | None = [] if captured or tr.style == LMI else None
-    await send({"type": "http.response.start", "status": 200, "headers": [
-        (b"content-type", EVENTSTREAM), _request_id(), *_reply_headers(headers, route),
+    await start(send, 200, EVENTSTREAM, None, [
+        amzn_request_id(), *_reply_headers(headers, route),
         (b"x-amzn-sagemaker-content-type",
-         b"application/jsonlines" if tr.style == LMI else b"text/event-stream")]})
+         b"application/jsonlines" if tr.style == LMI else b"text/event-stream")])
     gone: list[bool] = []
     watcher = asyncio.create_task(_watch_disconnect(receive, r, gone))
     try:
@@ -339,9 +334,10 @@ class RuntimeASGI:
             await _reply(send, 405, body, b"application/json", [(b"allow", b"POST")])
             return
         clock, code = Clock(), "OK"
-        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        signed = SignedRequest.of(scope)
+        headers = signed.headers
         try:
-            raw, account_id = await self._authenticated_body(scope, receive, headers)
+            raw, account_id = await self._authenticated_body(signed, receive)
             check_request(parts[2], headers, raw)
             if parts[3] == "invocations":
                 await _invoke(self.px, send, headers, parts[2], raw, clock, account_id)
@@ -355,15 +351,15 @@ class RuntimeASGI:
             self.metrics.observe_invocation(code, clock.own, clock.frames, clock.forward)
 
 
-    async def _authenticated_body(self, scope: Scope, receive: Receive,
-                                  headers: Mapping[str, str]) -> tuple[bytes, str]:
+    async def _authenticated_body(self, signed: SignedRequest,
+                                  receive: Receive) -> tuple[bytes, str]:
         """The body of a validly signed request and the account its key acts for. The
         Authorization header is checked first and at most MAX_BODY bytes are read: an
         unsigned or oversized request is refused without reading its body."""
         keys = self.keyring.current()
         raw, verified = await read_signed(
-            SignedRequest("POST", str(URL(scope=scope)), headers, MAX_BODY, body_too_large),
-            body_chunks(receive), {k: v.secret for k, v in keys.items()},
+            signed, body_chunks(receive), BodyLimit(MAX_BODY, body_too_large),
+            {k: v.secret for k, v in keys.items()},
             self.settings.region, self.settings.signature_max_skew)
         return raw, keys[verified.access_key].account_id
 

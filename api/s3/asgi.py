@@ -18,11 +18,13 @@ from typing import BinaryIO
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from eaglenest.api.edge.keyring import KeyRing
+from eaglenest.api.edge.sigv4 import SignedRequest
 from eaglenest.api.s3 import routing
 from eaglenest.api.s3.errors import S3Error, from_auth, from_storage
 from eaglenest.api.s3.request import Reply, S3Request
 from eaglenest.api.s3.store_access import run
 from eaglenest.foundation.errors import ServiceError
+from eaglenest.foundation.http.asgi import reply, start
 from eaglenest.foundation.settings import Settings
 from eaglenest.foundation.store.buckets import AccountStore
 from eaglenest.foundation.store.storage import BucketStore, StorageError
@@ -79,28 +81,28 @@ class S3ASGI:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1")
-                   for k, v in scope["headers"]}
+        signed = SignedRequest.of(scope, path_as_sent=True)
+        headers = dict(signed.headers)  # S3Request's: trailers join it (api/s3/body.py)
         query = routing.query_of(scope)
         if not routing.is_s3(scope, headers, query):
             await self.app(scope, receive, send)
             return
         request_id = uuid.uuid4().hex[:16].upper()
         body = BodyTracker(receive, headers)
-        reply = await self._answer(scope, body.receive, headers, query)
+        answer = await self._answer(scope, signed, body.receive, headers, query)
         if not await body.drained():
             # the rest of an unread body would be read as the next request: close instead
-            reply.headers["connection"] = "close"
+            answer.headers["connection"] = "close"
             receive = _never_told
-        await _send(send, reply, scope["method"] == "HEAD", request_id, receive)
+        await _send(send, answer, scope["method"] == "HEAD", request_id, receive)
 
-    async def _answer(self, scope: Scope, receive: Receive, headers: dict[str, str],
-                      query: dict[str, str]) -> Reply | S3Error:
+    async def _answer(self, scope: Scope, signed: SignedRequest, receive: Receive,
+                      headers: dict[str, str], query: dict[str, str]) -> Reply | S3Error:
         resource = str(scope.get("path", "/"))
         try:
             keys = self.keyring.current()
             try:
-                claim = routing.authenticate(scope, headers, query,
+                claim = routing.authenticate(signed, query,
                                              {k: v.secret for k, v in keys.items()},
                                              self.settings)
             except ServiceError as exc:
@@ -123,7 +125,7 @@ class S3ASGI:
                            "again.", resource)
 
 
-def _base_headers(request_id: str, extra: Mapping[str, str]) -> list[tuple[bytes, bytes]]:
+def _headers(request_id: str, extra: Mapping[str, str]) -> list[tuple[bytes, bytes]]:
     out = [(b"x-amz-request-id", request_id.encode())]
     out += [(k.encode(), v.encode("latin-1", "replace")) for k, v in extra.items()]
     return out
@@ -136,28 +138,30 @@ async def _never_told() -> Message:
     raise AssertionError("unreachable")
 
 
-async def _send(send: Send, reply: Reply | S3Error, head: bool, request_id: str,
+async def _send(send: Send, answer: Reply | S3Error, head: bool, request_id: str,
                 receive: Receive) -> None:
-    """The reply; a HEAD's without its body (its content-length is the object's). A
-    streamed one ends early when `receive` says the client is gone."""
-    if isinstance(reply, S3Error):
-        reply = Reply(reply.status, reply.xml(request_id),
-                      {**reply.headers, "content-type": "application/xml"})
-    stream = reply.stream
-    length = reply.length if stream is not None or (head and reply.length) else \
-        len(reply.body)
-    out = _base_headers(request_id, reply.headers) + [(b"content-length",
-                                                       str(length).encode())]
-    await send({"type": "http.response.start", "status": reply.status, "headers": out})
+    """The reply, through the writer of every plane (foundation.http.asgi); a HEAD's
+    without its body (its content-length is the object's). A streamed one ends early when
+    `receive` says the client is gone."""
+    if isinstance(answer, S3Error):
+        answer = Reply(answer.status, answer.xml(request_id),
+                       {**answer.headers, "content-type": "application/xml"})
+    stream = answer.stream
+    length = answer.length if stream is not None or (head and answer.length) else \
+        len(answer.body)
+    extra = dict(answer.headers)
+    content_type = extra.pop("content-type", None)
+    kind = None if content_type is None else content_type.encode("latin-1", "replace")
+    out = _headers(request_id, extra)
     if head or stream is None:
         if stream is not None:
             stream.close()
-        await send({"type": "http.response.body", "body": b"" if head else reply.body,
-                    "more_body": False})
+        await reply(send, answer.status, b"" if head else answer.body, kind, out, length)
         return
+    await start(send, answer.status, kind, length, out)
     gone = asyncio.ensure_future(_disconnect(receive))
     try:
-        await _stream(send, reply.length, stream, gone)
+        await _stream(send, answer.length, stream, gone)
     finally:
         gone.cancel()
         stream.close()

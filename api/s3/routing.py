@@ -14,7 +14,7 @@ from urllib.parse import parse_qsl, unquote
 
 from eaglenest.api.edge.sigv4 import (
     Claim,
-    IncomingRequest,
+    SignedRequest,
     check_header,
     check_query,
     check_signature,
@@ -60,22 +60,11 @@ def is_s3(scope: Mapping[str, object], headers: Mapping[str, str],
                 or path.startswith("/endpoints/"))
 
 
-def signed_url(scope: Mapping[str, object], headers: Mapping[str, str]) -> str:
-    """The URL as the client signed it: the path exactly as sent (S3 signs it without
-    normalising it), the query as sent."""
-    raw = scope.get("raw_path") or str(scope.get("path", "/")).encode()
-    path = raw.decode("latin-1") if isinstance(raw, bytes) else str(raw)
-    query = scope.get("query_string", b"")
-    qs = query.decode("latin-1") if isinstance(query, bytes) else ""
-    url = f"{scope.get('scheme', 'http')}://{headers.get('host', '')}{path}"
-    return f"{url}?{qs}" if qs else url
-
-
-def authenticate(scope: Mapping[str, object], headers: Mapping[str, str],
-                 query: Mapping[str, str], secrets: Mapping[str, str],
+def authenticate(req: SignedRequest, query: Mapping[str, str], secrets: Mapping[str, str],
                  settings: Settings) -> Claim:
     """The verified claim of the request (header or presigned); the payload's hash is the
     signed x-amz-content-sha256, checked against the body as it is read (api/s3/body.py)."""
+    headers = req.headers
     if "authorization" not in headers and "X-Amz-Credential" not in query:
         raise S3Error("AccessDenied", "Access Denied: the request is not signed (sign it "
                       "with AWS Signature Version 4, service 's3').")
@@ -85,8 +74,7 @@ def authenticate(scope: Mapping[str, object], headers: Mapping[str, str],
     else:
         claim = check_query(query, headers, secrets, settings.region,
                             settings.signature_max_skew, SERVICE)
-    check_signature(IncomingRequest(str(scope.get("method")), signed_url(scope, headers),
-                                    headers, b""), claim)
+    check_signature(req, claim)
     return claim
 
 

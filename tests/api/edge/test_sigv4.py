@@ -8,7 +8,7 @@ import httpx
 import pytest
 from botocore.exceptions import ClientError
 
-from eaglenest.api.edge.sigv4 import IncomingRequest, verify
+from eaglenest.api.edge.sigv4 import SignedRequest, verify
 from eaglenest.foundation.errors import ServiceError
 
 
@@ -72,7 +72,7 @@ def test_expired_signature_unit():
                          "aws4_request, SignedHeaders=host;x-amz-date, Signature=" + "0" * 64,
         "x-amz-date": "20200101T000000Z", "host": "127.0.0.1",
     }
-    req = IncomingRequest("POST", "http://127.0.0.1/", headers, b"{}")
+    req = SignedRequest("POST", "http://127.0.0.1/", headers, b"{}")
     with pytest.raises(ServiceError) as exc:
         verify(req, {"AK": "secret"}, "us-east-1", max_skew=900)
     assert exc.value.code == "InvalidSignatureException"
