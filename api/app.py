@@ -1,17 +1,18 @@
-"""create_app(settings): the FastAPI application. Nothing is built at import time."""
+"""create_app(settings): the FastAPI application, every service of `MOUNTS` mounted on it.
+Nothing is built at import time."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
 
-from eaglenest.api import s3
 from eaglenest.api.edge import json_protocol
 from eaglenest.api.edge.registry import Context
 from eaglenest.api.runtime import proxy
+from eaglenest.api.s3 import mount
 from eaglenest.db.session import Database
 from eaglenest.foundation.accounts import Account
 from eaglenest.foundation.queue import TaskQueue
@@ -43,16 +44,30 @@ def create_app(settings: Settings, broker_url: str | None = None) -> FastAPI:
 
     app = FastAPI(title="EagleNest", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.ctx = ctx
-    json_protocol.install(app, ctx)
-    proxy.install(app, ctx)
-    s3.install(app, ctx)  # last: ahead of every other route (api/s3/routing.py)
+    for install in MOUNTS:
+        install(app, ctx)
+    return app
+
+
+def health(app: FastAPI, _: Context) -> None:
+    """GET /ping: always 200 while the API serves (a container health check)."""
 
     @app.get("/ping")
     async def ping() -> dict[str, str]:
-        """Always 200 while the API serves (a container health check); the body says
-        whether the broker answers: Create calls still succeed without it, and what they
-        accept is dispatched once it is back."""
+        """The body says whether the broker answers: Create calls still succeed without it,
+        and what they accept is dispatched once it is back."""
         up = await run_in_threadpool(app.state.broker.up)
         return {"status": "ok" if up else "degraded", "broker": "up" if up else "down"}
 
-    return app
+
+Mount = Callable[[FastAPI, Context], None]
+#: Where the services are mounted, in this order; a new service is a folder under api/
+#: with an `install(app, ctx)`, plus one line here. Plain-ASGI layers wrap what is
+#: mounted before them: the last is the outermost and sees every request first.
+MOUNTS: tuple[Mount, ...] = (
+    json_protocol.install,  # POST / (SageMaker, Tagging API) and GET /metrics; first:
+                            # its app.state.metrics is the runtime's too
+    proxy.install,  # sagemaker-runtime: /endpoints/{name}/invocations[-response-stream]
+    health,  # GET /ping
+    mount.install,  # S3: last, ahead of every other route (api/s3/routing.py)
+)
