@@ -6,7 +6,8 @@ Contract:
 - `spawn()` starts a child in a process group of its own (pgid = its pid) with the parent
   death signal set to SIGKILL (Linux `PR_SET_PDEATHSIG`): the child dies when the process
   that started it dies, SIGKILL included. The kernel ties that signal to the thread that
-  forked, so every fork runs on one long-lived thread of the owner process. The child's
+  forked, so every fork runs on one long-lived thread of the owner process
+  (foundation/host/forking.py). The child's
   environment carries ``EAGLENEST_CHILD_TAG=<tag>``; its descendants inherit it (torchrun's
   ranks, a model server's helpers) and are found by it even after they leave the group.
 - A `ChildRecord` names a child by host, boot id (``/proc/sys/kernel/random/boot_id``), pid,
@@ -14,7 +15,7 @@ Contract:
   nothing when host or boot id are not this machine's; it signals the process group only
   while the leader's start time still matches, and any other live process carrying the
   tag. A record from another host, an earlier boot or a reused PID is never signalled.
-- With a registry directory a record is also the file ``<registry>/<tag>.json`` naming its
+- With a children_dir a record is also the file ``<children_dir>/<tag>.json`` naming its
   owner (the process that spawned it, by the same identity) until `forget()`. `reap()` stops
   the children of owners that are no longer alive: a SIGKILLed worker's leftovers are
   stopped by the next worker that starts on this host.
@@ -28,33 +29,29 @@ Contract:
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import functools
 import json
 import logging
 import os
-import queue
 import shutil
 import signal
 import socket
 import subprocess
 import tempfile
-import threading
 import time
 import uuid
 import weakref
-from collections.abc import Callable, Iterator
-from concurrent.futures import Future
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
+
+from eaglenest.foundation.host.forking import Spawner, die_with_parent
 
 log = logging.getLogger("eaglenest.children")
 
 TAG_ENV = "EAGLENEST_CHILD_TAG"
 SCRATCH_PREFIX = "eaglenest-child-"
-PR_SET_PDEATHSIG = 1
-T = TypeVar("T")
 
 
 def boot_id() -> str:
@@ -173,64 +170,13 @@ class ChildRecord:
         return sorted(found)
 
 
-class _Spawner:
-    """The one thread of this process that forks children (see the module docstring)."""
-
-    def __init__(self) -> None:
-        self._jobs: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]]] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
-        self._pid = 0
-        self._lock = threading.Lock()
-
-    def run(self, fn: Callable[[], T]) -> T:
-        with self._lock:
-            if self._thread is None or self._pid != os.getpid():  # none yet, or forked
-                self._jobs, self._pid = queue.SimpleQueue(), os.getpid()
-                self._thread = threading.Thread(target=self._loop, args=(self._jobs,),
-                                                name="eaglenest-spawner", daemon=True)
-                self._thread.start()
-            jobs = self._jobs
-        future: Future[T] = Future()
-        jobs.put((fn, future))
-        return future.result()
-
-    @staticmethod
-    def _loop(jobs: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]]]) -> None:
-        while True:
-            fn, future = jobs.get()
-            try:
-                future.set_result(fn())
-            except BaseException as exc:  # handed to the caller
-                future.set_exception(exc)
-
-
-_spawner = _Spawner()
+_spawner = Spawner()
 #: the Popen of each child this process spawned, while anything holds it (a running one
 #: dropped by its holder stays held by subprocess's own list until it is waited for)
 _procs: weakref.WeakValueDictionary[int, subprocess.Popen[bytes]] = weakref.WeakValueDictionary()
 
 
-def _prctl() -> Callable[..., int] | None:
-    try:
-        return ctypes.CDLL(None, use_errno=True).prctl  # type: ignore[no-any-return]
-    except (OSError, AttributeError):  # not Linux: process groups and reap() remain
-        return None
-
-
-_PRCTL = _prctl()
-
-
-def die_with_parent(parent: int | None = None) -> None:
-    """In a child: SIGKILL when the parent dies; exit at once if it already has (`parent`:
-    the pid the parent had before the fork, when known)."""
-    parent = os.getppid() if parent is None else parent
-    if _PRCTL is not None:
-        _PRCTL(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != parent:
-        os._exit(1)
-
-
-def spawn(argv: list[str], *, role: str, resource: str, registry: Path | None = None,
+def spawn(argv: list[str], *, role: str, resource: str, children_dir: Path | None = None,
           env: dict[str, str] | None = None, scratch_env: tuple[str, ...] = (), **popen: Any
           ) -> tuple[subprocess.Popen[bytes], ChildRecord]:
     """Start `argv` as an owned child (module docstring); `popen` goes to Popen. With
@@ -252,8 +198,8 @@ def spawn(argv: list[str], *, role: str, resource: str, registry: Path | None = 
     _procs[proc.pid] = proc
     record = ChildRecord(pid=proc.pid, start=start_time(proc.pid) or 0, tag=tag, role=role,
                          resource=resource, owner=myself(), scratch=scratch)
-    if registry is not None:
-        remember(registry, record)
+    if children_dir is not None:
+        remember(children_dir, record)
     return proc, record
 
 
@@ -270,21 +216,21 @@ def _clear_stopped(recs: list[ChildRecord]) -> None:
             _clear_scratch(r.scratch)
 
 
-def remember(registry: Path, record: ChildRecord) -> None:
-    registry.mkdir(parents=True, exist_ok=True)
-    part = registry / f"{record.tag}.json.part"
+def remember(children_dir: Path, record: ChildRecord) -> None:
+    children_dir.mkdir(parents=True, exist_ok=True)
+    part = children_dir / f"{record.tag}.json.part"
     part.write_text(json.dumps(record.to_dict()))
-    part.replace(registry / f"{record.tag}.json")
+    part.replace(children_dir / f"{record.tag}.json")
 
 
-def forget(registry: Path | None, record: ChildRecord) -> None:
-    if registry is not None:
-        (registry / f"{record.tag}.json").unlink(missing_ok=True)
+def forget(children_dir: Path | None, record: ChildRecord) -> None:
+    if children_dir is not None:
+        (children_dir / f"{record.tag}.json").unlink(missing_ok=True)
 
 
-def records(registry: Path) -> list[ChildRecord]:
+def records(children_dir: Path) -> list[ChildRecord]:
     out = []
-    for path in sorted(registry.glob("*.json")) if registry.is_dir() else []:
+    for path in sorted(children_dir.glob("*.json")) if children_dir.is_dir() else []:
         try:
             out.append(ChildRecord.from_dict(json.loads(path.read_text())))
         except (OSError, ValueError, TypeError) as exc:
@@ -368,27 +314,27 @@ def owned_elsewhere(record: ChildRecord) -> bool:
     return record.owner is not None and record.owner != myself() and record.owner.alive()
 
 
-def sweep(registry: Path) -> list[ChildRecord]:
+def sweep(children_dir: Path) -> list[ChildRecord]:
     """Wait for the exited leaders this process spawned (one that crashed, one another
     process stopped) and forget the records of trees that are gone; those forgotten.
     Running trees and other owners' records are left alone."""
     gone = []
-    for record in records(registry):
+    for record in records(children_dir):
         if record.owner != myself() or record.identity.alive():
             continue
         _collect(record)
         if not record.running():
             _clear_scratch(record.scratch)
-            forget(registry, record)
+            forget(children_dir, record)
             gone.append(record)
     return gone
 
 
-def reap(registry: Path) -> list[ChildRecord]:
+def reap(children_dir: Path) -> list[ChildRecord]:
     """Stop the recorded children whose owner is gone (and drop records of an earlier boot);
     the stopped ones. Records of live owners and of other hosts are left alone."""
     reaped = []
-    for record in records(registry):
+    for record in records(children_dir):
         if record.host != HOST:
             continue  # a data dir shared with another host: its worker judges its own
         if record.boot == BOOT and record.owner is not None and record.owner.alive():
@@ -401,13 +347,13 @@ def reap(registry: Path) -> list[ChildRecord]:
             reaped.append(record)
         else:  # an earlier boot's record or a tree that is gone
             _clear_scratch(record.scratch)
-        forget(registry, record)
+        forget(children_dir, record)
     return reaped
 
 
-def stop_owned(registry: Path) -> None:
+def stop_owned(children_dir: Path) -> None:
     """Stop every recorded child this process spawned (a worker's graceful shutdown)."""
-    for record in records(registry):
+    for record in records(children_dir):
         if record.owner == myself():
             stop(record)
-            forget(registry, record)
+            forget(children_dir, record)

@@ -6,7 +6,7 @@ Contract:
   quota (v2 ``cpu.max``, v1 ``cpu.cfs_quota_us / cpu.cfs_period_us``, rounded down, at
   least 1);
 - compute processes = model servers and training runs of EagleNest on this host, counted
-  from a host-wide registry (``Registry``): each registers its pid while it runs, with its
+  in a host-wide ledger (``ComputeLedger``): each registers its pid while it runs, with its
   start time and the process that registered it (its owner). An entry counts only while
   that very process runs, not as a zombie (an exited child its parent has not waited for
   holds no CPU or memory), and while its owner runs; any other entry is removed;
@@ -15,7 +15,7 @@ Contract:
   value was checked at Create against the API host's CPUs and is clamped by the worker to
   its own usable CPUs before a model server starts (foundation/host/ceilings.py clamp_threads);
 - a host runs at most ``compute_budget`` compute processes: a worker that would start more
-  (``Registry.admit``) starts none and fails the endpoint transition or job with
+  (``ComputeLedger.admit``) starts none and fails the endpoint transition or job with
   ``ComputeBudgetExceeded`` (checked when starting, not reserved: starts racing each other
   may pass it together by the processes they start);
 - the chosen plan is logged by the process that applies it and reported by the benchmarks
@@ -42,7 +42,7 @@ from eaglenest.foundation.host import children
 log = logging.getLogger("eaglenest.threads")
 
 THREADS_ENV = "EAGLENEST_TORCH_THREADS"
-REGISTRY_ENV = "EAGLENEST_COMPUTE_REGISTRY"
+LEDGER_ENV = "EAGLENEST_COMPUTE_REGISTRY"
 #: set by whoever starts compute processes together: how many share the CPUs, each included
 SHARING_ENV = "EAGLENEST_COMPUTE_SHARING"
 
@@ -148,12 +148,12 @@ def _live(entry: dict[str, Any]) -> bool:
     return not owner or children.Identity(**owner).alive()
 
 
-class Registry:
+class ComputeLedger:
     """Host-wide record of running EagleNest compute processes: one file per process."""
 
     def __init__(self, root: Path | None = None) -> None:
         default = Path(tempfile.gettempdir()) / f"eaglenest-compute-{os.getuid()}"
-        self.root = root or Path(os.environ.get(REGISTRY_ENV) or default)
+        self.root = root or Path(os.environ.get(LEDGER_ENV) or default)
 
     def running(self) -> int:
         """Entries of live processes (module docstring); the others are removed."""

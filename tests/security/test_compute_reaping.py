@@ -1,5 +1,5 @@
 """A host's compute budget is given back when a fleet is deleted: the worker reaps the model
-servers it stops (no zombie is left behind it) and the registry of compute processes counts
+servers it stops (no zombie is left behind it) and the ledger of compute processes counts
 live processes only, so one account that runs the whole budget and deletes its endpoint
 does not lock every other account out (issue #51)."""
 
@@ -23,7 +23,7 @@ BUDGET = 2
 @pytest.fixture(scope="module")
 def budgeted(tmp_path_factory: pytest.TempPathFactory, tiny_llama_dir: Path) -> Iterator[Stack]:
     """A serve worker on a host that runs at most BUDGET compute processes, counted in a
-    registry of the stack's own (not the other stacks' of the suite)."""
+    ledger of the stack's own (not the other stacks' of the suite)."""
     data_dir = tmp_path_factory.mktemp("compute-reaping")
     s = Stack(data_dir, extra_env={
         "EAGLENEST_WORKER_QUEUES": "serve", "EAGLENEST_MAX_COMPUTE_PROCESSES": str(BUDGET),
@@ -53,21 +53,21 @@ def wait_status(sm, name: str, timeout: float = 240) -> dict:  # type: ignore[no
 
 def test_a_deleted_fleet_gives_its_compute_budget_back(budgeted: Stack,
                                                       tiny_llama_dir: Path) -> None:
-    from eaglenest.foundation.host.threads import Registry
+    from eaglenest.foundation.host.threads import ComputeLedger
 
-    registry, worker = Registry(budgeted.data_dir / "compute"), worker_pid(budgeted)
+    ledger, worker = ComputeLedger(budgeted.data_dir / "compute"), worker_pid(budgeted)
     sm = budgeted.client()
     sm.create_model(ModelName="all-of-it", ExecutionRoleArn=ROLE, PrimaryContainer=container())
     deploy(sm, "all-of-it", "all-of-it", count=BUDGET)  # the whole host's budget
     assert wait_status(sm, "all-of-it")["EndpointStatus"] == "InService"
-    assert registry.running() == BUDGET
+    assert ledger.running() == BUDGET
     sm.delete_endpoint(EndpointName="all-of-it")
     deadline = time.monotonic() + 60
     while [e for e in sm.list_endpoints()["Endpoints"] if e["EndpointName"] == "all-of-it"]:
         assert time.monotonic() < deadline, "the endpoint was not deleted"
         time.sleep(0.2)
     assert zombies_of(worker) == []  # the worker waited for the servers it stopped
-    assert registry.running() == 0
+    assert ledger.running() == 0
 
     other = new_account(budgeted, "other")
     upload(budgeted, tiny_llama_dir, "s3://other-models/tiny/", account=other.account)

@@ -186,7 +186,7 @@ SPOOL_QUOTA = 2048
 def capturing(tmp_path_factory: pytest.TempPathFactory, tiny_llama_dir: Path) -> Iterator[Stack]:
     """A serve worker; each account may spool 2 KiB of Data Capture (rolled after an hour:
     what is captured stays in the spool during the test); the host runs at most 2 compute
-    processes, counted in a registry of the stack's own (not the other stacks' here)."""
+    processes, counted in a ledger of the stack's own (not the other stacks' here)."""
     data_dir = tmp_path_factory.mktemp("spool-quota")
     s = Stack(data_dir, extra_env={
         "EAGLENEST_WORKER_QUEUES": "serve", "EAGLENEST_MAX_COMPUTE_PROCESSES": "2",
@@ -235,10 +235,10 @@ def test_capture_past_the_spool_quota_stops_capturing(capturing: Stack) -> None:
 def test_a_host_starts_no_more_compute_processes_than_its_budget(capturing: Stack) -> None:
     """EAGLENEST_MAX_COMPUTE_PROCESSES=2: an endpoint of 3 instances is not started; it
     fails with the reason, and no model server of it runs."""
-    from eaglenest.foundation.host.threads import Registry
+    from eaglenest.foundation.host.threads import ComputeLedger
 
-    registry = Registry(capturing.data_dir / "compute")
-    sm, running = capturing.client(), registry.running()
+    ledger = ComputeLedger(capturing.data_dir / "compute")
+    sm, running = capturing.client(), ledger.running()
     sm.create_model(**model("budget-m"))
     sm.create_endpoint_config(EndpointConfigName="budget-c", ProductionVariants=[{
         "VariantName": "AllTraffic", "ModelName": "budget-m", "InstanceType": "ml.g5.2xlarge",
@@ -254,7 +254,7 @@ def test_a_host_starts_no_more_compute_processes_than_its_budget(capturing: Stac
         "is 2 Processes, with current utilization of "), d["FailureReason"]
     assert "a request delta of 3 Processes" in d["FailureReason"]
     assert "EAGLENEST_MAX_COMPUTE_PROCESSES" in d["FailureReason"]
-    assert registry.running() == running  # none of its servers started
+    assert ledger.running() == running  # none of its servers started
 
 
 @pytest.fixture(scope="module")

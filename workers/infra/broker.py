@@ -82,12 +82,12 @@ def embedded_url(data_dir: Path) -> str | None:
 @dataclass
 class EmbeddedBroker:
     """The broker's redis-server is an owned child (foundation/host/children.py): it dies with the
-    process that started it; with `registry` its record is kept there until it stops."""
+    process that started it; with `children_dir` its record is kept there until it stops."""
 
     data_dir: Path
     port: int = 0
     process: subprocess.Popen[bytes] | None = None
-    registry: Path | None = None
+    children_dir: Path | None = None
     record: children.ChildRecord | None = None
 
     @property
@@ -122,7 +122,7 @@ class EmbeddedBroker:
         """Start redis-server on ``port`` (0: a free one); a restart passes the old port."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
         if self.record is not None:  # a restart: the dead server's record goes
-            children.forget(self.registry, self.record)
+            children.forget(self.children_dir, self.record)
         self.port = port or free_port()
         log = open(self.data_dir / "broker.log", "ab")  # noqa: SIM115 (owned by the child)
         self.process, self.record = children.spawn(
@@ -132,7 +132,7 @@ class EmbeddedBroker:
                 "--dir", str(self.data_dir.resolve()), "--appendonly", "yes",
                 "--appendfilename", "broker.aof", "--save", "", "--daemonize", "no",
             ],
-            role="broker", resource=f"broker:{self.data_dir}", registry=self.registry,
+            role="broker", resource=f"broker:{self.data_dir}", children_dir=self.children_dir,
             env={k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG")},
             stdout=log, stderr=subprocess.STDOUT,
         )
@@ -159,6 +159,6 @@ class EmbeddedBroker:
         self.state_file.unlink(missing_ok=True)
         self.process = None
         if self.record is not None:
-            children.forget(self.registry, self.record)
+            children.forget(self.children_dir, self.record)
             self.record = None
 

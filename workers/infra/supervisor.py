@@ -64,7 +64,7 @@ class Child:
     name: str
     argv: list[str]
     env: dict[str, str]
-    registry: Path | None = None
+    children_dir: Path | None = None
     #: where its output goes (None: all of it to our stderr)
     up_log: UpLog | None = None
     proc: subprocess.Popen[bytes] | None = None
@@ -80,7 +80,7 @@ class Child:
         self._forget()
         self.proc, self.record = children.spawn(
             [sys.executable, "-m", "eaglenest.cli", *self.argv], role=f"up-{self.name}",
-            resource="up", registry=self.registry, env=self.env, stdout=subprocess.PIPE,
+            resource="up", children_dir=self.children_dir, env=self.env, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT)
         self.started = time.monotonic()
         self.restart_at = None
@@ -127,7 +127,7 @@ class Child:
 
     def _forget(self) -> None:
         if self.record is not None:
-            children.forget(self.registry, self.record)
+            children.forget(self.children_dir, self.record)
             self.record = None
 
     def stop(self, timeout: float) -> None:
@@ -166,19 +166,19 @@ def _give_up(child: Child) -> int:
     return 1
 
 
-def claim_data_dir(registry: Path) -> str | None:
+def claim_data_dir(children_dir: Path) -> str | None:
     """Stop what a dead `up` of this data dir left running (by its records); why this `up`
     may not start (another one is alive), else None."""
-    for record in children.reap(registry):
+    for record in children.reap(children_dir):
         log.warning("stopped %s (pid %d) left by an earlier eaglenest up", record.role,
                     record.pid)
-    live = [r for r in children.records(registry) if r.owner is not None and r.owner.alive()]
+    live = [r for r in children.records(children_dir) if r.owner is not None and r.owner.alive()]
     if not live:
         return None
     owners = sorted({r.owner.pid for r in live if r.owner is not None})
     pids = ", ".join(f"{r.role} {r.pid}" for r in live)
     return (f"eaglenest up: another eaglenest up (pid {', '.join(map(str, owners))}) runs on "
-            f"data dir {registry.parent} ({pids}); stop it first")
+            f"data dir {children_dir.parent} ({pids}); stop it first")
 
 
 def run_stack(settings: Settings, host: str, port: int) -> int:
@@ -192,23 +192,23 @@ def run_stack(settings: Settings, host: str, port: int) -> int:
 
 
 def _run_stack(settings: Settings, host: str, port: int, up_log: UpLog) -> int:
-    registry = settings.data_dir / UP_RECORDS
-    refused = claim_data_dir(registry)
+    children_dir = settings.data_dir / UP_RECORDS
+    refused = claim_data_dir(children_dir)
     if refused:
         up_log.say(refused, sys.stderr)
         return 1
     broker: EmbeddedBroker | None = None
     broker_url = settings.broker_url
     if not broker_url:
-        broker = EmbeddedBroker(settings.data_dir, registry=registry)
+        broker = EmbeddedBroker(settings.data_dir, children_dir=children_dir)
         broker_url = broker.attach_or_start()
     env = {**os.environ, "EAGLENEST_BROKER_URL": broker_url,
            "EAGLENEST_DATA_DIR": str(settings.data_dir.resolve()),
            "EAGLENEST_SUPERVISED": "1", "PYTHONUNBUFFERED": "1"}  # lines reach the log as written
-    procs = [Child("api", ["api", "--host", host, "--port", str(port)], env, registry, up_log)]
+    procs = [Child("api", ["api", "--host", host, "--port", str(port)], env, children_dir, up_log)]
     if settings.worker_queues.strip():
         procs.append(Child("worker", ["worker", "--queues", settings.worker_queues], env,
-                           registry, up_log))
+                           children_dir, up_log))
     stopping = threading.Event()
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from eaglenest.foundation.host.processes import free_port
-from eaglenest.foundation.host.threads import SHARING_ENV, Registry
+from eaglenest.foundation.host.threads import SHARING_ENV, ComputeLedger
 from eaglenest.foundation.http.instance_auth import new_secret
 from eaglenest.foundation.memory_plan import Gpus
 from eaglenest.models.decode.modes import DecodeMode
@@ -43,8 +43,8 @@ class BenchPlan:
     num_speculative_tokens: int
     mode: str = DecodeMode.CHAIN
     startup_timeout: float = 900.0
-    #: children registry (foundation/host/children.py) and the job the servers belong to
-    registry: Path | None = None
+    #: children_dir (foundation/host/children.py) and the job the servers belong to
+    children_dir: Path | None = None
     resource: str = ""
     ks: tuple[int, ...] = ()  # the K values measured; () = (num_speculative_tokens,)
     schedule_dir: Path | None = None  # where speculation_schedule.json goes (None: out)
@@ -78,7 +78,7 @@ def _server(plan: BenchPlan, head: Path | None, k: int, log_path: Path,
                       extra_env={SHARING_ENV: str(sharing)}, kernel_cache=plan.kernel_cache,
                       split=False, vllm_module=plan.vllm_module)
     gpu_options.apply(spec, {}, plan.gpus, plan.gpu_env, plan.held, cuda_available())
-    return ServerProcess(spec, log_path, plan.registry, plan.resource, "benchmark-server")
+    return ServerProcess(spec, log_path, plan.children_dir, plan.resource, "benchmark-server")
 
 
 def requests_per_round(prompts: int, c: int, rounds: int) -> int:
@@ -125,7 +125,7 @@ def measure_rows(plan: BenchPlan, logs: Path, should_stop: Any,
     measures it at every level, and stops it before the next starts.
     Stopped early: the levels measured so far, the last maybe partial. ``progress`` hears
     of each server start and each measurement (workers/jobs/progress.py)."""
-    builders = _row_servers(plan, logs, Registry().running() + 1)
+    builders = _row_servers(plan, logs, ComputeLedger().running() + 1)
     rounds = max(1, plan.rounds)
     progress.plan(plan.backend, {c: requests_per_round(len(plan.prompts), c, rounds)
                                  for c in plan.concurrency}, len(builders), rounds)

@@ -223,7 +223,7 @@ class VllmCapture:
     tensor_parallel_size: int  # divides the target's attention heads (memory_plan)
     max_model_len: int
     work: Path  # the run file and the child's log go here
-    registry: Path | None = None
+    children_dir: Path | None = None
     resource: str = ""
     env: dict[str, str] | None = None
     dtype: str = "float32"  # the job's dtype (job_target.job_dtype): float32 on the CPU
@@ -274,7 +274,7 @@ def capture(folder: Path, target: Any, samples: list[Any], per_shard: int, job: 
         if any(not s["complete"] for split in splits
                for s in read_manifest(folder, split)["shards"]):  # else no engine starts
             launch(vllm.run(folder, splits), vllm.work, on_shard, check,
-                   registry=vllm.registry, resource=vllm.resource, env=vllm.env)
+                   children_dir=vllm.children_dir, resource=vllm.resource, env=vllm.env)
         held = list(read_manifest(folder, HELDOUT)["shards"]) if heldout else []
         log.info("job %s: capture: held-out: %d sample(s) in %d shard(s)", job,
                  len(heldout or []), len(held))

@@ -114,11 +114,11 @@ def capture_utilization(shape: ModelShape, dtype: str, gpu_bytes: float) -> floa
 
 
 def vllm_capture(model_dir: Path, device: str, dtype: str, gpus: JobGpus, max_model_len: int,
-                 work: Path, registry: Path | None, resource: str) -> VllmCapture:
+                 work: Path, children_dir: Path | None, resource: str) -> VllmCapture:
     """The vLLM children's engine (module contract): on the CPU one process in float32; on
     CUDA the job's dtype over the largest degree of the job's GPUs the heads allow."""
     if device == "cpu":
-        return VllmCapture(model_dir, "cpu", 1, max_model_len, work, registry, resource,
+        return VllmCapture(model_dir, "cpu", 1, max_model_len, work, children_dir, resource,
                            gpus.env, FLOAT32)
     shape = shape_of(model_dir)
     tp = tensor_parallel(shape, len(gpus.indexes))
@@ -127,7 +127,7 @@ def vllm_capture(model_dir: Path, device: str, dtype: str, gpus: JobGpus, max_mo
                  "heads, %d KV heads", shape.architecture, tp, len(gpus.indexes),
                  shape.heads, shape.kv_heads)
     share = capture_utilization(shape, dtype, gpus.memory_gib * MEMORY_TOLERANCE * GIB)
-    return VllmCapture(model_dir, "cuda", tp, max_model_len, work, registry, resource,
+    return VllmCapture(model_dir, "cuda", tp, max_model_len, work, children_dir, resource,
                        gpus.env, dtype, share)
 
 

@@ -28,19 +28,13 @@ from typing import Any
 
 from eaglenest.foundation.host.threads import (
     SHARING_ENV,
-    Registry,
+    ComputeLedger,
     ThreadPlan,
     apply_torch,
     plan_threads,
 )
 from eaglenest.foundation.shapes.optimization_jobs import CreateOptimizationJobRequest
-from eaglenest.foundation.store.disk_usage import (
-    StoredBytesExceeded,
-    check_stored,
-    clear_prefix,
-    dir_bytes,
-)
-from eaglenest.foundation.store.storage import ArtifactStore, StorageError, parse_uri, publish_dir
+from eaglenest.foundation.store.storage import ArtifactStore, StorageError
 from eaglenest.models.data import encode_examples
 from eaglenest.models.heads.registry import HEADS
 from eaglenest.workers.infra.checkpoint_sync import CheckpointSync
@@ -53,6 +47,7 @@ from eaglenest.workers.jobs.inputs import JobSources, fetch_data
 from eaglenest.workers.jobs.options import JobOptions
 from eaglenest.workers.jobs.placing import JobGpus
 from eaglenest.workers.jobs.progress import LOG_NAME, BenchProgress, TrainingProgress
+from eaglenest.workers.jobs.publishing import publish_outputs
 from eaglenest.workers.jobs.regen_cache import RegenCache
 from eaglenest.workers.model_servers.process import default_backend
 from eaglenest.workers.model_servers.schedule import schedule_from
@@ -170,7 +165,7 @@ class Pipeline:
             both = regenerate(examples + holdout, {**vllm.engine(), "seed": self.options.seed,
                                                    **job_data.REGEN_PARAMS},
                               self.work / "vllm-regenerate", self._regenerated,
-                              check=self.control.check, registry=vllm.registry,
+                              check=self.control.check, children_dir=vllm.children_dir,
                               resource=vllm.resource, env=vllm.env)
             return job_data.split_regenerated(both, len(examples))
         with self._compute("regeneration"):
@@ -186,9 +181,9 @@ class Pipeline:
     @contextlib.contextmanager
     def _compute(self, role: str) -> Iterator[ThreadPlan]:
         """Torch work in this process (regeneration, in-process training): admitted against
-        the host's compute budget (else the job fails), counted in the host's registry while
-        it runs, on the thread plan that gives it its share of the CPUs."""
-        compute = Registry()
+        the host's compute budget (else the job fails), counted in the host's compute ledger
+        while it runs, on the thread plan that gives it its share of the CPUs."""
+        compute = ComputeLedger()
         threads = plan_threads(compute.admit(1, self.compute_budget) + 1)
         log.info("job %s: %s for %s", self.name, threads.describe(), role)
         apply_torch(threads)
@@ -241,7 +236,7 @@ class Pipeline:
         config.on_step = progress.row
         procs = self.options.train_processes or 1
         if procs > 1:
-            running = Registry().admit(procs, self.compute_budget)  # else the job fails
+            running = ComputeLedger().admit(procs, self.compute_budget)  # else the job fails
             threads = plan_threads(running + procs)  # each rank: one share
             log.info("job %s: %s per training process", self.name, threads.describe())
             summary = self._train_processes(config, target, samples, procs, progress,
@@ -333,18 +328,6 @@ class Pipeline:
     def _key(self) -> str:
         return self.key or self.name
 
-    def _check_stored(self, out: Path) -> None:
-        """The outputs fit in the account's EAGLENEST_MAX_STORED_BYTES (what the job wrote
-        under its prefix is replaced and does not count); else the job's prefix is cleared
-        (checkpoints, training log: nothing of it stays) and StoredBytesExceeded fails the
-        job before a byte is uploaded."""
-        base = parse_uri(self.output_base)
-        try:
-            check_stored(self.store, self.max_stored_bytes, dir_bytes(out), base)
-        except StoredBytesExceeded:
-            clear_prefix(self.store, base)
-            raise
-
     @property
     def output_base(self) -> str:
         return self.spec.OutputConfig.S3OutputLocation.rstrip("/") + f"/{self.name}/"
@@ -372,12 +355,12 @@ class Pipeline:
             # on the CPU its servers (the baseline and one per K) stay loaded together; on
             # GPUs one runs at a time (bench_stage.measure_rows)
             servers = 1 if self.gpus.indexes else 1 + len(self.options.measured_ks())
-            Registry().admit(servers, self.compute_budget)
+            ComputeLedger().admit(servers, self.compute_budget)
             plan = BenchPlan(model_dir, head_dir, prompts, self.options.backend or
                              default_backend(), self.options.concurrency,
                              self.options.bench_max_tokens, self.options.num_speculative_tokens,
                              mode=HEADS[head].default_mode,
-                             registry=self.children_dir, resource=f"job:{self._key}",
+                             children_dir=self.children_dir, resource=f"job:{self._key}",
                              ks=self.options.measured_ks(), schedule_dir=head_dir,
                              rounds=self.options.bench_rounds, gpus=self.gpus.indexes,
                              gpu_env=self.gpus.env, held=self.gpus.held(),
@@ -389,8 +372,7 @@ class Pipeline:
             {"job": self.name, "sources": self.sources.__dict__, "options":
              self.options.__dict__, "train": train}, indent=1, default=str))
         base = self.output_base
-        self._check_stored(out)
-        publish_dir(self.store, out, base)
+        publish_outputs(self.store, out, base, self.max_stored_bytes)
         self.checkpoints().clear()
         schedule = None
         if bench is not None:

@@ -47,8 +47,13 @@ from typing import Any
 
 from eaglenest.foundation.environment import child_environment
 from eaglenest.foundation.failure_reason import first_exception
-from eaglenest.foundation.host import children
-from eaglenest.foundation.host.threads import Registry, apply_torch, plan_threads, sharing_from_env
+from eaglenest.foundation.host import children, forking
+from eaglenest.foundation.host.threads import (
+    ComputeLedger,
+    apply_torch,
+    plan_threads,
+    sharing_from_env,
+)
 
 POLL_SECONDS = 0.5
 LOG_TAIL = 2000
@@ -107,12 +112,12 @@ class RowReader:
 
 
 def launch(run_file: Path, nproc: int, should_stop: Callable[[], bool],
-           on_checkpoint: Callable[[Path], None] | None, registry: Path | None = None,
+           on_checkpoint: Callable[[Path], None] | None, children_dir: Path | None = None,
            resource: str = "",
            on_row: Callable[[dict[str, Any]], None] | None = None,
            env: dict[str, str] | None = None) -> dict[str, Any]:
     """Run the ranks to the end; the result rank 0 wrote. Raises LaunchError on failure.
-    `registry`/`resource`: where torchrun is recorded for reaping, and for what; `on_row`
+    `children_dir`/`resource`: where torchrun is recorded for reaping, and for what; `on_row`
     gets each training history row as rank 0 writes it; `env` is added to the ranks'
     environment (their thread share)."""
     run_dir = run_file.parent
@@ -125,7 +130,8 @@ def launch(run_file: Path, nproc: int, should_stop: Callable[[], bool],
     with open(run_dir / "ranks.log", "wb") as log:
         # a confined environment (foundation/environment.py): nothing of the worker's
         proc, record = children.spawn(cmd, role="torchrun", resource=resource,
-                                      registry=registry, env=child_environment(None, **(env or {})),
+                                      children_dir=children_dir,
+                                      env=child_environment(None, **(env or {})),
                                       stdout=log, stderr=subprocess.STDOUT, cwd=PACKAGE_ROOT)
         (run_dir / LAUNCHER).write_text(json.dumps(record.to_dict()))
         seen = _pointer(ckpts)
@@ -141,7 +147,7 @@ def launch(run_file: Path, nproc: int, should_stop: Callable[[], bool],
             raise
         finally:
             children.stop(record, timeout=5, proc=proc)  # ranks torchrun left, if any
-            children.forget(registry, record)
+            children.forget(children_dir, record)
             (run_dir / LAUNCHER).unlink(missing_ok=True)
     _mirror(ckpts, seen, on_checkpoint)
     rows.read()
@@ -206,7 +212,7 @@ def rank_main(run_file: Path) -> int:
     from eaglenest.models.training.config import TrainConfig
     from eaglenest.models.training.train import train
 
-    children.die_with_parent()  # torchrun killed (its worker died): the ranks go too
+    forking.die_with_parent()  # torchrun killed (its worker died): the ranks go too
     run_dir = run_file.parent
     run = json.loads(run_file.read_text())
     stop_file = run_dir / "stop"
@@ -224,7 +230,7 @@ def rank_main(run_file: Path) -> int:
     threads = plan_threads(sharing_from_env())
     apply_torch(threads)
     try:
-        with Registry().entry("training", threads):
+        with ComputeLedger().entry("training", threads):
             result = train(config, _rank_data(run, samples, heldout, device), device)
     finally:
         distributed.shutdown()

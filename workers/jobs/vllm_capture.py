@@ -155,7 +155,7 @@ def main(run_file: str) -> int:
 
 
 def launch(run: dict[str, Any], work: Path, on_shard: Callable[[str, dict[str, Any]], None],
-           check: Callable[[], None], *, registry: Path | None = None, resource: str = "",
+           check: Callable[[], None], *, children_dir: Path | None = None, resource: str = "",
            env: dict[str, str] | None = None) -> None:
     """Run this module as an owned child over ``run`` (see the module doc) to the end
     (workers/jobs/vllm_child.py ``run_child``: ``check`` stops it), calling
@@ -168,7 +168,7 @@ def launch(run: dict[str, Any], work: Path, on_shard: Callable[[str, dict[str, A
         seen = _report(folder, run["splits"], seen, on_shard)
 
     run_child("eaglenest.workers.jobs.vllm_capture", run, work / "vllm-capture", poll, check,
-              registry=registry, resource=resource, env=env)
+              children_dir=children_dir, resource=resource, env=env)
     poll()
 
 

@@ -3,7 +3,7 @@ way to start, watch, stop and reap them.
 
 A child runs ``python -m MODULE RUN.json`` from the folder holding the eaglenest package,
 in a confined environment (foundation/environment.py) plus the job's GPUs, with vLLM's
-socket folder in a private scratch directory, recorded in the worker's children registry
+socket folder in a private scratch directory, recorded in the worker's children_dir
 (foundation/host/children.py) so a dead worker's successor reaps it. Its output goes to
 ``<stem>.log`` beside ``<stem>.json``.
 """
@@ -22,7 +22,7 @@ POLL_SECONDS = 0.5
 
 
 def run_child(module: str, run: dict[str, Any], stem: Path, poll: Callable[[], None],
-              check: Callable[[], None], *, registry: Path | None = None,
+              check: Callable[[], None], *, children_dir: Path | None = None,
               resource: str = "", env: dict[str, str] | None = None) -> None:
     """Run ``module`` over ``run`` (written to ``stem``.json) to the end, calling ``check()``
     then ``poll()`` every POLL_SECONDS: whatever they raise (a stop) stops the child and
@@ -45,7 +45,7 @@ def run_child(module: str, run: dict[str, Any], stem: Path, poll: Callable[[], N
     cmd = [sys.executable, "-m", module, str(run_file)]
     with open(log_file, "wb") as out:
         proc, record = children.spawn(
-            cmd, role=module.rsplit(".", 1)[-1], resource=resource, registry=registry,
+            cmd, role=module.rsplit(".", 1)[-1], resource=resource, children_dir=children_dir,
             env=child_environment(None, **fixed), scratch_env=(VLLM_RPC_ENV,),
             stdout=out, stderr=subprocess.STDOUT, cwd=PACKAGE_ROOT)
         try:
@@ -55,7 +55,7 @@ def run_child(module: str, run: dict[str, Any], stem: Path, poll: Callable[[], N
                 poll()
         finally:
             children.stop(record, timeout=10, proc=proc)
-            children.forget(registry, record)
+            children.forget(children_dir, record)
     if proc.returncode != 0:
         raise RuntimeError(f"{module} exited with status {proc.returncode}: "
                            f"{first_error(log_file)}")

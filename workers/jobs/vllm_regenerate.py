@@ -46,7 +46,7 @@ def _read_lines(path: Path) -> list[Example]:
 
 def regenerate(examples: list[Example], run: dict[str, Any], stem: Path,
                progress: Callable[[int, int], None], *,
-               check: Callable[[], None] = lambda: None, registry: Path | None = None,
+               check: Callable[[], None] = lambda: None, children_dir: Path | None = None,
                resource: str = "", env: dict[str, str] | None = None) -> list[Example]:
     """Every example with its assistant turns rewritten by a vLLM child (empty ones kept,
     as ``regenerate(keep_empty=True)``); ``progress(done, total)`` as the child reports;
@@ -70,7 +70,7 @@ def regenerate(examples: list[Example], run: dict[str, Any], stem: Path,
 
     run_child("eaglenest.workers.jobs.vllm_regenerate",
               {**run, **{k: str(v) for k, v in files.items()}}, stem, poll, check,
-              registry=registry, resource=resource, env=env)
+              children_dir=children_dir, resource=resource, env=env)
     poll()
     return _read_lines(files["out"])
 

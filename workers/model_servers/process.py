@@ -27,7 +27,7 @@ from eaglenest.foundation.environment import child_environment
 from eaglenest.foundation.failure_reason import cause
 from eaglenest.foundation.host import children
 from eaglenest.foundation.host.ceilings import clamp_threads
-from eaglenest.foundation.host.threads import SHARING_ENV, Registry, ThreadPlan, plan_threads
+from eaglenest.foundation.host.threads import SHARING_ENV, ComputeLedger, ThreadPlan, plan_threads
 from eaglenest.foundation.http import input_guard, instance_auth
 from eaglenest.models.decode.modes import DecodeMode
 from eaglenest.models.heads.registry import vllm_speculative_method
@@ -238,13 +238,13 @@ def cuda_available() -> bool:
         return False
 
 
-def thread_env(spec: ServerSpec, registry: Registry) -> tuple[dict[str, str], ThreadPlan]:
+def thread_env(spec: ServerSpec, ledger: ComputeLedger) -> tuple[dict[str, str], ThreadPlan]:
     """The server's share of the CPUs (foundation/host/threads.py): EAGLENEST_COMPUTE_SHARING =
     the compute processes running plus this one (or the value the caller set, when it
     starts several at once); vLLM, which binds its own OpenMP threads, gets a disjoint
     VLLM_CPU_OMP_THREADS_BIND slice when the CPUs are shared. Explicit settings win, a
     container's thread counts clamped to this host's usable CPUs (foundation/host/ceilings.py)."""
-    running = registry.running()
+    running = ledger.running()
     merged = {**os.environ, **spec.extra_env}
     sharing = int(spec.extra_env.get(SHARING_ENV) or running + 1)
     plan = plan_threads(sharing, merged)
@@ -263,13 +263,13 @@ def thread_env(spec: ServerSpec, registry: Registry) -> tuple[dict[str, str], Th
 
 
 class ServerProcess:
-    """One model server. `registry` (a children registry directory) records it for reaping
+    """One model server. `children_dir` records it for reaping
     after its owner dies; `resource` says what it serves (``endpoint:<name>``, ``job:<name>``)."""
 
-    def __init__(self, spec: ServerSpec, log_path: Path, registry: Path | None = None,
+    def __init__(self, spec: ServerSpec, log_path: Path, children_dir: Path | None = None,
                  resource: str = "", role: str = "model-server") -> None:
         self.spec, self.log_path = spec, log_path
-        self.registry, self.resource, self.role = registry, resource, role
+        self.children_dir, self.resource, self.role = children_dir, resource, role
         self.proc: subprocess.Popen[bytes] | None = None
         self.record: children.ChildRecord | None = None
         self.launched_at = 0.0
@@ -287,16 +287,16 @@ class ServerProcess:
     def launch(self) -> None:
         """Start the process without waiting for it (several can then start side by side)."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        registry = Registry()
-        extra, self.threads = thread_env(self.spec, registry)
+        ledger = ComputeLedger()
+        extra, self.threads = thread_env(self.spec, ledger)
         with open(self.log_path, "ab") as log:  # the child keeps its own copy of the fd
             self.log_start = log.tell()
             root = Path(__file__).parents[3]  # holds the eaglenest package (-m finds it)
             self.proc, self.record = children.spawn(
                 self.spec.command(), role=self.role, resource=self.resource,
-                registry=self.registry, env={**self.spec.env(), **extra}, stdout=log,
+                children_dir=self.children_dir, env={**self.spec.env(), **extra}, stdout=log,
                 stderr=subprocess.STDOUT, cwd=root, scratch_env=self.scratch_env())
-        registry.add(self.proc.pid, f"serving:{self.spec.backend}", self.threads)
+        ledger.add(self.proc.pid, f"serving:{self.spec.backend}", self.threads)
         self.launched_at = time.monotonic()
 
     def scratch_env(self) -> tuple[str, ...]:
@@ -352,4 +352,4 @@ class ServerProcess:
             return
         self.pause(False)
         children.stop(self.record, timeout, self.proc)
-        children.forget(self.registry, self.record)
+        children.forget(self.children_dir, self.record)

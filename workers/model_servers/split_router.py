@@ -62,7 +62,7 @@ from typing import Any
 
 from starlette.types import Receive, Send
 
-from eaglenest.foundation.host.children import die_with_parent
+from eaglenest.foundation.host.forking import die_with_parent
 from eaglenest.foundation.host.loops import Loop
 from eaglenest.foundation.host.processes import free_port
 from eaglenest.foundation.http import instance_auth

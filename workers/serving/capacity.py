@@ -21,12 +21,7 @@ from eaglenest.db.tables import EndpointRow
 from eaglenest.foundation.accounts import ResourceRef
 from eaglenest.foundation.queue import SERVE_QUEUE
 from eaglenest.workers.infra.context import WorkerContext
-from eaglenest.workers.infra.placement import (
-    RETRY_SECONDS,
-    NoCapacity,
-    capacity_reason,
-    host_queue,
-)
+from eaglenest.workers.infra.placement import RETRY_SECONDS, NoCapacity, capacity_reason, host_queue
 from eaglenest.workers.serving import spread
 from eaglenest.workers.serving.deploy import DeployError, Placement
 

@@ -32,7 +32,7 @@ from eaglenest.foundation import environment, server_options
 from eaglenest.foundation.deployment import instances_of
 from eaglenest.foundation.dtypes import AUTO, FLOAT32
 from eaglenest.foundation.host.processes import free_port
-from eaglenest.foundation.host.threads import SHARING_ENV, ComputeBudgetExceeded, Registry
+from eaglenest.foundation.host.threads import SHARING_ENV, ComputeBudgetExceeded, ComputeLedger
 from eaglenest.foundation.http import instance_auth
 from eaglenest.foundation.instance_types import InstanceType, UnsupportedInstanceType, lookup
 from eaglenest.foundation.memory_plan import CPU_MAX_MODEL_LEN, gpus_of_type
@@ -203,7 +203,7 @@ def _schedule(plan: VariantPlan, head_dir: Path) -> Schedule | None:
 
 
 def start_variant(store: ArtifactStore, workdir: Path, endpoint: str, plan: VariantPlan,
-                  advertise_host: str = "127.0.0.1", registry: Path | None = None,
+                  advertise_host: str = "127.0.0.1", children_dir: Path | None = None,
                   resource: str | None = None,
                   placement: Placement | None = None) -> dict[str, Any]:
     """Fetch the model (and head), start `plan.instance_count` servers side by side, wait
@@ -222,7 +222,7 @@ def start_variant(store: ArtifactStore, workdir: Path, endpoint: str, plan: Vari
     _check_model(model_dir, plan.variant)
     specs, started = _start_instances(plan, base, model_dir, head_dir, endpoint,
                                       advertise_host, list(range(plan.instance_count)),
-                                      registry, resource, placement)
+                                      children_dir, resource, placement)
     return {**started[0], "served_name": endpoint, "resource": resource,
             "instance_type": plan.instance_type,
             "backend": specs[0].backend, "image": plan.image,
@@ -234,7 +234,7 @@ def start_variant(store: ArtifactStore, workdir: Path, endpoint: str, plan: Vari
 
 def _start_instances(plan: VariantPlan, base: Path, model_dir: Path, head_dir: Path | None,
                      endpoint: str, advertise_host: str, indexes: list[int],
-                     registry: Path | None, resource: str, placement: Placement | None = None,
+                     children_dir: Path | None, resource: str, placement: Placement | None = None,
                      units: list[str] | None = None
                      ) -> tuple[list[ServerSpec], list[dict[str, Any]]]:
     """Place each instance (its GPUs), launch one server per index (log `server-<i>.log`),
@@ -244,7 +244,7 @@ def _start_instances(plan: VariantPlan, base: Path, model_dir: Path, head_dir: P
     units = units or [f"{base.name}-{i}" for i in indexes]
     try:
         specs = _specs(plan, model_dir, head_dir, endpoint, advertise_host, units, placement)
-        servers = [ServerProcess(spec, base / f"server-{i}.log", registry, resource,
+        servers = [ServerProcess(spec, base / f"server-{i}.log", children_dir, resource,
                                  "serving-instance")
                    for i, spec in zip(indexes, specs, strict=True)]
         deadline = time.monotonic() + plan.health_timeout
@@ -276,7 +276,7 @@ def _specs(plan: VariantPlan, model_dir: Path, head_dir: Path | None, endpoint: 
     """One server spec per unit, each with the GPUs placed for it (taken here)."""
     specs: list[ServerSpec] = []
     try:  # these start together: one share each, all within the host's budget
-        sharing = Registry().admit(len(units), plan.compute_budget) + len(units)
+        sharing = ComputeLedger().admit(len(units), plan.compute_budget) + len(units)
     except ComputeBudgetExceeded as exc:
         raise DeployError(f"Variant {plan.variant}: {exc}") from exc
     itype = _instance_type(plan) if placement else None
@@ -310,7 +310,7 @@ def _instance_type(plan: VariantPlan) -> InstanceType:
 
 def restart_instances(plan: VariantPlan, record: dict[str, Any], dead: list[int],
                       advertise_host: str = "127.0.0.1",
-                      registry: Path | None = None,
+                      children_dir: Path | None = None,
                       placement: Placement | None = None) -> dict[str, Any]:
     """Replace the instances at `dead` of a running variant (same model files, new ports),
     keeping the others. Returns the updated record; the new instances are the ones at
@@ -320,10 +320,10 @@ def restart_instances(plan: VariantPlan, record: dict[str, Any], dead: list[int]
     head_dir = base / "head" if record.get("speculative") else None
     if not (base / "model").is_dir() or (head_dir is not None and not head_dir.is_dir()):
         raise DeployError(f"Variant {plan.variant}: its model files are gone from {base}.")
-    stop_servers({str(i): old[i] for i in dead}, registry)  # one that hangs must not linger
+    stop_servers({str(i): old[i] for i in dead}, children_dir)  # one that hangs must not linger
     units = [str(old[i]["unit"]) for i in dead if old[i].get("unit")]
     _, started = _start_instances(plan, base, base / "model", head_dir, record["served_name"],
-                                  advertise_host, dead, registry, _resource(record), placement,
+                                  advertise_host, dead, children_dir, _resource(record), placement,
                                   units if len(units) == len(dead) else None)
     new = list(old)
     for i, inst in zip(dead, started, strict=True):
@@ -332,7 +332,7 @@ def restart_instances(plan: VariantPlan, record: dict[str, Any], dead: list[int]
 
 
 def add_instances(plan: VariantPlan, record: dict[str, Any], count: int,
-                  advertise_host: str = "127.0.0.1", registry: Path | None = None,
+                  advertise_host: str = "127.0.0.1", children_dir: Path | None = None,
                   placement: Placement | None = None) -> tuple[dict[str, Any], list[Any]]:
     """Grow a running variant to `count` instances over its fetched model files. Returns
     the updated record and the new instances alone."""
@@ -342,7 +342,7 @@ def add_instances(plan: VariantPlan, record: dict[str, Any], count: int,
         raise DeployError(f"Variant {plan.variant}: its model files are gone from {base}.")
     old = instances_of(record)
     _, started = _start_instances(plan, base, base / "model", head_dir, record["served_name"],
-                                  advertise_host, list(range(len(old), count)), registry,
+                                  advertise_host, list(range(len(old), count)), children_dir,
                                   _resource(record), placement)
     return {**record, "instances": old + started}, started
 

@@ -48,7 +48,7 @@ def resolved_image(backend: str) -> str:
         return f"{IMAGE_PREFIX}{name}"
 
 
-def stop_servers(servers: dict[str, Any], registry: Path | None = None) -> None:
+def stop_servers(servers: dict[str, Any], children_dir: Path | None = None) -> None:
     """Stop every instance of these variant records with its process tree, wait for the ones
     this process started (no zombie is left: delete, rollback, scale-in and recovery all stop
     through here), and forget their records. An instance is signalled only when its `child`
@@ -65,7 +65,7 @@ def stop_servers(servers: dict[str, Any], registry: Path | None = None) -> None:
                             info.get("url"), info.get("pid"))
     for child in children.stop_all(recs):
         if not children.owned_elsewhere(child):
-            children.forget(registry, child)
+            children.forget(children_dir, child)
 
 
 def units_of(servers: dict[str, Any]) -> list[str]:

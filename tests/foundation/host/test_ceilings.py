@@ -14,7 +14,7 @@ from eaglenest.api.runtime import disk_quota
 from eaglenest.foundation.host import ceilings
 from eaglenest.foundation.host.threads import (
     ComputeBudgetExceeded,
-    Registry,
+    ComputeLedger,
     ThreadPlan,
     compute_budget,
 )
@@ -87,7 +87,7 @@ def test_the_worker_clamps_a_containers_threads_to_its_cpus(
         monkeypatch.delenv(name, raising=False)
     spec = ServerSpec(model_dir=Path("/m"), served_name="m", port=1,
                       extra_env={"OMP_NUM_THREADS": "512", "MKL_NUM_THREADS": "8"})
-    env, plan = thread_env(spec, Registry(tmp_path / "reg"))
+    env, plan = thread_env(spec, ComputeLedger(tmp_path / "ledger"))
     assert env["OMP_NUM_THREADS"] == env["MKL_NUM_THREADS"] == "2"
     assert (plan.threads, plan.source) == (2, "OMP_NUM_THREADS")
 
@@ -95,17 +95,17 @@ def test_the_worker_clamps_a_containers_threads_to_its_cpus(
 def test_the_compute_budget(tmp_path: Path) -> None:
     assert compute_budget(0, cpus=2) == 16 and compute_budget(0, cpus=16) == 64
     assert compute_budget(5, cpus=16) == 5
-    reg = Registry(tmp_path / "reg")
+    ledger = ComputeLedger(tmp_path / "ledger")
     plan = ThreadPlan(1, 2, 1, "auto")
-    with reg.entry("training", plan, key="a"), reg.entry("training", plan, key="b"):
-        assert reg.admit(1, 3) == 2
+    with ledger.entry("training", plan, key="a"), ledger.entry("training", plan, key="b"):
+        assert ledger.admit(1, 3) == 2
         with pytest.raises(ComputeBudgetExceeded) as exc:
-            reg.admit(2, 3)
+            ledger.admit(2, 3)
         assert str(exc.value).startswith(
             "ResourceLimitExceeded: The host-wide limit 'compute processes' is 3 Processes, "
             "with current utilization of 2 Processes and a request delta of 2 Processes")
         assert "EAGLENEST_MAX_COMPUTE_PROCESSES" in str(exc.value)
-        assert reg.admit(100, 0) == 2  # 0: not checked
+        assert ledger.admit(100, 0) == 2  # 0: not checked
 
 
 def _store(tmp_path: Path) -> LocalStore:

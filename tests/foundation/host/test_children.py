@@ -27,7 +27,7 @@ def _wait(pred, timeout: float = 15) -> None:  # type: ignore[no-untyped-def]
 
 
 def test_stop_ends_the_whole_tree_and_forgets_the_record(tmp_path: Path) -> None:
-    proc, record = children.spawn(TREE, role="test", resource="t", registry=tmp_path)
+    proc, record = children.spawn(TREE, role="test", resource="t", children_dir=tmp_path)
     _wait(lambda: len(record.running()) == 3)  # bash, its sleep, the setsid sleep
     assert (tmp_path / f"{record.tag}.json").is_file()
     assert children.records(tmp_path) == [record]
@@ -63,7 +63,7 @@ OWNER = textwrap.dedent("""
     from pathlib import Path
     from eaglenest.foundation.host import children
     proc, record = children.spawn({argv!r}, role="test", resource="t",
-                                  registry=Path({registry!r}), scratch_env={scratch!r})
+                                  children_dir=Path({children_dir!r}), scratch_env={scratch!r})
     print(record.tag, flush=True)
     time.sleep(300)
 """)
@@ -72,7 +72,7 @@ OWNER = textwrap.dedent("""
 def _owner(tmp_path: Path, argv: list[str], scratch: tuple[str, ...] = ()
            ) -> tuple[subprocess.Popen[str], str]:
     """A process that spawns `argv` as its child, then waits; and the child's tag."""
-    code = OWNER.format(argv=argv, registry=str(tmp_path), scratch=scratch)
+    code = OWNER.format(argv=argv, children_dir=str(tmp_path), scratch=scratch)
     owner = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
                              cwd=Path(__file__).resolve().parents[2])
     assert owner.stdout is not None
@@ -143,7 +143,7 @@ SCRATCH_CHILD = ["bash", "-c", 'touch "$SCRATCH_A/socket" && test "$SCRATCH_A" =
 
 
 def test_a_scratch_folder_lives_and_goes_with_its_child(tmp_path: Path) -> None:
-    proc, record = children.spawn(SCRATCH_CHILD, role="test", resource="t", registry=tmp_path,
+    proc, record = children.spawn(SCRATCH_CHILD, role="test", resource="t", children_dir=tmp_path,
                                   scratch_env=("SCRATCH_A", "SCRATCH_B"))
     scratch = Path(record.scratch)
     assert scratch.name.startswith(children.SCRATCH_PREFIX)

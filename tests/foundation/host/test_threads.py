@@ -1,5 +1,5 @@
 """Thread sizing on a shared host (foundation/host/threads.py): usable CPUs from affinity and the
-cgroup quota, one share per EagleNest compute process counted in the host registry,
+cgroup quota, one share per EagleNest compute process counted in the host's compute ledger,
 explicit settings first; model servers start with their share (workers/model_servers/process.py)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from eaglenest.foundation.host import threads
-from eaglenest.foundation.host.threads import Registry, ThreadPlan, plan_threads, usable_cpus
+from eaglenest.foundation.host.threads import ComputeLedger, ThreadPlan, plan_threads, usable_cpus
 from eaglenest.workers.model_servers.process import VLLM, ServerSpec, thread_env
 
 
@@ -54,18 +54,18 @@ def test_plan_divides_the_cpus_and_explicit_settings_win() -> None:
 
 
 def test_registry_counts_live_processes_only(tmp_path: Path) -> None:
-    reg = Registry(tmp_path / "reg")
-    assert reg.running() == 0
+    ledger = ComputeLedger(tmp_path / "ledger")
+    assert ledger.running() == 0
     plan = ThreadPlan(1, 2, 1, "auto")
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
-    reg.add(gone.pid, "serving:embedded", plan)
-    with reg.entry("training", plan, key="job-a"):
-        assert reg.running() == 1  # the exited process does not count, and is forgotten
-        assert not (reg.root / f"{gone.pid}.json").exists()
-        with reg.entry("training", plan, key="job-b"):
-            assert reg.running() == 2
-    assert reg.running() == 0
+    ledger.add(gone.pid, "serving:embedded", plan)
+    with ledger.entry("training", plan, key="job-a"):
+        assert ledger.running() == 1  # the exited process does not count, and is forgotten
+        assert not (ledger.root / f"{gone.pid}.json").exists()
+        with ledger.entry("training", plan, key="job-b"):
+            assert ledger.running() == 2
+    assert ledger.running() == 0
 
 
 def test_a_server_starts_with_its_share_and_vllm_with_its_own_cores(
@@ -74,18 +74,18 @@ def test_a_server_starts_with_its_share_and_vllm_with_its_own_cores(
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
     for name in ("OMP_NUM_THREADS", "EAGLENEST_TORCH_THREADS", "VLLM_CPU_OMP_THREADS_BIND"):
         monkeypatch.delenv(name, raising=False)
-    reg = Registry(tmp_path / "reg")
+    ledger = ComputeLedger(tmp_path / "ledger")
     spec = ServerSpec(model_dir=Path("/m"), served_name="m", port=1, backend=VLLM)
-    env, plan = thread_env(spec, reg)
+    env, plan = thread_env(spec, ledger)
     assert env == {"EAGLENEST_COMPUTE_SHARING": "1"} and plan.threads == 4  # alone: all cores
-    reg.add(os.getpid(), "serving:vllm", plan)  # one already running
-    env, plan = thread_env(spec, reg)
+    ledger.add(os.getpid(), "serving:vllm", plan)  # one already running
+    env, plan = thread_env(spec, ledger)
     assert plan.threads == 2
     assert env == {"EAGLENEST_COMPUTE_SHARING": "2", "VLLM_CPU_OMP_THREADS_BIND": "2,3"}
     # started together with another (the caller says 3 share): slot 1 of 3 -> core 1
     spec.extra_env = {"EAGLENEST_COMPUTE_SHARING": "3"}
-    env, plan = thread_env(spec, reg)
+    env, plan = thread_env(spec, ledger)
     assert plan.threads == 1 and env["VLLM_CPU_OMP_THREADS_BIND"] == "1"
     spec.extra_env = {"VLLM_CPU_OMP_THREADS_BIND": "0-3"}  # the container's own binding wins
-    env, _ = thread_env(spec, reg)
+    env, _ = thread_env(spec, ledger)
     assert "VLLM_CPU_OMP_THREADS_BIND" not in env

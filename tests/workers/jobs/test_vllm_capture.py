@@ -150,16 +150,16 @@ def test_a_complete_capture_is_reused_without_an_engine(captures, smollm2,  # no
 def test_a_stop_ends_the_engine_and_the_rerun_resumes(tmp_path, smollm2,  # noqa: ANN001
                                                       samples) -> None:
     """A stop while the engine starts: the child and every process under it (vLLM's engine
-    core) are gone and the registry forgets it. A capture with its first shard already
+    core) are gone and children_dir forgets it. A capture with its first shard already
     written (here by transformers) then runs vLLM for the other two only."""
     train_set, _ = samples
-    registry = tmp_path / "children"
-    registry.mkdir()
-    run = capture_stage.VllmCapture(smollm2, "cpu", 1, 264, tmp_path, registry, "job:t")
+    children_dir = tmp_path / "children"
+    children_dir.mkdir()
+    run = capture_stage.VllmCapture(smollm2, "cpu", 1, 264, tmp_path, children_dir, "job:t")
     tags: list[str] = []
 
     def check() -> None:
-        tags.extend(r.tag for r in children.records(registry))
+        tags.extend(r.tag for r in children.records(children_dir))
         raise JobStopped("stopped")
 
     ends = load_target_ends(smollm2)
@@ -167,7 +167,7 @@ def test_a_stop_ends_the_engine_and_the_rerun_resumes(tmp_path, smollm2,  # noqa
         capture_stage.capture(tmp_path / "cap", ends, train_set, PER_SHARD, "t",
                               lambda r: None, check, None, run)
     assert len(tags) == 1 and children.tagged(tags[0]) == []
-    assert children.records(registry) == []
+    assert children.records(children_dir) == []
     assert not any(s["complete"] for s in read_manifest(tmp_path / "cap")["shards"])
     write_shards(load_target(smollm2), train_set, tmp_path / "cap", PER_SHARD,
                  max_new_shards=1)

@@ -67,20 +67,20 @@ def test_vllm_regenerates_what_transformers_does(tmp_path: Path) -> None:
 
 def test_a_stop_ends_the_regenerating_engine(tmp_path: Path) -> None:
     """A stop while the engine starts: the child and everything under it are gone, the
-    registry forgets it, no answers come back."""
-    registry = tmp_path / "children"
-    registry.mkdir()
+    children_dir forgets it, no answers come back."""
+    children_dir = tmp_path / "children"
+    children_dir.mkdir()
     tags: list[str] = []
 
     def check() -> None:
-        tags.extend(r.tag for r in children.records(registry))
+        tags.extend(r.tag for r in children.records(children_dir))
         raise JobStopped("stopped")
 
     with pytest.raises(JobStopped):
         vllm_regenerate.regenerate(load_examples("gsm8k_training.jsonl")[:4],
                                    _run(cached_smollm2()), tmp_path / "regen",
                                    lambda done, total: None, check=check,
-                                   registry=registry, resource="job:t")
+                                   children_dir=children_dir, resource="job:t")
     assert len(tags) == 1 and children.tagged(tags[0]) == []
-    assert children.records(registry) == []
+    assert children.records(children_dir) == []
     assert not (tmp_path / "regen.out.jsonl").exists()

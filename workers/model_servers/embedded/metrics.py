@@ -20,7 +20,8 @@ class ServerMetrics:
     #: engine steps run at each draft depth K (0 = plain steps), and the K of the last one
     rounds_by_k: dict[int, int] = field(default_factory=dict)
     speculation_k: int | None = None
-    torch_threads: int | None = None  # the thread plan it was started with (foundation/threads)
+    #: the thread plan it was started with (foundation/host/threads.py)
+    torch_threads: int | None = None
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def add_spec(self, drafts: int, draft_tokens: int, accepted: int, per_pos: list[int]) -> None:
