@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy.orm import Session
 
 from eaglenest.db import bucket_claims, models_repo, quotas, tags_repo
-from eaglenest.db.repository import check_s3_uris, find, insert_unique, now
+from eaglenest.db.repository import check_s3_uris, find, get_named, insert_claiming, now
 from eaglenest.db.tables import EndpointConfigRow, ModelRow
 from eaglenest.foundation import instance_types
 from eaglenest.foundation.accounts import Account
@@ -16,6 +17,7 @@ from eaglenest.foundation.errors import (
     ValidationException,
     constraint_message,
 )
+from eaglenest.foundation.shapes.shared import Tag
 from eaglenest.foundation.store.storage import BucketStore
 
 
@@ -131,7 +133,8 @@ def _check_instance_types(session: Session, account: Account, spec: dict[str, An
 def create(session: Session, account: Account, spec: dict[str, Any],
            max_instances: int | None = None,
            store: BucketStore | None = None,
-           limits: quotas.Limits | None = None) -> EndpointConfigRow:
+           limits: quotas.Limits | None = None,
+           tags: Sequence[Tag] = ()) -> EndpointConfigRow:
     """With `store` (the API: always), every bucket the request names (DataCapture,
     AsyncInference outputs) must be the account's, or nobody's and the caller the default
     account (any caller for Data Capture's destination, which then becomes the account's:
@@ -145,27 +148,21 @@ def create(session: Session, account: Account, spec: dict[str, Any],
     _check_variants(session, account, spec)
     _check_instance_types(session, account, spec)
     name = spec["EndpointConfigName"]
-    tags = tags_repo.check_new_tags(spec.pop("Tags", None) or [])
+    stored_tags = tags_repo.check_new_tags(tags)
     check_s3_uris(spec)  # the store would refuse them later: refuse them now
     refs = bucket_claims.check(store, account, spec) if store else []
     row = EndpointConfigRow(
         name=name, name_key=name.lower(), arn=account.arn("endpoint-config", name),
         account_id=account.account_id,
-        creation_time=now(), spec=spec, tags=tags,
+        creation_time=now(), spec=spec, tags=stored_tags,
     )
     duplicate = ValidationException(
         f'Cannot create already existing endpoint configuration "{row.arn}".')
-    insert_unique(session, row, duplicate)
-    if store:
-        bucket_claims.claim(store, account, spec, refs)
-    return row
+    return insert_claiming(session, row, duplicate, account, store, refs)
 
 
 def get(session: Session, account: Account, name: str) -> EndpointConfigRow:
-    row = find(session, EndpointConfigRow, name, account_id=account.account_id)
-    if row is None:
-        raise not_found(account, name)
-    return row
+    return get_named(session, EndpointConfigRow, account, name, not_found)
 
 
 def delete(session: Session, account: Account, name: str) -> None:

@@ -22,6 +22,7 @@ workers call the others by the endpoint's ARN (`ref`: db/repository.locate).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import select, update
@@ -37,11 +38,11 @@ from eaglenest.db import (
 )
 from eaglenest.db import endpoint_retention as retention
 from eaglenest.db.endpoint_spread import drop_placing, next_deployment, settled
-from eaglenest.db.repository import failure_reason, find, insert_unique, locate, now
+from eaglenest.db.repository import failure_reason, find, get_named, insert_unique, locate, now
 from eaglenest.db.tables import EndpointConfigRow, EndpointRow
 from eaglenest.foundation.accounts import Account
-from eaglenest.foundation.deployment import variant_summaries
 from eaglenest.foundation.errors import ResourceLimitExceeded, ValidationException
+from eaglenest.foundation.shapes.shared import Tag
 from eaglenest.foundation.store.storage import BucketStore
 
 CREATING, IN_SERVICE, UPDATING = "Creating", "InService", "Updating"
@@ -56,20 +57,20 @@ def not_found(account: Account, name: str) -> ValidationException:
 
 def create(session: Session, account: Account, spec: dict[str, Any],
            limits: quotas.Limits | None = None,
-           store: BucketStore | None = None) -> EndpointRow:
+           store: BucketStore | None = None, tags: Sequence[Tag] = ()) -> EndpointRow:
     """CreateEndpoint: the config's variants' options, and with `store` (the API: always)
     their fit on their GPU types (db/gpu_fit.py), are checked before the row is written."""
     config = endpoint_configs_repo.get(session, account, spec["EndpointConfigName"])
     if limits is not None:
         quotas.check_new_endpoint(session, account, config.spec, limits)
     name = spec["EndpointName"]
-    tags = tags_repo.check_new_tags(spec.pop("Tags", None) or [])
+    stored_tags = tags_repo.check_new_tags(tags)
     gpu_fit.check_endpoint_config(session, account, config.spec, store)
     t = now()
     row = EndpointRow(
         name=name, name_key=name.lower(), arn=account.arn("endpoint", name),
         account_id=account.account_id,
-        creation_time=t, last_modified_time=t, spec=spec, tags=tags,
+        creation_time=t, last_modified_time=t, spec=spec, tags=stored_tags,
         status=CREATING, config_name=config.name, deployment={},
     )
     duplicate = ValidationException(f'Cannot create already existing endpoint "{row.arn}".')
@@ -78,10 +79,7 @@ def create(session: Session, account: Account, spec: dict[str, Any],
 
 
 def get(session: Session, account: Account, name: str, *, lock: bool = False) -> EndpointRow:
-    row = find(session, EndpointRow, name, lock=lock, account_id=account.account_id)
-    if row is None:
-        raise not_found(account, name)
-    return row
+    return get_named(session, EndpointRow, account, name, not_found, lock=lock)
 
 
 def config_spec(session: Session, row: EndpointRow) -> dict[str, Any] | None:
@@ -160,20 +158,6 @@ def shift_traffic(session: Session, ref: str, new: dict[str, Any], fraction: flo
         "Servers": new["Servers"], "ProductionVariants": new["ProductionVariants"],
         "Fraction": fraction, "Status": status}}
     return True
-
-
-def pending_summary(row: EndpointRow) -> dict[str, Any] | None:
-    """DescribeEndpoint's PendingDeploymentSummary: the config being deployed and, once its
-    fleet takes traffic, its variants with the step they are in (VariantStatus)."""
-    if not row.pending_config_name:
-        return None
-    out: dict[str, Any] = {"EndpointConfigName": row.pending_config_name,
-                           "StartTime": row.last_modified_time}
-    shift = row.deployment.get(SHIFT)
-    if shift:
-        out["ProductionVariants"] = [{**v, "VariantStatus": [shift["Status"]]}
-                                     for v in variant_summaries(shift) or []]
-    return out
 
 
 def updating_to(session: Session, ref: str, config_name: str) -> bool:
@@ -285,14 +269,19 @@ def request_delete(session: Session, account: Account, name: str) -> str | None:
     return row.arn
 
 
-def mark_in_service(session: Session, ref: str, deployment: dict[str, Any]) -> bool:
-    """False if the endpoint was deleted (or changed) meanwhile: the caller must tear down."""
+def _serving(session: Session, ref: str, deployment: dict[str, Any], status: str) -> bool:
+    """`status` -> InService with `deployment`; False if the endpoint was deleted or is no
+    longer in `status` meanwhile: the caller must tear down."""
     row = locate(session, EndpointRow, ref, lock=True)
-    if row is None or row.status != CREATING:
+    if row is None or row.status != status:
         return False
     row.deployment = next_deployment(row.deployment, deployment)
     _set(row, IN_SERVICE)
     return True
+
+
+def mark_in_service(session: Session, ref: str, deployment: dict[str, Any]) -> bool:
+    return _serving(session, ref, deployment, CREATING)
 
 
 def mark_failed(session: Session, ref: str, reason: str) -> None:
@@ -372,12 +361,7 @@ def time_out(session: Session, bound_seconds: float) -> list[str]:
 
 
 def finish_recovery(session: Session, ref: str, deployment: dict[str, Any]) -> bool:
-    row = locate(session, EndpointRow, ref, lock=True)
-    if row is None or row.status != SYSTEM_UPDATING:
-        return False
-    row.deployment = next_deployment(row.deployment, deployment)
-    _set(row, IN_SERVICE)
-    return True
+    return _serving(session, ref, deployment, SYSTEM_UPDATING)
 
 
 def finish_update(session: Session, ref: str, deployment: dict[str, Any]) -> bool:

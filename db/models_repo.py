@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy.orm import Session
 
 from eaglenest.db import bucket_claims, quotas, tags_repo
-from eaglenest.db.repository import check_s3_uris, find, insert_unique, now
+from eaglenest.db.repository import check_s3_uris, get_named, insert_claiming, now
 from eaglenest.db.tables import ModelRow
 from eaglenest.foundation import environment, server_options
 from eaglenest.foundation.accounts import Account
 from eaglenest.foundation.errors import ValidationException
 from eaglenest.foundation.host import ceilings
+from eaglenest.foundation.shapes.shared import Tag
 from eaglenest.foundation.store.storage import BucketStore
 
 
@@ -57,7 +59,8 @@ def _check_environment(spec: dict[str, Any]) -> None:
 
 
 def create(session: Session, account: Account, spec: dict[str, Any],
-           store: BucketStore | None = None, limits: quotas.Limits | None = None) -> ModelRow:
+           store: BucketStore | None = None, limits: quotas.Limits | None = None,
+           tags: Sequence[Tag] = ()) -> ModelRow:
     """With `store` (the API: always), every bucket the request names must be the
     account's, or nobody's and the caller the default account; none is claimed (a model's
     buckets are read, not written: db/bucket_claims.py). With `limits` (the API), the account's
@@ -67,26 +70,20 @@ def create(session: Session, account: Account, spec: dict[str, Any],
     if limits is not None:
         quotas.check_new_model(session, account, limits)
     name = spec["ModelName"]
-    tags = tags_repo.check_new_tags(spec.pop("Tags", None) or [])
+    stored_tags = tags_repo.check_new_tags(tags)
     check_s3_uris(spec)  # the store would refuse them later: refuse them now
     refs = bucket_claims.check(store, account, spec) if store else []
     row = ModelRow(
         name=name, name_key=name.lower(), arn=account.arn("model", name),
         account_id=account.account_id,
-        creation_time=now(), spec=spec, tags=tags,
+        creation_time=now(), spec=spec, tags=stored_tags,
     )
     duplicate = ValidationException(f'Cannot create already existing model "{row.arn}".')
-    insert_unique(session, row, duplicate)
-    if store:
-        bucket_claims.claim(store, account, spec, refs)
-    return row
+    return insert_claiming(session, row, duplicate, account, store, refs)
 
 
 def get(session: Session, account: Account, name: str) -> ModelRow:
-    row = find(session, ModelRow, name, account_id=account.account_id)
-    if row is None:
-        raise not_found(account, name)
-    return row
+    return get_named(session, ModelRow, account, name, not_found)
 
 
 def delete(session: Session, account: Account, name: str) -> None:

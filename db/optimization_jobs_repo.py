@@ -16,18 +16,27 @@ others by the job's ARN (`ref`: db/repository.locate).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from eaglenest.db import bucket_claims, gpu_fit, models_repo, quotas, repository, tags_repo
-from eaglenest.db.repository import check_s3_uris, failure_reason, find, insert_unique, locate, now
+from eaglenest.db.repository import (
+    check_s3_uris,
+    failure_reason,
+    find,
+    insert_claiming,
+    locate,
+    now,
+)
 from eaglenest.db.tables import ModelRow, OptimizationJobRow
 from eaglenest.foundation import environment, instance_types, job_options
 from eaglenest.foundation.accounts import Account
 from eaglenest.foundation.errors import ResourceInUse, ResourceNotFound, ValidationException
 from eaglenest.foundation.host.ceilings import host_cpus
+from eaglenest.foundation.shapes.shared import Tag
 from eaglenest.foundation.store.storage import BucketStore
 
 STARTING, INPROGRESS, COMPLETED = "STARTING", "INPROGRESS", "COMPLETED"
@@ -117,7 +126,8 @@ def _check_spec(session: Session, account: Account, spec: dict[str, Any]) -> lis
 
 def create(session: Session, account: Account, spec: dict[str, Any],
            limits: quotas.Limits | None = None,
-           store: BucketStore | None = None) -> OptimizationJobRow:
+           store: BucketStore | None = None,
+           tags: Sequence[Tag] = ()) -> OptimizationJobRow:
     """With `store` (the API: always), every bucket the request names (model, data, head,
     output) must be the account's, or nobody's and the caller the default account (any
     caller for the output); the output bucket becomes the account's (db/bucket_claims.py). The
@@ -128,7 +138,7 @@ def create(session: Session, account: Account, spec: dict[str, Any],
     if limits is not None:
         quotas.check_new_job(session, account, spec, limits)
     name = spec["OptimizationJobName"]
-    tags = tags_repo.check_new_tags(spec.pop("Tags", None) or [])
+    stored_tags = tags_repo.check_new_tags(tags)
     check_s3_uris(spec)  # the store would refuse them later: refuse them now
     refs = bucket_claims.check(store, account, spec) if store else []
     gpu_fit.check_job(session, account, spec, store)
@@ -136,13 +146,11 @@ def create(session: Session, account: Account, spec: dict[str, Any],
     row = OptimizationJobRow(
         name=name, name_key=name.lower(), arn=account.arn("optimization-job", name),
         account_id=account.account_id,
-        creation_time=t, last_modified_time=t, spec=spec, tags=tags, status=STARTING,
+        creation_time=t, last_modified_time=t, spec=spec, tags=stored_tags, status=STARTING,
         optimization_types=",".join(types), output={},
     )
-    insert_unique(session, row, ResourceInUse(f"Optimization job {name} already exists."))
-    if store:
-        bucket_claims.claim(store, account, spec, refs)
-    return row
+    duplicate = ResourceInUse(f"Optimization job {name} already exists.")
+    return insert_claiming(session, row, duplicate, account, store, refs)
 
 
 def get(session: Session, name: str, *, lock: bool = False,

@@ -1,6 +1,6 @@
 """Keyset pagination done in the database.
 
-A NextToken is an opaque, url-safe base64 JSON of the last row's sort value and id plus a
+A NextToken (foundation/page_tokens.py) holds the last row's sort value and id and the
 fingerprint of the query (sort key, order and filters), so a token from a different query is
 rejected instead of silently skipping rows. Page n+1 starts strictly after (value, id) in the
 sort order, which stays correct while rows are inserted and costs one index range scan.
@@ -8,9 +8,6 @@ sort order, which stays correct while rows are inserted and costs one index rang
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import json
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +15,7 @@ from typing import Any
 from sqlalchemy import Select, tuple_
 from sqlalchemy.orm import InstrumentedAttribute, Session
 
+from eaglenest.foundation import page_tokens
 from eaglenest.foundation.errors import ValidationException
 
 
@@ -32,19 +30,21 @@ class PageRequest:
 
 
 def fingerprint(**query: Any) -> str:
-    raw = json.dumps(query, sort_keys=True, default=str).encode()
-    return hashlib.sha256(raw).hexdigest()[:16]
+    return page_tokens.fingerprint(query)
 
 
 _MAX_ID = 2**63 - 1  # what a database integer key holds
 
 
-def _well_typed(value: Any, row_id: Any, kind: type) -> bool:
-    """A token's cursor must be what `_encode` wrote: the sort column's type and an id.
+def _well_typed(cursor: Any, kind: type) -> bool:
+    """A token's cursor must be what `paginate` wrote: [sort value, id] of the column's type.
 
     Tokens are only base64 JSON, so a caller can forge one with the right fingerprint; a
     list, a huge int or a string where a number belongs must not reach the database.
     """
+    if not isinstance(cursor, list) or len(cursor) != 2:
+        return False
+    value, row_id = cursor
     if not isinstance(row_id, int) or isinstance(row_id, bool) or abs(row_id) > _MAX_ID:
         return False
     if kind is str:
@@ -56,23 +56,15 @@ def _well_typed(value: Any, row_id: Any, kind: type) -> bool:
 
 def _decode(token: str, fp: str, kind: type) -> tuple[Any, int]:
     try:
-        data = json.loads(base64.urlsafe_b64decode(token.encode()))
-        value, row_id, token_fp = data["v"], data["i"], data["f"]
-    except Exception as exc:  # any garbage is the caller's error, not ours
-        raise ValidationException("Invalid pagination token: NextToken is malformed.") from exc
-    if not _well_typed(value, row_id, kind):
-        raise ValidationException("Invalid pagination token: NextToken is malformed.")
-    if token_fp != fp:
+        value, row_id = page_tokens.decode(token, fp, lambda c: _well_typed(c, kind))
+    except page_tokens.ForeignToken:
         raise ValidationException(
             "Invalid pagination token: NextToken does not belong to this query "
             "(sort order or filters changed)."
-        )
+        ) from None
+    except page_tokens.MalformedToken:
+        raise ValidationException("Invalid pagination token: NextToken is malformed.") from None
     return value, row_id
-
-
-def _encode(value: Any, row_id: int, fp: str) -> str:
-    data = json.dumps({"v": value, "i": row_id, "f": fp}, separators=(",", ":"))
-    return base64.urlsafe_b64encode(data.encode()).decode()
 
 
 def paginate(
@@ -92,4 +84,4 @@ def paginate(
         return rows, None
     rows = rows[: page.max_results]
     last = rows[-1]
-    return rows, _encode(getattr(last, col.key), last.id, page.fingerprint)
+    return rows, page_tokens.encode([getattr(last, col.key), last.id], page.fingerprint)

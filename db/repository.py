@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
@@ -12,12 +13,18 @@ from sqlalchemy import Select, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from eaglenest.db import bucket_claims
 from eaglenest.db.pagination import PageRequest, fingerprint, paginate
 from eaglenest.db.tables import Base
-from eaglenest.foundation.accounts import ResourceRef
+from eaglenest.foundation.accounts import Account, ResourceRef
 from eaglenest.foundation.errors import ValidationException
 from eaglenest.foundation.failure_reason import one_line
-from eaglenest.foundation.store.storage import StorageError, check_characters, check_segments
+from eaglenest.foundation.store.storage import (
+    BucketStore,
+    StorageError,
+    check_characters,
+    check_segments,
+)
 
 RowT = TypeVar("RowT", bound=Base)
 
@@ -53,6 +60,17 @@ def insert_unique(session: Session, row: Base, duplicate: Exception) -> None:
         raise duplicate from exc
 
 
+def insert_claiming(session: Session, row: RowT, duplicate: Exception, account: Account,
+                    store: BucketStore | None, refs: list[bucket_claims.Reference]) -> RowT:
+    """Insert a new resource's `row` (`duplicate` if its name is taken), then, with `store`,
+    claim the buckets its request names (`refs`, from bucket_claims.check before anything
+    was written)."""
+    insert_unique(session, row, duplicate)
+    if store:
+        bucket_claims.claim(store, account, row.spec, refs)  # type: ignore[attr-defined]
+    return row
+
+
 def check_s3_uris(spec: Any, at: str = "") -> None:
     """A ValidationException naming the member of the first `s3://` URI in a request that
     holds a control character or an empty key segment (`s3://b//k`, `s3://b/a//k`): the
@@ -80,6 +98,15 @@ def find(session: Session, table: type[RowT], name: str, *, account_id: str,
     if lock:
         stmt = stmt.with_for_update()
     return session.scalars(stmt).first()
+
+
+def get_named(session: Session, table: type[RowT], account: Account, name: str,
+              not_found: Callable[[Account, str], Exception], *, lock: bool = False) -> RowT:
+    """`account`'s row named `name` (see `find`); raises `not_found(account, name)` if none."""
+    row = find(session, table, name, lock=lock, account_id=account.account_id)
+    if row is None:
+        raise not_found(account, name)
+    return row
 
 
 def locate(session: Session, table: type[RowT], ref: str, *, lock: bool = False

@@ -1,16 +1,15 @@
 """Tags of every taggable resource, addressed by ARN (AddTags / ListTags / DeleteTags).
 
 A resource's tags live in its row (`tags`, a list of {"Key", "Value"} in the order they were
-first added), so they go with the row when the resource is deleted. AWS's rules: at most
+first added), so they go with the row when the resource is deleted. Callers pass and get
+SageMaker's generated `Tag` shape; only the row holds the JSON form. AWS's rules: at most
 50 tags per resource, keys unique per resource (AddTags overwrites the value of a key that is
 already there), and keys beginning with `aws:` are reserved for AWS.
 """
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import json
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import select
@@ -18,8 +17,10 @@ from sqlalchemy.orm import Session
 
 from eaglenest.db.repository import find
 from eaglenest.db.tables import Base, EndpointConfigRow, EndpointRow, ModelRow, OptimizationJobRow
+from eaglenest.foundation import page_tokens
 from eaglenest.foundation.accounts import Account
 from eaglenest.foundation.errors import ValidationException
+from eaglenest.foundation.shapes.shared import Tag
 
 MAX_TAGS = 50
 RESERVED_PREFIX = "aws:"
@@ -35,16 +36,23 @@ TAGGABLE: dict[str, type[Base]] = {
 #: (ValidationException); the ARN follows, so the message names what was not found
 NOT_FOUND = "Resource does not exist"
 
-Tag = dict[str, str]
+#: a tag as a row stores it: {"Key": ..., "Value": ...}
+StoredTag = dict[str, str]
 
 
-def check_new_tags(tags: list[Tag], existing: list[Tag] | None = None) -> list[Tag]:
-    """`existing` with `tags` added (a key already there takes the new value); raises
-    ValidationException, naming the rule, for a reserved or repeated key or more than
-    MAX_TAGS tags in all."""
+def loaded(tags: Sequence[StoredTag]) -> list[Tag]:
+    """A row's tags as shapes; they were checked when written, so they are not re-validated."""
+    return [Tag.model_construct(Key=t["Key"], Value=t["Value"]) for t in tags]
+
+
+def check_new_tags(tags: Sequence[Tag], existing: Sequence[StoredTag] | None = None
+                   ) -> list[StoredTag]:
+    """`existing` with `tags` added (a key already there takes the new value), as the row
+    stores them; raises ValidationException, naming the rule, for a reserved or repeated key
+    or more than MAX_TAGS tags in all."""
     seen: set[str] = set()
     for tag in tags:
-        key = tag["Key"]
+        key = tag.Key
         if key.lower().startswith(RESERVED_PREFIX):
             raise ValidationException(
                 f"Tag keys beginning with '{RESERVED_PREFIX}' are reserved for AWS use: "
@@ -54,7 +62,7 @@ def check_new_tags(tags: list[Tag], existing: list[Tag] | None = None) -> list[T
                 f"Tag keys must be unique per resource: duplicate key '{key}' in 'tags'.")
         seen.add(key)
     merged = {t["Key"]: t["Value"] for t in existing or []}
-    merged.update({t["Key"]: t.get("Value", "") for t in tags})
+    merged.update({t.Key: t.Value for t in tags})
     if len(merged) > MAX_TAGS:
         raise ValidationException(
             f"A resource can have at most {MAX_TAGS} tags: this request would give it "
@@ -78,10 +86,9 @@ def resource_of(session: Session, account: Account, arn: str, *, lock: bool = Fa
     return row
 
 
-def add(session: Session, account: Account, arn: str, tags: list[Tag]) -> list[Tag]:
+def add(session: Session, account: Account, arn: str, tags: Sequence[Tag]) -> None:
     row = resource_of(session, account, arn, lock=True)
     row.tags = check_new_tags(tags, row.tags)
-    return list(row.tags)
 
 
 def delete(session: Session, account: Account, arn: str, keys: list[str]) -> None:
@@ -91,34 +98,32 @@ def delete(session: Session, account: Account, arn: str, keys: list[str]) -> Non
     row.tags = [t for t in row.tags if t["Key"] not in gone]
 
 
-def _token(arn: str, offset: int) -> str:
-    data = {"o": offset, "f": hashlib.sha256(arn.encode()).hexdigest()[:16]}
-    return base64.urlsafe_b64encode(json.dumps(data).encode()).decode()
-
-
 def _offset(arn: str, token: str | None) -> int:
     if not token:
         return 0
     try:
-        data = json.loads(base64.urlsafe_b64decode(token.encode()))
-        offset, fp = data["o"], data["f"]
-    except Exception as exc:  # any garbage is the caller's error
-        raise ValidationException("Invalid pagination token: NextToken is malformed.") from exc
-    if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
-        raise ValidationException("Invalid pagination token: NextToken is malformed.")
-    if fp != hashlib.sha256(arn.encode()).hexdigest()[:16]:
+        offset: int = page_tokens.decode(token, page_tokens.fingerprint(arn),
+                                         page_tokens.is_offset)
+    except page_tokens.ForeignToken:
         raise ValidationException(
-            "Invalid pagination token: NextToken belongs to another resource.")
+            "Invalid pagination token: NextToken belongs to another resource.") from None
+    except page_tokens.MalformedToken:
+        raise ValidationException("Invalid pagination token: NextToken is malformed.") from None
     return offset
+
+
+def page_token(arn: str, offset: int) -> str:
+    """The NextToken of `arn`'s tags from `offset` on."""
+    return page_tokens.encode(offset, page_tokens.fingerprint(arn))
 
 
 def page(session: Session, account: Account, arn: str, token: str | None,
          max_results: int) -> tuple[list[Tag], str | None]:
     """One page of the resource's tags in the order they were added, and the next token."""
     start = _offset(arn, token)
-    tags = list(resource_of(session, account, arn).tags)
+    tags = resource_of(session, account, arn).tags
     end = start + max_results
-    return tags[start:end], (_token(arn, end) if end < len(tags) else None)
+    return loaded(tags[start:end]), (page_token(arn, end) if end < len(tags) else None)
 
 
 def tagged(session: Session, account: Account, arns: list[str],
@@ -135,11 +140,11 @@ def tagged(session: Session, account: Account, arns: list[str],
                 table.account_id == account.account_id)):  # type: ignore[attr-defined]
             listed = arn.lower() in wanted if arns else bool(tags)
             if listed and _matches(arn, tags, tag_filters, types):
-                found.append((arn, list(tags)))
+                found.append((arn, loaded(tags)))
     return sorted(found, key=lambda r: r[0])
 
 
-def _matches(arn: str, tags: list[Tag], tag_filters: list[tuple[str, list[str]]],
+def _matches(arn: str, tags: list[StoredTag], tag_filters: list[tuple[str, list[str]]],
              types: list[str]) -> bool:
     kind = "sagemaker:" + arn.split(":", 5)[5].split("/", 1)[0]
     if types and not any(t in ("sagemaker", kind) for t in types):

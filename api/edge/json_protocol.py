@@ -1,5 +1,6 @@
-"""AWS JSON 1.1 on `POST /`: SigV4 check, X-Amz-Target dispatch (SageMaker's operations and
-the Resource Groups Tagging API's, api.tagging.operations), AWS error rendering."""
+"""AWS JSON 1.1 on `POST /`: SigV4 check, X-Amz-Target dispatch to the services of SERVICES
+(SageMaker's operations, api/sagemaker/; the Resource Groups Tagging API's, api/tagging/),
+AWS error rendering."""
 
 from __future__ import annotations
 
@@ -16,14 +17,12 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response
 from sqlalchemy.exc import OperationalError
 
-import eaglenest.api.sagemaker  # noqa: F401  (registers the handlers)
+from eaglenest.api import sagemaker, tagging
 from eaglenest.api.edge.bounded import BodyLimit, check_depth, read_signed, too_large
 from eaglenest.api.edge.keyring import KeyRing
-from eaglenest.api.edge.registry import REGISTRY, Context
+from eaglenest.api.edge.registry import Context, JsonService
 from eaglenest.api.edge.sigv4 import REQUIRED_JSON, SignedRequest
 from eaglenest.api.observability import ApiMetrics, BrokerProbe
-from eaglenest.api.tagging import operations
-from eaglenest.foundation import shapes
 from eaglenest.foundation.accounts import Account
 from eaglenest.foundation.errors import (
     InternalFailure,
@@ -35,7 +34,8 @@ from eaglenest.foundation.errors import (
 from eaglenest.foundation.http.asgi import WholeReply, amzn_request_id
 
 log = logging.getLogger("eaglenest.api")
-TARGET_PREFIX = "SageMaker."
+#: every AWS JSON service served on `POST /` (a new one: its folder under api/ and one entry)
+SERVICES: tuple[JsonService, ...] = (sagemaker.SERVICE, tagging.SERVICE)
 JSON_11 = "application/x-amz-json-1.1"
 
 
@@ -63,15 +63,19 @@ async def authenticated_body(request: Request, ctx: Context, secrets: Mapping[st
     return body, verified.access_key
 
 
-def route(target: str) -> tuple[str, str]:
-    """(SigV4 service name, operation label) of an X-Amz-Target: SageMaker's operations,
-    the Resource Groups Tagging API's (`tagging:<Op>`), else ("sagemaker", "Unknown")."""
-    if target.startswith(TARGET_PREFIX) and target[len(TARGET_PREFIX):] in REGISTRY:
-        return "sagemaker", target[len(TARGET_PREFIX):]
-    op = target.removeprefix(operations.TARGET_PREFIX)
-    if target.startswith(operations.TARGET_PREFIX) and op in operations.OPERATIONS:
-        return operations.SERVICE, f"tagging:{op}"
-    return "sagemaker", "Unknown"
+def route(target: str) -> tuple[JsonService, str | None]:
+    """The service an X-Amz-Target names and its operation; SageMaker and None when the
+    target names no operation we serve."""
+    for service in SERVICES:
+        op = service.operation_of(target)
+        if op is not None:
+            return service, op
+    return SERVICES[0], None
+
+
+def label(service: JsonService, op: str | None) -> str:
+    """The operation's label in the metrics: `<Op>`, `tagging:<Op>`, or `Unknown`."""
+    return service.label_prefix + op if op is not None else "Unknown"
 
 
 def _not_json(token: str) -> Any:
@@ -101,17 +105,14 @@ def _payload(body: bytes) -> dict[str, Any]:
 def dispatch(ctx: Context, target: str, body: bytes) -> dict[str, Any]:
     """Run one control-plane operation; raise ServiceError for every failure."""
     service, op = route(target)
-    if op == "Unknown":
+    if op is None:
         raise UnknownOperationException(f"Operation '{target}' is not supported by EagleNest.")
     payload = _payload(body)
     try:
-        if service == operations.SERVICE:
-            return operations.dispatch(ctx, op.removeprefix("tagging:"), payload)
-        result = REGISTRY[op](ctx, shapes.parse_input(op, payload))
+        return service.call(ctx, op, payload)
     except OperationalError as exc:
         log.warning("database unavailable during %s: %s", op, exc.orig)
         raise ServiceUnavailable("The database is unavailable; retry the request.") from exc
-    return shapes.dump_output(op, result or {})
 
 
 def install(app: FastAPI, ctx: Context) -> None:
@@ -125,11 +126,13 @@ def install(app: FastAPI, ctx: Context) -> None:
     async def aws_json(request: Request) -> Response:
         start = time.perf_counter()
         target = request.headers.get("x-amz-target", "")
-        service, op = route(target)
+        service, found = route(target)
+        op = label(service, found)
         try:
             keys = keyring.current()
             secrets = {k: v.secret for k, v in keys.items()}
-            body, key = await authenticated_body(request, ctx, secrets, service)
+            body, key = await authenticated_body(request, ctx, secrets,
+                                                 service.signing_name)
             # the operation acts for the account of the key that signed it
             caller = replace(ctx, account=Account(ctx.settings.region, keys[key].account_id))
             result = await run_in_threadpool(dispatch, caller, target, body)

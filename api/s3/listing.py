@@ -2,13 +2,12 @@
 continuation token / marker, start-after, `encoding-type=url`.
 
 The listing is computed from the sorted keys under the prefix (one store listing per
-page); a continuation token is the last key or common prefix of the page before,
-base64-encoded, so a page resumes after it however the bucket changed meanwhile."""
+page); a continuation token holds the last key or common prefix of the page before
+(foundation/page_tokens.py), so a page resumes after it however the bucket changed
+meanwhile."""
 
 from __future__ import annotations
 
-import base64
-import binascii
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from urllib.parse import quote
@@ -16,6 +15,7 @@ from urllib.parse import quote
 from eaglenest.api.s3.errors import S3Error
 from eaglenest.api.s3.request import Reply, S3Request, iso_time, node, root, xml_reply
 from eaglenest.api.s3.store_access import require_bucket, run
+from eaglenest.foundation import page_tokens
 from eaglenest.foundation.store.storage import ObjectInfo, S3Uri
 
 MAX_KEYS = 1000
@@ -69,10 +69,11 @@ def _token(req: S3Request) -> str:
     if token is None:
         return req.query.get("start-after", "")
     try:
-        return base64.urlsafe_b64decode(token.encode()).decode()
-    except (binascii.Error, UnicodeDecodeError) as exc:
+        after: str = page_tokens.decode(token, valid=lambda c: isinstance(c, str))
+    except page_tokens.MalformedToken as exc:
         raise S3Error("InvalidArgument", "The continuation token provided is incorrect",
                       req.resource) from exc
+    return after
 
 
 def _fill(req: S3Request, out: ET.Element, result: Page) -> None:
@@ -123,8 +124,7 @@ async def list_objects_v2(req: S3Request) -> Reply:
     if "start-after" in req.query:
         node(out, "StartAfter", req.query["start-after"])
     if result.truncated:
-        token = base64.urlsafe_b64encode(result.last.encode()).decode()
-        node(out, "NextContinuationToken", token)
+        node(out, "NextContinuationToken", page_tokens.encode(result.last))
     _fill(req, out, result)
     return xml_reply(out)
 

@@ -2,46 +2,44 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from eaglenest.api.edge.registry import Context, operation
-from eaglenest.api.sagemaker.list_pages import list_query, page, spec_of
+from eaglenest.api.edge.registry import Context
+from eaglenest.api.sagemaker.list_pages import described, list_query, named_page, spec_of
+from eaglenest.api.sagemaker.service import operation
 from eaglenest.db import models_repo
 from eaglenest.db.quotas import Limits
 from eaglenest.db.repository import list_rows
 from eaglenest.db.tables import ModelRow
 from eaglenest.foundation.shapes.models import (
     CreateModelInput,
+    CreateModelOutput,
     DeleteModelInput,
     DescribeModelInput,
+    DescribeModelOutput,
     ListModelsInput,
+    ListModelsOutput,
 )
 
 
 @operation("CreateModel")
-def create_model(ctx: Context, req: CreateModelInput) -> dict[str, Any]:
+def create_model(ctx: Context, req: CreateModelInput) -> CreateModelOutput:
     with ctx.db.session() as s:
         row = models_repo.create(s, ctx.account, spec_of(req), ctx.store,
-                                 Limits.of(ctx.settings))
-        return {"ModelArn": row.arn}
+                                 Limits.of(ctx.settings), tags=req.Tags or ())
+        return CreateModelOutput(ModelArn=row.arn)
 
 
 @operation("DescribeModel")
-def describe_model(ctx: Context, req: DescribeModelInput) -> dict[str, Any]:
+def describe_model(ctx: Context, req: DescribeModelInput) -> DescribeModelOutput:
     with ctx.db.session() as s:
         row = models_repo.get(s, ctx.account, req.ModelName)
-        return {**row.spec, "ModelArn": row.arn, "CreationTime": row.creation_time}
+        return described(DescribeModelOutput, row, "Model")
 
 
 @operation("ListModels")
-def list_models(ctx: Context, req: ListModelsInput) -> dict[str, Any]:
+def list_models(ctx: Context, req: ListModelsInput) -> ListModelsOutput:
     with ctx.db.session() as s:
         rows, token = list_rows(s, ModelRow, list_query(req), ctx.account.account_id)
-        items = [
-            {"ModelName": r.name, "ModelArn": r.arn, "CreationTime": r.creation_time}
-            for r in rows
-        ]
-        return page("Models", items, token)
+        return named_page(ListModelsOutput, "Models", "Model", rows, token)
 
 
 @operation("DeleteModel")

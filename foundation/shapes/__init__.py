@@ -142,19 +142,14 @@ def to_wire(shape: AwsShape) -> dict[str, Any]:
     return data
 
 
-def invalid_output(operation: str, exc: ValidationError) -> ResponseValidationError:
-    """The error of a reply that breaks `operation`'s output shape (a server bug)."""
-    detail = service_error(type_of(exc), exc).message
+def invalid_output(operation: str, shape: type[AwsShape], exc: ValidationError
+                   ) -> ResponseValidationError:
+    """The error of a reply that breaks `operation`'s output `shape` (a server bug)."""
+    if exc.title == shape.__name__:
+        detail = service_error(shape, exc).message
+    else:  # raised while building one of its members
+        detail = str(exc).splitlines()[0]
     return ResponseValidationError(f"Invalid {operation} response: {detail}")
-
-
-def type_of(exc: ValidationError) -> type[AwsShape]:
-    """The shape class a ValidationError was raised for (pydantic names it by its title)."""
-    for table in SERVICES.values():
-        for shape in (*table[0].values(), *table[1].values()):
-            if shape is not None and shape.__name__ == exc.title:
-                return shape
-    return AwsShape
 
 
 def dump_output(operation: str, data: AwsShape | dict[str, Any] | None,
@@ -179,5 +174,5 @@ def dump_output(operation: str, data: AwsShape | dict[str, Any] | None,
         try:
             model = shape.model_validate(data or {})
         except ValidationError as exc:
-            raise invalid_output(operation, exc) from None
+            raise invalid_output(operation, shape, exc) from None
     return model.model_dump(mode="json", exclude_none=True, by_alias=True)

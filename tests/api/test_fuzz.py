@@ -28,7 +28,6 @@ shared cores.
 
 from __future__ import annotations
 
-import base64
 import copy
 import functools
 import itertools
@@ -50,6 +49,7 @@ from hypothesis import strategies as st
 from hypothesis.strategies import SearchStrategy
 
 from eaglenest.db.pagination import fingerprint
+from eaglenest.foundation import page_tokens
 from eaglenest.foundation.shapes import INPUT_SHAPES
 from eaglenest.foundation.shapes.base import java_to_python
 from tests.support.stack import Stack
@@ -460,8 +460,7 @@ def _forged_tokens(op: str) -> SearchStrategy[dict[str, Any]]:
                     st.floats(-10, 10), _LIST)
 
     def token(v: Any, i: Any) -> dict[str, Any]:
-        raw = json.dumps({"v": v, "i": i, "f": fp}).encode()
-        return {"NextToken": base64.urlsafe_b64encode(raw).decode()}
+        return {"NextToken": page_tokens.encode([v, i], fp)}
 
     return st.builds(token, values, ids)
 
@@ -782,8 +781,7 @@ def test_non_finite_numbers(op: str, fuzzer: Fuzzer) -> None:
 def _token(table: str, descending: bool, value: Any, row_id: Any) -> str:
     fp = fingerprint(table=table, sort="CreationTime", desc=descending, name=None, ca=None,
                      cb=None, ma=None, mb=None, st=None, ty=None)
-    raw = json.dumps({"v": value, "i": row_id, "f": fp}).encode()
-    return base64.urlsafe_b64encode(raw).decode()
+    return page_tokens.encode([value, row_id], fp)
 
 
 #: what this fuzzer found: 500s (forged NextTokens reaching SQL, timestamps whose UTC value

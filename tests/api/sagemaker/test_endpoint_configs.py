@@ -41,6 +41,23 @@ def test_round_trip_with_data_capture(sm, model):
     )
 
 
+def test_list_endpoint_configs_filters_sorts_and_pages(sm, model):
+    names = [f"{model}-{i}" for i in range(3)]
+    for name in names:
+        sm.create_endpoint_config(EndpointConfigName=name, ProductionVariants=[variant(model)])
+    listed = sm.list_endpoint_configs(NameContains=model, SortBy="Name",
+                                      SortOrder="Ascending")["EndpointConfigs"]
+    assert [c["EndpointConfigName"] for c in listed] == names
+    assert listed[0]["EndpointConfigArn"].endswith(f"endpoint-config/{names[0].lower()}")
+    assert all("CreationTime" in c for c in listed)
+    first = sm.list_endpoint_configs(NameContains=model, SortBy="Name", SortOrder="Ascending",
+                                     MaxResults=2)
+    rest = sm.list_endpoint_configs(NameContains=model, SortBy="Name", SortOrder="Ascending",
+                                    MaxResults=2, NextToken=first["NextToken"])
+    paged = first["EndpointConfigs"] + rest["EndpointConfigs"]
+    assert [c["EndpointConfigName"] for c in paged] == names and "NextToken" not in rest
+
+
 def test_variant_model_must_exist(sm, unique):
     with pytest.raises(ClientError) as exc:
         sm.create_endpoint_config(EndpointConfigName=unique,

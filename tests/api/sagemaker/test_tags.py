@@ -150,12 +150,12 @@ def test_fifty_tags_fit_one_page_and_tokens_are_checked(sm, unique, signed_post)
         sm.list_tags(ResourceArn=arn, NextToken="garbage")
     assert code_and_message(exc) == ("ValidationException",
                                      "Invalid pagination token: NextToken is malformed.")
-    from eaglenest.db.tags_repo import _token
+    from eaglenest.db.tags_repo import page_token
 
     with pytest.raises(ClientError) as exc:  # a token of another resource's listing
-        sm.list_tags(ResourceArn=arn, NextToken=_token(arn + "x", 10))
+        sm.list_tags(ResourceArn=arn, NextToken=page_token(arn + "x", 10))
     assert "belongs to another resource" in code_and_message(exc)[1]
-    assert sm.list_tags(ResourceArn=arn, NextToken=_token(arn, 45))["Tags"] == tags[45:]
+    assert sm.list_tags(ResourceArn=arn, NextToken=page_token(arn, 45))["Tags"] == tags[45:]
     r = signed_post("SageMaker.ListTags", json.dumps({"ResourceArn": arn, "MaxResults": 10}
                                                      ).encode())  # boto3 checks min itself
     assert r.status_code == 400 and r.json()["__type"] == "ValidationException"
