@@ -1,10 +1,8 @@
-"""Workers: what runs the Celery tasks and the `eaglenest` command.
+"""Workers: the Celery worker that runs optimization jobs and endpoints.
 
-jobs/     optimization jobs (queue `train`): task, pipeline, options, inputs, control,
-          training launcher, the bench stage and its load generator
-serving/  endpoints (queue `serve`): the lifecycle tasks, deployment plans, serving
-          processes (vLLM or the embedded engine, embedded/)
-infra/    the Celery app, embedded broker, `eaglenest up` supervisor, reconciliation, task
-          context, checkpoint mirroring, credentials, log format
-cli/      the `eaglenest` command and its subcommands
+infra/ is the ground (the Celery app, context, placement, model fetch, broker, supervisor)
+and model_servers/ the code that runs one model server; jobs/ (queue `train`) and serving/
+(queue `serve`) are two rooms above them that never import each other and register their
+own tasks, and app.py composes the worker's app from the three. The floors and the
+contract that keeps them: docs/architecture.md and .importlinter.
 """

@@ -1,5 +1,4 @@
-"""What the tasks run on: the Celery app (celery_app.py), the embedded broker (broker.py),
-`eaglenest up`'s supervisor (supervisor.py), start-up and periodic reconciliation with the
-database (reconcile.py), a task's context (context.py), checkpoints mirrored to the
-artifact store (checkpoint_sync.py), first-start credentials (credentials.py) and the log
-format of every process (logs.py)."""
+"""The workers' ground, imported by jobs/ and serving/ and importing neither: the Celery
+app before any task (celery_app.py), a task's context (context.py), GPU placement
+(placement.py), fetching models and heads (model_fetch.py), reconciliation, checkpoint
+mirroring, the embedded broker and `eaglenest up`'s supervisor. docs/architecture.md."""

@@ -1,7 +1,7 @@
 """A worker's side of GPU placement (db/placement_repo.py holds the facts).
 
 Contract:
-- The worker registers its host name, its GPUs (foundation/gpus.inventory of
+- The worker registers its host name, its GPUs (foundation/host/gpus.py inventory of
   EAGLENEST_GPUS) and its queues when it is ready, heartbeats every third of a lease, and
   unregisters at a clean shutdown.
 - `take(holder, unit, instance_type, backend=)` places one endpoint instance or one job on

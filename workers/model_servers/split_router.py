@@ -369,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
     max_len = int(argv[argv.index("--max-model-len") + 1]) if "--max-model-len" in argv else 2048
     app = SplitApp(backends, SplitPolicy(args.speculate_upto, args.burst_ms / 1000), secret,
                    name, max_len)
-    # connections are bounded before the instance secret is checked (foundation/connections)
+    # connections are bounded before the instance secret is checked (foundation/http/connections.py)
     config = uvicorn.Config(instance_auth.InstanceGuard(app), host=args.host, port=args.port,
                             log_level="warning", access_log=False,
                             **uvicorn_options(MODEL_SERVER_LIMITS))

@@ -1,1 +1,3 @@
-"""Serving backends behind one OpenAI-compatible HTTP surface: vLLM and the embedded engine."""
+"""Endpoints (queue `serve`): the lifecycle tasks (endpoints.py, which registers them),
+deployment plans, placement over hosts, traffic shifts. Imports infra/ and
+model_servers/, never jobs/. docs/architecture.md."""
