@@ -96,17 +96,22 @@ class S3Store:
             raise self._missing(exc, uri) from exc
         return body
 
-    def list_keys(self, prefix: S3Uri) -> list[str]:
-        keys: list[str] = []
+    def _listed(self, prefix: S3Uri) -> list[dict[str, Any]]:
+        """ListObjectsV2's entries under `prefix`, every page, but the store's own records
+        (RESERVED_PREFIX); a missing bucket is a StorageError."""
+        found: list[dict[str, Any]] = []
         try:
             pages = self.client.get_paginator("list_objects_v2").paginate(
                 Bucket=prefix.bucket, Prefix=prefix.key)
             for page in pages:
-                keys += [o["Key"] for o in page.get("Contents", [])
-                         if not o["Key"].startswith(RESERVED_PREFIX)]
+                found += [o for o in page.get("Contents", [])
+                          if not o["Key"].startswith(RESERVED_PREFIX)]
         except Exception as exc:
             raise self._missing(exc, prefix) from exc
-        return sorted(keys)
+        return found
+
+    def list_keys(self, prefix: S3Uri) -> list[str]:
+        return sorted(o["Key"] for o in self._listed(prefix))
 
     def put_file(self, uri: S3Uri, path: Path) -> None:
         self.client.upload_file(str(path), uri.bucket, uri.key)
@@ -132,16 +137,8 @@ class S3Store:
                           head["LastModified"].timestamp(), str(head["ETag"]))
 
     def list_objects(self, prefix: S3Uri) -> list[ObjectInfo]:
-        found: list[ObjectInfo] = []
-        try:
-            pages = self.client.get_paginator("list_objects_v2").paginate(
-                Bucket=prefix.bucket, Prefix=prefix.key)
-            for page in pages:
-                found += [ObjectInfo(o["Key"], int(o["Size"]), o["LastModified"].timestamp(),
-                                     str(o["ETag"])) for o in page.get("Contents", [])
-                          if not o["Key"].startswith(RESERVED_PREFIX)]
-        except Exception as exc:
-            raise self._missing(exc, prefix) from exc
+        found = [ObjectInfo(o["Key"], int(o["Size"]), o["LastModified"].timestamp(),
+                            str(o["ETag"])) for o in self._listed(prefix)]
         return sorted(found, key=lambda o: o.key)
 
     def open_object(self, uri: S3Uri, start: int = 0, end: int | None = None) -> BinaryIO:
