@@ -50,7 +50,7 @@ from eaglenest.workers.jobs.control import JobControl, JobStopped
 from eaglenest.workers.jobs.inputs import resolve_sources
 from eaglenest.workers.jobs.options import OptionError, parse_options
 from eaglenest.workers.model_servers.process import ServingError, default_backend
-from eaglenest.workers.model_servers.schedule import ENV_NAME as SCHEDULE_ENV
+from eaglenest.workers.model_servers.schedule import SCHEDULE_ENV
 
 log = logging.getLogger("eaglenest.optimize")
 #: the model container variable naming the serving backend (workers/serving/deploy.py)

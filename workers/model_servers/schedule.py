@@ -24,7 +24,7 @@ from typing import Any
 
 MARGIN = 0.05  # speculation must beat the baseline by more than 5% to be chosen
 FILE_NAME = "speculation_schedule.json"
-ENV_NAME = "EAGLENEST_SPECULATION_SCHEDULE"
+SCHEDULE_ENV = "EAGLENEST_SPECULATION_SCHEDULE"
 MAX_K = 64
 MAX_ENTRIES = 64
 
@@ -103,7 +103,7 @@ def schedule_from(value: Any, where: str) -> Schedule:
     return Schedule(tuple(pairs))
 
 
-def parse_schedule(raw: str, where: str = ENV_NAME) -> Schedule:
+def parse_schedule(raw: str, where: str = SCHEDULE_ENV) -> Schedule:
     try:
         value = json.loads(raw)
     except ValueError:

@@ -56,8 +56,8 @@ from eaglenest.workers.model_servers.process import (
     cuda_available,
     default_backend,
 )
-from eaglenest.workers.model_servers.schedule import ENV_NAME as SCHEDULE_ENV
 from eaglenest.workers.model_servers.schedule import (
+    SCHEDULE_ENV,
     Schedule,
     ScheduleError,
     parse_schedule,
