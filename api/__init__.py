@@ -1,1 +1,2 @@
-"""EagleNest control plane: AWS JSON 1.1 SageMaker API + sagemaker-runtime."""
+"""api: the API process, one folder per service (sagemaker/, tagging/, runtime/, s3/) on
+the edge they share (edge/), mounted by api/app.py; the map is docs/architecture.md."""
