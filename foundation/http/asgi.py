@@ -3,7 +3,8 @@
 The API's own ASGI layers (api/runtime/proxy.py, api/s3/), the model servers' guard
 (foundation/http/instance_auth.py) and the split router
 (workers/model_servers/split_router.py) answer below FastAPI, so they read and reply
-through these, never through copies of their own.
+through these, never through copies of their own; FastAPI's routes (`POST /`) return a
+`WholeReply`, written by the same `reply`.
 """
 
 from __future__ import annotations
