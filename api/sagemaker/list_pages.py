@@ -25,23 +25,19 @@ class Resource(Protocol):
 
 
 class ListInput(Protocol):
-    """The members every SageMaker List* input has (botocore's names; read only, so each
-    operation's narrower types, such as its SortBy enum, fit)."""
+    """The members every SageMaker List* input has (botocore's names). SortBy and SortOrder
+    are read-only here, so each operation's own enum of them fits."""
+
+    MaxResults: int | None
+    NextToken: str | None
+    NameContains: str | None
+    CreationTimeAfter: datetime | None
+    CreationTimeBefore: datetime | None
 
     @property
     def SortBy(self) -> str | None: ...
     @property
     def SortOrder(self) -> str | None: ...
-    @property
-    def MaxResults(self) -> int | None: ...
-    @property
-    def NextToken(self) -> str | None: ...
-    @property
-    def NameContains(self) -> str | None: ...
-    @property
-    def CreationTimeAfter(self) -> datetime | None: ...
-    @property
-    def CreationTimeBefore(self) -> datetime | None: ...
 
 
 def spec_of(request: AwsShape) -> dict[str, Any]:
