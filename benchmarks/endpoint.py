@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -39,13 +40,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
+import psutil
 from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
-from botocore.credentials import Credentials
 from botocore.eventstream import EventStreamBuffer
 
 from benchmarks.proxy_cpu import runtime_counters
-from tests.support.stack import ACCESS_KEY, REGION, SECRET_KEY, Stack
+from benchmarks.user_stack import UserStack
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -78,9 +79,9 @@ def _proxied(rt: object, prompt: str, max_tokens: int) -> tuple[float, list[floa
     return _timings(start, marks)
 
 
-def _signed_headers(url: str, body: str) -> dict[str, str]:
+def _signed_headers(stack: UserStack, url: str, body: str) -> dict[str, str]:
     req = AWSRequest("POST", url, data=body, headers={"Content-Type": "application/json"})
-    SigV4Auth(Credentials(ACCESS_KEY, SECRET_KEY), "sagemaker", REGION).add_auth(req)
+    SigV4Auth(stack.credentials(), "sagemaker", stack.settings.region).add_auth(req)
     return dict(req.headers)
 
 
@@ -94,23 +95,23 @@ def _direct_whole(http: httpx.Client, url: str, prompt: str,
     return _timings(start, [])
 
 
-def _invoke_whole(http: httpx.Client, base: str, prompt: str,
+def _invoke_whole(http: httpx.Client, stack: UserStack, prompt: str,
                   max_tokens: int) -> tuple[float, list[float], float]:
     """The same through InvokeEndpoint (signed as boto3 signs; signing not timed)."""
-    url = f"{base}/endpoints/ep/invocations"
+    url = f"{stack.url}/endpoints/ep/invocations"
     body = json.dumps({"prompt": prompt, "max_tokens": max_tokens, "temperature": 0})
-    headers = _signed_headers(url, body)
+    headers = _signed_headers(stack, url, body)
     start = time.perf_counter()
     r = http.post(url, content=body, headers=headers, timeout=120)
     r.raise_for_status()
     return _timings(start, [])
 
 
-def _signed(http: httpx.Client, base: str, prompt: str,
+def _signed(http: httpx.Client, stack: UserStack, prompt: str,
             max_tokens: int) -> tuple[float, list[float], float]:
-    url = f"{base}/endpoints/ep/invocations-response-stream"
+    url = f"{stack.url}/endpoints/ep/invocations-response-stream"
     body = json.dumps({"prompt": prompt, "max_tokens": max_tokens, "temperature": 0})
-    headers = _signed_headers(url, body)
+    headers = _signed_headers(stack, url, body)
     start = time.perf_counter()  # signing is the client's work, as boto3's is: not timed
     marks: list[float] = []
     with http.stream("POST", url, content=body, headers=headers, timeout=120) as r:
@@ -145,13 +146,13 @@ def measure(call: Call, n: int, concurrency: int) -> dict[str, float]:
             "e2e_ms": 1000 * statistics.median(r[2] for r in results)}
 
 
-def deploy(stack: Stack, target: Path, backend: str = "embedded",
-           env: dict[str, str] | None = None) -> str:
-    import subprocess
-
-    env = {**stack.env()}
+def deploy(stack: UserStack, target: Path, backend: str = "embedded",
+           env: dict[str, str] | None = None) -> tuple[str, str]:
+    """Endpoint `ep` of `target`: its model server's URL and instance secret (the server
+    answers only requests that carry it: foundation/http/instance_auth.py)."""
     subprocess.run([sys.executable, "-m", "eaglenest.cli", "s3", "cp", str(target),
-                    "s3://models/bench/"], env=env, check=True, capture_output=True, cwd=ROOT)
+                    "s3://models/bench/"], env=stack.env(), check=True, capture_output=True,
+                   cwd=ROOT)
     sm = stack.client()
     sm.create_model(ModelName="bench", ExecutionRoleArn="arn:aws:iam::123456789012:role/r",
                     PrimaryContainer={"Image": "eaglenest", "Environment": {
@@ -167,22 +168,20 @@ def deploy(stack: Stack, target: Path, backend: str = "embedded",
     from eaglenest.db.session import Database
     from eaglenest.db.tables import EndpointRow
 
-    db = Database(stack.database_url)
+    db = Database(stack.settings.resolved_database_url())
     with db.session() as s:
         row = s.query(EndpointRow).filter_by(name="ep").one()
-        url = str(row.deployment["Servers"]["AllTraffic"]["instances"][0]["url"])
+        instance = row.deployment["Servers"]["AllTraffic"]["instances"][0]
     db.dispose()
-    return url
+    return str(instance["url"]), str(instance["secret"])
 
 
 def _median_of(rounds: list[dict[str, float]]) -> dict[str, float]:
     return {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
 
 
-def _api_cpu(stack: Stack) -> float:
+def _api_cpu(stack: UserStack) -> float:
     """CPU seconds the API process (`eaglenest api`, a child of `eaglenest up`) has used."""
-    import psutil
-
     assert stack.proc is not None
     for child in psutil.Process(stack.proc.pid).children(recursive=True):
         try:
@@ -197,8 +196,6 @@ def _api_cpu(stack: Stack) -> float:
 def _thread_ids(pid: int) -> list[int]:
     """A process's thread ids (sched_setaffinity and setpriority act on one thread id);
     none once it is gone."""
-    import os
-
     try:
         return [int(tid) for tid in os.listdir(f"/proc/{pid}/task")]
     except OSError:
@@ -207,8 +204,6 @@ def _thread_ids(pid: int) -> list[int]:
 
 def _set_affinity(pid: int, cpus: set[int]) -> None:
     """Pin every thread of a process."""
-    import os
-
     for tid in _thread_ids(pid):
         try:
             os.sched_setaffinity(tid, cpus)
@@ -216,13 +211,9 @@ def _set_affinity(pid: int, cpus: set[int]) -> None:
             continue
 
 
-def pin(stack: Stack, server_cpus: set[int]) -> str:
+def pin(stack: UserStack, server_cpus: set[int]) -> str:
     """Model server(s) on ``server_cpus``, everything else (API, workers, this client) on
     the other cores: a host with cores to spare beside its accelerator, emulated."""
-    import os
-
-    import psutil
-
     assert stack.proc is not None
     rest = set(range(os.cpu_count() or 1)) - server_cpus
     if not rest:
@@ -235,10 +226,8 @@ def pin(stack: Stack, server_cpus: set[int]) -> str:
             f"the rest on {sorted(rest)}")
 
 
-def _server_pids(stack: Stack) -> set[int]:
+def _server_pids(stack: UserStack) -> set[int]:
     """The model server processes (and their children, e.g. vLLM's engine core)."""
-    import psutil
-
     assert stack.proc is not None
 
     def cmd(proc: psutil.Process) -> str:
@@ -252,12 +241,10 @@ def _server_pids(stack: Stack) -> set[int]:
     return {p.pid for p in servers} | {c.pid for p in servers for c in p.children(True)}
 
 
-def renice(stack: Stack, nice: int) -> str:
+def renice(stack: UserStack, nice: int) -> str:
     """Every thread of the model server(s) at niceness ``nice`` (setpriority acts on one
     thread id on Linux; threads started later inherit it), so that the proxy's wake-ups
     preempt a model server that keeps every core busy."""
-    import os
-
     pids = _server_pids(stack)
     for tid in (t for pid in pids for t in _thread_ids(pid)):
         try:
@@ -267,7 +254,7 @@ def renice(stack: Stack, nice: int) -> str:
     return f"model server pids {sorted(pids)} at niceness {nice}"
 
 
-def compare(paths: dict[str, Call], stack: Stack, requests: int, conc: int,
+def compare(paths: dict[str, Call], stack: UserStack, requests: int, conc: int,
             rounds: int) -> dict[str, dict[str, float]]:
     """Interleaved rounds (the order reversed every other round), median per figure, after
     a warm-up of every path; `api_cpu_ms` is the API process's CPU per request and
@@ -324,12 +311,12 @@ def _start_relay(url: str) -> tuple[str, subprocess.Popen[bytes]]:
     return f"http://127.0.0.1:{port}", proc
 
 
-def _run_level(args: argparse.Namespace, stack: Stack, http: httpx.Client, rt: object,
+def _run_level(args: argparse.Namespace, stack: UserStack, http: httpx.Client, rt: object,
                url: str, relay: str | None, conc: int) -> None:
     """Every path at one concurrency: streamed, then (--whole) non-streamed."""
     paths: dict[str, Call] = {
         "direct": lambda q: _direct(http, url, q, args.max_tokens),
-        "signed": lambda q: _signed(http, stack.url, q, args.max_tokens),
+        "signed": lambda q: _signed(http, stack, q, args.max_tokens),
         "boto3": lambda q: _proxied(rt, q, args.max_tokens)}
     if relay:
         paths["relay"] = lambda q: _direct(http, relay, q, args.max_tokens)
@@ -337,7 +324,7 @@ def _run_level(args: argparse.Namespace, stack: Stack, http: httpx.Client, rt: o
     _report(conc, got, "direct", tuple(n for n in paths if n != "direct"))
     if args.whole:
         paths = {"direct-whole": lambda q: _direct_whole(http, url, q, args.max_tokens),
-                 "invoke-whole": lambda q: _invoke_whole(http, stack.url, q, args.max_tokens)}
+                 "invoke-whole": lambda q: _invoke_whole(http, stack, q, args.max_tokens)}
         if relay:
             paths["relay-whole"] = lambda q: _direct_whole(http, relay, q, args.max_tokens)
         got = compare(paths, stack, args.requests, conc, args.rounds)
@@ -376,15 +363,17 @@ def main() -> int:
         from eaglenest.models.tiny import build_tiny_target
 
         target = build_tiny_target(tmp / "tiny", "LlamaForCausalLM")
-    (tmp / "stack").mkdir()
-    stack = Stack(tmp / "stack").start()
+    stack = UserStack(tmp / "stack").start()
     try:
-        url = deploy(stack, target, args.backend,
-                     dict(kv.split("=", 1) for kv in args.env))
+        url, secret = deploy(stack, target, args.backend,
+                             dict(kv.split("=", 1) for kv in args.env))
         if args.pin_server:
             print(pin(stack, {int(c) for c in args.pin_server.split(",")}))
         rt = stack.client("sagemaker-runtime")
-        http = httpx.Client(limits=httpx.Limits(max_keepalive_connections=16))
+        # the direct paths carry the instance secret; the signed ones replace that
+        # Authorization header with their SigV4 one
+        http = httpx.Client(limits=httpx.Limits(max_keepalive_connections=16),
+                            headers={"Authorization": f"Bearer {secret}"})
         print(f"median of {args.rounds} interleaved rounds of {args.requests} requests, "
               f"{args.max_tokens} tokens each")
         print("conc  path      req/s   TTFT p50 ms  ITL p50 ms  e2e p50 ms  API CPU ms/req"

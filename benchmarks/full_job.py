@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.support.stack import Stack
+from benchmarks.user_stack import UserStack
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -70,7 +70,7 @@ def main() -> int:
     args = p.parse_args()
     extra = dict(e.split("=", 1) for e in args.env)
     tmp = Path(tempfile.mkdtemp(prefix="eaglenest-job-"))
-    stack = Stack(tmp).start()
+    stack = UserStack(tmp).start()
     try:
         subprocess.run([sys.executable, "-m", "eaglenest.cli", "s3", "cp", str(args.target),
                         "s3://models/target/"], env=stack.env(), check=True, cwd=ROOT)

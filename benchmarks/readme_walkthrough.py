@@ -20,7 +20,7 @@ README's address is replaced by the one used. The transcript shows each example'
 lines, what it printed, the README's expected output where it shows one (and whether it
 matched) and the wall time; the last line is the total.
 
-tests/docs/test_readme_walkthrough.py runs the same examples on a tiny model; this is the
+tests/benchmarks/test_readme_walkthrough.py runs the same examples on a tiny model; this is the
 real thing on SmolLM2 (three optimization jobs: about 45 minutes on 2 cores).
 """
 

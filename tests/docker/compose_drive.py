@@ -46,7 +46,7 @@ ROOT = Path(__file__).resolve().parents[2]
 API = os.environ.get("COMPOSE_CHECK_API", "http://127.0.0.1:8080")
 S3 = os.environ.get("COMPOSE_CHECK_S3", "http://127.0.0.1:9000")
 ROLE = "arn:aws:iam::000000000000:role/EagleNest"
-# tests/docs/test_readme_walkthrough.py's TINY_OPTIONS: a tiny model, two training steps
+# tests/benchmarks/test_readme_walkthrough.py's TINY_OPTIONS: a tiny model, two training steps
 TINY_OPTIONS = {
     "EAGLENEST_MAX_STEPS": "2", "EAGLENEST_MAX_LENGTH": "192", "EAGLENEST_HOLDOUT": "2",
     "EAGLENEST_DATASET": "gsm8k_training.jsonl", "EAGLENEST_BENCH_CONCURRENCY": "1",
