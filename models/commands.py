@@ -19,6 +19,7 @@ import sys
 from typing import Any
 
 from eaglenest.models.heads import registry
+from eaglenest.models.training.config import TrainConfig
 
 #: (dest, flag, takes no value) of every ``train`` option, to re-launch under torchrun
 _TRAIN_FLAGS: list[tuple[str, str, bool]] = []
@@ -48,32 +49,29 @@ def _register_train(subparsers: Any) -> None:
                    "a peagle head may start from an eagle3 one) (default: a new head)")
     p.add_argument("--format", choices=registry.CHECKPOINT_FORMATS, default="native",
                    help="checkpoint format of the head (speculators: vLLM's speculators)")
-    p.add_argument("--batch-size", type=int, default=2, help="samples per step")
+    _config_option(p, "batch_size", "samples per step")
     p.add_argument("--max-length", type=int, default=512, help="tokens per sample")
     p.add_argument("--max-samples", type=int,
                    help="use only the first N samples (default: all)")
-    p.add_argument("--lr", type=float, default=3e-4, help="peak learning rate")
-    p.add_argument("--seed", type=int, default=0, help="seed of the head and the data order")
-    p.add_argument("--draft-vocab-size", type=int, default=8192,
-                   help="draft vocabulary (EAGLE-3, P-EAGLE): the most frequent target tokens")
-    p.add_argument("--ttt-steps", type=int, default=3,
-                   help="EAGLE-3 training-time-test steps")
-    p.add_argument("--parallel-depth", type=int, default=3,
-                   help="P-EAGLE: positions trained per anchor (the real one + mask slots)")
-    p.add_argument("--speculative-tokens", type=int, default=3,
-                   help="K written into the head's config (vLLM's num_speculative_tokens)")
-    p.add_argument("--seq-partitions", type=int, default=1,
-                   help="P-EAGLE: each step's anchors in this many parts, a backward each "
-                   "(the same gradients in less memory, for long samples)")
-    p.add_argument("--num-layers", type=int, default=1,
-                   help="EAGLE-3/P-EAGLE draft decoder layers (vLLM stacks them; EAGLE-2: 1)")
+    _config_option(p, "lr", "peak learning rate")
+    _config_option(p, "seed", "seed of the head and the data order")
+    _config_option(p, "draft_vocab_size",
+                   "draft vocabulary (EAGLE-3, P-EAGLE): the most frequent target tokens")
+    _config_option(p, "ttt_steps", "EAGLE-3 training-time-test steps")
+    _config_option(p, "parallel_depth",
+                   "P-EAGLE: positions trained per anchor (the real one + mask slots)")
+    _config_option(p, "speculative_tokens",
+                   "K written into the head's config (vLLM's num_speculative_tokens)")
+    _config_option(p, "seq_partitions", "P-EAGLE: each step's anchors in this many parts, a "
+                   "backward each (the same gradients in less memory, for long samples)")
+    _config_option(p, "num_layers",
+                   "EAGLE-3/P-EAGLE draft decoder layers (vLLM stacks them; EAGLE-2: 1)")
     p.add_argument("--optimizer", choices=("muon", "adamw"), default="muon",
                    help="muon: Muon for the draft layer's matrices + AdamW for the rest")
     p.add_argument("--muon-ns-dtype", choices=("auto", "float32", "bfloat16"), default="auto",
                    help="Muon's Newton-Schulz matmuls; auto: bf16 on CUDA and on CPUs with "
                    "bf16 units (AVX512-BF16 / AMX), else fp32")
-    p.add_argument("--step-decay", type=float, default=1.0,
-                   help="loss weight of draft step j is step_decay**j")
+    _config_option(p, "step_decay", "loss weight of draft step j is step_decay**j")
     p.add_argument("--norms", choices=("all", "none"), default="all",
                    help="EAGLE-3/P-EAGLE: norm_before_fc, norm_output and norm_before_residual")
     p.add_argument("--checkpoint-every", type=int, default=50,
@@ -94,6 +92,14 @@ def _register_train(subparsers: Any) -> None:
         for a in p._actions
         if a.option_strings and a.dest not in ("help", "nproc")
     ]
+
+
+def _config_option(p: Any, name: str, help_text: str) -> None:
+    """``--name`` (dashes for underscores) for the TrainConfig field ``name``, with the
+    field's default and its type: the config is the one home of these defaults."""
+    default = getattr(TrainConfig, name)
+    p.add_argument("--" + name.replace("_", "-"), type=type(default), default=default,
+                   help=help_text)
 
 
 def _torchrun(args: argparse.Namespace) -> int:
@@ -127,7 +133,6 @@ def _train(args: argparse.Namespace, device: Any) -> int:
     from eaglenest.models.data import DataError, encode_examples, load_examples
     from eaglenest.models.data.regenerate import regenerate
     from eaglenest.models.target import TargetError, load_target
-    from eaglenest.models.training.config import TrainConfig
     from eaglenest.models.training.train import TrainData, train
 
     try:

@@ -34,15 +34,19 @@ ARCHITECTURES = [
     "GptOssForCausalLM",
     "Qwen3NextForCausalLM",
 ]
-COMMON: dict[str, Any] = dict(
-    hidden_size=32,
-    intermediate_size=64,
-    num_hidden_layers=8,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=8,
-    max_position_embeddings=512,
-)
+COMMON: dict[str, Any] = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=8,
+                              num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                              max_position_embeddings=512)
+#: what an architecture's config adds to COMMON (its experts, its layer kinds)
+EXTRA: dict[str, dict[str, Any]] = {
+    "Qwen3MoeForCausalLM": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32),
+    "GptOssForCausalLM": dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=16,
+                              layer_types=["sliding_attention", "full_attention"] * 4),
+    "Qwen3NextForCausalLM": dict(linear_num_key_heads=2, linear_num_value_heads=4,
+                                 linear_key_head_dim=8, linear_value_head_dim=8, num_experts=4,
+                                 num_experts_per_tok=2, moe_intermediate_size=32,
+                                 shared_expert_intermediate_size=32, full_attention_interval=4),
+}
 
 
 def build_tokenizer(folder: Path) -> Any:
@@ -74,30 +78,8 @@ def build_tokenizer(folder: Path) -> Any:
 def arch_config(arch: str, vocab: int, ids: dict[str, int]) -> Any:
     import transformers
 
-    extra: dict[str, Any] = {}
-    if arch == "Qwen3MoeForCausalLM":
-        extra = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
-    elif arch == "GptOssForCausalLM":
-        extra = dict(
-            num_local_experts=4,
-            num_experts_per_tok=2,
-            sliding_window=16,
-            layer_types=["sliding_attention", "full_attention"] * 4,
-        )
-    elif arch == "Qwen3NextForCausalLM":
-        extra = dict(
-            linear_num_key_heads=2,
-            linear_num_value_heads=4,
-            linear_key_head_dim=8,
-            linear_value_head_dim=8,
-            num_experts=4,
-            num_experts_per_tok=2,
-            moe_intermediate_size=32,
-            shared_expert_intermediate_size=32,
-            full_attention_interval=4,
-        )
     cls = getattr(transformers, arch.replace("ForCausalLM", "Config"))
-    config = cls(vocab_size=vocab, **COMMON, **extra, **ids)
+    config = cls(vocab_size=vocab, **COMMON, **EXTRA.get(arch, {}), **ids)
     config.architectures = [arch]
     return config
 

@@ -113,19 +113,13 @@ class BatchEngine(SpeculativeEngine):
         self._deferred: list[tuple[HeadDrafter, list[int], torch.Tensor]] | None = None
 
     # ---- public ------------------------------------------------------------------------
-    def submit(
-        self,
-        prompt_ids: Sequence[int],
-        max_new_tokens: int,
-        temperature: float = 0.0,
-        top_p: float = 1.0,
-        stop_token_ids: Sequence[int] = (),
-        seed: int | None = None,
-    ) -> int:
-        """Queue a request; it joins the batch at the next step. Returns its id."""
-        if not prompt_ids:
-            raise ValueError("prompt_ids must not be empty")
-        req = self._new_request(max_new_tokens, temperature, top_p, stop_token_ids, seed)
+    def submit(self, prompt_ids: Sequence[int], max_new_tokens: int, temperature: float = 0.0,
+               top_p: float = 1.0, stop_token_ids: Sequence[int] = (),
+               seed: int | None = None) -> int:
+        """Queue a request (``generate``'s parameters); it joins the batch at the next step.
+        Returns its id."""
+        req = self._new_request(prompt_ids, max_new_tokens, temperature, top_p, stop_token_ids,
+                                seed)
         rid, self._next_id = self._next_id, self._next_id + 1
         self.waiting.append((_Slot(rid, req, 0.0), list(prompt_ids)))
         return rid

@@ -96,13 +96,10 @@ def draft_chain(
     return [_collect(r, p) for r, p in zip(rows, params, strict=True)]
 
 
-def draft_parallel(
-    drafters: list[HeadDrafter],
-    k: int,
-    params: list[SamplingParams],
-    gens: list[torch.Generator | None],
-) -> list[Draft]:
-    """P-EAGLE: k drafts per row from ONE batched forward over k - 1 mask slots per row."""
+def draft_parallel(drafters: list[HeadDrafter], k: int, params: list[SamplingParams],
+                   gens: list[torch.Generator | None]) -> list[Draft]:
+    """P-EAGLE: k drafts per row from ONE batched forward over k - 1 mask slots per row
+    (``draft_chain``'s parameters and result)."""
     if k <= 0:
         return [([], None) for _ in drafters]
     assert drafters[0].parallel  # a parallel head (HeadSpec.parallel) has mask slots

@@ -148,9 +148,8 @@ class SpeculativeEngine:
         seed: int | None = None,
     ) -> Iterator[list[int]]:
         """Yield the newly accepted token ids of every step (stop tokens included, then end)."""
-        if not prompt_ids:
-            raise ValueError("prompt_ids must not be empty")
-        req = self._new_request(max_new_tokens, temperature, top_p, stop_token_ids, seed)
+        req = self._new_request(prompt_ids, max_new_tokens, temperature, top_p, stop_token_ids,
+                                seed)
         self.request_stats = req.stats
         started = time.perf_counter()
         try:
@@ -179,14 +178,11 @@ class SpeculativeEngine:
         return [self.generate_ids(p, max_new_tokens, **kw) for p in prompts]
 
     # ---- request lifecycle ---------------------------------------------------------------
-    def _new_request(
-        self,
-        max_new: int,
-        temperature: float,
-        top_p: float,
-        stop: Sequence[int],
-        seed: int | None,
-    ) -> _Request:
+    def _new_request(self, prompt_ids: Sequence[int], max_new: int, temperature: float,
+                     top_p: float, stop: Sequence[int], seed: int | None) -> _Request:
+        """A request's state (its prompt is fed by the caller); refuses an empty prompt."""
+        if not prompt_ids:
+            raise ValueError("prompt_ids must not be empty")
         drafter = None
         if self.controller is not None:
             self.controller.new_context()

@@ -94,13 +94,8 @@ class EagleHead(nn.Module):
     def to_target_ids(self, ids: torch.Tensor) -> torch.Tensor:
         return ids  # the head speaks the target vocabulary
 
-    def loss(
-        self,
-        batch: HeadBatch,
-        cap: Capture,
-        value_weight: float = 1.0,
-        prob_weight: float = 0.1,
-    ) -> HeadLoss:
+    def loss(self, batch: HeadBatch, cap: Capture, value_weight: float = 1.0,
+             prob_weight: float = 0.1) -> HeadLoss:
         """EAGLE-1 objective: smooth-L1 on the next feature + CE on the next-token dist."""
         b, t = batch.input_ids.shape
         device = batch.input_ids.device
