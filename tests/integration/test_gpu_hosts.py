@@ -38,7 +38,7 @@ from eaglenest.foundation.memory_plan import gpus_of_type, head_estimate, plan, 
 from eaglenest.foundation.queue import OPTIMIZE_TASK, TaskQueue
 from tests.support.fake_vllm import RUNS_FILE, read_runs
 from tests.support.model_shapes import write_shape
-from tests.support.stack import ACCOUNT, Stack
+from tests.support.stack import ACCOUNT, Stack, wait_endpoint
 from tests.support.workers import ROOT, Worker, start_worker, upload
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
@@ -137,16 +137,6 @@ def _instance(stack: Stack, name: str) -> dict:
         db.dispose()
 
 
-def _wait_status(sm: Any, name: str, done: tuple[str, ...], timeout: float = 120) -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
-        d = sm.describe_endpoint(EndpointName=name)
-        if d["EndpointStatus"] in done:
-            return d
-        assert time.monotonic() < deadline, d
-        time.sleep(0.5)
-
-
 def _process(inst: dict) -> tuple[list[str], dict[str, str]]:
     proc = psutil.Process(inst["pid"])
     return proc.cmdline(), proc.environ()
@@ -164,7 +154,7 @@ def test_four_gpu_type_lands_on_the_host_that_has_four(hosts):
     stack, _ = hosts
     sm = stack.client()
     sm.create_endpoint(EndpointName="big", EndpointConfigName=_config("vllm", "ml.g5.12xlarge"))
-    d = _wait_status(sm, "big", ("InService", "Failed"))
+    d = wait_endpoint(sm, "big", ("InService", "Failed"))
     assert d["EndpointStatus"] == "InService", d.get("FailureReason")
     assert d["ProductionVariants"][0]["CurrentInstanceCount"] == 1
     inst = _instance(stack, "big")
@@ -195,7 +185,7 @@ def test_four_gpu_type_lands_on_the_host_that_has_four(hosts):
     t0 = time.monotonic()
     sm.create_endpoint(EndpointName="big-2",
                        EndpointConfigName=_config("vllm", "ml.g5.12xlarge"))
-    d2 = _wait_status(sm, "big-2", ("InService", "Failed"), timeout=WAIT + 60)
+    d2 = wait_endpoint(sm, "big-2", ("InService", "Failed"), timeout=WAIT + 60)
     assert d2["EndpointStatus"] == "Failed"
     assert d2["FailureReason"].startswith(CAPACITY) and "ml.g5.12xlarge" in d2["FailureReason"]
     assert time.monotonic() - t0 >= WAIT - 1
@@ -236,7 +226,7 @@ def test_sm_num_gpus_sets_the_tensor_parallel_size_within_the_instance(hosts):
     sm = stack.client()
     sm.create_endpoint(EndpointName="tp2",
                        EndpointConfigName=_config("vllm-tp2", "ml.g5.12xlarge"))
-    d = _wait_status(sm, "tp2", ("InService", "Failed"))
+    d = wait_endpoint(sm, "tp2", ("InService", "Failed"))
     assert d["EndpointStatus"] == "InService", d.get("FailureReason")
     inst = _instance(stack, "tp2")
     cmd, env = _process(inst)
@@ -249,12 +239,12 @@ def test_an_update_that_cannot_be_placed_rolls_back(hosts):
     stack, _ = hosts
     sm = stack.client()
     sm.create_endpoint(EndpointName="small", EndpointConfigName=_config("vllm", "ml.g5.xlarge"))
-    assert _wait_status(sm, "small", ("InService", "Failed"))["EndpointStatus"] == "InService"
+    assert wait_endpoint(sm, "small", ("InService", "Failed"))["EndpointStatus"] == "InService"
     before = _instance(stack, "small")
     sm.update_endpoint(EndpointName="small",
                        EndpointConfigName=_config("vllm", "ml.g5.48xlarge"))  # 8 GPUs: none
     time.sleep(1)
-    d = _wait_status(sm, "small", ("InService", "Failed"), timeout=WAIT + 60)
+    d = wait_endpoint(sm, "small", ("InService", "Failed"), timeout=WAIT + 60)
     assert d["EndpointStatus"] == "InService"
     assert d["EndpointConfigName"] == _config("vllm", "ml.g5.xlarge")
     assert d["FailureReason"].startswith(
@@ -273,7 +263,7 @@ def test_concurrent_creates_never_share_a_gpu(hosts):
     with concurrent.futures.ThreadPoolExecutor(10) as pool:
         list(pool.map(lambda n: stack.client().create_endpoint(
             EndpointName=n, EndpointConfigName=_config("vllm", "ml.g5.xlarge")), names))
-    done = {n: _wait_status(sm, n, ("InService", "Failed"), timeout=WAIT + 120) for n in names}
+    done = {n: wait_endpoint(sm, n, ("InService", "Failed"), timeout=WAIT + 120) for n in names}
     serving = [n for n, d in done.items() if d["EndpointStatus"] == "InService"]
     assert len(serving) == 6, {n: d.get("FailureReason") for n, d in done.items()}  # 2 + 4 GPUs
     for n, d in done.items():
@@ -294,9 +284,9 @@ def test_a_killed_workers_gpus_are_reclaimed_by_the_next(hosts):
     sm = stack.client()
     sm.create_endpoint(EndpointName="fill-b",
                        EndpointConfigName=_config("vllm", "ml.g5.12xlarge"))
-    assert _wait_status(sm, "fill-b", ("InService", "Failed"))["EndpointStatus"] == "InService"
+    assert wait_endpoint(sm, "fill-b", ("InService", "Failed"))["EndpointStatus"] == "InService"
     sm.create_endpoint(EndpointName="on-a", EndpointConfigName=_config("vllm", "ml.g5.xlarge"))
-    assert _wait_status(sm, "on-a", ("InService", "Failed"))["EndpointStatus"] == "InService"
+    assert wait_endpoint(sm, "on-a", ("InService", "Failed"))["EndpointStatus"] == "InService"
     inst = _instance(stack, "on-a")
     assert inst["host"] == "host-a"
     old = workers["host-a"]
@@ -490,7 +480,7 @@ def test_an_endpoint_is_planned_and_a_model_too_big_is_refused(hosts, eight_b, t
                              "InstanceType": "ml.g5.12xlarge", "InitialInstanceCount": 1}])
     sm.create_endpoint(EndpointName="eight-b",
                        EndpointConfigName=_config("vllm-8b", "ml.g5.12xlarge"))
-    d = _wait_status(sm, "eight-b", ("InService", "Failed"))
+    d = wait_endpoint(sm, "eight-b", ("InService", "Failed"))
     assert d["EndpointStatus"] == "InService", d.get("FailureReason")
     inst = _instance(stack, "eight-b")
     assert inst["host"] == "host-b" and sorted(inst["gpus"]) == [0, 1, 2, 3]

@@ -37,11 +37,10 @@ from tests.integration.test_gpu_hosts import (  # noqa: F401 (pytestmark: its sk
     _arn,
     _delete,
     _holdings,
-    _wait_status,
     pytestmark,
     two_hosts,
 )
-from tests.support.stack import ACCOUNT, Stack
+from tests.support.stack import ACCOUNT, Stack, wait_endpoint
 from tests.support.workers import Worker
 
 ONE_GPU = "ml.g5.2xlarge"
@@ -100,21 +99,21 @@ def test_a_variant_no_host_can_hold_is_spread_over_hosts(hosts):
 
     # one host can hold all three: they are packed there
     sm.create_endpoint(EndpointName="pack", EndpointConfigName=_config(sm, "pack-3", 3))
-    d = _wait_status(sm, "pack", ("InService", "Failed"))
+    d = wait_endpoint(sm, "pack", ("InService", "Failed"))
     assert d["EndpointStatus"] == "InService", d.get("FailureReason")
     assert _placed(stack, "pack") == {"host-b": [0, 1, 2]}
     assert {i["host"] for i in _instances(stack, "pack")} == {"host-b"}
 
     # even together the hosts cannot hold four: the capacity error, nothing held
     sm.create_endpoint(EndpointName="too-big", EndpointConfigName=_config(sm, "big-4", 4))
-    d = _wait_status(sm, "too-big", ("InService", "Failed"), timeout=WAIT + 60)
+    d = wait_endpoint(sm, "too-big", ("InService", "Failed"), timeout=WAIT + 60)
     assert d["EndpointStatus"] == "Failed"
     assert d["FailureReason"].startswith(CAPACITY) and ONE_GPU in d["FailureReason"]
     assert _placed(stack, "too-big") == {}
 
     # no host has three free GPUs, together they do: 2 on host-a, 1 on host-b
     sm.create_endpoint(EndpointName="spread", EndpointConfigName=_config(sm, "spread-3", 3))
-    d = _wait_status(sm, "spread", ("InService", "Failed"))
+    d = wait_endpoint(sm, "spread", ("InService", "Failed"))
     assert d["EndpointStatus"] == "InService", d.get("FailureReason")
     assert d["ProductionVariants"][0]["CurrentInstanceCount"] == 3
     assert _placed(stack, "spread") == {"host-a": [0, 1], "host-b": [3]}

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
-from tests.support.stack import ACCOUNT, REGION, Stack
+from tests.support.stack import ACCOUNT, REGION, Stack, wait_for
 
 ROLE = "arn:aws:iam::123456789012:role/EagleNestRole"
 LEAKS = ("Traceback", 'File "', "psycopg", "sqlalchemy", "OperationalError")
@@ -54,13 +54,6 @@ def _job(sm: Any, name: str, uri: str) -> None:
         OptimizationConfigs=[{"ModelSpeculativeDecodingConfig": {"Technique": "EAGLE"}}],
         OutputConfig={"S3OutputLocation": "s3://b/o/"},
         StoppingCondition={"MaxRuntimeInSeconds": 60})
-
-
-def _wait_for(predicate: Callable[[], bool], timeout: float, what: str, stack: Stack) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"{what}: {stack.log()[-3000:]}"
-        time.sleep(0.2)
 
 
 def test_postgres_outage_answers_aws_errors_and_recovers(outage_stack: Stack,
@@ -116,7 +109,7 @@ def test_redis_outage_keeps_the_job_and_the_running_worker_runs_it(outage_stack:
         job = sm.describe_optimization_job(OptimizationJobName="outage-job")
         assert job["OptimizationJobStatus"] == "STARTING"
         arn = f"arn:aws:sagemaker:{REGION}:{ACCOUNT}:optimization-job/outage-job"
-        _wait_for(lambda: f"could not publish eaglenest.optimize({arn})" in outage_stack.log(),
+        wait_for(lambda: f"could not publish eaglenest.optimize({arn})" in outage_stack.log(),
                   10, "the failed publish was not logged", outage_stack)
     finally:
         redis_server.start()
@@ -129,7 +122,7 @@ def test_redis_outage_keeps_the_job_and_the_running_worker_runs_it(outage_stack:
         job = sm.describe_optimization_job(OptimizationJobName="outage-job")
         return job["OptimizationJobStatus"] in ("COMPLETED", "FAILED", "STOPPED")
 
-    _wait_for(finished, 60, "the job was never picked up", outage_stack)
+    wait_for(finished, 60, "the job was never picked up", outage_stack)
     job = sm.describe_optimization_job(OptimizationJobName="outage-job")
     assert job["OptimizationJobStatus"] == "FAILED"
     assert job["FailureReason"] == "nothing found at s3://bucket/outage-model/"

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import json
 import socket
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.support.jobs import wait_status
 from tests.support.stack import ACCOUNT, Stack
 from tests.support.workers import Worker, start_worker, upload
 
@@ -53,16 +53,6 @@ def cluster(tmp_path_factory, postgres_server, redis_server, tiny_llama_dir
         stack.stop()
 
 
-def _wait_job(sm, timeout: float = 240) -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
-        d = sm.describe_optimization_job(OptimizationJobName=JOB)
-        if d["OptimizationJobStatus"] in ("COMPLETED", "FAILED", "STOPPED"):
-            return d
-        assert time.monotonic() < deadline, d
-        time.sleep(0.5)
-
-
 def test_train_and_serve_workers_split_the_work(cluster):
     stack, workers = cluster
     sm, rt = stack.client(), stack.client("sagemaker-runtime")
@@ -96,7 +86,7 @@ def test_train_and_serve_workers_split_the_work(cluster):
     r = rt.invoke_endpoint(EndpointName=ENDPOINT, ContentType="application/json", Body=json.dumps(
         {"inputs": "Natalia sold 48 clips", "parameters": {"max_new_tokens": 4}}))
     assert isinstance(json.loads(r["Body"].read())["generated_text"], str)
-    d = _wait_job(sm)
+    d = wait_status(sm, JOB, {"COMPLETED", "FAILED", "STOPPED"}, timeout=240)
     assert d["OptimizationJobStatus"] == "COMPLETED", (
         d.get("FailureReason"), workers["train"].log_path.read_text()[-3000:])
     extra = sm.describe_model(ModelName="tiny-eagle")["PrimaryContainer"][

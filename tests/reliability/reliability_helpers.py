@@ -1,37 +1,20 @@
-"""What the fault tests share: the processes of one stack (found by scanning /proc for its
-data directory in their environment, so a process that escaped its parent's tree is found
-too), waiting, uploading the tiny model, job and endpoint arguments."""
+"""What the fault tests share beyond tests/support (the stack, uploads, job requests,
+waiting): the processes of one stack (found by scanning /proc for its data directory in
+their environment, so a process that escaped its parent's tree is found too), the fault
+tests' job and endpoint arguments and what a job logged."""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 import psutil
 
+from tests.support.jobs import ROLE, job
 from tests.support.stack import Stack
-
-ROOT = Path(__file__).resolve().parents[2]
-ROLE = "arn:aws:iam::123456789012:role/EagleNestRole"
-TERMINAL = {"COMPLETED", "FAILED", "STOPPED"}
-
-
-def wait_for(pred: Callable[[], Any], timeout: float, what: str, stack: Stack | None = None
-             ) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = pred()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"{what}: {stack.log()[-3000:] if stack else ''}"
-        time.sleep(0.2)
 
 
 def stack_processes(stack: Stack) -> dict[int, str]:
@@ -119,39 +102,16 @@ def api_answers(stack: Stack) -> bool:
         return False
 
 
-def upload(stack: Stack, src: Path, dst: str) -> None:
-    """`eaglenest s3 cp` as the stack's default account (the one its test key acts for)."""
-    env = {**os.environ, "EAGLENEST_DATA_DIR": str(stack.data_dir),
-           "EAGLENEST_ACCOUNT_ID": stack.env()["EAGLENEST_ACCOUNT_ID"]}
-    r = subprocess.run([sys.executable, "-m", "eaglenest.cli", "s3", "cp", str(src), dst],
-                       env=env, capture_output=True, text=True, cwd=ROOT)
-    assert r.returncode == 0, r.stderr
-
-
 def job_args(model_uri: str, **env: str) -> dict[str, Any]:
-    return {
-        "RoleArn": ROLE, "ModelSource": {"S3": {"S3Uri": model_uri}},
-        "DeploymentInstanceType": "ml.g5.2xlarge",
-        "OptimizationEnvironment": {
-            "EAGLENEST_MAX_LENGTH": "128", "EAGLENEST_DATASET": "gsm8k_training.jsonl",
-            "EAGLENEST_REGENERATE": "0", "EAGLENEST_PLATEAU_EVALS": "0",
-            "EAGLENEST_MAX_TRAIN_MINUTES": "0",
-            "EAGLENEST_HOLDOUT": "2", "EAGLENEST_BENCH_CONCURRENCY": "1",
-            "EAGLENEST_BENCH_MAX_TOKENS": "8", "EAGLENEST_SERVING_BACKEND": "embedded",
-            "EAGLENEST_NUM_SPECULATIVE_TOKENS": "3", **env},
-        "OptimizationConfigs": [{"ModelSpeculativeDecodingConfig": {"Technique": "EAGLE"}}],
-        "OutputConfig": {"S3OutputLocation": "s3://output/jobs/"},
-        "StoppingCondition": {"MaxRuntimeInSeconds": 1800},
-    }
+    """tests/support/jobs.py's request with the fault tests' shorter sequences, one benchmark
+    level and K 1 and 3 (what no EAGLENEST_BENCH_KS gives at 3 speculative tokens); the tests
+    that train name their EAGLENEST_MAX_STEPS."""
+    return job(model_uri, **{"EAGLENEST_MAX_LENGTH": "128", "EAGLENEST_BENCH_CONCURRENCY": "1",
+                             "EAGLENEST_BENCH_KS": "1,3", **env})
 
 
 def job_status(sm: Any, name: str) -> dict[str, Any]:
     return dict(sm.describe_optimization_job(OptimizationJobName=name))
-
-
-def wait_job(sm: Any, name: str, want: set[str], timeout: float, stack: Stack) -> dict[str, Any]:
-    return dict(wait_for(lambda: (d := job_status(sm, name))["OptimizationJobStatus"] in want
-                         and d, timeout, f"job {name} never reached {want}", stack))
 
 
 def steps_logged(stack: Stack, name: str) -> list[int]:
@@ -189,9 +149,3 @@ def make_endpoint(sm: Any, name: str, model_uri: str, env: dict[str, str],
 
 def endpoint_status(sm: Any, name: str) -> dict[str, Any]:
     return dict(sm.describe_endpoint(EndpointName=name))
-
-
-def wait_endpoint(sm: Any, name: str, want: set[str], timeout: float, stack: Stack
-                  ) -> dict[str, Any]:
-    return dict(wait_for(lambda: (d := endpoint_status(sm, name))["EndpointStatus"] in want
-                         and d, timeout, f"endpoint {name} never reached {want}", stack))

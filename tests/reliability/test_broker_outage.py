@@ -20,9 +20,8 @@ from tests.reliability.reliability_helpers import (
     job_status,
     make_endpoint,
     serving_env,
-    wait_for,
 )
-from tests.support.stack import ACCOUNT, REGION, Stack, free_port
+from tests.support.stack import ACCOUNT, REGION, Stack, free_port, wait_for
 
 
 class Broker:

@@ -22,11 +22,9 @@ from tests.reliability.reliability_helpers import (
     make_endpoint,
     serving_env,
     stack_processes,
-    upload,
-    wait_endpoint,
-    wait_for,
 )
-from tests.support.stack import Stack
+from tests.support.jobs import upload
+from tests.support.stack import Stack, wait_endpoint, wait_for
 
 
 @pytest.fixture(scope="module")

@@ -16,12 +16,10 @@ from tests.reliability.reliability_helpers import (
     job_args,
     steps_logged,
     strays,
-    upload,
-    wait_for,
-    wait_job,
     worker_pid,
 )
-from tests.support.stack import ACCOUNT, Stack
+from tests.support.jobs import upload, wait_status
+from tests.support.stack import ACCOUNT, Stack, wait_for
 
 
 @pytest.fixture
@@ -79,7 +77,7 @@ def test_worker_killed_during_the_benchmark(stack):
         "the benchmark's model server never ran")
     assert any("workers.model_servers.embedded" in c for c in running.values()), running
     assert_no_strays(stack, timeout=15)  # the model server died with the worker
-    d = wait_job(sm, "bench-killed", {"COMPLETED", "FAILED", "STOPPED"}, 600, stack)
+    d = wait_status(sm, "bench-killed", {"COMPLETED", "FAILED", "STOPPED"}, 600, stack)
     assert d["OptimizationJobStatus"] == "COMPLETED", d.get("FailureReason")
     assert stack.log().count("job bench-killed COMPLETED") == 1
     assert "lost its worker" in stack.log()

@@ -6,10 +6,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
+from collections.abc import Collection
 from pathlib import Path
+from typing import Any
 
-from tests.support.stack import Stack
+from tests.support.stack import Stack, wait_described
 
 ROLE = "arn:aws:iam::123456789012:role/EagleNestRole"
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,11 +52,8 @@ def job(model_uri: str, output_model: str | None = None, **env: str) -> dict:
     return args
 
 
-def wait_status(sm, name: str, want: set[str], timeout: float = 300) -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
-        d = sm.describe_optimization_job(OptimizationJobName=name)
-        if d["OptimizationJobStatus"] in want:
-            return d
-        assert time.monotonic() < deadline, d
-        time.sleep(0.5)
+def wait_status(sm: Any, name: str, want: Collection[str], timeout: float = 300,
+                stack: Stack | None = None) -> dict[str, Any]:
+    """DescribeOptimizationJob of `name` once its status is one of `want`."""
+    return wait_described(lambda: sm.describe_optimization_job(OptimizationJobName=name),
+                          "OptimizationJobStatus", want, timeout, stack)

@@ -1,6 +1,8 @@
 """A real `eaglenest up` stack (API + Celery worker + embedded Redis) in a temporary data
-dir, with fixed keys, and boto3 clients signed with them: what the benchmarks and the tests
-(tests/conftest.py) run against."""
+dir, with fixed keys, and boto3 clients signed with them: what the tests (tests/conftest.py)
+run against; and waiting on it (`wait_for`, `wait_described`, `wait_endpoint`), with its
+log's tail when a wait times out. The benchmarks start theirs as a user does
+(benchmarks/user_stack.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,7 +49,7 @@ class Stack:
             EAGLENEST_DATA_DIR=str(self.data_dir), EAGLENEST_ACCESS_KEY_ID=ACCESS_KEY,
             EAGLENEST_SECRET_ACCESS_KEY=SECRET_KEY, EAGLENEST_ACCOUNT_ID=ACCOUNT,
             EAGLENEST_REGION=REGION, PYTHONUNBUFFERED="1",
-            # suites and benchmarks create far more than a team's quotas allow; the quota
+            # suites create far more than a team's quotas allow; the quota
             # tests (tests/security/test_quotas.py) set their own
             EAGLENEST_MAX_ENDPOINTS="10000", EAGLENEST_MAX_INSTANCES="10000",
             EAGLENEST_MAX_CONCURRENT_OPTIMIZATION_JOBS="10000", EAGLENEST_MAX_GPUS="unlimited",
@@ -120,3 +123,36 @@ class Stack:
             config=Config(retries={"total_max_attempts": 1}),
         )
 
+
+def wait_for(pred: Callable[[], Any], timeout: float, what: str, stack: Stack | None = None
+             ) -> Any:
+    """`pred()`'s first truthy value, asked every 0.2 s; past `timeout` the test fails with
+    `what` and, given the stack, its log's tail."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = pred()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"{what}: {stack.log()[-3000:] if stack else ''}"
+        time.sleep(0.2)
+
+
+def wait_described(describe: Callable[[], Any], status: str, want: Collection[str],
+                   timeout: float, stack: Stack | None = None) -> dict[str, Any]:
+    """`describe()` (a Describe* call) once its `status` field is one of `want`, asked every
+    0.5 s; past `timeout` the test fails with the last description and, given the stack,
+    its log's tail."""
+    deadline = time.monotonic() + timeout
+    while True:
+        d = dict(describe())
+        if d[status] in want:
+            return d
+        assert time.monotonic() < deadline, (d, stack.log()[-3000:] if stack else "")
+        time.sleep(0.5)
+
+
+def wait_endpoint(sm: Any, name: str, want: Collection[str], timeout: float = 120,
+                  stack: Stack | None = None) -> dict[str, Any]:
+    """DescribeEndpoint of `name` once its EndpointStatus is one of `want`."""
+    return wait_described(lambda: sm.describe_endpoint(EndpointName=name), "EndpointStatus",
+                          want, timeout, stack)
