@@ -23,7 +23,7 @@ Contract:
 - A model is planned only from an uncompressed S3 prefix (ModelDataSource with
   CompressionType None and S3DataType S3Prefix, or a ModelDataUrl / S3Uri that is neither
   a .tar.gz nor a single object) whose config.json exists, in a bucket the caller may read
-  as the worker's view does (foundation/buckets.AccountStore: the caller's own, or one no
+  as the worker's view does (foundation/store/buckets.AccountStore: the caller's own, or one no
   account owns when the caller is the store's default account). Another account's bucket
   is never read. Anything else (no store, a tarball, a missing bucket or config.json, a
   store failure) plans nothing, nor does a folder the plan cannot size (memory_plan's

@@ -107,13 +107,13 @@ class WorkerRow(Base):
     owner: Mapped[str] = mapped_column(String(256), primary_key=True)
     #: the host name GPUs are placed on (EAGLENEST_HOST_NAME); workers sharing GPUs share it
     host: Mapped[str] = mapped_column(String(128), nullable=False, index=True)
-    #: the process beyond its pid (foundation/children.Identity): machine, boot, pid, start
+    #: the process beyond its pid (foundation/host/children.Identity): machine, boot, pid, start
     machine: Mapped[str] = mapped_column(String(256), nullable=False)
     boot: Mapped[str] = mapped_column(String(64), nullable=False)
     pid: Mapped[int] = mapped_column(Integer, nullable=False)
     pid_start: Mapped[int] = mapped_column(BigInteger, nullable=False)
     queues: Mapped[str] = mapped_column(String(256), nullable=False)
-    #: [{"index", "name", "memory_gib"}] (foundation/gpus.Gpu)
+    #: [{"index", "name", "memory_gib"}] (foundation/host/gpus.Gpu)
     gpus: Mapped[list[dict[str, Any]]] = mapped_column(JSON, nullable=False, default=list)
     started_time: Mapped[float] = mapped_column(Float, nullable=False)
     heartbeat_time: Mapped[float] = mapped_column(Float, nullable=False)

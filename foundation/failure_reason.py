@@ -1,6 +1,6 @@
 """A FailureReason as a caller reads it: the cause in one line, nothing of the host.
 
-Contract, `one_line(reason, account_id)` (db/common.failure_reason applies it wherever an
+Contract, `one_line(reason, account_id)` (db/repository.failure_reason applies it wherever an
 endpoint's or a job's FailureReason is set, so every writer gets it; the reason in full
 goes to the worker's log there):
 - One line: the first line that says something (not a traceback's header or frames), and

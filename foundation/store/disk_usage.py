@@ -56,7 +56,7 @@ def dir_bytes(path: Path) -> int:
 
 
 def _unwrap(store: Any) -> tuple[Any, str | None]:
-    """The whole store behind an account's view (foundation/buckets.AccountStore) and the
+    """The whole store behind an account's view (foundation/store/buckets.AccountStore) and the
     view's account (None for a whole store)."""
     inner = getattr(store, "store", None)
     if inner is not None and hasattr(store, "account_id"):

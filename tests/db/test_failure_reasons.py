@@ -1,5 +1,5 @@
 """FailureReason carries the cause in one line (issue #51, part 5): never a traceback, a
-host path or another account's name, whoever writes it (db/common.failure_reason, where
+host path or another account's name, whoever writes it (db/repository.failure_reason, where
 every status is set); the reason in full goes to the worker's log."""
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ While the worker runs, its watchdog thread
   exited (a server that crashed, or one another worker stopped) and forgets their
   records (foundation/host/children.py `sweep`).
 Duplicates are harmless: a job or endpoint transition is claimed by one worker only. Every
-task is sent with the resource's ARN (it names the account: db/common.locate).
+task is sent with the resource's ARN (it names the account: db/repository.locate).
 """
 
 from __future__ import annotations

@@ -76,7 +76,7 @@ log = logging.getLogger("eaglenest.endpoints")
 
 def _by_arn(run: Callable[[WorkerContext, ResourceRef], str]
             ) -> Callable[[WorkerContext, str], str]:
-    """A task body called with what the task was sent (db/common.resolve): the endpoint's
+    """A task body called with what the task was sent (db/repository.resolve): the endpoint's
     ARN, or a bare name that one endpoint alone has; anything else is logged and skipped."""
     @functools.wraps(run)
     def task(ctx: WorkerContext, ref: str) -> str:
