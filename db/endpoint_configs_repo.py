@@ -7,8 +7,8 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from eaglenest.db import bucket_claims, models_repo, quotas, tags_repo
-from eaglenest.db.repository import check_s3_uris, find, get_named, insert_claiming, now
+from eaglenest.db import models_repo, quotas, tags_repo
+from eaglenest.db.repository import checked_claims, find, get_named, insert_claiming, new_row
 from eaglenest.db.tables import EndpointConfigRow, ModelRow
 from eaglenest.foundation import instance_types
 from eaglenest.foundation.accounts import Account
@@ -147,15 +147,10 @@ def create(session: Session, account: Account, spec: dict[str, Any],
     _check_serverless(spec)
     _check_variants(session, account, spec)
     _check_instance_types(session, account, spec)
-    name = spec["EndpointConfigName"]
     stored_tags = tags_repo.check_new_tags(tags)
-    check_s3_uris(spec)  # the store would refuse them later: refuse them now
-    refs = bucket_claims.check(store, account, spec) if store else []
-    row = EndpointConfigRow(
-        name=name, name_key=name.lower(), arn=account.arn("endpoint-config", name),
-        account_id=account.account_id,
-        creation_time=now(), spec=spec, tags=stored_tags,
-    )
+    refs = checked_claims(store, account, spec)
+    row = new_row(EndpointConfigRow, account, "endpoint-config", spec["EndpointConfigName"],
+                  spec, stored_tags)
     duplicate = ValidationException(
         f'Cannot create already existing endpoint configuration "{row.arn}".')
     return insert_claiming(session, row, duplicate, account, store, refs)

@@ -66,13 +66,9 @@ def create(session: Session, account: Account, spec: dict[str, Any],
     name = spec["EndpointName"]
     stored_tags = tags_repo.check_new_tags(tags)
     gpu_fit.check_endpoint_config(session, account, config.spec, store)
-    t = now()
-    row = EndpointRow(
-        name=name, name_key=name.lower(), arn=account.arn("endpoint", name),
-        account_id=account.account_id,
-        creation_time=t, last_modified_time=t, spec=spec, tags=stored_tags,
-        status=CREATING, config_name=config.name, deployment={},
-    )
+    row = repository.new_row(EndpointRow, account, "endpoint", name, spec, stored_tags,
+                             modified=True, status=CREATING, config_name=config.name,
+                             deployment={})
     duplicate = ValidationException(f'Cannot create already existing endpoint "{row.arn}".')
     insert_unique(session, row, duplicate)
     return row

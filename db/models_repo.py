@@ -7,8 +7,8 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from eaglenest.db import bucket_claims, quotas, tags_repo
-from eaglenest.db.repository import check_s3_uris, get_named, insert_claiming, now
+from eaglenest.db import quotas, tags_repo
+from eaglenest.db.repository import checked_claims, get_named, insert_claiming, new_row
 from eaglenest.db.tables import ModelRow
 from eaglenest.foundation import environment, server_options
 from eaglenest.foundation.accounts import Account
@@ -69,15 +69,9 @@ def create(session: Session, account: Account, spec: dict[str, Any],
     _check_environment(spec)
     if limits is not None:
         quotas.check_new_model(session, account, limits)
-    name = spec["ModelName"]
     stored_tags = tags_repo.check_new_tags(tags)
-    check_s3_uris(spec)  # the store would refuse them later: refuse them now
-    refs = bucket_claims.check(store, account, spec) if store else []
-    row = ModelRow(
-        name=name, name_key=name.lower(), arn=account.arn("model", name),
-        account_id=account.account_id,
-        creation_time=now(), spec=spec, tags=stored_tags,
-    )
+    refs = checked_claims(store, account, spec)
+    row = new_row(ModelRow, account, "model", spec["ModelName"], spec, stored_tags)
     duplicate = ValidationException(f'Cannot create already existing model "{row.arn}".')
     return insert_claiming(session, row, duplicate, account, store, refs)
 

@@ -22,13 +22,14 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from eaglenest.db import bucket_claims, gpu_fit, models_repo, quotas, repository, tags_repo
+from eaglenest.db import gpu_fit, models_repo, quotas, repository, tags_repo
 from eaglenest.db.repository import (
-    check_s3_uris,
+    checked_claims,
     failure_reason,
     find,
     insert_claiming,
     locate,
+    new_row,
     now,
 )
 from eaglenest.db.tables import ModelRow, OptimizationJobRow
@@ -139,16 +140,11 @@ def create(session: Session, account: Account, spec: dict[str, Any],
         quotas.check_new_job(session, account, spec, limits)
     name = spec["OptimizationJobName"]
     stored_tags = tags_repo.check_new_tags(tags)
-    check_s3_uris(spec)  # the store would refuse them later: refuse them now
-    refs = bucket_claims.check(store, account, spec) if store else []
+    refs = checked_claims(store, account, spec)
     gpu_fit.check_job(session, account, spec, store)
-    t = now()
-    row = OptimizationJobRow(
-        name=name, name_key=name.lower(), arn=account.arn("optimization-job", name),
-        account_id=account.account_id,
-        creation_time=t, last_modified_time=t, spec=spec, tags=stored_tags, status=STARTING,
-        optimization_types=",".join(types), output={},
-    )
+    row = new_row(OptimizationJobRow, account, "optimization-job", name, spec, stored_tags,
+                  modified=True, status=STARTING, optimization_types=",".join(types),
+                  output={})
     duplicate = ResourceInUse(f"Optimization job {name} already exists.")
     return insert_claiming(session, row, duplicate, account, store, refs)
 

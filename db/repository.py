@@ -60,6 +60,27 @@ def insert_unique(session: Session, row: Base, duplicate: Exception) -> None:
         raise duplicate from exc
 
 
+def new_row(table: type[RowT], account: Account, kind: str, name: str, spec: dict[str, Any],
+            tags: list[Any], *, modified: bool = False, **columns: Any) -> RowT:
+    """A new resource's row: its name and the case-folded key names are unique by, its ARN
+    (`kind`: the ARN's resource type), account, creation time (and last-modified time, the
+    same, when `modified`), request and stored tags; `columns` are the table's own."""
+    t = now()
+    if modified:
+        columns["last_modified_time"] = t
+    return table(name=name, name_key=name.lower(), arn=account.arn(kind, name),
+                 account_id=account.account_id, creation_time=t, spec=spec, tags=tags,
+                 **columns)
+
+
+def checked_claims(store: BucketStore | None, account: Account,
+                   spec: dict[str, Any]) -> list[bucket_claims.Reference]:
+    """The S3 URIs of a Create request checked (the store would refuse them later: refuse
+    them now) and, with `store`, the buckets it names that the account may use."""
+    check_s3_uris(spec)
+    return bucket_claims.check(store, account, spec) if store else []
+
+
 def insert_claiming(session: Session, row: RowT, duplicate: Exception, account: Account,
                     store: BucketStore | None, refs: list[bucket_claims.Reference]) -> RowT:
     """Insert a new resource's `row` (`duplicate` if its name is taken), then, with `store`,

@@ -51,7 +51,7 @@ def named_paths(text: str) -> set[str]:
 
 
 def test_the_pattern_finds_paths_and_skips_placeholders() -> None:
-    text = ("see api/runtime/capture.py, eaglenest/db/common.py and `docs/gpu-hosts.md`; "
+    text = ("see api/runtime/capture.py, eaglenest/db/repository.py and `docs/gpu-hosts.md`; "
             "not models/heads/<kind>.py nor tests/**/*.py nor xapi/a.py")
     assert named_paths(text) == {"api/runtime/capture.py", "db/repository.py", "docs/gpu-hosts.md"}
 
