@@ -15,7 +15,6 @@ ROOT = Path(__file__).resolve().parents[1]
 #: sees their imports: each with the reason it may stay so
 NOT_PACKAGES = {
     "tests/peer": "moto's pytest plugin, loaded by path by scripts/peer_suite.sh",
-    "tests/scripts": "no __init__.py yet; test_fresh_install.py imports only the package",
     "benchmarks/speculators_cpu": "scripts run in the speculators venv, not ours",
 }
 
