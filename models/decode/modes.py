@@ -8,6 +8,8 @@ switch on a mode's traits rather than on its name:
     chain     K drafts, one head step each, verified as a sequence
     tree      an EAGLE-2 dynamic tree of a given depth, verified in one tree-masked forward
     parallel  K drafts from ONE head forward (P-EAGLE mask slots), verified as a sequence
+    block     K drafts from ONE non-causal block forward of a block head (DFlash: anchor
+              token + K mask slots over the target's injected context), verified as a chain
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ class ModeSpec:
     drafts: bool  # a head (or drafter) proposes tokens each round
     tree: bool  # K is the depth of a draft tree; a round verifies its nodes
     parallel: bool  # one head forward drafts all K (needs a parallel head: HeadSpec.parallel)
+    #: one block forward drafts all K (needs a block head: HeadSpec.block)
+    block: bool
     #: smallest K adaptive depth may choose: 0 lets a round be plain (sequence modes only)
     adaptive_k_min: int
     #: largest K adaptive depth may choose (parallel: one head forward for any K, so deeper)
@@ -32,6 +36,7 @@ class DecodeMode(StrEnum):
     CHAIN = "chain"
     TREE = "tree"
     PARALLEL = "parallel"
+    BLOCK = "block"
 
     @property
     def spec(self) -> ModeSpec:
@@ -39,14 +44,17 @@ class DecodeMode(StrEnum):
 
 
 MODES: dict[DecodeMode, ModeSpec] = {
-    DecodeMode.PLAIN: ModeSpec(drafts=False, tree=False, parallel=False, adaptive_k_min=0,
-                               adaptive_k_max=0),
-    DecodeMode.CHAIN: ModeSpec(drafts=True, tree=False, parallel=False, adaptive_k_min=0,
-                               adaptive_k_max=8),
-    DecodeMode.TREE: ModeSpec(drafts=True, tree=True, parallel=False, adaptive_k_min=1,
-                              adaptive_k_max=8),
-    DecodeMode.PARALLEL: ModeSpec(drafts=True, tree=False, parallel=True, adaptive_k_min=0,
-                                  adaptive_k_max=12),
+    DecodeMode.PLAIN: ModeSpec(drafts=False, tree=False, parallel=False, block=False,
+                               adaptive_k_min=0, adaptive_k_max=0),
+    DecodeMode.CHAIN: ModeSpec(drafts=True, tree=False, parallel=False, block=False,
+                               adaptive_k_min=0, adaptive_k_max=8),
+    DecodeMode.TREE: ModeSpec(drafts=True, tree=True, parallel=False, block=False,
+                              adaptive_k_min=1, adaptive_k_max=8),
+    DecodeMode.PARALLEL: ModeSpec(drafts=True, tree=False, parallel=True, block=False,
+                                  adaptive_k_min=0, adaptive_k_max=12),
+    # a block forward costs the same for any K up to block_size - 1
+    DecodeMode.BLOCK: ModeSpec(drafts=True, tree=False, parallel=False, block=True,
+                               adaptive_k_min=0, adaptive_k_max=15),
 }
 
 #: the modes a server or CLI may be asked for (plain is what no head means)
