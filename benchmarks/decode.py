@@ -1,6 +1,6 @@
 """Decoding speed and acceptance: HF generate, prompt lookup, vLLM and our engine's modes.
 
-    python -m benchmarks.decode --target DIR --head DIR [--peagle-head DIR] \
+    python -m benchmarks.decode --target DIR --head DIR [--more-head DIR ...] \
         [--max-new-tokens 128] [--ks 3,5] [--concurrency 4,8] [--no-vllm] [--json PATH]
         [--dtype float32|bfloat16] [--more-trees 6:24]
 
@@ -13,17 +13,18 @@ row in turn, so that drift in machine speed hits all rows alike):
 * ``hf generate``: transformers' ``generate`` (greedy, KV cache) - the baseline (1.00x);
 * ``hf prompt lookup``: transformers' prompt-lookup decoding (``prompt_lookup_num_tokens``);
 * ``ours plain``, ``ours chain K``, ``ours tree`` (``--depth/--topk/--total-tokens``, plus
-  one row per ``--more-trees`` DEPTH:TOTAL), ``ours parallel K`` (P-EAGLE head),
-  ``ours chain adaptive`` and ``ours tree adaptive``: models.decode.SpeculativeEngine;
+  one row per ``--more-trees`` DEPTH:TOTAL), ``ours chain adaptive`` and ``ours tree
+  adaptive``, per ``--more-head`` (P-EAGLE, DFlash) ``ours MODE K`` and ``ours MODE adaptive``
+  in its kind's mode (parallel, block): models.decode.SpeculativeEngine;
 * ``ours chain K=<k> oracle`` per K of ``--ks``: chain K whose drafts are read from the same
   prompt's ``ours plain`` output (benchmarks/oracle.py; that output is decoded again,
   untimed, before the prompt's rows), so every draft is accepted: tau = K + 1 but for a
   prompt's last round, whose drafts past the known output need not be. It costs what
   verifying K + 1 tokens a round costs, no head work: the engine's ceiling for chain K on
   this box, in this run;
-* ``vllm``, ``vllm eagle3 K`` and (with ``--peagle-head``) ``vllm peagle K``: vLLM's OpenAI
-  server (when installed), one prompt at a time over HTTP (so slightly pessimistic); the
-  P-EAGLE head is served as vLLM serves P-EAGLE, ``eagle3`` with ``parallel_drafting``.
+* ``vllm``, ``vllm eagle3 K`` and per ``--more-head`` ``vllm KIND K``: vLLM's OpenAI server
+  (when installed), one prompt at a time over HTTP (so slightly pessimistic); each head with
+  the method its config.json names (P-EAGLE ``eagle3`` + ``parallel_drafting``, DFlash ``dflash``).
 
 Greedy decoding is lossless, so each row reports how many outputs differ from hf generate
 (0 expected in fp32; vLLM compares its own target-only row). ``--dtype bfloat16`` runs every
@@ -62,9 +63,16 @@ from eaglenest.models.decode.kernel_cache import cpu_model
 from eaglenest.models.decode.kernels import AUTO, KernelPolicy
 from eaglenest.models.decode.modes import DecodeMode
 from eaglenest.models.decode.stats import SpecStats
+from eaglenest.models.heads.registry import head_spec, spec_of_config
 from eaglenest.models.target import Target
 from eaglenest.workers.jobs.loadgen import BenchConfig, run
-from eaglenest.workers.model_servers.process import EMBEDDED, VLLM, ServerProcess, ServerSpec
+from eaglenest.workers.model_servers.process import (
+    EMBEDDED,
+    VLLM,
+    ServerProcess,
+    ServerSpec,
+    vllm_installed,
+)
 
 CODE_SETS = ("magicoder", "opencodeinstruct", "swebench")
 ORACLE = " oracle"  # name suffix of the oracle rows (drafts read from plain's output)
@@ -145,7 +153,7 @@ def hf_rows(target: Target, n: int, eos: int | None) -> dict[str, Callable]:
     return {"hf generate": hf({}), "hf prompt lookup": hf({"prompt_lookup_num_tokens": 10})}
 
 
-def engine_rows(target: Target, head: Any, peagle: Any, args: argparse.Namespace,
+def engine_rows(target: Target, head: Any, more: list[Any], args: argparse.Namespace,
                 oracle: OracleSource) -> dict[str, SpeculativeEngine]:
     tree = dict(depth=args.depth, topk=args.topk, total_tokens=args.total_tokens)
     model = target.model
@@ -164,11 +172,11 @@ def engine_rows(target: Target, head: Any, peagle: Any, args: argparse.Namespace
     rows["ours chain adaptive"] = make(model, head, DecodeMode.CHAIN, k=max(args.ks),
                                        adaptive=True)
     rows["ours tree adaptive"] = make(model, head, DecodeMode.TREE, adaptive=True, **tree)
-    if peagle is not None:
+    for extra in more:  # each in its kind's own mode (P-EAGLE parallel, DFlash block)
+        mode = head_spec(extra).default_mode
         for k in args.ks:
-            rows[f"ours parallel K={k}"] = make(model, peagle, DecodeMode.PARALLEL, k=k)
-        rows["ours parallel adaptive"] = make(model, peagle, DecodeMode.PARALLEL,
-                                              k=max(args.ks), adaptive=True)
+            rows[f"ours {mode} K={k}"] = make(model, extra, mode, k=k)
+        rows[f"ours {mode} adaptive"] = make(model, extra, mode, k=max(args.ks), adaptive=True)
     print(f"# linear kernels ({cpu_model()}, {torch.get_num_threads()} threads; "
           f"EAGLENEST_LINEAR_KERNEL={kernels.force}):")
     for name, engine in rows.items():
@@ -206,18 +214,13 @@ def server_configs(args: argparse.Namespace) -> list[tuple[str, str, Path | None
     k = max(args.ks)
     configs = [("embedded plain", EMBEDDED, None, k),
                (f"embedded chain K={k}", EMBEDDED, Path(args.head), k)]
-    if not args.no_vllm and _vllm_installed():
+    if not args.no_vllm and vllm_installed():
         vllm = [("vllm", VLLM, None, k), (f"vllm eagle3 K={k}", VLLM, Path(args.head), k)]
-        if args.peagle_head:  # served as eagle3 + parallel_drafting (the head's config says)
-            vllm.append((f"vllm peagle K={k}", VLLM, Path(args.peagle_head), k))
+        for folder in args.more_head:  # served as the head's config.json says
+            kind = spec_of_config(json.loads((Path(folder) / "config.json").read_text())).kind
+            vllm.append((f"vllm {kind} K={k}", VLLM, Path(folder), k))
         configs = [*vllm, *configs]
     return configs
-
-
-def _vllm_installed() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("vllm") is not None
 
 
 def ceilings(rows: list[Row]) -> list[dict[str, Any]]:
@@ -280,14 +283,14 @@ def vllm_batch1(server: ServerProcess, prompts: list[str], n: int,
     return tokens / max(elapsed, 1e-9), (1 + accepted / drafts) if drafts else None, texts
 
 
-def in_process(target: Target, head: Any, peagle: Any, sets: dict[str, list[list[int]]],
+def in_process(target: Target, head: Any, more: list[Any], sets: dict[str, list[list[int]]],
                args: argparse.Namespace) -> list[Row]:
     eos = target.tokenizer.eos_token_id
     n = args.max_new_tokens
     oracle = OracleSource(end=eos if eos is not None else 0)
     fns: dict[str, Callable] = hf_rows(target, n, eos)
     fns.update({name: engine_fn(e, n, eos)
-                for name, e in engine_rows(target, head, peagle, args, oracle).items()})
+                for name, e in engine_rows(target, head, more, args, oracle).items()})
     plain = fns["ours plain"]
 
     def prepare(ids: list[int]) -> None:  # the oracle rows' drafts: plain's output, untimed
@@ -341,7 +344,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--target", default=None, help="default: the prepared SmolLM2 target")
     ap.add_argument("--head", required=True, help="an EAGLE-3 (or EAGLE) head folder")
-    ap.add_argument("--peagle-head", default=None, help="a P-EAGLE head for parallel rows")
+    ap.add_argument("--more-head", action="append", default=[],
+                    help="a P-EAGLE or DFlash head: rows in its kind's mode (repeatable)")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--ks", default="3,5")
     ap.add_argument("--depth", type=int, default=5)
@@ -374,12 +378,12 @@ def main(argv: list[str] | None = None) -> int:
     target = load_target(args.target, dtype=dtype)
     emb, lm = target.embed_weight(), target.lm_head_weight()
     head = load_head(args.head, emb, lm).to(dtype).eval()
-    peagle = load_head(args.peagle_head, emb, lm).to(dtype).eval() if args.peagle_head else None
+    extra = [load_head(folder, emb, lm).to(dtype).eval() for folder in args.more_head]
     texts = held_out_prompts(target, args.held_out)
     tok = target.tokenizer
     ids = {k: [list(tok(p, add_special_tokens=False)["input_ids"]) for p in v]
            for k, v in texts.items()}
-    rows = in_process(target, head, peagle, ids, args)
+    rows = in_process(target, head, extra, ids, args)
     base = {r.prompt_set: r.tokens_per_second for r in rows if r.name == "hf generate"}
     more, levels = served(args, texts, base)
     rows += more
