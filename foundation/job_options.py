@@ -49,6 +49,11 @@ BACKENDS = ("vllm", "embedded")
 DEVICES = ("cpu", "cuda")
 #: EAGLENEST_CAPTURE_BACKEND (workers/jobs/capture_stage.py; docs/capture-shards.md)
 CAPTURE_BACKENDS = ("auto", "hf", "vllm")
+#: block heads (HeadSpec.block, e.g. DFlash): query slots per block (the anchor and its mask
+#: slots; a round drafts at most block_size - 1 tokens), draft layers, and the loss decay
+BLOCK_SIZES = (2, 16)
+BLOCK_LAYERS = (1, 8)
+MAX_GAMMA = 64.0
 
 
 class OptionError(ValueError):
@@ -120,6 +125,16 @@ def _minutes(name: str, raw: str) -> float:
     return value
 
 
+def _gamma(name: str, raw: str) -> float:
+    """DFlash's loss decay: w_j = exp(-(j - 1) / gamma), so any finite gamma > 0 is a
+    weighting; at 64 the last slot of a 16-slot block still weighs exp(-14 / 64) = 0.80 of
+    the first (larger is all but uniform)."""
+    value = _number(name, raw)
+    if not 0 < value <= MAX_GAMMA:
+        raise OptionError(f"{name}={raw!r} must be a number above 0 and at most {MAX_GAMMA:g}")
+    return value
+
+
 def _dtype(name: str, raw: str) -> str:
     """foundation/dtypes.py's spellings (fp16, bf16, float32, auto, ...) -> its value."""
     try:
@@ -162,6 +177,20 @@ class JobOptions(BaseModel):
                                 Field(alias="EAGLENEST_DRAFT_VOCAB_SIZE")] = 8192
     #: draft decoder layers (kinds with HeadSpec.multi_layer)
     num_layers: Annotated[int, _between(1, 16), Field(alias="EAGLENEST_NUM_LAYERS")] = 1
+    #: block heads (HeadSpec.block): query slots per block, 2..16: the anchor and
+    #: block_size - 1 mask slots, so a round drafts at most block_size - 1 tokens (the K
+    #: values the job measures are capped there: workers/jobs/options.py ``for_kind``);
+    #: None: TrainConfig's default
+    dflash_block_size: Annotated[int | None, _between(*BLOCK_SIZES),
+                                 Field(alias="EAGLENEST_DFLASH_BLOCK_SIZE")] = None
+    #: block heads: draft decoder layers, 1..8 (TrainConfig.dflash_layers); None:
+    #: EAGLENEST_NUM_LAYERS when set, else TrainConfig's default
+    dflash_layers: Annotated[int | None, _between(*BLOCK_LAYERS),
+                             Field(alias="EAGLENEST_DFLASH_LAYERS")] = None
+    #: block heads: the loss decay gamma of block slot j's weight exp(-(j - 1) / gamma),
+    #: in (0, 64]; None: TrainConfig's default
+    dflash_gamma: Annotated[float | None, _parser(_gamma),
+                            Field(alias="EAGLENEST_DFLASH_GAMMA")] = None
     #: a step's anchors in this many parts, a backward each (kinds with HeadSpec.partitions:
     #: models/training/partition.py): the same training in the memory of one part, for long samples
     seq_partitions: Annotated[int, _between(1, 64),

@@ -4,7 +4,8 @@ leaves behind, and the head exported in its dtype.
 
 Contract:
 - `check_head(options, support)`: the head kind (EAGLENEST_HEAD, else the architecture's
-  default), or InputError when the options ask what that kind or architecture cannot do.
+  default), or InputError when the options ask what that kind or architecture cannot do
+  (OptionError for the block options: workers/jobs/options.py ``check_kind``).
 - `job_dtype(model_dir, wanted, device, capability)`: (dtype, reason). The CPU: float32,
   whatever EAGLENEST_DTYPE says (exact, as tests and the CPU servers expect). CUDA:
   foundation/dtypes.py ``for_gpu(EAGLENEST_DTYPE or auto, the checkpoint's dtype from
@@ -44,7 +45,7 @@ from eaglenest.foundation.memory_plan import (
 from eaglenest.models.heads.registry import HEADS
 from eaglenest.workers.infra.model_fetch import InputError
 from eaglenest.workers.jobs.capture_stage import ENDS_CHUNK, VllmCapture
-from eaglenest.workers.jobs.options import JobOptions
+from eaglenest.workers.jobs.options import JobOptions, check_kind
 from eaglenest.workers.jobs.placing import JobGpus
 
 log = logging.getLogger("eaglenest.optimize")
@@ -64,6 +65,7 @@ def check_head(options: JobOptions, support: Any) -> str:
     if not head_spec.partitions and options.seq_partitions != 1:
         raise InputError(f"EAGLENEST_SEQ_PARTITIONS={options.seq_partitions} needs a "
                          f"P-EAGLE head ({head_kind}: the {support.architecture} default)")
+    check_kind(options, head_kind)
     return head_kind
 
 

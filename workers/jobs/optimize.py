@@ -43,6 +43,7 @@ from eaglenest.foundation.shapes.models import (
 from eaglenest.foundation.shapes.optimization_jobs import CreateOptimizationJobRequest
 from eaglenest.foundation.store.buckets import AccountStore
 from eaglenest.foundation.store.storage import StorageError, make_store
+from eaglenest.models.heads.registry import HEADS
 from eaglenest.workers.infra.context import WorkerContext
 from eaglenest.workers.infra.model_fetch import EAGLE_CHANNEL, InputError, model_container
 from eaglenest.workers.jobs import placing
@@ -55,6 +56,8 @@ from eaglenest.workers.model_servers.schedule import SCHEDULE_ENV
 log = logging.getLogger("eaglenest.optimize")
 #: the model container variable naming the serving backend (workers/serving/deploy.py)
 BACKEND_ENV = "EAGLENEST_SERVING_BACKEND"
+#: the model container variable naming the embedded engine's decode mode (deploy.py)
+MODE_ENV = "EAGLENEST_DECODE_MODE"
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
@@ -192,7 +195,8 @@ def _execute(ctx: WorkerContext, ref: ResourceRef, name: str,
     if not (target and target.ModelName):
         return output, None
     return output, to_wire(_output_model(target.ModelName, job, model, sources.model_uri,
-                                         result.head_uri, result.schedule, backend))
+                                         result.head_uri, result.schedule, backend,
+                                         HEADS[result.head].default_mode))
 
 
 def _job_gpus(ctx: WorkerContext, job: CreateOptimizationJobRequest,
@@ -218,13 +222,15 @@ def serving_backend(chosen: str | None, source: CreateModelInput | None) -> str:
 
 def _output_model(name: str, job: CreateOptimizationJobRequest, source: CreateModelInput | None,
                   model_uri: str, head_uri: str, schedule: str | None,
-                  backend: str) -> CreateModelInput:
+                  backend: str, mode: str) -> CreateModelInput:
     """The CreateModel request of the output model: the source model's container (or, for
     ModelSource.S3, a container of ``model_uri`` whose Image names `backend`, the one the
     job recommends) plus the head as AdditionalModelDataSources channel `eagle_model`
-    (what SageMaker's optimized model looks like) and, when the job benchmarked, the
-    speculation schedule and the backend it was measured on (EAGLENEST_SERVING_BACKEND) in
-    its Environment. Registered by _complete, in the transaction that completes the job."""
+    (what SageMaker's optimized model looks like), in its Environment the decode mode the
+    head is trained and benchmarked for (`mode`: its kind's HeadSpec.default_mode; e.g. a
+    block head cannot draft a chain) and, when the job benchmarked, the speculation
+    schedule and the backend it was measured on (EAGLENEST_SERVING_BACKEND). Registered by
+    _complete, in the transaction that completes the job."""
     if source:
         container = model_container(source)
         role = source.ExecutionRoleArn or job.RoleArn
@@ -236,10 +242,10 @@ def _output_model(name: str, job: CreateOptimizationJobRequest, source: CreateMo
               if e.ChannelName != EAGLE_CHANNEL]
     extras.append(AdditionalModelDataSource(ChannelName=EAGLE_CHANNEL,
                                             S3DataSource=_s3_prefix(head_uri)))
-    update: dict[str, Any] = {"AdditionalModelDataSources": extras}
+    env = {**(container.Environment or {}), MODE_ENV: str(mode)}
     if schedule is not None:  # the job benchmarked, on `backend`
-        update["Environment"] = {**(container.Environment or {}), SCHEDULE_ENV: schedule,
-                                 BACKEND_ENV: backend}
+        env.update({SCHEDULE_ENV: schedule, BACKEND_ENV: backend})
+    update: dict[str, Any] = {"AdditionalModelDataSources": extras, "Environment": env}
     container = container.model_copy(update=update)
     return CreateModelInput(ModelName=name, ExecutionRoleArn=role, PrimaryContainer=container)
 

@@ -4,14 +4,23 @@ of models/heads/registry.py (EAGLENEST_HEAD, and the options that depend on its 
 
 A bad value raises ``OptionError`` naming the variable, which is the job's FailureReason as
 it stands.
+
+Block heads (HeadSpec.block, e.g. DFlash; their default decode mode is DecodeMode.BLOCK)
+draft at most block_size - 1 tokens a round, so their K is the block length's: `check_kind`
+refuses a K or a benchmarked K deeper than that, and `for_kind` gives the job's K for such a
+head as min(BLOCK_K, block_size - 1) unless EAGLENEST_NUM_SPECULATIVE_TOKENS sets it; the
+benchmark then measures K = 1, 3, 5, 7 capped by block_size - 1 (JobOptions.measured_ks).
+Example: EAGLENEST_DFLASH_BLOCK_SIZE=5 -> K = 4, rows K = 1, 3, 4; 16 -> K = 7, rows 1, 3, 5, 7.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from eaglenest.foundation.job_options import (
     BACKENDS,
+    BLOCK_LAYERS,
     CAPTURE_BACKENDS,
     DEVICES,
     JobOptions,
@@ -19,9 +28,15 @@ from eaglenest.foundation.job_options import (
     parse_job_options,
 )
 from eaglenest.models.heads.registry import HEADS, KINDS
+from eaglenest.models.training.config import TrainConfig
 
 __all__ = ["BACKENDS", "CAPTURE_BACKENDS", "DEVICES", "JobOptions", "OptionError",
-           "parse_options"]
+           "block_size", "check_kind", "for_kind", "parse_options", "train_settings"]
+
+#: the deepest K a block head's job drafts and measures unless told (rows K = 1, 3, 5, 7)
+BLOCK_K = 7
+#: JobOptions fields only block heads read (their variables are refused for other kinds)
+BLOCK_FIELDS = ("dflash_block_size", "dflash_layers", "dflash_gamma")
 
 
 def parse_options(env: Mapping[str, str] | None) -> JobOptions:
@@ -45,3 +60,81 @@ def check_head(options: JobOptions) -> None:
     if options.seq_partitions != 1 and not HEADS[head].partitions:
         raise OptionError(f"EAGLENEST_SEQ_PARTITIONS={options.seq_partitions} needs a P-EAGLE "
                           f"head (EAGLENEST_HEAD={head})")
+    check_kind(options, head)
+
+
+def _blocks(kind: str) -> bool:
+    """A head of `kind` drafts a block per forward (HeadSpec.block)."""
+    return HEADS[kind].block
+
+
+def _variable(name: str) -> str:
+    return str(JobOptions.model_fields[name].alias)
+
+
+def block_size(options: JobOptions) -> int:
+    """EAGLENEST_DFLASH_BLOCK_SIZE, else TrainConfig's default (block heads only)."""
+    if options.dflash_block_size is not None:
+        return options.dflash_block_size
+    return int(TrainConfig.dflash_block_size)
+
+
+def check_kind(options: JobOptions, kind: str) -> None:
+    """The options that depend on a head of `kind` drafting blocks (module docstring):
+    the block variables only for block heads; for those, K and the benchmarked K values at
+    most block_size - 1, and a layer count in BLOCK_LAYERS."""
+    if not _blocks(kind):
+        for name in BLOCK_FIELDS:
+            if getattr(options, name) is not None:
+                kinds = ", ".join(k for k in HEADS if _blocks(k))
+                raise OptionError(f"{_variable(name)}={getattr(options, name)} needs a block "
+                                  f"head (EAGLENEST_HEAD={kinds}), not {kind}")
+        return
+    size, most = block_size(options), block_size(options) - 1
+    where = f"a block of {size} slots drafts at most {most} (EAGLENEST_DFLASH_BLOCK_SIZE)"
+    if "num_speculative_tokens" in options.model_fields_set and (
+            options.num_speculative_tokens > most):
+        raise OptionError(f"EAGLENEST_NUM_SPECULATIVE_TOKENS={options.num_speculative_tokens}: "
+                          f"{where}")
+    if options.bench_ks and max(options.bench_ks) > most:
+        raise OptionError(f"EAGLENEST_BENCH_KS={max(options.bench_ks)}: {where}")
+    layers = _layers(options)
+    if layers is not None and not BLOCK_LAYERS[0] <= layers <= BLOCK_LAYERS[1]:
+        raise OptionError(f"EAGLENEST_NUM_LAYERS={layers}: {HEADS[kind].title} heads have "
+                          f"{BLOCK_LAYERS[0]} to {BLOCK_LAYERS[1]} layers")
+    if options.dflash_layers is not None and "num_layers" in options.model_fields_set and (
+            options.num_layers != options.dflash_layers):
+        raise OptionError(f"EAGLENEST_DFLASH_LAYERS={options.dflash_layers} and "
+                          f"EAGLENEST_NUM_LAYERS={options.num_layers} disagree; set one")
+
+
+def _layers(options: JobOptions) -> int | None:
+    """A block head's layer count: EAGLENEST_DFLASH_LAYERS, else EAGLENEST_NUM_LAYERS when
+    set; None: TrainConfig's default."""
+    if options.dflash_layers is not None:
+        return options.dflash_layers
+    return options.num_layers if "num_layers" in options.model_fields_set else None
+
+
+def for_kind(options: JobOptions, kind: str) -> JobOptions:
+    """The options as a head of `kind` reads them (checked by `check_kind`): a block head's
+    K is min(BLOCK_K, block_size - 1) unless EAGLENEST_NUM_SPECULATIVE_TOKENS sets it
+    (module docstring), so the job measures, trains and serves that K."""
+    if not _blocks(kind) or "num_speculative_tokens" in options.model_fields_set:
+        return options
+    k = min(BLOCK_K, block_size(options) - 1)
+    return options.model_copy(update={"num_speculative_tokens": k})
+
+
+def train_settings(options: JobOptions, kind: str) -> dict[str, Any]:
+    """The TrainConfig fields a head of `kind` takes from its block options: block size,
+    layers (`_layers`) and gamma; none for other kinds. An unset one keeps TrainConfig's
+    default."""
+    if not _blocks(kind):
+        return {}
+    settings: dict[str, Any] = {"dflash_block_size": block_size(options)}
+    if (layers := _layers(options)) is not None:
+        settings["dflash_layers"] = layers
+    if options.dflash_gamma is not None:
+        settings["dflash_gamma"] = options.dflash_gamma
+    return settings

@@ -44,7 +44,7 @@ from eaglenest.workers.jobs.bench_stage import BenchPlan, run_benchmark
 from eaglenest.workers.jobs.capture_stage import CaptureInfo
 from eaglenest.workers.jobs.control import JobControl
 from eaglenest.workers.jobs.inputs import JobSources, fetch_data
-from eaglenest.workers.jobs.options import JobOptions
+from eaglenest.workers.jobs.options import JobOptions, for_kind, train_settings
 from eaglenest.workers.jobs.placing import JobGpus
 from eaglenest.workers.jobs.progress import LOG_NAME, BenchProgress, TrainingProgress
 from eaglenest.workers.jobs.publishing import publish_outputs
@@ -126,6 +126,7 @@ class Pipeline:
 
         check_model_files(model_dir)
         head_kind = job_target.check_head(self.options, read_architecture(model_dir)[1])
+        self.options = for_kind(self.options, head_kind)  # a block head's K and layers
         self.stage("load data")
         examples = job_data.load(self.options, fetch_data(self.store, self.sources,
                                                          self.work / "data"))
@@ -228,6 +229,7 @@ class Pipeline:
             should_stop=self.control.should_stop, on_checkpoint=sync.upload,
             eval_every=self.options.eval_every, plateau_evals=self.options.plateau_evals,
             max_seconds=self.options.max_train_minutes * 60 or None,
+            **train_settings(self.options, head),
         )
         progress = TrainingProgress(
             self.name, label, config.max_steps, self.options.progress_every, self.store,

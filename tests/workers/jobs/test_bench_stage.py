@@ -173,3 +173,56 @@ def test_a_real_benchmark_logs_its_rows_and_no_requests(tiny_llama_dir, tiny_eag
     assert line.startswith("    benchmark baseline vs EAGLE: concurrency 2 (level 2/2)  "
                            "measuring eagle K=1 (embedded)  round 1/1  requests 8/12 (66%)  ETA ")
     assert line.endswith("  (updated 3s ago)")
+
+
+def test_a_block_heads_rows_run_block_mode_at_each_k_and_the_schedule_picks_among_them(
+        monkeypatch, tmp_path):
+    """A block head (its kind's default mode drafts a block; here DFlash with 8 slots) is
+    benchmarked as any head is at each K, K = drafts per round = 1, 3, 5, 7 (capped by
+    block_size - 1): one server per K in the block mode, rows pooled over the rounds, the
+    schedule derived from them and written with the mode it was measured in."""
+    import json
+
+    from eaglenest.models.heads.registry import HEADS
+    from eaglenest.workers.jobs.options import for_kind, parse_options
+
+    kind = "dflash"
+    opts = for_kind(parse_options({"EAGLENEST_HEAD": kind, "EAGLENEST_DFLASH_BLOCK_SIZE": "8",
+                                   "EAGLENEST_BENCH_CONCURRENCY": "1,4"}), kind)
+    commands: dict[str, list[str]] = {}
+    real_server = bench_stage._server
+
+    def server(plan, head, k, log_path, sharing):  # noqa: ANN001
+        commands[log_path.stem] = real_server(plan, head, k, log_path, sharing).spec.command()
+        return FakeServer(log_path.stem)
+
+    # tok/s: the baseline 100; at 1 running every 2 drafts more add 10 (K=7 best), at 4
+    # running K=3 is best and K=5, 7 lose to the baseline
+    rates = {1: {1: 110.0, 3: 120.0, 5: 130.0, 7: 140.0},
+             4: {1: 104.0, 3: 112.0, 5: 99.0, 7: 90.0}}
+
+    def measure(srv, plan, c):  # noqa: ANN001
+        k = int(srv.name.split("-k")[1].split("-")[0]) if "-k" in srv.name else 0
+        return result(c, 2, rates[c][k] if k else 100.0)
+
+    monkeypatch.setattr(bench_stage, "_server", server)
+    monkeypatch.setattr(bench_stage, "_measure", measure)
+    head = tmp_path / "head"
+    head.mkdir()
+    plan = BenchPlan(Path("model"), head, ["p"] * 4, "embedded", opts.concurrency, 8,
+                     opts.num_speculative_tokens, mode=HEADS[kind].default_mode,
+                     ks=opts.measured_ks(), schedule_dir=head, rounds=opts.bench_rounds)
+    report = bench_stage.run_benchmark(plan, tmp_path, lambda: False)
+    assert list(report["results"]) == ["baseline"] + [f"eagle K={k}" for k in (1, 3, 5, 7)]
+    assert "--head" not in commands["baseline-server"]
+    for k in (1, 3, 5, 7):
+        cmd = commands[f"eagle-k{k}-server"]
+        assert cmd[cmd.index("--mode") + 1] == "block"
+        assert cmd[cmd.index("--num-speculative-tokens") + 1] == str(k)
+    doc = json.loads((head / "speculation_schedule.json").read_text())
+    assert doc["mode"] == "block" and doc["measured"]["ks"] == [1, 3, 5, 7]
+    assert doc["measured"]["chosen"] == {"1": 7, "4": 3}
+    assert doc["thresholds"] == [[1, 7], [4, 3]]
+    assert report["speedup"] == {"1": 1.4, "4": 0.9}  # the job's K: 7
+    assert "| 1 | 100.0 | 110.0 | 120.0 | 130.0 | **140.0** | K=7 |" in (
+        tmp_path / "benchmark.md").read_text()

@@ -290,7 +290,10 @@ def test_bad_option_fails_naming_the_variable(stack):
     sm.create_optimization_job(OptimizationJobName="bad-option", **job(
         "s3://models/tiny-llama/", EAGLENEST_HEAD="medusa"))
     d = wait_status(sm, "bad-option", {"FAILED", "COMPLETED"})
-    assert d["FailureReason"] == "EAGLENEST_HEAD='medusa' must be one of eagle, eagle3, peagle"
+    from eaglenest.models.heads.registry import KINDS
+
+    assert d["FailureReason"] == f"EAGLENEST_HEAD='medusa' must be one of {', '.join(KINDS)}"
+    assert KINDS[:3] == ("eagle", "eagle3", "peagle")
 
 
 def test_unsupported_architecture(stack, tiny_llama_dir, tmp_path):

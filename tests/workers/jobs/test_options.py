@@ -105,3 +105,105 @@ def test_every_job_option_is_allowed_in_optimization_environment() -> None:
     aliases = {f.alias for f in JobOptions.model_fields.values() if f.alias}
     assert aliases, "JobOptions has no aliased options"
     assert aliases - JOB_OPTIONS == set()
+
+
+#: the block head kind (models/heads/registry.py: its default mode drafts a block)
+BLOCK = "dflash"
+
+
+def test_block_head_options_are_read_and_mapped_onto_training() -> None:
+    from eaglenest.models.training.config import TrainConfig
+    from eaglenest.workers.jobs.options import for_kind, train_settings
+
+    opts = parse_options({"EAGLENEST_HEAD": BLOCK, "EAGLENEST_DFLASH_BLOCK_SIZE": "4",
+                          "EAGLENEST_DFLASH_LAYERS": "2", "EAGLENEST_DFLASH_GAMMA": "3.5"})
+    assert (opts.dflash_block_size, opts.dflash_layers, opts.dflash_gamma) == (4, 2, 3.5)
+    job = for_kind(opts, BLOCK)
+    assert job.num_speculative_tokens == 3  # K = block_size - 1
+    settings = train_settings(job, BLOCK)
+    assert settings == {"dflash_block_size": 4, "dflash_layers": 2, "dflash_gamma": 3.5}
+    config = TrainConfig(head=BLOCK, **settings)
+    assert (config.dflash_block_size, config.dflash_layers, config.dflash_gamma) == (4, 2, 3.5)
+    # unset: TrainConfig's defaults; EAGLENEST_NUM_LAYERS, when set, is the layer count
+    opts = parse_options({"EAGLENEST_HEAD": BLOCK})
+    assert train_settings(opts, BLOCK) == {"dflash_block_size": TrainConfig.dflash_block_size}
+    opts = parse_options({"EAGLENEST_HEAD": BLOCK, "EAGLENEST_NUM_LAYERS": "5"})
+    assert train_settings(opts, BLOCK)["dflash_layers"] == 5
+    # other kinds take none of them and keep their K
+    assert train_settings(parse_options({}), "eagle3") == {}
+    assert for_kind(parse_options({}), "eagle3") == parse_options({})
+
+
+@pytest.mark.parametrize(("name", "raw", "message"), [
+    ("EAGLENEST_DFLASH_BLOCK_SIZE", "1", "EAGLENEST_DFLASH_BLOCK_SIZE=1 must be between 2 and 16"),
+    ("EAGLENEST_DFLASH_BLOCK_SIZE", "17",
+     "EAGLENEST_DFLASH_BLOCK_SIZE=17 must be between 2 and 16"),
+    ("EAGLENEST_DFLASH_BLOCK_SIZE", "8.5", "EAGLENEST_DFLASH_BLOCK_SIZE='8.5' is not an integer"),
+    ("EAGLENEST_DFLASH_LAYERS", "0", "EAGLENEST_DFLASH_LAYERS=0 must be between 1 and 8"),
+    ("EAGLENEST_DFLASH_LAYERS", "9", "EAGLENEST_DFLASH_LAYERS=9 must be between 1 and 8"),
+    ("EAGLENEST_DFLASH_GAMMA", "0", "EAGLENEST_DFLASH_GAMMA='0' must be a number above 0 and at "
+                                    "most 64"),
+    ("EAGLENEST_DFLASH_GAMMA", "64.5", "EAGLENEST_DFLASH_GAMMA='64.5' must be a number above 0 "
+                                       "and at most 64"),
+    ("EAGLENEST_DFLASH_GAMMA", "nan", "EAGLENEST_DFLASH_GAMMA='nan' is not a finite number"),
+    ("EAGLENEST_DFLASH_GAMMA", "inf", "EAGLENEST_DFLASH_GAMMA='inf' is not a finite number"),
+    ("EAGLENEST_DFLASH_GAMMA", "seven", "EAGLENEST_DFLASH_GAMMA='seven' is not a number"),
+])
+def test_bad_block_head_options_name_the_variable(name: str, raw: str, message: str) -> None:
+    with pytest.raises(OptionError) as exc:
+        parse_options({"EAGLENEST_HEAD": BLOCK, name: raw})
+    assert str(exc.value) == message
+
+
+@pytest.mark.parametrize(("env", "message"), [
+    ({"EAGLENEST_HEAD": "eagle3", "EAGLENEST_DFLASH_BLOCK_SIZE": "4"},
+     f"EAGLENEST_DFLASH_BLOCK_SIZE=4 needs a block head (EAGLENEST_HEAD={BLOCK}), not eagle3"),
+    ({"EAGLENEST_HEAD": "peagle", "EAGLENEST_DFLASH_GAMMA": "2"},
+     f"EAGLENEST_DFLASH_GAMMA=2.0 needs a block head (EAGLENEST_HEAD={BLOCK}), not peagle"),
+    ({"EAGLENEST_HEAD": BLOCK, "EAGLENEST_DFLASH_BLOCK_SIZE": "4",
+      "EAGLENEST_NUM_SPECULATIVE_TOKENS": "5"},
+     "EAGLENEST_NUM_SPECULATIVE_TOKENS=5: a block of 4 slots drafts at most 3 "
+     "(EAGLENEST_DFLASH_BLOCK_SIZE)"),
+    ({"EAGLENEST_HEAD": BLOCK, "EAGLENEST_DFLASH_BLOCK_SIZE": "4", "EAGLENEST_BENCH_KS": "1,5"},
+     "EAGLENEST_BENCH_KS=5: a block of 4 slots drafts at most 3 (EAGLENEST_DFLASH_BLOCK_SIZE)"),
+    ({"EAGLENEST_HEAD": BLOCK, "EAGLENEST_NUM_LAYERS": "12"},
+     "EAGLENEST_NUM_LAYERS=12: DFlash heads have 1 to 8 layers"),
+    ({"EAGLENEST_HEAD": BLOCK, "EAGLENEST_NUM_LAYERS": "2", "EAGLENEST_DFLASH_LAYERS": "3"},
+     "EAGLENEST_DFLASH_LAYERS=3 and EAGLENEST_NUM_LAYERS=2 disagree; set one"),
+])
+def test_block_options_are_checked_against_the_head(env: dict[str, str], message: str) -> None:
+    with pytest.raises(OptionError) as exc:
+        parse_options(env)
+    assert str(exc.value) == message
+
+
+def test_block_options_without_a_head_are_checked_against_the_architectures_default() -> None:
+    """EAGLENEST_HEAD unset: the target's default kind (an EAGLE-3 head for Llama) decides,
+    when the job has read the model's architecture (workers/jobs/job_target.py)."""
+    from eaglenest.models.target import SUPPORTED_ARCHITECTURES
+    from eaglenest.workers.jobs.job_target import check_head
+
+    opts = parse_options({"EAGLENEST_DFLASH_BLOCK_SIZE": "4"})  # no kind yet: accepted
+    with pytest.raises(OptionError) as exc:
+        check_head(opts, SUPPORTED_ARCHITECTURES["LlamaForCausalLM"])
+    assert str(exc.value) == ("EAGLENEST_DFLASH_BLOCK_SIZE=4 needs a block head "
+                              f"(EAGLENEST_HEAD={BLOCK}), not eagle3")
+    opts = parse_options({"EAGLENEST_HEAD": BLOCK, "EAGLENEST_DFLASH_BLOCK_SIZE": "4"})
+    assert check_head(opts, SUPPORTED_ARCHITECTURES["LlamaForCausalLM"]) == BLOCK
+
+
+@pytest.mark.parametrize(("env", "k", "ks"), [
+    ({"EAGLENEST_DFLASH_BLOCK_SIZE": "16"}, 7, (1, 3, 5, 7)),
+    ({"EAGLENEST_DFLASH_BLOCK_SIZE": "8"}, 7, (1, 3, 5, 7)),
+    ({"EAGLENEST_DFLASH_BLOCK_SIZE": "5"}, 4, (1, 3, 4)),
+    ({"EAGLENEST_DFLASH_BLOCK_SIZE": "2"}, 1, (1,)),
+    ({"EAGLENEST_DFLASH_BLOCK_SIZE": "16", "EAGLENEST_NUM_SPECULATIVE_TOKENS": "3"}, 3, (1, 3)),
+    ({"EAGLENEST_DFLASH_BLOCK_SIZE": "16", "EAGLENEST_BENCH_KS": "15,2"}, 7, (2, 15)),
+])
+def test_a_block_heads_k_and_benchmark_rows_follow_its_block_size(
+        env: dict[str, str], k: int, ks: tuple[int, ...]) -> None:
+    """K = drafts per round = block length - 1: the rows K = 1, 3, 5, 7 capped there."""
+    from eaglenest.workers.jobs.options import for_kind
+
+    job = for_kind(parse_options({"EAGLENEST_HEAD": BLOCK, **env}), BLOCK)
+    assert (job.num_speculative_tokens, job.measured_ks()) == (k, ks)
