@@ -7,12 +7,20 @@
   ``fc.weight``, ``layers.0.*`` (incl. ``hidden_norm``), ``norm.weight``, ``lm_head.weight``,
   ``d2t`` (int64), ``t2d`` (bool); P-EAGLE adds ``mask_hidden`` and ``pard_token`` /
   ``ptd_token_id`` (the keys vLLM's parallel-drafting proposer reads).
+* native DFlash (method "dflash"): ``architectures: ["DFlashDraftModel"]``, ``model_type``
+  "qwen3", ``target_hidden_size``, ``draft_vocab_size``, ``block_size`` and
+  ``dflash_config`` {``target_layer_ids``, ``mask_token_id``, ``block_size``}; keys
+  ``fc.weight``, ``hidden_norm.weight``, ``layers.i.*`` (with ``self_attn.{q,k}_norm``),
+  ``norm.weight``, ``lm_head.weight``, ``d2t`` / ``t2d`` (only with a reduced vocabulary).
+  DFlash's ``target_layer_ids`` count target layer *outputs* (vLLM adds 1): aux layer k
+  (the input of layer k) is written k - 1. The public DFlash checkpoints (no lm_head, no
+  d2t) load too: the target's lm_head over its whole vocabulary.
 * speculators (EAGLE-3 and P-EAGLE): the same weights; config.json carries
   ``speculators_model_type`` ("eagle3" / "peagle"), ``speculators_config`` (proposal
   methods + verifier) and ``transformer_layer_config``; P-EAGLE's ``mask_token_id`` is what
   vLLM maps to ``pard_token``.
 
-Every config writes ``norm_before_residual``, ``num_aux_hidden_states``,
+Every EAGLE config writes ``norm_before_residual``, ``num_aux_hidden_states``,
 ``eagle_aux_hidden_state_layer_ids``, ``draft_vocab_size`` and ``mask_token_id`` explicitly.
 
 Training saves float32 (its master weights, checkpoints included: a resume reads them
@@ -25,6 +33,7 @@ import json
 import os
 import subprocess
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -94,6 +103,30 @@ def _eagle3_fields(cfg: HeadConfig, spec: HeadSpec) -> dict[str, Any]:
     }
 
 
+def _dflash_config(cfg: HeadConfig, spec: HeadSpec) -> dict[str, Any]:
+    """vLLM's DFlashQwen3 layout (qwen3 layers, the block and context keys it reads)."""
+    config = {"architectures": [spec.native_architecture], **_layer_config(cfg)}
+    config.update(model_type="qwen3", draft_vocab_size=cfg.draft_vocab_size,
+                  target_hidden_size=cfg.hidden_size, block_size=cfg.block_size)
+    config["dflash_config"] = {
+        "target_layer_ids": [k - 1 for k in cfg.aux_layer_ids],  # vLLM adds 1
+        "mask_token_id": cfg.mask_token_id,
+        "block_size": cfg.block_size,
+    }
+    return config
+
+
+def _dflash_fields(config: dict[str, Any]) -> dict[str, Any]:
+    """HeadConfig fields of a DFlash config.json (ours or a public checkpoint's)."""
+    dflash = config.get("dflash_config") or {}
+    layers = dflash.get("target_layer_ids", config.get("target_layer_ids")) or []
+    return {
+        "aux_layer_ids": [int(k) + 1 for k in layers],
+        "mask_token_id": dflash.get("mask_token_id", config.get("mask_token_id")),
+        "block_size": dflash.get("block_size", config.get("block_size")),
+    }
+
+
 def build_config(
     head: nn.Module, fmt: str, verifier: str, verifier_arch: str, speculative_tokens: int
 ) -> dict[str, Any]:
@@ -109,6 +142,8 @@ def build_config(
         config.update(norm_before_residual=False, num_aux_hidden_states=0)
         config.update(eagle_aux_hidden_state_layer_ids=[], draft_vocab_size=None)
         config.update(mask_token_id=None)
+    elif spec.block:
+        config = _dflash_config(cfg, spec)
     elif fmt == "native":
         config = {"architectures": [spec.native_architecture], **_layer_config(cfg)}
         config.update(_eagle3_fields(cfg, spec))
@@ -168,7 +203,10 @@ def save_head(
     out.mkdir(parents=True, exist_ok=True)
     cfg = draft_head(head).cfg
     config = build_config(head, fmt, verifier, cfg.target_architecture, speculative_tokens)
-    skip = SHARED if head_spec(head).draft_vocab else (*SHARED, TARGET_LM_HEAD)
+    spec = head_spec(head)
+    skip = SHARED if spec.draft_vocab else (*SHARED, TARGET_LM_HEAD)
+    if spec.block and cfg.draft_vocab_size == cfg.vocab_size:  # vLLM: no mapping to load
+        skip = (*skip, "d2t", "t2d")
     tensors = {
         k: v.detach().to("cpu").contiguous()
         for k, v in head.state_dict().items()
@@ -245,6 +283,8 @@ def read_head_config(folder: str | Path) -> tuple[str, HeadConfig]:
             "target_architecture", "LlamaForCausalLM"
         ),
     )
+    if spec.block:
+        cfg = replace(cfg, **_dflash_fields(config))
     if spec.draft_vocab and not cfg.draft_vocab_size:
         cfg.draft_vocab_size = cfg.vocab_size
     return spec.kind, cfg
@@ -274,6 +314,8 @@ def load_head(
         t2d = state.get("t2d", torch.ones(cfg.vocab_size, dtype=torch.bool))
         head: nn.Module = spec.head_class()(cfg, d2t, t2d)
         shared = {"embed_tokens.weight": embed_weight}
+        if cfg.draft_vocab_size == cfg.vocab_size:  # a whole-vocabulary head may share it
+            shared[TARGET_LM_HEAD] = lm_head_weight
     else:
         head = spec.head_class()(cfg)
         shared = {"embed_tokens.weight": embed_weight, TARGET_LM_HEAD: lm_head_weight}

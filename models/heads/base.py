@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol, cast
+from typing import TYPE_CHECKING, Protocol, cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from eaglenest.models.heads.layers import KV, HeadConfig, causal_mask, shift_left
+
+if TYPE_CHECKING:
+    from eaglenest.models.target import Target
 
 
 class DraftHead(Protocol):
@@ -42,6 +45,15 @@ class ParallelHead(AuxHead, Protocol):
 def draft_head(module: nn.Module) -> DraftHead:
     """``module`` (a models.heads head) seen through its interface."""
     return cast(DraftHead, module)
+
+
+def mask_token_for(target: Target, configured: int | None) -> int:
+    """The mask token of a head that fills slots not yet known (P-EAGLE, DFlash): the
+    configured id (TrainConfig.mask_token_id), else the target's pad token, else its eos."""
+    if configured is not None:
+        return configured
+    tok = target.tokenizer
+    return int(tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id)
 
 
 @dataclass

@@ -42,8 +42,9 @@ class HeadConfig:
     norm_before_residual: bool = False
     norm_before_fc: bool = False  # EAGLE-3 / P-EAGLE: RMSNorm over the concatenated aux states
     norm_output: bool = False  # EAGLE-3 / P-EAGLE: next draft step gets the post-norm hidden
-    mask_token_id: int | None = None  # P-EAGLE
+    mask_token_id: int | None = None  # P-EAGLE, DFlash
     num_layers: int = 1  # EAGLE-3 / P-EAGLE: layer 0 is EAGLE-3's, the rest plain Llama layers
+    block_size: int | None = None  # DFlash: query slots of one block (anchor + mask slots)
     target_architecture: str = "LlamaForCausalLM"
     tie_word_embeddings: bool = False
 
@@ -178,14 +179,25 @@ class DraftAttention(nn.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if past is not None:
             k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
-        groups = cfg.num_attention_heads // cfg.num_key_value_heads
-        kr = k.repeat_interleave(groups, dim=1)
-        vr = v.repeat_interleave(groups, dim=1)
-        out = F.scaled_dot_product_attention(
-            q, kr, vr, attn_mask=mask.unsqueeze(1), scale=1.0 / math.sqrt(cfg.head_dim)
-        )
+        out = grouped_attention(q, k, v, mask)
         out = out.transpose(1, 2).reshape(b, s, cfg.num_attention_heads * cfg.head_dim)
         return self.o_proj(out), (k, v)
+
+
+def grouped_attention(
+    q: torch.Tensor,  # [batch, heads, queries, head_dim]
+    k: torch.Tensor,  # [batch, kv_heads, keys, head_dim]
+    v: torch.Tensor,  # [batch, kv_heads, keys, head_dim]
+    mask: torch.Tensor,  # [batch or 1, queries, keys] bool, True = attend
+) -> torch.Tensor:
+    """Softmax attention with grouped keys/values (each kv head serves heads // kv_heads
+    query heads), scaled by 1/sqrt(head_dim): [batch, heads, queries, head_dim]."""
+    groups = q.shape[1] // k.shape[1]
+    kr = k.repeat_interleave(groups, dim=1)
+    vr = v.repeat_interleave(groups, dim=1)
+    return F.scaled_dot_product_attention(
+        q, kr, vr, attn_mask=mask.unsqueeze(1), scale=1.0 / math.sqrt(q.shape[-1])
+    )
 
 
 class DraftMLP(nn.Module):

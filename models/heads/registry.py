@@ -5,7 +5,7 @@ asks its spec (flags, names, builder) instead of comparing kind strings or head 
     spec.build(target, samples, train_config) -> a new head
     spec.start_from(head, target, train_config) -> a new head from a trained one of another kind
     spec.loss_kwargs(train_config)  -> the keyword arguments of head.loss()
-    spec.uses_aux / .parallel / .draft_vocab / .multi_layer / .default_mode
+    spec.uses_aux / .parallel / .block / .draft_vocab / .multi_layer / .default_mode
     spec.native_architecture / .speculators_type / .vllm_method   (checkpoint names)
 
 Adding a kind is a head module in this folder plus one entry in ``HEADS``
@@ -50,6 +50,13 @@ def _parallel_eagle3(config: Mapping[str, Any]) -> bool:
     return _eagle3_architecture(config) and bool(parallel or "ptd_token_id" in config)
 
 
+def _dflash_layout(config: Mapping[str, Any]) -> bool:
+    """A DFlash layout: vLLM's ``DFlashDraftModel`` (ours or the public checkpoints') or
+    any config with a ``dflash_config`` block."""
+    names = config.get("architectures") or []
+    return any("DFlash" in a for a in names) or "dflash_config" in config
+
+
 @dataclass(frozen=True)
 class HeadSpec:
     kind: str  # EAGLENEST_HEAD / --head value, provenance "head", config.json eaglenest.head
@@ -80,6 +87,9 @@ class HeadSpec:
     #: "module:function" (trained head of a kind in ``starts_from``, target, TrainConfig)
     #: -> a new head of this kind
     start_path: str | None = None
+    #: drafts a whole block in one non-causal forward over the target's injected context
+    #: (``context_kv`` / ``draft_block``; decoded in DecodeMode.BLOCK); cfg.block_size set
+    block: bool = False
     _cache: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -147,8 +157,21 @@ PEAGLE = HeadSpec(
     starts_from=(EAGLE3.kind,), start_path=f"{_HEADS}.peagle:from_eagle3",
 )
 
+DFLASH = HeadSpec(
+    kind="dflash", title="DFlash",
+    head_class_path=f"{_HEADS}.dflash:DFlashHead", builder_path=f"{_HEADS}.dflash:build",
+    loss_settings={"block_size": "dflash_block_size", "gamma": "dflash_gamma",
+                   "anchors": "dflash_anchors", "variable_prefix": "dflash_variable_prefix"},
+    uses_aux=True, draft_vocab=True, parallel=False, multi_layer=True,
+    default_mode=DecodeMode.BLOCK, vllm_method="dflash",
+    native_architecture="DFlashDraftModel", native_match=_dflash_layout,
+    # anchors split into parts, each a backward (models/heads/dflash_train.py)
+    partitions=True,
+    block=True,
+)
+
 #: every kind, in the order CLIs and messages list them
-HEADS: dict[str, HeadSpec] = {s.kind: s for s in (EAGLE, EAGLE3, PEAGLE)}
+HEADS: dict[str, HeadSpec] = {s.kind: s for s in (EAGLE, EAGLE3, PEAGLE, DFLASH)}
 KINDS: tuple[str, ...] = tuple(HEADS)
 DEFAULT_KIND = EAGLE3.kind  # TrainConfig's default
 

@@ -50,7 +50,21 @@ class TrainConfig:
     muon_lr: float | None = None  # default: lr (Muon's update is scaled to AdamW's RMS)
     muon_weight_decay: float = 0.1
     muon_ns_dtype: str = "auto"  # Newton-Schulz matmuls: auto | float32 | bfloat16 (optim.py)
-    mask_token_id: int | None = None  # P-EAGLE; default: pad, else eos
+    mask_token_id: int | None = None  # P-EAGLE, DFlash; default: pad, else eos
+    #: DFlash (models/heads/dflash.py): query slots of a block (the anchor + block - 1 mask
+    #: slots; vLLM serves num_speculative_tokens = block - 1); public recipes use 16
+    dflash_block_size: int = 8
+    #: DFlash slot j's loss weight exp(-(j - 1) / gamma); the paper's values: 7 for block
+    #: 16, 5 for block 10, 4 for block 8
+    dflash_gamma: float = 4.0
+    #: DFlash anchors (one block each) per sequence, at most its trained positions; 32 x 8
+    #: query slots cost about one EAGLE-3 TTT step of a 256-token sequence
+    dflash_anchors: int = 32
+    #: DFlash variable-prefix objective: each block draws p in 1..block-1 real tokens
+    dflash_variable_prefix: bool = False
+    #: DFlash draft decoder layers, 1..8 (num_layers is EAGLE-3 / P-EAGLE's); public
+    #: recipes use 5, fewer trains more steps in a CPU time budget
+    dflash_layers: int = 3
     checkpoint_every: int = 0  # 0: only the final save
     stop_after: int | None = None  # stop early at this step (schedule still spans max_steps)
     max_seconds: float | None = None  # wall-clock budget; a resumable checkpoint is saved
