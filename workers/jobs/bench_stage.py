@@ -1,6 +1,11 @@
 """The benchmark stage: baseline (target alone) vs speculative at each K, same load, same
 backend, each level measured in ``rounds`` rounds, and the speculation schedule derived from
-it (workers/model_servers/schedule.py)."""
+it (workers/model_servers/schedule.py).
+
+K is the tokens drafted per round in every mode (``BenchPlan.mode``: the head kind's
+default mode): a chain's depth, a parallel head's mask slots, a block head's block length
+minus one (the rows of a block head are K = 1, 3, 5, 7 capped by block_size - 1:
+workers/jobs/options.py ``for_kind``). Each row is one server of that mode at that K."""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
 """The speculation schedule: which draft depth K to use at each load level (K = 0: off).
+K is the tokens drafted per round in the head's mode (a block head's: its block length
+minus one), so one schedule serves chain, parallel and block heads alike.
 
 A schedule is a list of thresholds ``[[max_running, K], ...]`` with ascending ``max_running``:
 with n requests running, K is the K of the first entry whose ``max_running >= n``, and the
