@@ -16,8 +16,10 @@ measured on a long prompt would look dear long after. For each candidate depth K
 where ``forwards(K)`` counts the head forwards a round of K runs: the first draft comes from
 the logits the head computed when the last round's tokens were committed (part of the
 overhead), so a chain (or a tree of depth K) runs K - 1 head steps and parallel drafting
-one forward over K - 1 mask slots for any K >= 2, none for K <= 1. ``step`` is the measured
-seconds of one such forward (a parallel forward's rows add little: the head is one layer).
+one forward over K - 1 mask slots for any K >= 2, none for K <= 1; block drafting (DFlash)
+one block forward for any K >= 1 (no draft comes for free: the context commit computes no
+logits). ``step`` is the measured seconds of one such forward (a parallel or block
+forward's rows add little next to the target's).
 
 (overhead: the rest of a round, committing accepted tokens to the head and emitting them,
 measured by ``observe_round``) and picks the K with the best tokens(K) / cost(K).
@@ -33,7 +35,8 @@ Example: a = [0.9, 0.8, 0.5], draft step 5 ms, verify 100 ms flat ->
 tokens(1..3) = 1.9, 2.62, 2.98; chain cost = 100, 105, 110 ms -> rates 19.0, 25.0, 27.1
 tok/s -> K = 3 (and K = 4 is tried next if a_4 ~ 0.5 keeps paying). In parallel the same
 a_j cost 100, 105, 105 ms: deeper rounds cost no more drafting, so parallel's K runs deeper
-(its ModeSpec allows a larger ``adaptive_k_max``).
+(its ModeSpec allows a larger ``adaptive_k_max``); block rounds cost 105, 105, 105 ms (one
+block forward whatever K), so block's K runs as deep, up to the head's block_size - 1.
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ class AdaptiveDepth:
     smoothing: float = 0.3  # EMA weight of a new cost measurement (draft step, level)
     slope_smoothing: float = 0.1  # EMA weight of a new slope observation
     parallel: bool = False  # P-EAGLE: one draft forward per round whatever K is
+    block: bool = False  # DFlash: one block forward per round for any K >= 1
     accepted: list[float] = field(default_factory=list)  # decayed accepts at position j
     reached: list[float] = field(default_factory=list)  # decayed rounds reaching position j
     step_cost: float | None = None  # seconds per draft step
@@ -73,7 +77,10 @@ class AdaptiveDepth:
         return num / (self.reached[j] + self.prior_weight)
 
     def forwards(self, k: int) -> int:
-        """Head forwards a round of K drafts runs (the first draft is already computed)."""
+        """Head forwards a round of K drafts runs (chain and parallel: the first draft is
+        already computed; block: every draft comes from the round's one block forward)."""
+        if self.block:
+            return 1 if k >= 1 else 0
         if self.parallel:
             return 1 if k >= 2 else 0
         return max(k - 1, 0)

@@ -10,12 +10,13 @@
 A step: (1) admit waiting requests (up to ``max_num_seqs`` active): each is prefilled on its
 own (a batch-1 forward, exactly as ``SpeculativeEngine``) and its KV joins ``BatchKV`` as a
 new row; (2) every active request drafts with its own head KV cache, sampling parameters and
-generator; chain and parallel drafts of all rows come from batched head forwards (K - 1
-head steps a step for the whole batch, or one for P-EAGLE: batch_draft.py), EAGLE-2 trees
-are built row by row; (3) one target forward verifies all rows' tokens (padded, per-row
-positions and masks, see batch_kv.py); (4) every row verifies and emits like
-``SpeculativeEngine`` and keeps its accepted KV columns, then the accepted tokens of all
-rows enter their head caches in one batched head forward; finished rows leave.
+generator; chain, parallel and block drafts of all rows come from batched head forwards
+(K - 1 head steps a step for the whole batch, one for P-EAGLE: batch_draft.py, one block
+forward for DFlash: block.py), EAGLE-2 trees are built row by row; (3) one target forward
+verifies all rows' tokens (padded, per-row positions and masks, see batch_kv.py); (4) every
+row verifies and emits like ``SpeculativeEngine`` and keeps its accepted KV columns, then
+the accepted tokens of all rows enter their head caches in one batched head forward;
+finished rows leave.
 Each request keeps its own ``SpecStats``, merged into ``engine.stats`` when it finishes.
 All modes share the batched verification (a tree is just a row with a tree mask). With
 ``adaptive`` one controller serves the batch: K is read once per step for every row and
@@ -39,7 +40,7 @@ from torch import nn
 from eaglenest.models.decode import batch_draft
 from eaglenest.models.decode.batch_kv import BatchKV
 from eaglenest.models.decode.drafter import HeadDrafter
-from eaglenest.models.decode.engine import DecodeMode, SpeculativeEngine, _Request
+from eaglenest.models.decode.engine import DecodeMode, SpeculativeEngine, _Request, draft_sequence
 from eaglenest.models.decode.runner import StepOutput
 from eaglenest.models.decode.sampling import target_probs, verify_greedy, verify_rejection
 from eaglenest.models.decode.tree import (
@@ -173,7 +174,7 @@ class BatchEngine(SpeculativeEngine):
                 emitted, kept = self._verify(slot.req, plan, out, verify_s)
                 self.kv.commit(b, kept)
                 events.append((slot.rid, emitted, slot.req.done))
-            self._extend_deferred(self._deferred)
+            self._extend_rows(self._deferred)
         finally:
             self._deferred = None
         self._retire([b for b, s in enumerate(self.active) if s.req.done])
@@ -216,7 +217,7 @@ class BatchEngine(SpeculativeEngine):
         (``_catch_up``, batched with the other rows behind), so its first token goes out
         (``on_admitted``) after the target's prefill alone; while the schedule is off at the
         batch's load it waits until drafting resumes, and costs nothing if it never does."""
-        if self._admitting and type(drafter) is HeadDrafter:
+        if self._admitting and batch_draft.own(drafter):
             drafter.defer(tokens, drafter.inputs(out, slice(None)))
         else:
             super()._commit_head(drafter, tokens, out)
@@ -224,16 +225,12 @@ class BatchEngine(SpeculativeEngine):
     def _catch_up(self, reqs: list[_Request]) -> None:
         """Run the slots that plain steps deferred through the head (batched where the rows
         allow), so that every row drafts from its whole context."""
-        behind = [r.drafter for r in reqs if type(r.drafter) is HeadDrafter and r.drafter.backlog]
+        behind = [d for d in (r.drafter for r in reqs) if d is not None and batch_draft.own(d)
+                  and d.backlog]
         if not behind:
             return
         work = [(d, d.take_backlog()) for d in behind]
-        if batch_draft.batchable(behind):  # type: ignore[arg-type]
-            batch_draft.extend(behind, [w[0] for _, w in work],  # type: ignore[arg-type,index]
-                               [w[1] for _, w in work])  # type: ignore[index]
-            return
-        for d, (tokens, feats) in work:  # type: ignore[misc]
-            d.extend(tokens, feats)  # type: ignore[union-attr]
+        self._extend_rows([(d, *w) for d, w in work])  # type: ignore[misc]
 
     # ---- joining and leaving -------------------------------------------------------------
     def _admit(self) -> list[Event]:
@@ -296,10 +293,8 @@ class BatchEngine(SpeculativeEngine):
         if not batched or not batch_draft.batchable(drafters):
             return [self._plan(r, k) for r in reqs]
         t0 = time.perf_counter()
-        draft = batch_draft.draft_parallel if mode.parallel else (
-            batch_draft.draft_chain)
-        rows = draft([d for d in drafters if d is not None], k, [r.params for r in reqs],
-                     [r.gen for r in reqs])
+        rows = batch_draft.draft_rows(mode, [d for d in drafters if d is not None], k,
+                                      [r.params for r in reqs], [r.gen for r in reqs])
         draft_s = time.perf_counter() - t0  # the batch's drafting time, as verify_s below
         causal = torch.ones(k + 1, k + 1, dtype=torch.bool).tril()
         return [_Plan([r.pending, *drafts], list(range(k + 1)), causal, k, drafts, q,
@@ -309,23 +304,25 @@ class BatchEngine(SpeculativeEngine):
                       out: StepOutput, rows: list[int]) -> list[int]:
         """As the batch-1 engine, but inside a batched step the head slots are committed
         for all rows together after verification (``_extend_deferred``)."""
-        if type(drafter) is HeadDrafter and self.last_k == 0 and self._deferred is not None:
+        if batch_draft.own(drafter) and self.last_k == 0 and self._deferred is not None:
             emitted = self._emit(req, new)  # a plain step: the head catches up when it drafts
             if not req.done:
                 drafter.defer(new, drafter.inputs(out, rows))
             return emitted
-        if self._deferred is None or not self.batched_drafting or type(drafter) is not HeadDrafter:
+        if self._deferred is None or not self.batched_drafting or not batch_draft.own(drafter):
             return super()._finish_round(req, drafter, new, out, rows)
         emitted = self._emit(req, new)
         if not req.done:
             self._deferred.append((drafter, new, drafter.features(out, rows)))
         return emitted
 
-    @staticmethod
-    def _extend_deferred(items: list[tuple[HeadDrafter, list[int], torch.Tensor]]) -> None:
+    def _extend_rows(self, items: list[tuple[HeadDrafter, list[int], torch.Tensor]]) -> None:
+        """Commit (drafter, tokens, features) of several rows: one batched head forward
+        where the rows allow (batch_draft.extend_rows)."""
         drafters = [d for d, _, _ in items]
         if batch_draft.batchable(drafters):
-            batch_draft.extend(drafters, [t for _, t, _ in items], [f for _, _, f in items])
+            batch_draft.extend_rows(self.mode.spec, drafters, [t for _, t, _ in items],
+                                    [f for _, _, f in items])
             return
         for drafter, tokens, feats in items:
             drafter.extend(tokens, feats)
@@ -339,10 +336,7 @@ class BatchEngine(SpeculativeEngine):
             tree = build_tree(drafter, req.pending, k, self.topk, self._tree_size(k))
             return _Plan(tree.tokens, tree.depths, tree.mask, k, tree=tree,
                          draft_s=time.perf_counter() - t0)
-        if self.mode.spec.parallel:
-            drafts, q = drafter.draft_parallel(k, req.params, req.gen)
-        else:
-            drafts, q = drafter.draft_chain(k, req.params, req.gen)
+        drafts, q = draft_sequence(drafter, self.mode.spec, k, req.params, req.gen)
         n = len(drafts) + 1
         causal = torch.ones(n, n, dtype=torch.bool).tril()
         return _Plan([req.pending, *drafts], list(range(n)), causal, k, drafts, q,
@@ -377,3 +371,4 @@ class BatchEngine(SpeculativeEngine):
         self._account(req, plan.k, accepted, plan.draft_s, verify_s, len(plan.tokens))
         new = drafts[:accepted] + [nxt]
         return self._finish_round(req, drafter, new, out, kept), kept
+

@@ -17,17 +17,21 @@ Worked example: rows A (3 committed slots) and B (1), a chain of k = 3 (two head
   and positions are A: 3, 4 and B: 1, 2 (each row's own slot count plus the step).
 
 Only ``HeadDrafter`` rows sharing one head are batched; anything else (oracle drafters in
-tests, tree drafting) stays per row in models/decode/batch.py.
+tests, tree drafting) stays per row in models/decode/batch.py. Block heads (DFlash) batch
+their rows the same way in models/decode/block.py.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import cast
+from typing import TypeGuard, cast
 
 import torch
 
+from eaglenest.models.decode import block
+from eaglenest.models.decode.block import BlockDrafter
 from eaglenest.models.decode.drafter import HeadDrafter
+from eaglenest.models.decode.modes import ModeSpec
 from eaglenest.models.decode.sampling import SamplingParams
 from eaglenest.models.heads.base import ParallelHead
 from eaglenest.models.heads.layers import KV
@@ -35,13 +39,20 @@ from eaglenest.models.heads.layers import KV
 Draft = tuple[list[int], torch.Tensor | None]  # (target ids, q [k, vocab] or None)
 
 
+def own(drafter: HeadDrafter | None) -> TypeGuard[HeadDrafter]:
+    """A drafter of the engines' own (HeadDrafter, BlockDrafter: a head's), not a stand-in
+    (tests' and benchmarks' oracles): its slots may be deferred and batched."""
+    return type(drafter) in (HeadDrafter, BlockDrafter)
+
+
 def batchable(drafters: Sequence[HeadDrafter | None]) -> bool:
-    """True when every row drafts with a HeadDrafter over the same head (and there are two+)."""
-    rows = [d for d in drafters if type(d) is HeadDrafter]
+    """True when every row drafts with the same drafter class of ``own`` over the same head
+    (and there are two+)."""
+    rows = [d for d in drafters if own(d) and type(d) is type(drafters[0])]
     if len(drafters) < 2 or len(rows) < len(drafters):
         return False
     head = rows[0].head
-    return all(d.head is head and d.past is not None for d in rows)
+    return all(d.head is head and d.has_context for d in rows)
 
 
 def _padded_past(drafters: list[HeadDrafter]) -> tuple[KV, torch.Tensor]:
@@ -157,3 +168,24 @@ def extend(drafters: list[HeadDrafter], tokens: list[list[int]],
         d.slots += n
         d.last_logits = logits[i, n - 1]
         d.last_out = out[i : i + 1, n - 1 : n]
+
+
+def draft_rows(mode: ModeSpec, drafters: list[HeadDrafter], k: int,
+               params: list[SamplingParams], gens: list[torch.Generator | None]) -> list[Draft]:
+    """A sequence mode's k drafts for every row (``batchable`` rows): one batched block
+    forward (block heads), one forward over mask slots (parallel) or k - 1 head steps."""
+    if mode.block:
+        return block.draft_batch(cast(list[BlockDrafter], drafters), k, params, gens)
+    if mode.parallel:
+        return draft_parallel(drafters, k, params, gens)
+    return draft_chain(drafters, k, params, gens)
+
+
+def extend_rows(mode: ModeSpec, drafters: list[HeadDrafter], tokens: list[list[int]],
+                feats: list[torch.Tensor]) -> None:
+    """Commit every row's new slots in one batched head forward (``extend``; block heads:
+    one ``context_kv`` call, block.extend_batch)."""
+    if mode.block:
+        block.extend_batch(cast(list[BlockDrafter], drafters), tokens, feats)
+    else:
+        extend(drafters, tokens, feats)

@@ -47,6 +47,11 @@ class HeadDrafter:
         self.backlog: list[tuple[list[int], torch.Tensor]] = []
 
     @property
+    def has_context(self) -> bool:
+        """Committed slots to draft from (the prompt has run through the head)."""
+        return self.past is not None
+
+    @property
     def aux_layer_ids(self) -> list[int]:
         return list(self.head.cfg.aux_layer_ids) if self.uses_aux else []
 

@@ -1,4 +1,5 @@
-"""Public API: ``SpeculativeEngine`` -- plain, chain, EAGLE-2 tree and P-EAGLE decoding.
+"""Public API: ``SpeculativeEngine`` -- plain, chain, EAGLE-2 tree, P-EAGLE parallel and
+DFlash block decoding.
 
     engine = SpeculativeEngine(target, head, DecodeMode.TREE, depth=5, topk=4, total_tokens=16)
     for new_ids in engine.generate(prompt_ids, max_new_tokens=64):
@@ -18,16 +19,17 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
 
 from eaglenest.models.decode.adaptive import AdaptiveDepth
+from eaglenest.models.decode.block import BlockDrafter
 from eaglenest.models.decode.direct import direct_decoder
 from eaglenest.models.decode.drafter import HeadDrafter
 from eaglenest.models.decode.kernels import KernelPolicy, KernelReport, round_calls, use_kernels
-from eaglenest.models.decode.modes import DecodeMode
+from eaglenest.models.decode.modes import DecodeMode, ModeSpec, refusal
 from eaglenest.models.decode.runner import StepOutput, TargetRunner
 from eaglenest.models.decode.sampling import (
     SamplingParams,
@@ -38,6 +40,7 @@ from eaglenest.models.decode.sampling import (
 )
 from eaglenest.models.decode.stats import SpecStats
 from eaglenest.models.decode.tree import accepted_path, build_tree, walk_greedy, walk_sampling
+from eaglenest.models.heads.base import draft_head
 from eaglenest.models.heads.registry import find_head_spec
 
 if TYPE_CHECKING:
@@ -100,11 +103,15 @@ class SpeculativeEngine:
         speculative = head is not None or drafter_factory is not None
         self.mode = DecodeMode(mode) if speculative else DecodeMode.PLAIN
         spec = find_head_spec(head) if head is not None else None
-        parallel_ok = drafter_factory is not None or (spec is not None and spec.parallel)
-        if self.mode.spec.parallel and not parallel_ok:
-            raise ValueError("parallel drafting needs a P-EAGLE head")
-        self.k, self.depth, self.topk, self.total_tokens = k, depth, topk, total_tokens
+        if spec is not None and drafter_factory is None:
+            reason = refusal(self.mode, spec)
+            if reason is not None:
+                raise ValueError(reason)
         self.note = ""
+        cap = self._block_cap()
+        if cap is not None and k > cap:
+            k, self.note = cap, f"K capped at the head's block_size - 1 = {cap}"
+        self.k, self.depth, self.topk, self.total_tokens = k, depth, topk, total_tokens
         layer_types = getattr(self.model.config, "layer_types", None) or []
         if self.mode.spec.tree and "linear_attention" in layer_types:
             # recurrent layers read tokens in sequence: a tree cannot share one forward
@@ -113,24 +120,37 @@ class SpeculativeEngine:
         start = depth if self.mode.spec.tree else k
         self.controller: AdaptiveDepth | None = None
         if adaptive and self.mode.spec.drafts:
+            deepest = k_max if k_max is not None else self.mode.spec.adaptive_k_max
             self.controller = AdaptiveDepth(  # chain / parallel may also choose plain rounds
                 k_min=self.mode.spec.adaptive_k_min,
-                k_max=max(k_max if k_max is not None else self.mode.spec.adaptive_k_max, start),
+                k_max=max(min(deepest, cap if cap is not None else deepest), start),
                 parallel=self.mode.spec.parallel,
+                block=self.mode.spec.block,
             )
         self.current_k = start
         self.kernels = self._use_kernels(kernels or KernelPolicy())
         self.stats = SpecStats()
         self.request_stats = SpecStats()
 
+    def _block_cap(self) -> int | None:
+        """The largest K of a block head (its block_size - 1); None outside block mode or
+        for a drafter factory (tests' oracles)."""
+        if not self.mode.spec.block or self.head is None:
+            return None
+        size = draft_head(self.head).cfg.block_size
+        return max(int(size) - 1, 1) if size else None
+
     def _use_kernels(self, policy: KernelPolicy) -> KernelReport:
         """Choose the linear kernels for this engine's round shape (kernels.round_calls):
-        chain K drafts of 1 row, tree ``depth`` drafts of ``topk`` rows, parallel one of K."""
+        chain K drafts of 1 row, tree ``depth`` drafts of ``topk`` rows, parallel one of K,
+        block one of K + 1 (the anchor and K mask slots)."""
         spec, k = self.mode.spec, self.current_k
         if not spec.drafts:
             calls = round_calls(1, 0, 1)
         elif spec.tree:
             calls = round_calls(self._size_of(k), k, self.topk)
+        elif spec.block:
+            calls = round_calls(k + 1, 1, k + 1)
         else:
             calls = round_calls(k + 1, 1 if spec.parallel else k, k if spec.parallel else 1)
         self.model, self.head, report = use_kernels(self.model, self.head, calls, policy)
@@ -192,7 +212,7 @@ class SpeculativeEngine:
                 drafter = factory()
             else:
                 assert self.head is not None  # a drafting mode has a head or a factory
-                drafter = HeadDrafter(self.head)
+                drafter = (BlockDrafter if self.mode.spec.block else HeadDrafter)(self.head)
         aux = drafter.aux_layer_ids if drafter is not None else []
         device = next(self.model.parameters()).device
         gen = None
@@ -263,10 +283,7 @@ class SpeculativeEngine:
     def _round_chain(self, req: _Request, drafter: HeadDrafter) -> list[int]:
         k = self.current_k
         t0 = time.perf_counter()
-        if self.mode.spec.parallel:
-            drafts, q = drafter.draft_parallel(k, req.params, req.gen)
-        else:
-            drafts, q = drafter.draft_chain(k, req.params, req.gen)
+        drafts, q = draft_sequence(drafter, self.mode.spec, k, req.params, req.gen)
         t1 = time.perf_counter()
         tokens = [req.pending] + drafts
         out = req.runner.forward(tokens)
@@ -333,3 +350,14 @@ class SpeculativeEngine:
         """Tree nodes (root included) for a depth: total_tokens scaled with the depth."""
         scaled = round(self.total_tokens * depth / max(self.depth, 1))
         return max(depth + 1, min(scaled, 1 + self.topk + (depth - 1) * self.topk**2))
+
+
+def draft_sequence(drafter: HeadDrafter, mode: ModeSpec, k: int, params: SamplingParams,
+                   gen: torch.Generator | None) -> tuple[list[int], torch.Tensor | None]:
+    """A sequence mode's k drafts for one request: a block forward (block heads), one
+    forward over mask slots (parallel heads) or k - 1 head steps (chain)."""
+    if mode.block:
+        return cast(BlockDrafter, drafter).draft_block(k, params, gen)
+    if mode.parallel:
+        return drafter.draft_parallel(k, params, gen)
+    return drafter.draft_chain(k, params, gen)

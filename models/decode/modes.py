@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Protocol
 
 
 @dataclass(frozen=True)
@@ -59,3 +60,37 @@ MODES: dict[DecodeMode, ModeSpec] = {
 
 #: the modes a server or CLI may be asked for (plain is what no head means)
 SPECULATIVE_MODES: tuple[str, ...] = tuple(m.value for m in DecodeMode if m.spec.drafts)
+
+
+class HeadTraits(Protocol):
+    """The HeadSpec flags (models/heads/registry.py) a mode needs of a head."""
+
+    @property
+    def title(self) -> str: ...
+    @property
+    def parallel(self) -> bool: ...
+    @property
+    def block(self) -> bool: ...
+
+
+def refusal(mode: DecodeMode, head: HeadTraits) -> str | None:
+    """Why ``head`` cannot draft in ``mode`` (None: it can; plain needs no head).
+
+    A parallel mode needs a head with mask slots; a block mode needs a block head, and a
+    block head drafts in block mode only (it has no causal draft step for chain, tree or
+    parallel rounds). Example: (PARALLEL, EAGLE-3) -> "parallel drafting needs a head
+    with mask slots (HeadSpec.parallel); EAGLE-3 heads have none"."""
+    spec = mode.spec
+    if not spec.drafts:
+        return None
+    if spec.parallel and not head.parallel:
+        return (f"{mode.value} drafting needs a head with mask slots (HeadSpec.parallel); "
+                f"{head.title} heads have none")
+    if spec.block and not head.block:
+        return (f"{mode.value} drafting needs a block-drafting head (HeadSpec.block); "
+                f"{head.title} heads draft one token per step")
+    if head.block and not spec.block:
+        block_modes = ", ".join(m.value for m in DecodeMode if m.spec.block)
+        return (f"{head.title} heads draft a block per forward: {mode.value} drafting is not "
+                f"theirs (use {block_modes})")
+    return None

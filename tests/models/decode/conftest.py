@@ -9,13 +9,9 @@ import torch
 from torch import nn
 
 from eaglenest.models.data.template import Sample
-from eaglenest.models.heads.eagle import build as _build_eagle
-from eaglenest.models.heads.eagle3 import build as _build_eagle3
-from eaglenest.models.heads.peagle import build as _build_peagle
+from eaglenest.models.heads.registry import HEADS
 from eaglenest.models.target import Target
 from eaglenest.models.training.config import TrainConfig
-
-BUILDERS = {"eagle": _build_eagle, "eagle3": _build_eagle3, "peagle": _build_peagle}
 
 
 @pytest.fixture(scope="session")
@@ -31,7 +27,7 @@ def make_head(samples: list[Sample]) -> Callable[[Target, str], nn.Module]:
             torch.manual_seed(0)
             name, _, layers = kind.partition("@")
             cfg = TrainConfig(head=name, draft_vocab_size=64, num_layers=int(layers or 1))
-            built[key] = BUILDERS[name](target, samples, cfg).eval()
+            built[key] = HEADS[name].build(target, samples, cfg).eval()
         return built[key]
 
     return get

@@ -78,3 +78,10 @@ class OracleDrafter(HeadDrafter):
         picks = [self.pick(self.logits_at(self.slots - 1 + j), params, gen) for j in range(k)]
         drafts = [t for t, _ in picks]
         return drafts, None if params.greedy else torch.stack([q for _, q in picks])  # type: ignore[misc]
+
+    def draft_block(
+        self, k: int, params: SamplingParams, gen: torch.Generator | None
+    ) -> tuple[list[int], torch.Tensor | None]:
+        """Block mode: the same k drafts (slot j of the block after the committed context
+        proposes seq[slots + j], as the parallel layout's)."""
+        return self.draft_parallel(k, params, gen)

@@ -13,11 +13,14 @@ import signal
 import sys
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from eaglenest.foundation.host.contention import governor_for
 from eaglenest.foundation.host.threads import apply_torch, plan_threads, sharing_from_env
-from eaglenest.models.decode.modes import SPECULATIVE_MODES, DecodeMode
+from eaglenest.models.decode.modes import SPECULATIVE_MODES, DecodeMode, refusal
+
+if TYPE_CHECKING:
+    from eaglenest.models.heads.registry import HeadSpec
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -46,6 +49,19 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def serving_mode(asked: DecodeMode, head: HeadSpec) -> DecodeMode:
+    """The mode to serve ``head`` in: ``asked`` where the head can draft so, else the
+    head's own default mode (HeadSpec.default_mode), with a warning that says why.
+
+    Example: chain asked with a block head (DFlash) -> block; block or parallel asked
+    with an EAGLE-3 head -> chain."""
+    reason = refusal(asked, head)
+    if reason is None:
+        return asked
+    logging.warning("%s; serving in %s mode", reason, head.default_mode.value)
+    return head.default_mode
+
+
 def build_server(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     import torch
 
@@ -70,10 +86,7 @@ def build_server(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     elif args.head:
         head = load_head(args.head, target.embed_weight(), target.lm_head_weight())
         head = head.to(device=device, dtype=getattr(torch, args.dtype))
-        mode = DecodeMode(args.mode)
-        if mode is DecodeMode.PARALLEL and not head_spec(head).parallel:
-            logging.warning("parallel drafting needs a P-EAGLE head; using chain drafting")
-            mode = DecodeMode.CHAIN
+        mode = serving_mode(DecodeMode(args.mode), head_spec(head))
     # this process only serves: the kernels chosen for this host replace the linears in
     # place (models/decode/kernels.py; timed at load, float32-exact candidates only)
     kw = dict(k=args.num_speculative_tokens, adaptive=args.adaptive,
