@@ -30,7 +30,7 @@ from eaglenest.foundation.host.ceilings import clamp_threads
 from eaglenest.foundation.host.threads import SHARING_ENV, ComputeLedger, ThreadPlan, plan_threads
 from eaglenest.foundation.http import input_guard, instance_auth
 from eaglenest.models.decode.modes import DecodeMode
-from eaglenest.models.heads.registry import vllm_speculative_method
+from eaglenest.models.heads.registry import spec_of_config, vllm_speculative_method
 from eaglenest.workers.model_servers.schedule import Schedule
 
 log = logging.getLogger("eaglenest.serving")
@@ -66,7 +66,32 @@ def default_backend() -> str:
 
 def head_method(head_dir: Path) -> dict[str, Any]:
     """vLLM's speculative-config method for a saved head (from its config.json)."""
-    return vllm_speculative_method(json.loads((head_dir / "config.json").read_text()))
+    return vllm_speculative_method(_head_config(head_dir))
+
+
+def head_draft_limit(head_dir: Path) -> int | None:
+    """The most tokens one round may draft with the saved head; None: no bound of its own.
+
+    A block head (HeadSpec.block, e.g. DFlash) drafts from one block of ``block_size``
+    slots: the anchor then masks, so at most ``block_size - 1`` tokens, and vLLM runs it
+    with one bonus query plus ``num_speculative_tokens`` mask queries. vLLM itself does not
+    bound that K, but slots past the trained block were never trained, so the served K is
+    capped here. The block size is ``dflash_config.block_size`` (our checkpoints) or the
+    top-level ``block_size`` (the public DFlash layout). Example: block 8 -> 7; block 16
+    with K 5 asked -> 5 served. A folder without a readable config.json has no bound
+    here (serving it fails where the head is loaded, naming the file)."""
+    try:
+        config = _head_config(head_dir)
+        block = spec_of_config(config).block
+    except (OSError, ValueError):  # ValueError: a layout only vLLM's method detection knows
+        return None
+    size = (config.get("dflash_config") or {}).get("block_size", config.get("block_size"))
+    return int(size) - 1 if block and size else None
+
+
+def _head_config(head_dir: Path) -> dict[str, Any]:
+    config: dict[str, Any] = json.loads((head_dir / "config.json").read_text())
+    return config
 
 
 @dataclass
@@ -143,11 +168,12 @@ class ServerSpec:
         if self.max_input_length is not None:
             cmd += ["--max-input-length", str(self.max_input_length)]
         if self.speculates():
-            k = self.schedule.k_max if self.schedule else self.num_speculative_tokens
+            schedule = self.served_schedule()
+            k = schedule.k_max if schedule else self.speculative_tokens()
             cmd += ["--head", str(self.head_dir), "--mode", self.mode,
                     "--num-speculative-tokens", str(k)]
-            if self.schedule:
-                cmd += ["--speculation-schedule", self.schedule.to_env()]
+            if schedule:
+                cmd += ["--speculation-schedule", schedule.to_env()]
             if self.adaptive:
                 cmd.append("--adaptive")
         return cmd
@@ -184,23 +210,44 @@ class ServerSpec:
                 "--speculative-command", json.dumps(inner._vllm()),
                 "--plain-command", json.dumps(plain._vllm())]
 
+    def speculative_tokens(self) -> int:
+        """K served without a schedule: ``num_speculative_tokens``, capped by the head's own
+        bound (``head_draft_limit``: a block head's block_size - 1)."""
+        most = head_draft_limit(self.head_dir) if self.head_dir is not None else None
+        return self.num_speculative_tokens if most is None else \
+            min(self.num_speculative_tokens, most)
+
+    def served_schedule(self) -> Schedule | None:
+        """The schedule with every K capped by the head's bound (``head_draft_limit``).
+        Example: [[1, 12], [4, 3]] with a block-8 head -> [[1, 7], [4, 3]]."""
+        if self.schedule is None or self.head_dir is None:
+            return self.schedule
+        most = head_draft_limit(self.head_dir)
+        if most is None:
+            return self.schedule
+        return Schedule(tuple((m, min(k, most)) for m, k in self.schedule.thresholds))
+
     def vllm_speculative_config(self) -> dict[str, Any] | None:
-        """vLLM's --speculative-config. A schedule becomes vLLM's dynamic speculation
+        """vLLM's --speculative-config: the head's method (models/heads/registry.py), K
+        (``speculative_tokens``). A schedule becomes vLLM's dynamic speculation
         (``num_speculative_tokens_per_batch_size``, K per batch size, K <= the largest) where
         the installed vLLM has it; else the schedule's K at ``expected_load`` (None when that
-        is 0: the target alone)."""
+        is 0: the target alone). Every K is capped by the head's bound (``head_draft_limit``).
+        Example, a DFlash head of block 8 asked for K 10: {"method": "dflash", "model": dir,
+        "num_speculative_tokens": 7}."""
         if not self.speculates():
             return None
         assert self.head_dir is not None
         spec = {**head_method(self.head_dir), "model": str(self.head_dir),
-                "num_speculative_tokens": self.num_speculative_tokens}
-        if self.schedule is None:
+                "num_speculative_tokens": self.speculative_tokens()}
+        schedule = self.served_schedule()
+        if schedule is None:
             return spec
         if vllm_dynamic_speculation():
-            spec["num_speculative_tokens"] = self.schedule.k_max
-            spec["num_speculative_tokens_per_batch_size"] = self.schedule.vllm_ranges()
+            spec["num_speculative_tokens"] = schedule.k_max
+            spec["num_speculative_tokens_per_batch_size"] = schedule.vllm_ranges()
             return spec
-        k = self.schedule.k_for(self.expected_load)
+        k = schedule.k_for(self.expected_load)
         if k == 0:
             return None
         spec["num_speculative_tokens"] = k
