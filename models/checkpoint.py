@@ -310,8 +310,9 @@ def load_head(
     spec = HEADS[kind]
     state = _normalise_keys(load_file(str(Path(folder) / WEIGHTS)))
     if spec.draft_vocab:
-        d2t = state.get("d2t", torch.zeros(cfg.draft_vocab_size or 0, dtype=torch.long))
-        t2d = state.get("t2d", torch.ones(cfg.vocab_size, dtype=torch.bool))
+        # absent (a whole-vocabulary head): identity offsets, every target id drafted
+        d2t = state.setdefault("d2t", torch.zeros(cfg.draft_vocab_size or 0, dtype=torch.long))
+        t2d = state.setdefault("t2d", torch.ones(cfg.vocab_size, dtype=torch.bool))
         head: nn.Module = spec.head_class()(cfg, d2t, t2d)
         shared = {"embed_tokens.weight": embed_weight}
         if cfg.draft_vocab_size == cfg.vocab_size:  # a whole-vocabulary head may share it

@@ -29,6 +29,9 @@ from eaglenest.models.target import Capture
 if TYPE_CHECKING:
     from eaglenest.models.heads.dflash import DFlashHead
 
+__all__ = ["block_forward", "block_inputs", "block_loss", "block_mask", "pick_anchors",
+           "slot_weights"]
+
 
 def pick_anchors(
     eligible: torch.Tensor,  # [batch, seq] bool: positions that may anchor a block
@@ -99,6 +102,26 @@ def slot_weights(block: int, gamma: float, device: torch.device | None = None) -
     return torch.exp(-(j - 1) / gamma)
 
 
+def block_forward(
+    head: DFlashHead,
+    input_ids: torch.Tensor,  # [batch, seq]
+    aux: torch.Tensor,  # [batch, seq, n_aux * h]
+    anchors: torch.Tensor,  # [batch, A] long
+    prefix: torch.Tensor,  # [batch, A] long: real slots per block (1: the anchor only)
+    block: int,
+) -> torch.Tensor:
+    """Logits [batch, A, B, vocab] of every anchor's block from ONE forward: the context
+    keys of all ``seq`` positions, each block masked to those before its anchor
+    (``block_mask``) -- the same logits as ``head.draft_block`` over ``head.context_kv``
+    of positions 0..a-1 for each anchor a."""
+    b, t = input_ids.shape
+    tokens, positions = block_inputs(input_ids, anchors, prefix, block, head.mask_token_id)
+    ctx = head.context_kv(aux, torch.arange(t, device=aux.device).unsqueeze(0).expand(b, t))
+    mask = block_mask(anchors, t, block)
+    logits = head.block_logits(tokens.flatten(1), positions.flatten(1), ctx, mask)
+    return logits.view(b, anchors.shape[1], block, -1)
+
+
 def block_loss(
     head: DFlashHead,
     batch: HeadBatch,
@@ -115,7 +138,6 @@ def block_loss(
         raise ValueError(f"DFlash loss needs block_size >= 2, gamma > 0, anchors >= 1; got "
                          f"{block_size}, {gamma}, {anchors}")
     x, loss_mask = batch.input_ids, batch.loss_mask.bool()
-    b, t = x.shape
     gen = None
     if partition is not None:  # every part draws the same anchors and prefixes
         gen = torch.Generator(device=x.device).manual_seed(partition.seed)
@@ -128,30 +150,32 @@ def block_loss(
                                device=gen.device if gen is not None else x.device).to(x.device)
     probs, in_vocab = head.target_distribution(cap)
     scored = _scored(picked, ok, prefix, loss_mask, in_vocab, block_size)  # [batch, A, B-1]
-    weights = slot_weights(block_size, gamma, x.device)
+    weights = slot_weights(block_size, gamma, x.device)  # [B-1]
+    totals = scored.sum((0, 1))  # [B-1] the whole step's scored slots (every part's)
+    denominator = (totals.float() * weights).sum().clamp(min=1e-6)
     lo, hi = partition.bounds(picked.shape[1]) if partition is not None else (0, picked.shape[1])
-    denominator = (scored.sum((0, 1)).float() * weights).sum().clamp(min=1e-6)
-    totals = scored.sum((0, 1))  # [B-1] whole-step counts per slot
     part = picked[:, lo:hi]
-    tokens, positions = block_inputs(x, part, prefix[:, lo:hi], block_size, head.mask_token_id)
-    ctx = head.context_kv(cap.aux, torch.arange(t, device=x.device).unsqueeze(0).expand(b, t))
-    mask = block_mask(part, t, block_size)
-    logits = head.block_logits(tokens.flatten(1), positions.flatten(1), ctx, mask)
-    logits = logits.view(b, hi - lo, block_size, -1)[:, :, 1:]  # [batch, a, B-1, vocab]
+    logits = block_forward(head, x, cap.aux, part, prefix[:, lo:hi], block_size)[:, :, 1:]
     targets = _targets(probs, part, block_size)  # [batch, a, B-1, vocab]
     per_slot = -(targets * F.log_softmax(logits.float(), dim=-1)).sum(-1)  # [batch, a, B-1]
     valid = scored[:, lo:hi]
-    loss = (per_slot * valid * weights).sum() / denominator
-    result = HeadLoss(loss=loss)
+    result = HeadLoss(loss=(per_slot * valid * weights).sum() / denominator)
     with torch.no_grad():
         hits = (logits.argmax(-1) == targets.argmax(-1)) & valid
-        for j in range(block_size - 1):
-            count = int(valid[..., j].sum())
-            result.step_losses.append(float((per_slot[..., j] * valid[..., j]).sum())
-                                      / max(int(totals[j]), 1))
-            result.step_accuracy.append(float(hits[..., j].sum()) / max(count, 1))
-            result.step_counts.append(count)
+        _slot_stats(result, per_slot * valid, hits, valid, totals)
     return result
+
+
+def _slot_stats(result: HeadLoss, losses: torch.Tensor, hits: torch.Tensor,
+                valid: torch.Tensor, totals: torch.Tensor) -> None:
+    """Per slot j (last dim of ``losses`` / ``hits`` / ``valid`` [batch, a, B-1]): the
+    loss summed over the part's slots / the whole step's count ``totals[j]`` (parts add
+    up: models/training/partition.py ``merged``), accuracy and count over the part."""
+    for j in range(valid.shape[-1]):
+        count = int(valid[..., j].sum())
+        result.step_losses.append(float(losses[..., j].sum()) / max(int(totals[j]), 1))
+        result.step_accuracy.append(float(hits[..., j].sum()) / max(count, 1))
+        result.step_counts.append(count)
 
 
 def _scored(
@@ -183,6 +207,3 @@ def _targets(probs: torch.Tensor, picked: torch.Tensor, block: int) -> torch.Ten
     pos = (picked.unsqueeze(-1) + torch.arange(block - 1, device=picked.device)).clamp(max=t - 1)
     rows = probs.gather(1, pos.flatten(1).unsqueeze(-1).expand(-1, -1, v))
     return rows.view(b, picked.shape[1], block - 1, v)
-
-
-__all__ = ["block_inputs", "block_loss", "block_mask", "pick_anchors", "slot_weights"]
