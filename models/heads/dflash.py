@@ -96,7 +96,8 @@ class DFlashAttention(nn.Module):
         keys = torch.cat([ctx[0].to(k.dtype), k], dim=2)  # [batch, kv_heads, n + q, d]
         values = torch.cat([ctx[1].to(v.dtype), v], dim=2)
         out = grouped_attention(apply_rope(q, cos, sin), keys, values, mask)
-        return self.o_proj(out.transpose(1, 2).reshape(b, s, -1))
+        width = cfg.num_attention_heads * cfg.head_dim  # explicit: s may be 0 (no anchor)
+        return self.o_proj(out.transpose(1, 2).reshape(b, s, width))
 
 
 class DFlashLayer(nn.Module):

@@ -119,7 +119,7 @@ def block_forward(
     ctx = head.context_kv(aux, torch.arange(t, device=aux.device).unsqueeze(0).expand(b, t))
     mask = block_mask(anchors, t, block)
     logits = head.block_logits(tokens.flatten(1), positions.flatten(1), ctx, mask)
-    return logits.view(b, anchors.shape[1], block, -1)
+    return logits.view(b, anchors.shape[1], block, logits.shape[-1])
 
 
 def block_loss(

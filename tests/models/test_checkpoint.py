@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -187,3 +188,28 @@ def test_export_casts_the_head_only_and_resume_reads_float32(llama, samples,  # 
             if t.is_floating_point()} == {torch.float32}
     config.max_steps, config.resume = 3, True
     assert train(config, TrainData(llama, samples, "gsm8k_training.jsonl")).steps == 3
+
+
+def test_dflash_run_saves_provenance_and_resumes_exactly(llama, samples,  # noqa: ANN001
+                                                         tmp_path: Path) -> None:
+    """A DFlash run (Muon, partitions drawn from the step's RNG) writes vLLM's DFlash
+    config.json and provenance, and resumes from its checkpoint bit for bit."""
+    data = TrainData(llama, samples[:6], "gsm8k_training.jsonl")
+    kw: dict[str, Any] = {"head": "dflash", "max_steps": 4, "draft_vocab_size": 64, "progress": False,
+          "dflash_block_size": 4, "dflash_layers": 2, "dflash_anchors": 8, "seed": 3}
+    straight = train(TrainConfig(out_dir=str(tmp_path / "a"), **kw), data)
+    cfg = json.loads((tmp_path / "a" / "config.json").read_text())
+    assert cfg["architectures"] == ["DFlashDraftModel"] and cfg["block_size"] == 4
+    assert cfg["dflash_config"]["target_layer_ids"] == [1, 3, 4]  # aux layers [2, 4, 5]
+    prov = json.loads((tmp_path / "a" / "provenance.json").read_text())
+    assert prov["head"] == "dflash" and prov["train_config"]["dflash_anchors"] == 8
+    assert len(prov["metrics"]["accuracy"]) == 3  # one per drafted slot
+    b = str(tmp_path / "b")
+    first = train(TrainConfig(out_dir=b, checkpoint_every=2, stop_after=2, **kw), data)
+    assert first.steps == 2
+    resumed = train(TrainConfig(out_dir=b, resume=True, **kw), data)
+    assert resumed.steps == 4
+    x, y = straight.head.state_dict(), resumed.head.state_dict()
+    for k in x:
+        assert torch.equal(x[k], y[k]), k
+    assert [h["loss"] for h in straight.history] == [h["loss"] for h in resumed.history]

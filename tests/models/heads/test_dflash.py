@@ -8,6 +8,7 @@ import json
 import math
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -71,7 +72,8 @@ def reference_block(head: DFlashHead, x: list[int], aux: torch.Tensor, a: int,
     c = rms(aux[:a] @ head.fc.weight.T, head.hidden_norm.weight, eps)  # [a, h]
     hs = head.embed_tokens.weight[[x[a]] + [head.mask_token_id] * (block - 1)]  # [block, h]
     pos, ctx_pos = torch.arange(a, a + block), torch.arange(a)
-    for layer in head.layers:
+    layers: list[Any] = list(head.layers)
+    for layer in layers:
         att = layer.self_attn
 
         def keys_values(src: torch.Tensor, p: torch.Tensor, att=att):  # noqa: ANN001, ANN202
@@ -169,7 +171,7 @@ def test_parts_sum_to_the_whole_loss_and_gradients(llama, samples,  # noqa: ANN0
     head = make_head(llama, samples, block=4).train()
     batch = collate(samples[:2], llama.tokenizer.pad_token_id, torch.device("cpu"))
     cap = llama.capture(batch.input_ids, batch.attention_mask)
-    kw = {"block_size": 4, "gamma": 2.0, "anchors": 40, "variable_prefix": variable_prefix}
+    kw: dict[str, Any] = {"block_size": 4, "gamma": 2.0, "anchors": 40, "variable_prefix": variable_prefix}
     whole = head.loss(batch, cap, **kw, partition=Partition(0, 1, seed=5))
     whole.loss.backward()
     expected = grads(head)
@@ -193,6 +195,19 @@ def test_parts_sum_to_the_whole_loss_and_gradients(llama, samples,  # noqa: ANN0
                                                  strict=True))
     den = sum(wj * cj for wj, cj in zip(w, whole.step_counts, strict=True))
     assert float(whole.loss.detach()) == pytest.approx(num / den, rel=1e-5)
+
+
+def test_a_part_without_anchors_scores_nothing_but_reaches_every_parameter(
+        llama, samples) -> None:  # noqa: ANN001
+    """More parts than anchors: an empty part's loss is 0 and still backpropagates to
+    every trainable parameter (DDP without find_unused_parameters needs that)."""
+    head = make_head(llama, samples).train()
+    batch = collate(samples[:2], llama.tokenizer.pad_token_id, torch.device("cpu"))
+    cap = llama.capture(batch.input_ids, batch.attention_mask)
+    empty = head.loss(batch, cap, block_size=4, anchors=2, partition=Partition(0, 3, seed=1))
+    empty.loss.backward()
+    assert float(empty.loss.detach()) == 0.0 and empty.step_counts == [0, 0, 0]
+    assert set(grads(head)) == {n for n, p in head.named_parameters() if p.requires_grad}
 
 
 def test_a_few_steps_fit_the_target_distribution(llama, samples) -> None:  # noqa: ANN001
