@@ -338,6 +338,11 @@ def load_start_head(folder: str | Path, target: Target, config: TrainConfig) -> 
     cfg = draft_head(head).cfg
     if cfg.hidden_size != target.hidden_size or cfg.vocab_size != target.vocab_size:
         raise ValueError(f"{folder}: head does not match the target's hidden size / vocabulary")
+    if cfg.aux_layer_ids and cfg.aux_layer_ids != list(target.aux_layer_ids):
+        # e.g. a public DFlash head: load the target with the head's layers (read_head_config)
+        raise ValueError(f"{folder}: head reads target layers {cfg.aux_layer_ids}, the target "
+                         f"captures {list(target.aux_layer_ids)}; load the target with "
+                         f"aux_layer_ids={cfg.aux_layer_ids}")
     kind, spec = head_kind(head), HEADS[config.head]
     if kind == config.head:
         return head

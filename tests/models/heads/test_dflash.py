@@ -26,6 +26,7 @@ from eaglenest.models.heads.dflash_train import (
     slot_weights,
 )
 from eaglenest.models.heads.registry import HEADS, spec_of_config, vllm_speculative_method
+from eaglenest.models.target import Target
 from eaglenest.models.training.config import TrainConfig
 from eaglenest.models.training.evaluate import collate
 from eaglenest.models.training.partition import merged
@@ -331,3 +332,24 @@ def test_public_layout_loads_as_a_start_and_served_head(llama, samples, tmp_path
     assert saved["dflash_config"]["target_layer_ids"] == config["dflash_config"][
         "target_layer_ids"]
     assert saved["draft_vocab_size"] == vocab
+
+
+def test_a_head_over_other_target_layers_needs_a_target_capturing_them(  # noqa: ANN001
+        llama, samples, tmp_path: Path) -> None:
+    """A public head fusing 2 target layers (outputs of layers 0 and 3 = aux [1, 4]) is
+    refused on a target capturing the default [2, 4, 5], and trains on one capturing
+    [1, 4]."""
+    cfg = make_head(llama, samples).cfg
+    cfg = type(cfg).from_dict({**cfg.to_dict(), "aux_layer_ids": [1, 4]})
+    vocab = llama.vocab_size
+    head = DFlashHead(type(cfg).from_dict({**cfg.to_dict(), "draft_vocab_size": vocab}),
+                      torch.zeros(vocab, dtype=torch.long), torch.ones(vocab, dtype=torch.bool))
+    folder = public_checkpoint(head, tmp_path / "public", llama.num_layers)
+    with pytest.raises(ValueError, match=r"load the target with aux_layer_ids=\[1, 4\]"):
+        load_start_head(folder, llama, TrainConfig(head=KIND))
+    target = Target(llama.model, llama.tokenizer, llama.folder, llama.architecture, [1, 4])
+    loaded = load_start_head(folder, target, TrainConfig(head=KIND))
+    batch = collate(samples[:2], llama.tokenizer.pad_token_id, torch.device("cpu"))
+    cap = target.capture(batch.input_ids, batch.attention_mask)
+    result = loaded.loss(batch, cap, block_size=4, anchors=4)
+    assert result.loss.requires_grad and len(result.step_counts) == 3
