@@ -349,6 +349,7 @@ def test_a_head_over_other_target_layers_needs_a_target_capturing_them(  # noqa:
         load_start_head(folder, llama, TrainConfig(head=KIND))
     target = Target(llama.model, llama.tokenizer, llama.folder, llama.architecture, [1, 4])
     loaded = load_start_head(folder, target, TrainConfig(head=KIND))
+    assert isinstance(loaded, DFlashHead)
     batch = collate(samples[:2], llama.tokenizer.pad_token_id, torch.device("cpu"))
     cap = target.capture(batch.input_ids, batch.attention_mask)
     result = loaded.loss(batch, cap, block_size=4, anchors=4)
