@@ -102,6 +102,7 @@ def test_job_trains_benchmarks_and_publishes(stack):
     env = model["PrimaryContainer"]["Environment"]
     assert json.loads(env["EAGLENEST_SPECULATION_SCHEDULE"]) == schedule["thresholds"]
     assert env["EAGLENEST_SERVING_BACKEND"] == "embedded"
+    assert env["EAGLENEST_DECODE_MODE"] == "chain"  # the EAGLE-3 kind's default mode
     assert model["PrimaryContainer"]["Image"] == "embedded"  # ModelSource.S3: the backend
     extra = model["PrimaryContainer"]["AdditionalModelDataSources"]
     assert extra == [{"ChannelName": "eagle_model", "S3DataSource": {
