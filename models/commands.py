@@ -72,6 +72,12 @@ def _register_train(subparsers: Any) -> None:
                    help="Muon's Newton-Schulz matmuls; auto: bf16 on CUDA and on CPUs with "
                    "bf16 units (AVX512-BF16 / AMX), else fp32")
     _config_option(p, "step_decay", "loss weight of draft step j is step_decay**j")
+    _config_option(p, "dflash_block_size", "DFlash: slots per block (anchor + block - 1 masks)")
+    _config_option(p, "dflash_layers", "DFlash: draft decoder layers (1-8)")
+    _config_option(p, "dflash_gamma", "DFlash: slot j's loss weight is exp(-(j - 1) / gamma)")
+    _config_option(p, "dflash_anchors", "DFlash: random anchors (blocks) per sequence")
+    p.add_argument("--dflash-variable-prefix", action="store_true",
+                   help="DFlash: a random number of a block's first slots hold real tokens")
     p.add_argument("--norms", choices=("all", "none"), default="all",
                    help="EAGLE-3/P-EAGLE: norm_before_fc, norm_output and norm_before_residual")
     p.add_argument("--checkpoint-every", type=int, default=50,
@@ -92,6 +98,11 @@ def _register_train(subparsers: Any) -> None:
         for a in p._actions
         if a.option_strings and a.dest not in ("help", "nproc")
     ]
+
+
+#: TrainConfig fields of the DFlash recipe, each a ``--dflash-...`` flag of ``train``
+DFLASH_FIELDS = ("dflash_block_size", "dflash_layers", "dflash_gamma", "dflash_anchors",
+                 "dflash_variable_prefix")
 
 
 def _config_option(p: Any, name: str, help_text: str) -> None:
@@ -167,6 +178,7 @@ def _train(args: argparse.Namespace, device: Any) -> int:
         optimizer=args.optimizer,
         muon_ns_dtype=args.muon_ns_dtype,
         step_decay=args.step_decay,
+        **{name: getattr(args, name) for name in DFLASH_FIELDS},
         norm_before_fc=args.norms == "all",
         norm_output=args.norms == "all",
         norm_before_residual=args.norms == "all",
