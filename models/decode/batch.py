@@ -203,6 +203,8 @@ class BatchEngine(SpeculativeEngine):
 
     def _step_k(self, running: int) -> int:
         cap = self.scheduled_k(running)
+        if cap is not None and self.k_limit is not None:
+            cap = min(cap, self.k_limit)  # a block head drafts block_size - 1 at most
         if cap is None:
             return self.current_k if self.mode.spec.drafts else 0
         if self.controller is None:

@@ -108,7 +108,7 @@ class SpeculativeEngine:
             if reason is not None:
                 raise ValueError(reason)
         self.note = ""
-        cap = self._block_cap()
+        cap = self.k_limit = self._block_cap()  # None: no limit but the mode's
         if cap is not None and k > cap:
             k, self.note = cap, f"K capped at the head's block_size - 1 = {cap}"
         self.k, self.depth, self.topk, self.total_tokens = k, depth, topk, total_tokens

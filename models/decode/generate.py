@@ -1,6 +1,6 @@
 """``eaglenest generate``: decode a prompt with an optional draft head and report speed.
 
-    eaglenest generate --target DIR [--head DIR] --prompt TEXT [--mode chain|tree|parallel]
+    eaglenest generate --target DIR [--head DIR] --prompt TEXT [--mode chain|tree|parallel|block]
                        [--k N] [--adaptive] [--max-new-tokens N] [--temperature T]
                        [--linear-kernel auto|stock|onednn|bf16] [--allow-bf16] [--explain]
 
@@ -29,8 +29,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--head", default=None,
                    help="draft head folder (default: none, plain decoding)")
     p.add_argument("--prompt", required=True, help="text to continue (or ask, with --chat)")
-    p.add_argument("--mode", choices=SPECULATIVE_MODES, default=DecodeMode.CHAIN.value,
-                   help="drafting: chain, EAGLE-2 dynamic tree or P-EAGLE parallel")
+    p.add_argument("--mode", choices=SPECULATIVE_MODES, default=None,
+                   help="drafting: chain, EAGLE-2 dynamic tree, P-EAGLE parallel or DFlash "
+                        "block (default: the head's own mode, HeadSpec.default_mode)")
     p.add_argument("--k", type=int, default=4, help="drafts per step (tree: depth)")
     p.add_argument("--topk", type=int, default=4, help="tree branching")
     p.add_argument("--total-tokens", type=int, default=16, help="tree size after rerank")
@@ -64,6 +65,7 @@ def build_engine(args: argparse.Namespace) -> tuple[SpeculativeEngine, Any]:
 
     from eaglenest.models.checkpoint import load_head
     from eaglenest.models.decode.engine import SpeculativeEngine
+    from eaglenest.models.heads.registry import head_spec
     from eaglenest.models.target import load_target
 
     dtype = getattr(torch, args.dtype)
@@ -71,10 +73,12 @@ def build_engine(args: argparse.Namespace) -> tuple[SpeculativeEngine, Any]:
     head = None
     if args.head:
         head = load_head(args.head, target.embed_weight(), target.lm_head_weight()).to(dtype)
+    mode = DecodeMode(args.mode) if args.mode else (
+        head_spec(head).default_mode if head is not None else DecodeMode.PLAIN)
     engine = SpeculativeEngine(
         target,
         head,
-        DecodeMode(args.mode),
+        mode,
         k=args.k,
         depth=args.k,
         topk=args.topk,

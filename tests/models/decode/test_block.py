@@ -20,7 +20,7 @@ from eaglenest.models.decode.runner import TargetRunner
 from eaglenest.models.decode.sampling import SamplingParams
 from eaglenest.models.heads.registry import HEADS, head_spec
 from eaglenest.models.training.config import TrainConfig
-from tests.models.decode.test_engine_lossless import PROMPTS
+from tests.models.decode.test_engine_lossless import FAST_ARCHS, PROMPTS
 
 GREEDY = SamplingParams(0.0, 1.0)
 
@@ -187,6 +187,8 @@ def test_block_k_is_capped_at_the_heads_block_size(llama, block_head) -> None:  
     assert adaptive.generate_ids(PROMPTS[0], 20) == base
     assert engine.generate_ids(PROMPTS[0], 20) == base
     assert engine.stats.num_draft_tokens == 5 * engine.stats.num_drafts > 0
+    scheduled = BatchEngine(llama, block_head, "block", k=3, schedule=[(1, 9), (8, 2)])
+    assert scheduled._step_k(1) == 5 and scheduled._step_k(4) == 2
 
 
 def test_adaptive_block_length_counts_one_forward_and_runs_deep() -> None:
@@ -241,3 +243,25 @@ def test_sampling_in_a_batch_follows_each_request_seed(llama, block_head) -> Non
             outs[rid].extend(new)
     assert [outs[rid] for rid in ids] == expect
     assert engine.stats.num_drafts == single.stats.num_drafts > 0
+
+
+@pytest.mark.parametrize("arch", FAST_ARCHS)
+def test_steered_block_lossless_every_arch(arch, tiny_target, samples) -> None:  # noqa: ANN001
+    """Every architecture, one request and a batch of two: drafts partly right (the real
+    head's forward, steered), output equal to the target's greedy output."""
+    target = tiny_target(arch)
+    prompts = [PROMPTS[0], PROMPTS[3]]
+    plain = SpeculativeEngine(target, None)
+    bases = [plain.generate_ids(p, 20) for p in prompts]
+    truths = [p + b for p, b in zip(prompts, bases, strict=True)]
+    head = _full_vocab_head(target, samples)
+    wrong = lambda i: i % 5 == 2  # noqa: E731
+    single = SpeculativeEngine(target, head, "block", k=4)
+    batched = BatchEngine(target, head, "block", k=4)
+    for engine in (single, batched):
+        assert engine.head is not None
+        engine.head.draft_block = _steered(engine.head, truths, wrong)  # type: ignore[method-assign]
+    assert [single.generate_ids(p, 20) for p in prompts] == bases
+    assert batched.generate_batch(prompts, 20) == bases
+    for st in (single.stats, batched.stats):
+        assert 0 < st.num_accepted_tokens < st.num_draft_tokens

@@ -28,6 +28,23 @@ def test_generate_command(tmp_path, tiny_dir, llama, make_head, capsys) -> None:
     assert args.func(args) == 0 and "[plain]" in capsys.readouterr().out
 
 
+def test_generate_block_head_defaults_to_block_mode(tmp_path, tiny_dir, llama, make_head,  # noqa: ANN001
+                                                    capsys) -> None:
+    """No --mode: a saved DFlash head decodes in its own mode (block), K capped at its
+    block_size - 1."""
+    head_dir = save_head(make_head(llama, "dflash"), tmp_path / "dflash")
+    parser = argparse.ArgumentParser()
+    generate.register(parser.add_subparsers())
+    args = parser.parse_args(["generate", "--target", str(tiny_dir("LlamaForCausalLM")),
+                              "--head", str(head_dir), "--prompt", "def add(a, b):",
+                              "--k", "30", "--max-new-tokens", "6"])
+    engine, _ = generate.build_engine(args)
+    assert engine.mode.value == "block" and engine.k == 7  # default block_size 8
+    assert args.func(args) == 0
+    out = capsys.readouterr().out
+    assert "[block]" in out and "acceptance length" in out
+
+
 def test_generate_no_onednn_keeps_stock_linears(tiny_dir) -> None:  # noqa: ANN001
     parser = argparse.ArgumentParser()
     generate.register(parser.add_subparsers())
