@@ -11,9 +11,13 @@ Contract:
   foundation/dtypes.py ``for_gpu(EAGLENEST_DTYPE or auto, the checkpoint's dtype from
   config.json, the job's GPUs' compute capability)``: a bfloat16 checkpoint runs in
   bfloat16 on an L40S (8.9) and float16 on a T4 (7.5), the reason saying why.
-- `load(model_dir, backend, device, dtype)`: the whole target on ``device`` in ``dtype``, or,
-  when vLLM captures, only its ends (models/target.py ``load_target_ends``) on the CPU in
-  ``dtype``; the torchrun ranks load theirs in the same dtype (run.json's ``dtype``).
+- `load(model_dir, backend, device, dtype, aux_layer_ids)`: the whole target on ``device`` in
+  ``dtype``, or, when vLLM captures, only its ends (models/target.py ``load_target_ends``) on
+  the CPU in ``dtype``; the torchrun ranks load theirs in the same dtype and layers
+  (run.json's ``dtype``, ``aux_layer_ids``).
+- `start_layers(init_head)`: the target layers a starting head (the `eagle_model` channel)
+  reads its features from, which the job's target then captures: a public DFlash head's
+  ``target_layer_ids`` need not be EagleNest's default layers (None: the default).
 - `vllm_capture(...)`: the vLLM children's settings: the job's dtype, a tensor-parallel
   degree that divides the target's attention heads (foundation/memory_plan.py
   ``tensor_parallel``: Qwen2.5-7B's 28 heads on 8 GPUs -> 4), and for the capture child a
@@ -82,13 +86,30 @@ def job_dtype(model_dir: Path, wanted: str | None, device: str,
     return for_gpu(wanted or AUTO, checkpoint_dtype(config), capability)
 
 
-def load(model_dir: Path, backend: str, device: str, dtype: str) -> Any:
+def load(model_dir: Path, backend: str, device: str, dtype: str,
+         aux_layer_ids: list[int] | None = None) -> Any:
     """The job's target (module contract): its ends only when vLLM captures."""
     from eaglenest.models.target import load_target, load_target_ends
 
     if backend == "vllm":
-        return load_target_ends(model_dir, dtype=dtype)
-    return load_target(model_dir, device=device, dtype=dtype)
+        return load_target_ends(model_dir, dtype=dtype, aux_layer_ids=aux_layer_ids)
+    return load_target(model_dir, device=device, dtype=dtype, aux_layer_ids=aux_layer_ids)
+
+
+def start_layers(init_head: Path | None) -> list[int] | None:
+    """The aux layers a starting head reads (module contract); None: no head, or a kind that
+    reads none, or no layers named (the target's default layers). InputError when the
+    channel's config.json cannot be read as a head's."""
+    if init_head is None:
+        return None
+    from eaglenest.models.checkpoint import read_head_config
+
+    try:
+        _, cfg = read_head_config(init_head)
+    except (OSError, KeyError, TypeError, ValueError) as exc:
+        raise InputError(f"the eagle_model channel's config.json is not a draft head's: "
+                         f"{type(exc).__name__}: {exc}") from None
+    return list(cfg.aux_layer_ids) or None
 
 
 def release() -> bool:

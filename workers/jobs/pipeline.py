@@ -138,7 +138,9 @@ class Pipeline:
         self.capture_backend = capture_stage.choose_for(
             model_dir, self.options.capture_backend, self._device(), self.gpus.memory_gib,
             self.dtype)
-        target = job_target.load(model_dir, self.capture_backend, self._device(), self.dtype)
+        # a starting head's layers (a public DFlash head's may not be the default ones)
+        target = job_target.load(model_dir, self.capture_backend, self._device(), self.dtype,
+                                 job_target.start_layers(init_head))
         prompts = [job_data.prompt_text(e, target.tokenizer) for e in holdout]
         train_out = self._train(target, train_examples, head_kind, init_head, holdout)
         del target
@@ -319,7 +321,7 @@ class Pipeline:
             job_target.release()  # rank 0's GPU is free of the parent's copy
         run = write_run(self.work / "ddp", config, Path(target.folder),
                         self._device(ranks=True), self._data_label(), samples, capture,
-                        heldout, self.dtype)
+                        heldout, self.dtype, list(target.aux_layer_ids))
         summary = launch(run, procs, self.control.should_stop, config.on_checkpoint,
                          self.children_dir, f"job:{self._key}", on_row=progress.row,
                          env={SHARING_ENV: str(sharing), **self.gpus.env})

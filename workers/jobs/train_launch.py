@@ -70,12 +70,14 @@ class LaunchError(RuntimeError):
 
 def write_run(run_dir: Path, config: Any, target_dir: Path, device: str, source: str,
               samples: list[Any], capture: Path | None = None,
-              heldout: list[Any] | None = None, dtype: str = "float32") -> Path:
+              heldout: list[Any] | None = None, dtype: str = "float32",
+              aux_layer_ids: list[int] | None = None) -> Path:
     """Write what every rank needs to ``run_dir``; the path of ``run.json``. ``heldout``:
     the held-out samples (every rank measures their accuracy every ``eval_every`` steps: the
     ranks' heads are equal, so are their figures and their plateau decisions; with a
-    ``capture`` folder their captures come from its held-out split). ``dtype``: the one
-    each rank loads the target in (workers/jobs/job_target.py ``job_dtype``)."""
+    ``capture`` folder their captures come from its held-out split). ``dtype`` and
+    ``aux_layer_ids``: the dtype each rank loads the target in (workers/jobs/job_target.py
+    ``job_dtype``) and the layers it captures (None: the target's default ones)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     from eaglenest.models.training.config import config_record
 
@@ -84,7 +86,8 @@ def write_run(run_dir: Path, config: Any, target_dir: Path, device: str, source:
         (run_dir / name).write_text(json.dumps(
             [{"input_ids": s.input_ids, "loss_mask": s.loss_mask} for s in group]))
     run = {"config": fields, "target": str(target_dir), "device": device, "source": source,
-           "capture": str(capture) if capture else None, "dtype": dtype}
+           "capture": str(capture) if capture else None, "dtype": dtype,
+           "aux_layer_ids": aux_layer_ids}
     (run_dir / "run.json").write_text(json.dumps(run))
     for name in ("stop", "result.json", PROGRESS_FILE):
         (run_dir / name).unlink(missing_ok=True)
@@ -258,7 +261,8 @@ def _rank_data(run: dict[str, Any], samples: list[Any], heldout: list[Any],
     if run.get("capture"):
         return shard_train_data(run["capture"], device, source=run["source"],
                                 heldout=bool(heldout))
-    target = load_target(run["target"], device=device, dtype=run.get("dtype", "float32"))
+    target = load_target(run["target"], device=device, dtype=run.get("dtype", "float32"),
+                         aux_layer_ids=run.get("aux_layer_ids"))
     return TrainData(target, samples, source=run["source"], heldout=heldout)
 
 

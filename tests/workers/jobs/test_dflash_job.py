@@ -149,3 +149,54 @@ def test_a_dflash_job_completes_and_its_endpoint_answers(stack: Stack) -> None:
     assert "--head" not in _server_command(stack, "ep-dflash")
     assert [_generate(rt, "ep-dflash", p) for p in prompts] == drafted == as_made
     sm.delete_endpoint(EndpointName="ep-dflash")
+
+
+def _public_head(tiny_llama_dir: Path, folder: Path) -> Path:
+    """A DFlash head in the public layout (no lm_head, no d2t; tests/models/heads/
+    test_dflash.py ``public_checkpoint``) that fuses other target layers than EagleNest's
+    default ones: the outputs of layers 0 and 3 (aux layers [1, 4])."""
+    from eaglenest.models.data.template import Chat, encode_examples
+    from eaglenest.models.heads.registry import HEADS
+    from eaglenest.models.target import load_target
+    from eaglenest.models.training.config import TrainConfig
+    from tests.models.heads.test_dflash import public_checkpoint
+
+    target = load_target(tiny_llama_dir, aux_layer_ids=[1, 4])
+    samples = encode_examples([Chat([{"role": "user", "content": "What is 2+2?"},
+                                     {"role": "assistant", "content": "2+2 is 4. " * 6}])],
+                              target.tokenizer, 128)
+    config = TrainConfig(head=BLOCK, draft_vocab_size=target.vocab_size, dflash_layers=1,
+                         dflash_block_size=16)
+    head = HEADS[BLOCK].build(target, samples, config).eval()
+    return public_checkpoint(head, folder, target.num_layers)  # type: ignore[arg-type]
+
+
+def test_a_dflash_job_starts_from_a_public_head_over_other_layers(
+        stack: Stack, tiny_llama_dir: Path, tmp_path: Path) -> None:
+    """SageMaker's second path with a public DFlash head as the `eagle_model` channel: the
+    job's target captures the layers that head reads (its dflash_config.target_layer_ids),
+    trains it further and publishes it reading the same layers."""
+    sm = stack.client()
+    upload(stack, _public_head(tiny_llama_dir, tmp_path / "public"), "s3://models/public-dflash/")
+    sm.create_model(ModelName="tiny-public-dflash", ExecutionRoleArn=ROLE, PrimaryContainer={
+        "Image": "embedded", "Environment": {"EAGLENEST_SERVING_BACKEND": "embedded"},
+        "ModelDataSource": {"S3DataSource": {
+            "S3Uri": "s3://models/tiny-llama/", "S3DataType": "S3Prefix",
+            "CompressionType": "None"}},
+        "AdditionalModelDataSources": [{"ChannelName": "eagle_model", "S3DataSource": {
+            "S3Uri": "s3://models/public-dflash/", "S3DataType": "S3Prefix",
+            "CompressionType": "None"}}]})
+    args = job("s3://models/tiny-llama/", EAGLENEST_HEAD=BLOCK, EAGLENEST_BENCHMARK="0",
+               EAGLENEST_DFLASH_BLOCK_SIZE="16", EAGLENEST_DFLASH_LAYERS="1")
+    for pinned in ("EAGLENEST_BENCH_KS", "EAGLENEST_NUM_SPECULATIVE_TOKENS"):
+        del args["OptimizationEnvironment"][pinned]
+    args["ModelSource"] = {"SageMakerModel": {"ModelName": "tiny-public-dflash"}}
+    sm.create_optimization_job(OptimizationJobName="public-dflash", **args)
+    d = wait_status(sm, "public-dflash", {"COMPLETED", "FAILED"}, timeout=600, stack=stack)
+    assert d["OptimizationJobStatus"] == "COMPLETED", d.get("FailureReason")
+    out = stack.data_dir / "s3" / "output" / "jobs" / "public-dflash" / "eagle_model"
+    prov = json.loads((out / "provenance.json").read_text())
+    assert prov["train_config"]["init_head"], prov["train_config"]
+    head_cfg = json.loads((out / "config.json").read_text())
+    assert head_cfg["dflash_config"]["target_layer_ids"] == [0, 3]  # aux [1, 4], as started
+    assert head_cfg["dflash_config"]["block_size"] == 16

@@ -112,3 +112,20 @@ def test_a_launch_first_stops_what_the_previous_launch_left(tmp_path):
             stop_predecessor(tmp_path)
     finally:
         children.stop(record, timeout=1, proc=proc)
+
+
+def test_two_processes_train_a_block_head_over_the_layers_asked(tmp_path, tiny_llama_dir,
+                                                                samples):
+    """A DFlash head (HeadSpec.block) in 2 processes, each rank's target capturing the
+    layers the run names (a starting head's: workers/jobs/job_target.py start_layers), not
+    the default ones: the head reads those layers and its block is the run's."""
+    run = write_run(tmp_path / "ddp", config(tmp_path / "train", head="dflash",
+                                             dflash_block_size=4, dflash_layers=1,
+                                             checkpoint_every=0),
+                    tiny_llama_dir, "cpu", "gsm8k", samples, aux_layer_ids=[1, 4])
+    assert json.loads(run.read_text())["aux_layer_ids"] == [1, 4]
+    result = launch(run, 2, lambda: False, None)
+    assert result["steps"] == STEPS and len(result["step_accuracy"]) == 3  # block 4: 3 slots
+    saved = json.loads((tmp_path / "train" / "config.json").read_text())
+    assert saved["dflash_config"]["target_layer_ids"] == [0, 3]  # aux [1, 4]
+    assert saved["dflash_config"]["block_size"] == 4 and saved["num_hidden_layers"] == 1
