@@ -15,9 +15,11 @@ Contract:
   ``dtype``, or, when vLLM captures, only its ends (models/target.py ``load_target_ends``) on
   the CPU in ``dtype``; the torchrun ranks load theirs in the same dtype and layers
   (run.json's ``dtype``, ``aux_layer_ids``).
-- `start_layers(init_head)`: the target layers a starting head (the `eagle_model` channel)
-  reads its features from, which the job's target then captures: a public DFlash head's
-  ``target_layer_ids`` need not be EagleNest's default layers (None: the default).
+- `start_head(init_head)`: a starting head's (the `eagle_model` channel's) kind, the target
+  layers it reads its features from, which the job's target then captures (a public DFlash
+  head's ``target_layer_ids`` need not be EagleNest's default layers), and its block;
+  `inherit(options, start)`: a block head trained further keeps its block unless
+  EAGLENEST_DFLASH_BLOCK_SIZE sets one.
 - `vllm_capture(...)`: the vLLM children's settings: the job's dtype, a tensor-parallel
   degree that divides the target's attention heads (foundation/memory_plan.py
   ``tensor_parallel``: Qwen2.5-7B's 28 heads on 8 GPUs -> 4), and for the capture child a
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -96,20 +99,40 @@ def load(model_dir: Path, backend: str, device: str, dtype: str,
     return load_target(model_dir, device=device, dtype=dtype, aux_layer_ids=aux_layer_ids)
 
 
-def start_layers(init_head: Path | None) -> list[int] | None:
-    """The aux layers a starting head reads (module contract); None: no head, or a kind that
-    reads none, or no layers named (the target's default layers). InputError when the
-    channel's config.json cannot be read as a head's."""
+@dataclass(frozen=True)
+class StartHead:
+    """What the job needs of a starting head (the `eagle_model` channel) before training."""
+
+    kind: str
+    #: the target layers it fuses (None: the target's default ones, or none read)
+    aux_layer_ids: list[int] | None
+    block_size: int | None  # a block head's (HeadSpec.block); else None
+
+
+def start_head(init_head: Path | None) -> StartHead | None:
+    """The starting head's kind, layers and block (module contract); None without one.
+    InputError when the channel's config.json cannot be read as a head's."""
     if init_head is None:
         return None
     from eaglenest.models.checkpoint import read_head_config
 
     try:
-        _, cfg = read_head_config(init_head)
+        kind, cfg = read_head_config(init_head)
     except (OSError, KeyError, TypeError, ValueError) as exc:
         raise InputError(f"the eagle_model channel's config.json is not a draft head's: "
                          f"{type(exc).__name__}: {exc}") from None
-    return list(cfg.aux_layer_ids) or None
+    return StartHead(kind, list(cfg.aux_layer_ids) or None,
+                     cfg.block_size if HEADS[kind].block else None)
+
+
+def inherit(options: JobOptions, start: StartHead | None) -> JobOptions:
+    """A job training further a block head of its own kind (EAGLENEST_HEAD names it) keeps
+    that head's block unless EAGLENEST_DFLASH_BLOCK_SIZE sets one. Example: a public DFlash
+    head of block 16, EAGLENEST_HEAD=dflash, no block set -> block 16 (K 7, rows 1-7)."""
+    if (start is None or start.block_size is None or options.head != start.kind
+            or options.dflash_block_size is not None):
+        return options
+    return options.model_copy(update={"dflash_block_size": start.block_size})
 
 
 def release() -> bool:

@@ -125,6 +125,8 @@ class Pipeline:
         from eaglenest.models.target import check_model_files, read_architecture
 
         check_model_files(model_dir)
+        start = job_target.start_head(init_head)
+        self.options = job_target.inherit(self.options, start)
         head_kind = job_target.check_head(self.options, read_architecture(model_dir)[1])
         self.options = for_kind(self.options, head_kind)  # a block head's K and layers
         self.stage("load data")
@@ -140,7 +142,7 @@ class Pipeline:
             self.dtype)
         # a starting head's layers (a public DFlash head's may not be the default ones)
         target = job_target.load(model_dir, self.capture_backend, self._device(), self.dtype,
-                                 job_target.start_layers(init_head))
+                                 start.aux_layer_ids if start else None)
         prompts = [job_data.prompt_text(e, target.tokenizer) for e in holdout]
         train_out = self._train(target, train_examples, head_kind, init_head, holdout)
         del target

@@ -175,7 +175,7 @@ def test_a_dflash_job_starts_from_a_public_head_over_other_layers(
         stack: Stack, tiny_llama_dir: Path, tmp_path: Path) -> None:
     """SageMaker's second path with a public DFlash head as the `eagle_model` channel: the
     job's target captures the layers that head reads (its dflash_config.target_layer_ids),
-    trains it further and publishes it reading the same layers."""
+    trains it further in its own block and publishes it reading the same layers."""
     sm = stack.client()
     upload(stack, _public_head(tiny_llama_dir, tmp_path / "public"), "s3://models/public-dflash/")
     sm.create_model(ModelName="tiny-public-dflash", ExecutionRoleArn=ROLE, PrimaryContainer={
@@ -186,8 +186,7 @@ def test_a_dflash_job_starts_from_a_public_head_over_other_layers(
         "AdditionalModelDataSources": [{"ChannelName": "eagle_model", "S3DataSource": {
             "S3Uri": "s3://models/public-dflash/", "S3DataType": "S3Prefix",
             "CompressionType": "None"}}]})
-    args = job("s3://models/tiny-llama/", EAGLENEST_HEAD=BLOCK, EAGLENEST_BENCHMARK="0",
-               EAGLENEST_DFLASH_BLOCK_SIZE="16", EAGLENEST_DFLASH_LAYERS="1")
+    args = job("s3://models/tiny-llama/", EAGLENEST_HEAD=BLOCK, EAGLENEST_BENCHMARK="0")
     for pinned in ("EAGLENEST_BENCH_KS", "EAGLENEST_NUM_SPECULATIVE_TOKENS"):
         del args["OptimizationEnvironment"][pinned]
     args["ModelSource"] = {"SageMakerModel": {"ModelName": "tiny-public-dflash"}}
@@ -199,4 +198,7 @@ def test_a_dflash_job_starts_from_a_public_head_over_other_layers(
     assert prov["train_config"]["init_head"], prov["train_config"]
     head_cfg = json.loads((out / "config.json").read_text())
     assert head_cfg["dflash_config"]["target_layer_ids"] == [0, 3]  # aux [1, 4], as started
-    assert head_cfg["dflash_config"]["block_size"] == 16
+    # no EAGLENEST_DFLASH_BLOCK_SIZE: the started head's block, and K = min(7, 16 - 1)
+    assert head_cfg["dflash_config"]["block_size"] == 16 and head_cfg["num_hidden_layers"] == 1
+    train = prov["train_config"]
+    assert (train["dflash_block_size"], train["speculative_tokens"]) == (16, 7)

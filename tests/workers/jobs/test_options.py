@@ -207,3 +207,18 @@ def test_a_block_heads_k_and_benchmark_rows_follow_its_block_size(
 
     job = for_kind(parse_options({"EAGLENEST_HEAD": BLOCK, **env}), BLOCK)
     assert (job.num_speculative_tokens, job.measured_ks()) == (k, ks)
+
+
+def test_a_block_head_trained_further_keeps_its_block_unless_told() -> None:
+    from eaglenest.workers.jobs.job_target import StartHead, inherit
+    from eaglenest.workers.jobs.options import for_kind
+
+    start = StartHead(BLOCK, [1, 4], 16)
+    opts = inherit(parse_options({"EAGLENEST_HEAD": BLOCK}), start)
+    assert opts.dflash_block_size == 16 and for_kind(opts, BLOCK).measured_ks() == (1, 3, 5, 7)
+    told = {"EAGLENEST_HEAD": BLOCK, "EAGLENEST_DFLASH_BLOCK_SIZE": "4"}
+    assert inherit(parse_options(told), start).dflash_block_size == 4
+    # another kind asked (the job then fails naming the channel's kind), or no head: unchanged
+    assert inherit(parse_options({"EAGLENEST_HEAD": "eagle3"}), start).dflash_block_size is None
+    assert inherit(parse_options({}), start) == parse_options({})
+    assert inherit(parse_options({"EAGLENEST_HEAD": BLOCK}), None).dflash_block_size is None
