@@ -13,7 +13,7 @@ from tests.models.decode.oracle import OracleDrafter
 
 PROMPTS = [[5, 17, 33, 80, 9, 100], [1, 42], [7] * 12, list(range(60, 90)), [3, 9, 27]]
 LENGTHS = [20, 7, 1, 26, 13]  # max_new_tokens per prompt: requests finish at different steps
-MODES = [("eagle3", "chain"), ("eagle", "tree"), ("peagle", "parallel")]
+MODES = [("eagle3", "chain"), ("eagle", "tree"), ("peagle", "parallel"), ("dflash", "block")]
 
 
 def staggered(engine: BatchEngine, jobs: list[tuple[list[int], int, dict]], every: int = 2):
@@ -64,7 +64,8 @@ def test_sliding_window_arch_batch_equals_batch1(tiny_target, make_head) -> None
     target = tiny_target("GptOssForCausalLM")  # per-layer-type masks, window 16, MoE
     head = make_head(target, "eagle3")
     prompts = [PROMPTS[0], PROMPTS[3], [9] * 20]  # GPT-OSS: sliding window 16 is exceeded
-    for h, mode in ((None, "plain"), (head, "chain"), (head, "tree")):
+    for h, mode in ((None, "plain"), (head, "chain"), (head, "tree"),
+                    (make_head(target, "dflash"), "block")):
         kw = dict(k=3, depth=3, topk=2, total_tokens=7)
         expect = [SpeculativeEngine(target, h, mode, **kw).generate_ids(p, 16) for p in prompts]
         engine = BatchEngine(target, h, mode, compact_slack=2, **kw)

@@ -12,7 +12,7 @@ PROMPTS = [[5, 17, 33, 80, 9, 100], [1, 42], [7] * 12, list(range(60, 90))]
 FAST_ARCHS = ["LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
               "Qwen3MoeForCausalLM", "GptOssForCausalLM"]
 MODES = [("eagle", "chain"), ("eagle", "tree"), ("eagle3", "chain"), ("eagle3", "tree"),
-         ("peagle", "parallel"), ("peagle", "tree")]
+         ("peagle", "parallel"), ("peagle", "tree"), ("dflash", "block")]
 
 
 def reference(target, prompt: list[int], n: int) -> list[int]:  # noqa: ANN001
@@ -45,7 +45,8 @@ def test_heads_lossless_qwen3_next(tiny_target, make_head) -> None:  # noqa: ANN
     """Recurrent (linear-attention) target: chain/parallel with state rollback + replay."""
     target = tiny_target("Qwen3NextForCausalLM")
     base = SpeculativeEngine(target, None).generate_ids(PROMPTS[0], 16)
-    for kind, mode in [("eagle", "chain"), ("peagle", "parallel"), ("eagle", "tree")]:
+    for kind, mode in [("eagle", "chain"), ("peagle", "parallel"), ("eagle", "tree"),
+                       ("dflash", "block")]:
         engine = SpeculativeEngine(target, make_head(target, kind), mode, k=3, depth=3)
         assert engine.generate_ids(PROMPTS[0], 16) == base, (kind, mode)
 
@@ -79,7 +80,7 @@ def _oracle_engine(target, prompt, n, mode, rank=lambda i: 0, **kw):  # noqa: AN
     return engine, base[:n]
 
 
-@pytest.mark.parametrize("mode", ["chain", "parallel", "tree"])
+@pytest.mark.parametrize("mode", ["chain", "parallel", "tree", "block"])
 def test_oracle_full_acceptance_and_bonus(mode, llama) -> None:  # noqa: ANN001
     prompt = PROMPTS[0]
     engine, base = _oracle_engine(llama, prompt, 21, mode, k=4, depth=4, topk=2, total_tokens=9)
@@ -92,7 +93,7 @@ def test_oracle_full_acceptance_and_bonus(mode, llama) -> None:  # noqa: ANN001
     assert st.accepted_per_pos == [4, 4, 4, 4] and st.acceptance_length == 5.0
 
 
-@pytest.mark.parametrize("mode", ["chain", "parallel"])
+@pytest.mark.parametrize("mode", ["chain", "parallel", "block"])
 def test_oracle_partial_acceptance(mode, llama) -> None:  # noqa: ANN001
     prompt = PROMPTS[2]
     wrong = {9, 10, 20}  # sequence indices whose draft is demoted out of the top
@@ -116,7 +117,7 @@ def test_oracle_tree_accepts_siblings(llama) -> None:  # noqa: ANN001
     assert tree.request_stats.acceptance_length > chain.request_stats.acceptance_length
 
 
-@pytest.mark.parametrize("mode", ["chain", "tree", "parallel"])
+@pytest.mark.parametrize("mode", ["chain", "tree", "parallel", "block"])
 def test_stop_tokens_mid_draft(mode, llama) -> None:  # noqa: ANN001
     prompt = PROMPTS[0]
     engine, base = _oracle_engine(llama, prompt, 30, mode, k=5, depth=5, topk=2, total_tokens=11)
@@ -155,7 +156,7 @@ def test_mode_validation(llama, make_head) -> None:  # noqa: ANN001
     assert SpeculativeEngine(llama, None, "tree").mode is DecodeMode.PLAIN
 
 
-@pytest.mark.parametrize("mode", ["chain", "parallel"])
+@pytest.mark.parametrize("mode", ["chain", "parallel", "block"])
 def test_adaptive_plain_rounds_are_lossless_and_not_counted_as_drafts(
     mode, llama, make_head  # noqa: ANN001
 ) -> None:
@@ -163,7 +164,7 @@ def test_adaptive_plain_rounds_are_lossless_and_not_counted_as_drafts(
     on the pending token alone, keep the head's cache in step, and are no draft rounds."""
     from eaglenest.models.decode.batch import BatchEngine
 
-    head = make_head(llama, "peagle" if mode == "parallel" else "eagle3")
+    head = make_head(llama, {"parallel": "peagle", "block": "dflash"}.get(mode, "eagle3"))
     base = SpeculativeEngine(llama, None).generate_ids(PROMPTS[0], 24)
     for engine in (SpeculativeEngine(llama, head, mode, k=3, adaptive=True),
                    BatchEngine(llama, head, mode, k=3, adaptive=True)):
