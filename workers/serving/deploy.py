@@ -9,7 +9,7 @@ speculation_schedule.json unless EAGLENEST_NUM_SPECULATIVE_TOKENS is set; ``none
 EAGLENEST_EXPECTED_CONCURRENCY (vLLM without dynamic speculation: the load whose K is used,
 default 1), EAGLENEST_SPLIT_SERVING (vLLM: 1, the default = where the schedule is off above
 some load, a second server of the target alone serves those loads; 0 = one server),
-EAGLENEST_DECODE_MODE (embedded: chain | tree | parallel), EAGLENEST_ADAPTIVE (embedded:
+EAGLENEST_DECODE_MODE (embedded: chain | tree | parallel | block), EAGLENEST_ADAPTIVE (embedded:
 1 = K / tree depth chosen online), EAGLENEST_MAX_MODEL_LEN, EAGLENEST_DTYPE. The head comes
 from the container's `eagle_model` channel.
 """
