@@ -123,7 +123,10 @@ def check_job(session: Session, account: Account, spec: dict[str, Any],
     shape = _shape(store, account, model, where)
     if shape is None:
         return
-    head = head_estimate(shape, _env_int(env, "EAGLENEST_NUM_LAYERS", 1),
+    # a DFlash head stacks EAGLENEST_DFLASH_LAYERS layers (the other kinds NUM_LAYERS)
+    layers = max(_env_int(env, "EAGLENEST_NUM_LAYERS", 1),
+                 _env_int(env, "EAGLENEST_DFLASH_LAYERS", 1))
+    head = head_estimate(shape, layers,
                          _env_int(env, "EAGLENEST_DRAFT_VOCAB_SIZE", DEFAULT_DRAFT_VOCAB))
     _plan(where, shape, itype, options, head)
 

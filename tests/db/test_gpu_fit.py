@@ -190,6 +190,17 @@ def test_a_job_plans_an_estimated_head_on_all_the_gpus(db, store):
     assert str(exc.value).startswith("OptimizationEnvironment: EAGLENEST_DTYPE='fp8'")
 
 
+def test_a_dflash_job_plans_its_own_layer_count(db, store):
+    llama(store, "s3://mine/llama/")
+    model(db, "m", prefix("s3://mine/llama/"))
+    env = {"EAGLENEST_DRAFT_VOCAB_SIZE": "128256"}
+    job(store, db, {"SageMakerModel": {"ModelName": "m"}}, "ml.g5.2xlarge", **env)
+    with pytest.raises(ValidationException) as exc:  # 8 DFlash layers, each with its KV cache
+        job(store, db, {"SageMakerModel": {"ModelName": "m"}}, "ml.g5.2xlarge",
+            EAGLENEST_DFLASH_LAYERS="8", **env)
+    assert "the model does not fit ml.g5.2xlarge" in str(exc.value)
+
+
 def test_the_default_draft_vocabulary_is_the_workers():
     options = pytest.importorskip("eaglenest.workers.jobs.options")
     from eaglenest.foundation.memory_plan import DEFAULT_DRAFT_VOCAB

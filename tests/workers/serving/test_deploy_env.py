@@ -31,7 +31,7 @@ def test_adaptive_reaches_the_embedded_server() -> None:
 
 @pytest.mark.parametrize(("env", "message"), [
     ({"EAGLENEST_ADAPTIVE": "yes"}, "EAGLENEST_ADAPTIVE='yes' must be 0 or 1"),
-    ({"EAGLENEST_DECODE_MODE": "beam"}, "EAGLENEST_DECODE_MODE='beam' must be chain, tree or"),
+    ({"EAGLENEST_DECODE_MODE": "beam"}, "EAGLENEST_DECODE_MODE='beam' must be chain, tree, parallel or"),
     ({"EAGLENEST_NUM_SPECULATIVE_TOKENS": "0"}, "EAGLENEST_NUM_SPECULATIVE_TOKENS='0' must be"),
     ({"EAGLENEST_MAX_MODEL_LEN": "abc"}, "EAGLENEST_MAX_MODEL_LEN='abc' must be a positive"),
 ])
