@@ -29,7 +29,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, cast
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from eaglenest.models.heads.base import HeadBatch, HeadLoss, Partition, mask_token_for
@@ -43,7 +42,7 @@ from eaglenest.models.heads.layers import (
     grouped_attention,
     rope_cos_sin,
 )
-from eaglenest.models.heads.vocab import draft_to_target, draft_vocab_for
+from eaglenest.models.heads.vocab import DraftVocabHead, draft_vocab_for
 from eaglenest.models.target import Capture
 from eaglenest.models.training.config import TrainConfig
 
@@ -116,12 +115,9 @@ class DFlashLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-class DFlashHead(nn.Module):
+class DFlashHead(DraftVocabHead):
     """DFlash head. ``d2t``/``t2d`` as EAGLE-3's (identity offsets / all-True for a head
     over the target's whole vocabulary, e.g. a public checkpoint without its own lm_head)."""
-
-    d2t: torch.Tensor  # buffers (registered in __init__)
-    t2d: torch.Tensor
 
     def __init__(self, cfg: HeadConfig, d2t: torch.Tensor, t2d: torch.Tensor) -> None:
         super().__init__()
@@ -196,27 +192,7 @@ class DFlashHead(nn.Module):
         logits = self.block_logits(self.block_tokens(anchor, block_len), positions, ctx, mask)
         return logits[:, 1:]
 
-    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
-        return draft_to_target(draft_ids, self.d2t)
-
-    def target_id_order(self) -> torch.Tensor:
-        """[draft_vocab] target ids in draft-id order (draft id d <-> target id d + d2t[d])."""
-        return self.to_target_ids(torch.arange(self.d2t.shape[0], device=self.d2t.device))
-
-    def init_from_target(self, embed_weight: torch.Tensor, lm_head_weight: torch.Tensor) -> None:
-        """Copy the frozen embeddings; start lm_head from the target's rows for the vocab."""
-        with torch.no_grad():
-            self.embed_tokens.weight.copy_(embed_weight)
-            self.lm_head.weight.copy_(lm_head_weight[self.target_id_order()])
-
     # ---- training ----------------------------------------------------------------------
-    def target_distribution(self, cap: Capture) -> tuple[torch.Tensor, torch.Tensor]:
-        """(probs over the head's vocabulary [batch, seq, draft_vocab], in vocab [batch,
-        seq]): position p's row is the target's distribution of x[p+1]; ``in vocab`` marks
-        positions whose target argmax the head can draft (only there is the loss scored)."""
-        restricted = cap.logits_for(self.target_id_order())  # [batch, seq, draft_vocab]
-        return F.softmax(restricted.float(), dim=-1), self.t2d[cap.target_argmax()]
-
     def loss(
         self,
         batch: HeadBatch,

@@ -23,7 +23,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from eaglenest.models.heads.base import HeadBatch, HeadLoss, greedy_chain, scored_steps
@@ -38,7 +37,7 @@ from eaglenest.models.heads.layers import (
     split_layers,
     ttt_mask,
 )
-from eaglenest.models.heads.vocab import draft_to_target, draft_vocab_for
+from eaglenest.models.heads.vocab import DraftVocabHead, draft_vocab_for
 from eaglenest.models.target import Capture
 from eaglenest.models.training.config import TrainConfig
 
@@ -102,11 +101,8 @@ class DecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x)), kv
 
 
-class Eagle3Head(nn.Module):
+class Eagle3Head(DraftVocabHead):
     """EAGLE-3 head. ``d2t``/``t2d`` come from ``models.heads.vocab.build_draft_vocab``."""
-
-    d2t: torch.Tensor  # buffers (registered in __init__)
-    t2d: torch.Tensor
 
     def __init__(self, cfg: HeadConfig, d2t: torch.Tensor, t2d: torch.Tensor) -> None:
         super().__init__()
@@ -160,30 +156,7 @@ class Eagle3Head(nn.Module):
         normed = self.norm(out)
         return self.lm_head(normed), (normed if self.cfg.norm_output else out), join_layers(kvs)
 
-    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
-        return draft_to_target(draft_ids, self.d2t)
-
-    def target_id_order(self) -> torch.Tensor:
-        """[draft_vocab] target ids in draft-id order (draft id d <-> target id d + d2t[d])."""
-        return self.to_target_ids(torch.arange(self.d2t.shape[0], device=self.d2t.device))
-
-    def init_from_target(self, embed_weight: torch.Tensor, lm_head_weight: torch.Tensor) -> None:
-        """Copy the frozen embeddings; start lm_head from the target's rows for the draft vocab."""
-        with torch.no_grad():
-            self.embed_tokens.weight.copy_(embed_weight)
-            self.lm_head.weight.copy_(lm_head_weight[self.target_id_order()])
-
     # ---- training ----------------------------------------------------------------------
-    def target_distribution(self, cap: Capture) -> tuple[torch.Tensor, torch.Tensor]:
-        """Target capture -> (probs over the draft vocab [batch, seq, draft_vocab], in vocab).
-
-        The second tensor [batch, seq] marks positions whose target argmax is a draft-vocab
-        token: only there can a greedy draft be accepted, so only there is the loss scored.
-        """
-        restricted = cap.logits_for(self.target_id_order())  # [batch, seq, draft_vocab]
-        in_vocab = self.t2d[cap.target_argmax()]
-        return F.softmax(restricted.float(), dim=-1), in_vocab
-
     def ttt_forward(
         self,
         input_ids: torch.Tensor,  # [batch, seq] teacher tokens x[0..seq-1]

@@ -1,4 +1,5 @@
-"""Reduced draft vocabulary for EAGLE-3 / P-EAGLE heads, chosen by token frequency."""
+"""Reduced draft vocabulary for EAGLE-3 / P-EAGLE / DFlash heads, chosen by token frequency,
+and ``DraftVocabHead``, the base class of the heads that have one."""
 
 from __future__ import annotations
 
@@ -6,10 +7,12 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 import torch
+import torch.nn.functional as F
+from torch import nn
 
 if TYPE_CHECKING:
     from eaglenest.models.data.template import Sample
-    from eaglenest.models.target import Target
+    from eaglenest.models.target import Capture, Target
 
 
 def token_counts(sequences: Iterable[list[int]], vocab_size: int) -> torch.Tensor:
@@ -59,3 +62,40 @@ def draft_vocab_for(
     the samples' trained (assistant) tokens."""
     seqs = ([t for t, m in zip(s.input_ids, s.loss_mask, strict=True) if m] for s in samples)
     return build_draft_vocab(token_counts(seqs, target.vocab_size), min(size, target.vocab_size))
+
+
+class DraftVocabHead(nn.Module):
+    """A head over a draft vocabulary: its lm_head rows are target ids ``d + d2t[d]``.
+
+    Subclasses register the buffers ``d2t`` [draft_vocab] / ``t2d`` [vocab] (from
+    ``build_draft_vocab``) and set ``embed_tokens`` (the target's, frozen) and ``lm_head``.
+    """
+
+    d2t: torch.Tensor
+    t2d: torch.Tensor
+    embed_tokens: nn.Embedding
+    lm_head: nn.Linear
+
+    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return draft_to_target(draft_ids, self.d2t)
+
+    def target_id_order(self) -> torch.Tensor:
+        """[draft_vocab] target ids in draft-id order (draft id d <-> target id d + d2t[d])."""
+        return self.to_target_ids(torch.arange(self.d2t.shape[0], device=self.d2t.device))
+
+    def init_from_target(self, embed_weight: torch.Tensor, lm_head_weight: torch.Tensor) -> None:
+        """Copy the frozen embeddings; start lm_head from the target's rows for the draft vocab."""
+        with torch.no_grad():
+            self.embed_tokens.weight.copy_(embed_weight)
+            self.lm_head.weight.copy_(lm_head_weight[self.target_id_order()])
+
+    def target_distribution(self, cap: Capture) -> tuple[torch.Tensor, torch.Tensor]:
+        """Target capture -> (probs over the draft vocab [batch, seq, draft_vocab], in vocab).
+
+        Position p's row is the target's distribution of x[p+1]. The second tensor [batch,
+        seq] marks positions whose target argmax is a draft-vocab token: only there can a
+        greedy draft be accepted, so only there is the loss scored.
+        """
+        restricted = cap.logits_for(self.target_id_order())  # [batch, seq, draft_vocab]
+        in_vocab = self.t2d[cap.target_argmax()]
+        return F.softmax(restricted.float(), dim=-1), in_vocab
