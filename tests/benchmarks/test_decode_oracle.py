@@ -58,7 +58,7 @@ def args(new_tokens: int) -> Any:
 def test_oracle_rows_reach_k_plus_one_and_emit_plain(target: Target, head: Any) -> None:
     """Whole rounds only (13 new tokens, no stop token reached): every round accepts all K
     drafts, so tau is exactly K + 1; the summary names the best row and the best oracle."""
-    rows = decode.in_process(target, head, None,
+    rows = decode.in_process(target, head, [],
                              {k: [ids(target, t) for t in v] for k, v in TEXTS.items()},
                              args(ALIGNED))
     by = {(r.prompt_set, r.name): r for r in rows}
@@ -90,7 +90,7 @@ def test_only_the_last_round_may_reject(target: Target, head: Any, new_tokens: i
     eos = target.tokenizer.eos_token_id
     oracle = OracleSource(end=eos)
     opts = args(new_tokens)
-    engines = decode.engine_rows(target, head, None, opts, oracle)
+    engines = decode.engine_rows(target, head, [], opts, oracle)
     fns = {name: decode.engine_fn(e, new_tokens, eos)
            for name, e in engines.items()}
     stopped, no_tau = fns["ours plain"](ids(target, STOPS))
