@@ -17,25 +17,15 @@ from eaglenest.models.heads.registry import HEADS
 from eaglenest.workers.model_servers.embedded.__main__ import build_parser, serving_mode
 from eaglenest.workers.model_servers.embedded.metrics import parse_spec_counters
 from eaglenest.workers.model_servers.process import EMBEDDED, ServerProcess, ServerSpec
+from tests.workers.conftest import train_tiny_head
 from tests.workers.model_servers.test_embedded_server import LENGTHS, PROMPTS, complete
 
 
 @pytest.fixture(scope="module")
 def tiny_dflash_dir(tmp_path_factory: pytest.TempPathFactory, tiny_llama_dir: Path) -> Path:
     """A DFlash head trained 3 steps on the tiny Llama, saved as jobs save it."""
-    from eaglenest.models.data import builtin_path, encode_examples, load_examples
-    from eaglenest.models.target import load_target
-    from eaglenest.models.training.config import TrainConfig
-    from eaglenest.models.training.train import TrainData, train
-
-    target = load_target(tiny_llama_dir)
-    samples = encode_examples(load_examples(builtin_path("gsm8k_training.jsonl"))[:8],
-                              target.tokenizer, max_length=128)
-    out = tmp_path_factory.mktemp("head") / "dflash"
-    train(TrainConfig(head="dflash", out_dir=str(out), max_steps=3, draft_vocab_size=64,
-                      dflash_layers=1, dflash_block_size=6, progress=False),
-          TrainData(target, samples, source="test"))
-    return out
+    return train_tiny_head(tmp_path_factory.mktemp("head") / "dflash", tiny_llama_dir,
+                           "dflash", dflash_layers=1, dflash_block_size=6)
 
 
 def _start(tmp: Path, model_dir: Path, head_dir: Path | None, name: str,
