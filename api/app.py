@@ -9,6 +9,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
 
+from eaglenest.api import cloudwatch, console
 from eaglenest.api.edge import json_protocol
 from eaglenest.api.edge.registry import Context
 from eaglenest.api.runtime import proxy
@@ -68,6 +69,8 @@ MOUNTS: tuple[Mount, ...] = (
     json_protocol.install,  # POST / (SageMaker, Tagging API) and GET /metrics; first:
                             # its app.state.metrics is the runtime's too
     proxy.install,  # sagemaker-runtime: /endpoints/{name}/invocations[-response-stream]
+    cloudwatch.install,  # CloudWatch (RPC v2 CBOR): /service/GraniteServiceVersion20100801/...
+    console.install,  # GET/POST /console...
     health,  # GET /ping
     mount.install,  # S3: last, ahead of every other route (api/s3/routing.py)
 )

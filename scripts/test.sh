@@ -14,11 +14,13 @@ cd "$(dirname "$0")/.."
 ensure_venv requirements/lock.txt
 "$PY" -c 'import vllm' # fail here, not in the middle of the tests
 
-# Real Postgres and Redis for tests/integration (Debian packages; the suite starts them).
-if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || [ ! -x /usr/bin/redis-server ]; then
+# Real Postgres and Redis for tests/integration (Debian packages; the suite starts them), and
+# the Chromium the console's browser tests drive (tests/api/console/).
+if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || [ ! -x /usr/bin/redis-server ] \
+   || [ ! -x /usr/bin/chromium ]; then
   if [ "$(id -u)" -eq 0 ]; then SUDO=""; else SUDO="sudo"; fi
   $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq postgresql redis-server >/dev/null
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq postgresql redis-server chromium >/dev/null
 fi
 
 echo "== ruff"
