@@ -170,6 +170,20 @@ class Settings(BaseSettings):
     #: the module a vLLM server runs as (`python -m <module>`): vLLM's OpenAI server; an
     #: operator's setting, never a caller's
     vllm_module: str = "vllm.entrypoints.openai.api_server"
+    # -- metrics: the per-account, per-minute store (db/metrics_repo.py) and the console --
+    #: days a minute of metric data is kept (CloudWatch keeps 1-minute data 15 days); older
+    #: minutes are swept by each MetricBuffer's flusher about once an hour
+    metrics_retention_days: int = Field(default=15, ge=1, le=455)
+    #: metric series (namespace, name, dimensions) one account may have; a datum of a new
+    #: series beyond it is dropped and counted (MetricBuffer.dropped)
+    metrics_max_series_per_account: int = Field(default=2000, ge=1)
+    #: seconds between a MetricBuffer's writes of what it aggregated to the database
+    metrics_flush_seconds: float = Field(default=1.0, gt=0, le=60)
+    #: seconds a console sign-in lasts (api/console/) before the session cookie expires
+    console_session_seconds: int = Field(default=28800, ge=60)
+    #: console sign-in attempts per minute, per client address and per access key id; more
+    #: are refused until the minute is over
+    console_login_attempts_per_minute: int = Field(default=5, ge=1)
 
     def resolved_database_url(self) -> str:
         if self.database_url:
