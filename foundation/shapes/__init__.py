@@ -5,7 +5,8 @@
     dump_output("CreateModel", data)   -> JSON-ready dict (no None members, epoch floats)
 
 The Resource Groups Tagging API's operations are the same calls with ``service="tagging"``
-(its signing name; shapes in the generated ``tagging`` module).
+(its signing name; shapes in the generated ``tagging`` module), CloudWatch's read operations
+with ``service="monitoring"`` (shapes in the generated ``cloudwatch`` module).
 
 The shape classes live in the generated modules (``common``, ``models``,
 ``endpoint_configs``, ``endpoints``, ``optimization_jobs``); regenerate them with
@@ -27,7 +28,7 @@ from eaglenest.foundation.errors import (
     UnknownOperationException,
 )
 
-from . import tagging
+from . import cloudwatch, tagging
 from .base import AwsShape, AwsUnion
 from .operations import INPUT_SHAPES, OUTPUT_SHAPES
 from .validation import json_kind, service_error
@@ -53,6 +54,7 @@ log = logging.getLogger(__name__)
 SERVICES: dict[str, tuple[dict[str, type[AwsShape]], dict[str, type[AwsShape] | None]]] = {
     "sagemaker": (INPUT_SHAPES, OUTPUT_SHAPES),
     "tagging": (tagging.INPUT_SHAPES, tagging.OUTPUT_SHAPES),
+    "monitoring": (cloudwatch.INPUT_SHAPES, cloudwatch.OUTPUT_SHAPES),
 }
 
 

@@ -1,4 +1,4 @@
-"""Generate the pydantic shape modules of ``foundation/shapes`` from botocore's SageMaker model.
+"""Generate the pydantic shape modules of ``foundation/shapes`` from botocore's service models.
 
     python -m eaglenest.foundation.shapes._codegen            # rewrite the checked-in modules
     python -m eaglenest.foundation.shapes._codegen --check    # exit 1 if they are out of date
@@ -60,6 +60,11 @@ REGISTRY = "operations"
 TAGGING_SERVICE = "resourcegroupstaggingapi"
 TAGGING = "tagging"
 TAGGING_OPERATIONS = ("GetResources", "TagResources", "UntagResources")
+#: CloudWatch's read operations (botocore service model "cloudwatch", signing name
+#: "monitoring", served by api/cloudwatch/): one self-contained module like the Tagging API's
+CLOUDWATCH_SERVICE = "cloudwatch"
+CLOUDWATCH = "cloudwatch"
+CLOUDWATCH_OPERATIONS = ("GetMetricStatistics", "GetMetricData", "ListMetrics")
 OUT_DIR = Path(__file__).resolve().parent
 
 # Member names that cannot be pydantic field names as-is: they get a trailing "_" and an alias.
@@ -317,17 +322,22 @@ def render(model: ServiceModel | None = None) -> dict[str, str]:
         shapes = [s for name, s in everything.items() if owner[name] == module]
         files[f"{module}.py"] = render_module(module, shapes, owner)
     files[f"{REGISTRY}.py"] = render_registry(model, owner)
-    files[f"{TAGGING}.py"] = render_tagging()
+    files[f"{TAGGING}.py"] = render_service(TAGGING, TAGGING_SERVICE, TAGGING_OPERATIONS)
+    files[f"{CLOUDWATCH}.py"] = render_service(CLOUDWATCH, CLOUDWATCH_SERVICE,
+                                               CLOUDWATCH_OPERATIONS)
     return files
 
 
-def render_tagging(model: ServiceModel | None = None) -> str:
-    """The Resource Groups Tagging API's module: its shapes and operation tables."""
-    model = model or load_model(TAGGING_SERVICE)
-    shapes = closure(model, TAGGING_OPERATIONS)
-    owner = dict.fromkeys(shapes, TAGGING)
+def render_service(module: str, service: str, ops: tuple[str, ...],
+                   model: ServiceModel | None = None) -> str:
+    """One self-contained module of another service than SageMaker (the Tagging API's,
+    CloudWatch's): the shapes of `ops` and its operation tables (INPUT_SHAPES /
+    OUTPUT_SHAPES)."""
+    model = model or load_model(service)
+    shapes = closure(model, ops)
+    owner = dict.fromkeys(shapes, module)
     rows_in, rows_out = [], []
-    for op in TAGGING_OPERATIONS:
+    for op in ops:
         op_model = model.operation_model(op)
         rows_in.append(f'    "{op}": {op_model.input_shape.name},\n')
         out = op_model.output_shape
@@ -335,7 +345,7 @@ def render_tagging(model: ServiceModel | None = None) -> str:
     tables = ("\n\nINPUT_SHAPES: dict[str, type[AwsShape]] = {\n" + "".join(rows_in) + "}\n"
               "OUTPUT_SHAPES: dict[str, type[AwsShape] | None] = {\n" + "".join(rows_out)
               + "}\n")
-    return render_module(TAGGING, list(shapes.values()), owner, TAGGING_SERVICE, tables)
+    return render_module(module, list(shapes.values()), owner, service, tables)
 
 
 def write(out_dir: Path) -> list[Path]:
