@@ -135,3 +135,44 @@ class GpuHoldingRow(Base):
     #: the worker (WorkerRow.owner) whose child processes use it
     owner: Mapped[str] = mapped_column(String(256), nullable=False)
     since: Mapped[float] = mapped_column(Float, nullable=False)
+
+
+class MetricSeriesRow(Base):
+    """One metric series of one account (db/metrics_repo.py): (namespace, name,
+    dimensions) with the unit its data have; account "" holds service-wide series."""
+
+    __tablename__ = "metric_series"
+    __table_args__ = (
+        UniqueConstraint("account_id", "namespace", "name", "dimensions",
+                         name="uq_metric_series_key"),
+        Index("ix_metric_series_namespace", "namespace", "last_time"),
+        Index("ix_metric_series_last_time", "last_time"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    account_id: Mapped[str] = mapped_column(String(12), nullable=False)
+    namespace: Mapped[str] = mapped_column(String(255), nullable=False)
+    name: Mapped[str] = mapped_column(String(255), nullable=False)
+    #: the (name, value) pairs sorted by name, as compact JSON: '[["EndpointName","e"],...]'
+    dimensions: Mapped[str] = mapped_column(String(1024), nullable=False)
+    #: the CloudWatch unit of every datum of the series (data of another unit are dropped)
+    unit: Mapped[str] = mapped_column(String(32), nullable=False)
+    #: the time (epoch seconds) of its latest datum
+    last_time: Mapped[float] = mapped_column(Float, nullable=False)
+
+
+class MetricMinuteRow(Base):
+    """One series' data in one minute (db/metric_histogram.py): count, sum, extremes and
+    the histogram of fixed log-spaced buckets ({bucket key: count}) percentiles come from."""
+
+    __tablename__ = "metric_minutes"
+    __table_args__ = (Index("ix_metric_minutes_minute", "minute"),)
+
+    series_id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    #: epoch seconds // 60
+    minute: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    sample_count: Mapped[float] = mapped_column(Float, nullable=False)
+    sum: Mapped[float] = mapped_column(Float, nullable=False)
+    minimum: Mapped[float] = mapped_column(Float, nullable=False)
+    maximum: Mapped[float] = mapped_column(Float, nullable=False)
+    histogram: Mapped[dict[str, int]] = mapped_column(JSON, nullable=False)
