@@ -233,7 +233,9 @@ def _check_request(start: float, end: float, period: int, percentiles: Sequence[
         raise ValueError("The parameter Period must be a multiple of 60.")
     if not start < end:
         raise ValueError("The parameter StartTime must be less than the parameter EndTime.")
-    wanted = math.ceil(end / period) - math.floor(start / period)
+    # counted as CloudWatch does, from the start rounded down to its minute (the periods
+    # answered are aligned to the epoch, so there may be one more with data)
+    wanted = math.ceil((end - math.floor(start / 60) * 60) / period)
     if wanted > MAX_DATAPOINTS:
         raise ValueError(
             f"You have requested up to {wanted:,} datapoints, which exceeds the limit of "
