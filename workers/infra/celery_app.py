@@ -16,6 +16,7 @@ from celery.signals import (
     task_postrun,
     task_prerun,
     worker_process_init,
+    worker_process_shutdown,
     worker_ready,
     worker_shutdown,
     worker_shutting_down,
@@ -103,11 +104,13 @@ def create_celery(settings: Settings, broker_url: str,
         ctx.placer.register()
         reconcile(ctx)
         start_watchdog(ctx)
+        ctx.metrics.start()  # the samplers the rooms gave it (workers/app.py)
 
     def on_shutting_down(**_: Any) -> None:
         ctx.shutting_down.set()  # running jobs checkpoint, hand back, and are re-enqueued
 
     def on_shutdown(**_: Any) -> None:
+        ctx.metrics.close()  # samplers stopped, pending figures written
         # Every child (serving instances included) dies with this process; a deliberate
         # shutdown stops them first, and the next start restarts InService endpoints
         # (reconcile -> recover).
@@ -119,6 +122,9 @@ def create_celery(settings: Settings, broker_url: str,
 
     def on_child_start(**_: Any) -> None:
         ctx.db.engine.dispose(close=False)  # never share pooled connections across fork
+
+    def on_child_end(**_: Any) -> None:
+        ctx.metrics.close()  # a pool process's own buffer: what its job added, written
 
     def on_setup_logging(loglevel: Any = None, **_: Any) -> None:
         # A receiver here means Celery leaves logging to us: our format (text or JSON,
@@ -134,6 +140,7 @@ def create_celery(settings: Settings, broker_url: str,
     task_postrun.connect(_task_finished, weak=False, dispatch_uid="eaglenest-log-context")
     worker_ready.connect(on_ready, weak=False)
     worker_process_init.connect(on_child_start, weak=False)
+    worker_process_shutdown.connect(on_child_end, weak=False)
     worker_shutdown.connect(on_shutdown, weak=False)
     worker_shutting_down.connect(on_shutting_down, weak=False)
     return app, ctx

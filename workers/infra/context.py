@@ -12,6 +12,7 @@ from pathlib import Path
 from eaglenest.db.session import Database
 from eaglenest.foundation.queue import TaskQueue
 from eaglenest.foundation.settings import Settings
+from eaglenest.workers.infra.metrics import ProcessMetrics
 from eaglenest.workers.infra.placement import Placer
 
 
@@ -31,6 +32,12 @@ class WorkerContext:
     def placer(self) -> Placer:
         """GPU placement on this worker's host (workers/infra/placement.py)."""
         return Placer(self.settings, self.db, self.owner, self.queues)
+
+    @functools.cached_property
+    def metrics(self) -> ProcessMetrics:
+        """The worker's metric buffer (one per process) and samplers
+        (workers/infra/metrics.py); workers/infra/celery_app.py starts and closes it."""
+        return ProcessMetrics(self.settings, self.db)
 
     @property
     def kernels_dir(self) -> Path:

@@ -15,7 +15,9 @@ While the worker runs, its watchdog thread
   EAGLENEST_ENDPOINT_TRANSITION_SECONDS (db/endpoints_repo.time_out), reaps the
   children of dead owners on this host, and waits for this worker's own children that
   exited (a server that crashed, or one another worker stopped) and forgets their
-  records (foundation/host/children.py `sweep`).
+  records (foundation/host/children.py `sweep`);
+- every `host_metrics_seconds` (a minute): the host's figures into the metric store
+  (workers/infra/host_metrics.py).
 Duplicates are harmless: a job or endpoint transition is claimed by one worker only. Every
 task is sent with the resource's ARN (it names the account: db/repository.locate).
 """
@@ -35,6 +37,7 @@ from eaglenest.foundation import queue as q
 from eaglenest.foundation.host import children
 from eaglenest.foundation.host.loops import Loop
 from eaglenest.workers.infra.context import WorkerContext
+from eaglenest.workers.infra.host_metrics import SAMPLE_SECONDS, HostSampler
 
 log = logging.getLogger("eaglenest.reconcile")
 BROKER_POLL_SECONDS = 1.0
@@ -129,13 +132,25 @@ def reclaim_gpus(ctx: WorkerContext) -> None:
         log.warning("%s has ended or is gone; the GPUs it held are free again", holder)
 
 
-def start_watchdog(ctx: WorkerContext) -> threading.Thread:
+def start_watchdog(ctx: WorkerContext,
+                   host_metrics_seconds: float = SAMPLE_SECONDS) -> threading.Thread:
     """The watchdog thread (module docstring), until `ctx.shutting_down`. A check that
     fails is logged and tried again the next period; whatever escapes a check (not an
     Exception) is logged by foundation/host/loops.py and the thread goes on at the same pace
     (its GPU heartbeat must not fall behind)."""
     state = {"broker_up": True, "next_sweep": time.monotonic() + ctx.lease_seconds,
-             "next_beat": time.monotonic() + ctx.lease_seconds / 3}
+             "next_beat": time.monotonic() + ctx.lease_seconds / 3,
+             "next_metrics": time.monotonic() + host_metrics_seconds}
+    host = HostSampler(ctx)
+
+    def sample_host() -> None:  # its own try: figures never hold up the checks above
+        if time.monotonic() < state["next_metrics"]:
+            return
+        state["next_metrics"] = time.monotonic() + host_metrics_seconds
+        try:
+            host.sample()
+        except Exception as exc:
+            log.warning("host metrics not sampled: %s", exc)
 
     def check() -> None:
         try:
@@ -155,6 +170,7 @@ def start_watchdog(ctx: WorkerContext) -> threading.Thread:
                 children.sweep(ctx.children_dir)  # no zombie of ours outlives a lease
         except Exception as exc:  # database blip: try again next period
             log.warning("watchdog check failed: %s", exc)
+        sample_host()
 
     return Loop("eaglenest-watchdog", check, BROKER_POLL_SECONDS, stop=ctx.shutting_down,
                 max_backoff=BROKER_POLL_SECONDS, logger=log).start().thread
