@@ -14,11 +14,11 @@ from eaglenest.db.metric_histogram import RELATIVE_ERROR
 from eaglenest.db.metrics_repo import MAX_DATAPOINTS, Datum, Stat
 from eaglenest.db.session import Database
 from tests.db.metrics_checks import (
-    A,
-    B,
     DIMS,
     NS,
     T0,
+    A,
+    B,
     check_concurrent_writers,
     check_series_limit_under_race,
 )
@@ -35,12 +35,12 @@ def record(db: Database, data: list[Datum], account: str = A, max_series: int = 
 
 
 def stats(db: Database, start: float, end: float, period: int = 60, account: str = A,
-          **kw: object) -> list[Stat]:
-    name = str(kw.pop("name", "Invocations"))
-    dims = kw.pop("dims", DIMS)
+          name: str = "Invocations", dims: tuple[tuple[str, str], ...] = DIMS,
+          unit: str | None = None, percentiles: tuple[float, ...] | list[float] = ()
+          ) -> list[Stat]:
     with db.session() as s:
         return metrics_repo.statistics(s, account, NS, name, dims, start, end, period,
-                                       **kw)  # type: ignore[arg-type]
+                                       unit=unit, percentiles=percentiles)
 
 
 def test_sums_and_counts_per_minute_and_period(db: Database) -> None:
