@@ -36,8 +36,12 @@ def create_app(settings: Settings, broker_url: str | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        app.state.metrics.start()  # the MetricBuffer's flusher (api/observability.py)
         yield
         await app.state.routes.close()
+        # after the routes: invocations still finishing add their data first; then the
+        # buffer writes what it holds and its thread ends
+        await run_in_threadpool(app.state.metrics.close)
         await app.state.runtime_client.aclose()
         app.state.capture.close()
         queue.close()

@@ -1,21 +1,82 @@
-"""Prometheus `/metrics` for the API: requests and errors by operation and code (this
-process), job and endpoint counts by status (from the database, at scrape time), and
-whether the database and the broker answer (`eaglenest_database_up`,
-`eaglenest_broker_up`)."""
+"""Prometheus `/metrics` for the API (prometheus_client), and the API's share of the metric
+store (db/metrics_repo.py): the "AWS/SageMaker" data of every invocation.
+
+What a scrape shows (docs/observability.md lists every family and its unit):
+- this process's counters: requests and their seconds by operation and code
+  (`eaglenest_requests_total`, `eaglenest_request_seconds_total`), sagemaker-runtime
+  invocations by code and the proxy's own time (`eaglenest_runtime_*`), and per (account,
+  endpoint, variant) invocations, 4xx and 5xx errors and the ModelLatency / OverheadLatency
+  histograms in microseconds (`eaglenest_endpoint_*`);
+- read from the database at scrape time (`StoreCollector`): jobs and endpoints by status,
+  each host's GPUs and those held, whether the database and the broker answer, and the last
+  minute of the store's worker-side namespaces (`LATEST`) as gauges with an `account` label.
+
+Nothing is built at import time: `ApiMetrics.build` makes the registry, the metric objects
+and the MetricBuffer of one app. With PROMETHEUS_MULTIPROC_DIR set (prometheus_client's own
+variable, which the library reads when it is first imported: set it before the API
+processes start, to an empty folder they share), the counters and histograms live in files
+there and a scrape of any process sums every process's (MultiProcessCollector).
+"""
 
 from __future__ import annotations
 
+import logging
+import os
+import re
 import threading
 import time
-from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.registry import Collector
 from sqlalchemy import func, select
-from sqlalchemy.orm import Session
 
-from eaglenest.db import placement_repo
+from eaglenest.db import metrics_repo, placement_repo
+from eaglenest.db.metric_buffer import MetricBuffer
+from eaglenest.db.metrics_repo import Datum
 from eaglenest.db.session import Database
 from eaglenest.db.tables import EndpointRow, OptimizationJobRow
+from eaglenest.foundation.settings import Settings
+
+log = logging.getLogger("eaglenest.api")
+
+SAGEMAKER = "AWS/SageMaker"
+#: the store's namespaces shown on /metrics: namespace -> (family prefix, the names shown,
+#: None for all). A family is the prefix, the metric's name in snake case and its unit
+#: (`_percent`, `_microseconds`): CPUUtilization of /aws/sagemaker/Endpoints is
+#: `eaglenest_endpoint_cpu_utilization_percent`. AWS/SageMaker's invocation figures are
+#: this process's own families; only ModelSetupTime (written by the workers) comes from
+#: the store. The hosts' GPUsHeld is `eaglenest_host_gpus_held`, from the placement table.
+LATEST: dict[str, tuple[str, frozenset[str] | None]] = {
+    SAGEMAKER: ("eaglenest_endpoint_", frozenset({"ModelSetupTime"})),
+    "/aws/sagemaker/Endpoints": ("eaglenest_endpoint_", None),
+    "EagleNest/Endpoints": ("eaglenest_endpoint_", None),
+    "EagleNest/OptimizationJobs": ("eaglenest_job_", None),
+    "EagleNest/Hosts": ("eaglenest_host_", frozenset({
+        "CPUUtilization", "GPUUtilization", "GPUMemoryUtilization"})),
+}
+#: a store series shows while its last minute is at most this old (workers write about
+#: once a minute)
+LATEST_SECONDS = 180.0
+#: dimension -> label (others: the dimension's name in snake case)
+LABELS = {"EndpointName": "endpoint", "VariantName": "variant",
+          "OptimizationJobName": "job", "Host": "host", "GPU": "gpu"}
+UNIT_SUFFIX = {"Percent": "_percent", "Microseconds": "_microseconds", "Seconds": "_seconds"}
+#: ModelLatency: a small model's reply in milliseconds up to a long generation's minutes
+MODEL_BUCKETS_US = (1e3, 2.5e3, 5e3, 1e4, 2.5e4, 5e4, 1e5, 2.5e5, 5e5, 1e6, 2.5e6, 5e6,
+                    1e7, 3e7, 6e7, 1.2e8)
+#: OverheadLatency: the proxy's own time, tens of microseconds when all goes well
+OVERHEAD_BUCKETS_US = (25.0, 50.0, 100.0, 250.0, 500.0, 1e3, 2.5e3, 5e3, 1e4, 2.5e4, 1e5,
+                       1e6)
+ENDPOINT_LABELS = ("account", "endpoint", "variant")
+
+
+def snake(name: str) -> str:
+    """CloudWatch's CamelCase name in snake case: CPUUtilization -> cpu_utilization."""
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", name).lower()
 
 
 class BrokerProbe:
@@ -35,23 +96,184 @@ class BrokerProbe:
             return self._up
 
 
+@dataclass(frozen=True)
+class Invocation:
+    """One InvokeEndpoint[WithResponseStream] of an existing endpoint of the caller's
+    account, as the metrics count it."""
+
+    account_id: str
+    endpoint: str  # the endpoint's name as it was created
+    variant: str
+    instances: int  # the variant's instances (InvocationsPerInstance = 1 / instances)
+    #: what 4XX / 5XX are decided on: the model server's status when it answered non-2xx
+    #: or not at all (500), else the status of the reply the caller got
+    status: int
+    model_seconds: float | None  # request out -> reply's end in; None: no complete reply
+    overhead_seconds: float
+
+    def data(self, at: float) -> list[Datum]:
+        """The "AWS/SageMaker" data, as SageMaker writes them per invocation."""
+        dims = (("EndpointName", self.endpoint), ("VariantName", self.variant))
+        c4, c5 = int(400 <= self.status < 500), int(self.status >= 500)
+        out = [Datum(SAGEMAKER, "Invocations", dims, 1.0, "Count", at),
+               Datum(SAGEMAKER, "Invocation4XXErrors", dims, float(c4), "Count", at),
+               Datum(SAGEMAKER, "Invocation5XXErrors", dims, float(c5), "Count", at),
+               Datum(SAGEMAKER, "InvocationsPerInstance", dims, 1.0 / max(1, self.instances),
+                     "Count", at),
+               Datum(SAGEMAKER, "OverheadLatency", dims, self.overhead_seconds * 1e6,
+                     "Microseconds", at)]
+        if self.model_seconds is not None:
+            out.append(Datum(SAGEMAKER, "ModelLatency", dims, self.model_seconds * 1e6,
+                             "Microseconds", at))
+        return out
+
+
+class _Families:
+    """This process's counters and histograms (in PROMETHEUS_MULTIPROC_DIR's files when
+    set), registered on `registry`."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        r = registry
+        self.requests = Counter("eaglenest_requests", "Requests by operation and code",
+                                ("operation", "code"), registry=r)
+        self.request_seconds = Counter("eaglenest_request_seconds",
+                                       "Seconds spent on requests, by operation",
+                                       ("operation",), registry=r)
+        self.runtime = Counter("eaglenest_runtime_invocations",
+                               "sagemaker-runtime invocations by error code (OK: none)",
+                               ("code",), registry=r)
+        self.frames = Counter("eaglenest_runtime_frames",
+                              "Event-stream frames relayed to callers", registry=r)
+        self.proxy_seconds = Counter(
+            "eaglenest_runtime_proxy_seconds", "The proxy's own seconds on invocations "
+            "(waiting on the model server excluded)", registry=r)
+        self.forward_seconds = Counter(
+            "eaglenest_runtime_forward_seconds",
+            "Seconds from an invocation's arrival to its sending to the model server",
+            registry=r)
+        self.invocations = Counter("eaglenest_endpoint_invocations",
+                                   "Invocations (SageMaker's Invocations)", ENDPOINT_LABELS,
+                                   registry=r)
+        self.errors4 = Counter("eaglenest_endpoint_invocation_4xx_errors",
+                               "Invocations that failed with a 4xx (Invocation4XXErrors)",
+                               ENDPOINT_LABELS, registry=r)
+        self.errors5 = Counter("eaglenest_endpoint_invocation_5xx_errors",
+                               "Invocations that failed with a 5xx (Invocation5XXErrors)",
+                               ENDPOINT_LABELS, registry=r)
+        self.model = Histogram("eaglenest_endpoint_model_latency_microseconds",
+                               "Request out to the model server -> its reply's end back "
+                               "(ModelLatency)", ENDPOINT_LABELS, registry=r,
+                               buckets=MODEL_BUCKETS_US)
+        self.overhead = Histogram("eaglenest_endpoint_overhead_latency_microseconds",
+                                  "The proxy's own time on an invocation (OverheadLatency)",
+                                  ENDPOINT_LABELS, registry=r, buckets=OVERHEAD_BUCKETS_US)
+
+
+class StoreCollector(Collector):
+    """What a scrape reads from the database: jobs and endpoints by status, hosts' GPUs,
+    the store's last minutes (`LATEST`), and whether the database and the broker answer.
+    A scrape answers during a database outage (eaglenest_database_up 0)."""
+
+    def __init__(self, db: Database, lease_seconds: float, broker: BrokerProbe | None,
+                 started: float) -> None:
+        self.db, self.lease_seconds, self.broker = db, lease_seconds, broker
+        self.started = started
+
+    def collect(self) -> Iterator[Metric]:
+        up = GaugeMetricFamily("eaglenest_database_up", "Whether the database answers")
+        try:
+            yield from self._counts()
+            up.add_metric([], 1)
+        except Exception as exc:  # the scrape still answers during a database outage
+            log.warning("/metrics: the database did not answer: %s", exc)
+            up.add_metric([], 0)
+        yield up
+        if up.samples[0].value:
+            yield from self._latest()
+        if self.broker is not None:
+            yield GaugeMetricFamily("eaglenest_broker_up", "Whether the broker answers",
+                                    value=int(self.broker.up()))
+        yield GaugeMetricFamily("eaglenest_uptime_seconds", "Seconds since the API started",
+                                value=round(time.time() - self.started, 1))
+
+    def _counts(self) -> list[Metric]:
+        """Read in full before any is yielded: a failure midway shows none of them."""
+        jobs = GaugeMetricFamily("eaglenest_optimization_jobs",
+                                 "Optimization jobs by status", labels=["status"])
+        endpoints = GaugeMetricFamily("eaglenest_endpoints", "Endpoints by status",
+                                      labels=["status"])
+        gpus = GaugeMetricFamily("eaglenest_host_gpus", "GPUs of a host's live workers",
+                                 labels=["host"])
+        held = GaugeMetricFamily("eaglenest_host_gpus_held", "GPUs held on a host",
+                                 labels=["host"])
+        with self.db.session() as session:
+            for table, family in ((OptimizationJobRow, jobs), (EndpointRow, endpoints)):
+                status = table.status  # type: ignore[attr-defined]
+                for value, n in session.execute(select(status, func.count()).group_by(status)):
+                    family.add_metric([str(value)], n)
+            for host, (total, taken) in placement_repo.gpu_totals(
+                    session, self.lease_seconds).items():
+                gpus.add_metric([host], total)
+                held.add_metric([host], taken)
+        return [jobs, endpoints, gpus, held]
+
+    def _latest(self) -> Iterable[Metric]:
+        families: dict[str, tuple[str, GaugeMetricFamily]] = {}
+        since = time.time() - LATEST_SECONDS
+        try:
+            with self.db.session() as session:
+                found = {ns: metrics_repo.latest(session, ns, since) for ns in LATEST}
+        except Exception as exc:
+            log.warning("/metrics: the metric store could not be read: %s", exc)
+            return []
+        for namespace, rows in found.items():
+            prefix, names = LATEST[namespace]
+            for account_id, d in rows:
+                if names is not None and d.name not in names:
+                    continue
+                family = prefix + snake(d.name) + UNIT_SUFFIX.get(d.unit, "")
+                owner, metric = families.setdefault(family, (namespace, GaugeMetricFamily(
+                    family, f"{namespace} {d.name} ({d.unit}), its last minute's average")))
+                if owner != namespace:  # two namespaces, one family name: the first wins
+                    continue
+                labels = {"account": account_id,
+                          **{LABELS.get(k, snake(k)): v for k, v in d.dimensions}}
+                metric.add_sample(family, labels, d.value)
+        return [metric for _, metric in families.values()]
+
+
 class ApiMetrics:
-    def __init__(self, lease_seconds: float = 60.0) -> None:
-        #: a worker silent this long no longer counts its GPUs (Settings.job_lease_seconds)
-        self.lease_seconds = lease_seconds
-        self._lock = threading.Lock()
-        self.requests: Counter[tuple[str, str]] = Counter()  # (operation, code) -> n
-        self.seconds: dict[str, float] = {}  # operation -> total seconds
-        self.invocations: Counter[str] = Counter()  # sagemaker-runtime, by code
-        self.frames = 0
-        self.proxy_seconds = 0.0
-        self.forward_seconds = 0.0
-        self.started = time.time()
+    """One app's metrics: this process's families, the scrape registry and the MetricBuffer
+    that takes the invocations' "AWS/SageMaker" data (`start` and `close` belong to the
+    app's lifespan; `invocation` only appends in memory: never waits on the database)."""
+
+    def __init__(self, families: _Families, registry: CollectorRegistry,
+                 buffer: MetricBuffer) -> None:
+        self.families, self.registry, self.buffer = families, registry, buffer
+
+    @classmethod
+    def build(cls, settings: Settings, db: Database, broker: BrokerProbe | None,
+              multiproc_dir: str | None = None) -> ApiMetrics:
+        """`multiproc_dir`: PROMETHEUS_MULTIPROC_DIR (default: from the environment, where
+        prometheus_client itself reads it)."""
+        if multiproc_dir is None:
+            multiproc_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
+        own = CollectorRegistry()
+        families = _Families(own)
+        if multiproc_dir:  # every process's files, summed; `own` is not scraped
+            scrape = CollectorRegistry()
+            MultiProcessCollector(scrape, path=multiproc_dir)
+        else:
+            scrape = own
+        scrape.register(StoreCollector(db, settings.job_lease_seconds, broker, time.time()))
+        buffer = MetricBuffer(db, settings.metrics_max_series_per_account,
+                              settings.metrics_flush_seconds,
+                              retention_seconds=settings.metrics_retention_days * 86400.0)
+        return cls(families, scrape, buffer)
 
     def observe(self, operation: str, code: str, seconds: float) -> None:
-        with self._lock:
-            self.requests[(operation, code)] += 1
-            self.seconds[operation] = self.seconds.get(operation, 0.0) + seconds
+        self.families.requests.labels(operation, code).inc()
+        self.families.request_seconds.labels(operation).inc(seconds)
 
     def observe_invocation(self, code: str, proxy_seconds: float, frames: int,
                            forward_seconds: float) -> None:
@@ -59,58 +281,33 @@ class ApiMetrics:
         (request in -> request out to the model server, and each chunk in -> its frame out;
         time spent waiting on the model server is not in it); `forward_seconds` is the
         first part alone (request in -> out to the model server)."""
-        with self._lock:
-            self.invocations[code] += 1
-            self.frames += frames
-            self.proxy_seconds += proxy_seconds
-            self.forward_seconds += forward_seconds
+        f = self.families
+        f.runtime.labels(code).inc()
+        if frames:
+            f.frames.inc(frames)
+        f.proxy_seconds.inc(proxy_seconds)
+        f.forward_seconds.inc(forward_seconds)
 
-    def _render_runtime(self, lines: list[str]) -> None:
-        lines.append("# TYPE eaglenest_runtime_invocations_total counter")
-        for code, n in sorted(self.invocations.items()):
-            lines.append(f'eaglenest_runtime_invocations_total{{code="{code}"}} {n}')
-        lines.append("# TYPE eaglenest_runtime_frames_total counter")
-        lines.append(f"eaglenest_runtime_frames_total {self.frames}")
-        lines.append("# TYPE eaglenest_runtime_proxy_seconds_total counter")
-        lines.append(f"eaglenest_runtime_proxy_seconds_total {self.proxy_seconds:.6f}")
-        lines.append("# TYPE eaglenest_runtime_forward_seconds_total counter")
-        lines.append(f"eaglenest_runtime_forward_seconds_total {self.forward_seconds:.6f}")
+    def invocation(self, inv: Invocation) -> None:
+        """An invocation of an existing endpoint: its families and its store data."""
+        f, labels = self.families, (inv.account_id, inv.endpoint, inv.variant)
+        f.invocations.labels(*labels).inc()
+        # both error series exist from the first invocation on (0 until one fails)
+        f.errors4.labels(*labels).inc(int(400 <= inv.status < 500))
+        f.errors5.labels(*labels).inc(int(inv.status >= 500))
+        if inv.model_seconds is not None:
+            f.model.labels(*labels).observe(inv.model_seconds * 1e6)
+        f.overhead.labels(*labels).observe(inv.overhead_seconds * 1e6)
+        for datum in inv.data(time.time()):
+            self.buffer.add(inv.account_id, datum)
 
-    def render(self, db: Database, broker: BrokerProbe | None = None) -> str:
-        lines = ["# TYPE eaglenest_requests_total counter"]
-        with self._lock:
-            self._render_runtime(lines)
-            for (op, code), n in sorted(self.requests.items()):
-                lines.append(f'eaglenest_requests_total{{operation="{op}",code="{code}"}} {n}')
-            lines.append("# TYPE eaglenest_request_seconds_total counter")
-            for op, secs in sorted(self.seconds.items()):
-                lines.append(f'eaglenest_request_seconds_total{{operation="{op}"}} {secs:.6f}')
-        lines.append("# TYPE eaglenest_optimization_jobs gauge")
-        lines.append("# TYPE eaglenest_endpoints gauge")
-        try:
-            with db.session() as session:
-                for table, metric in ((OptimizationJobRow, "eaglenest_optimization_jobs"),
-                                      (EndpointRow, "eaglenest_endpoints")):
-                    status_col = table.status  # type: ignore[attr-defined]
-                    rows = session.execute(
-                        select(status_col, func.count()).group_by(status_col))
-                    for status, n in rows:
-                        lines.append(f'{metric}{{status="{status}"}} {n}')
-                lines += _gpu_lines(session, self.lease_seconds)
-            lines.append("eaglenest_database_up 1")
-        except Exception:  # the scrape still answers during a database outage
-            lines.append("eaglenest_database_up 0")
-        if broker is not None:
-            lines.append("# TYPE eaglenest_broker_up gauge")
-            lines.append(f"eaglenest_broker_up {int(broker.up())}")
-        lines.append(f"eaglenest_uptime_seconds {time.time() - self.started:.1f}")
-        return "\n".join(lines) + "\n"
+    def render(self) -> bytes:
+        """The exposition text (Prometheus text format 0.0.4)."""
+        return generate_latest(self.registry)
 
+    def start(self) -> None:
+        self.buffer.start()
 
-def _gpu_lines(session: Session, lease_seconds: float) -> list[str]:
-    """Per host: the GPUs its live workers have and those held (db/placement_repo.py)."""
-    lines = ["# TYPE eaglenest_host_gpus gauge", "# TYPE eaglenest_host_gpus_held gauge"]
-    for host, (total, held) in placement_repo.gpu_totals(session, lease_seconds).items():
-        lines.append(f'eaglenest_host_gpus{{host="{host}"}} {total}')
-        lines.append(f'eaglenest_host_gpus_held{{host="{host}"}} {held}')
-    return lines
+    def close(self) -> None:
+        """Write what the buffer holds and stop its thread."""
+        self.buffer.close()

@@ -15,6 +15,7 @@ from typing import Any
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4
 from sqlalchemy.exc import OperationalError
 
 from eaglenest.api import sagemaker, tagging
@@ -117,9 +118,11 @@ def dispatch(ctx: Context, target: str, body: bytes) -> dict[str, Any]:
 
 def install(app: FastAPI, ctx: Context) -> None:
     router = APIRouter()
-    metrics = ApiMetrics(ctx.settings.job_lease_seconds)
-    app.state.metrics = metrics
     app.state.broker = BrokerProbe(ctx.queue.broker_up)
+    # the app's one ApiMetrics (the runtime's too); its MetricBuffer is started and closed
+    # by the app's lifespan (api/app.py)
+    metrics = ApiMetrics.build(ctx.settings, ctx.db, app.state.broker)
+    app.state.metrics = metrics
     keyring = KeyRing(ctx.settings)  # re-read when `eaglenest keys` changes the file
 
     @router.post("/")
@@ -144,8 +147,8 @@ def install(app: FastAPI, ctx: Context) -> None:
 
     @router.get("/metrics")
     async def prometheus() -> Response:
-        text = await run_in_threadpool(metrics.render, ctx.db, app.state.broker)
-        return Response(text, media_type="text/plain; version=0.0.4")
+        text = await run_in_threadpool(metrics.render)  # reads the database
+        return Response(text, media_type=CONTENT_TYPE_PLAIN_0_0_4)
 
     app.include_router(router)
 

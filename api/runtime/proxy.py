@@ -27,7 +27,6 @@ import asyncio
 import json
 import logging
 import random
-import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -51,6 +50,7 @@ from eaglenest.api.runtime.bodies import (
 )
 from eaglenest.api.runtime.capture import CaptureWriter
 from eaglenest.api.runtime.checks import MAX_BODY, body_too_large, check_request
+from eaglenest.api.runtime.metering import Clock, invocation
 from eaglenest.api.runtime.relay import FrameRelay
 from eaglenest.api.runtime.routes import Route, Routes
 from eaglenest.foundation import queue as q
@@ -107,27 +107,6 @@ def container_error(ctx: Context, name: str, status: int, text: str,
         f"{ref.name if ref else name.lower()}/ in the EagleNest data directory) in account "
         f"{account} for more information.",
         status, text, f"arn:aws:logs:{ctx.account.region}:{account}:log-group:{group}")
-
-
-class Clock:
-    """The proxy's own time on one invocation, for /metrics: from the request's arrival to
-    its sending to the model server (`forward`, also counted alone: the part every caller
-    waits for before the model starts; up to the write that hands the request over, see
-    `BackendClient._exchange`), plus, per frame, from the chunk's arrival to the frame's
-    writing (the write included). Waiting on the model server is not counted."""
-
-    def __init__(self) -> None:
-        self.start = time.monotonic()
-        self.own = self.forward = 0.0
-        self.frames = 0
-
-    def sent(self, r: BackendResponse) -> None:
-        self.forward = r.sent_at - self.start
-        self.own += self.forward
-
-    def relayed(self, r: BackendResponse, frames: int = 1) -> None:
-        self.own += time.monotonic() - r.last_data_at
-        self.frames += frames
 
 
 async def _reply(send: Send, status: int, body: bytes, content_type: bytes,
@@ -195,13 +174,15 @@ class Proxy:
         self.ctx, self.routes, self.client, self.capture = ctx, routes, client, capture
 
     async def open(self, headers: Mapping[str, str], name: str, raw: bytes,
-                   stream: bool, account_id: str) -> tuple[Route, Translated, BackendResponse]:
-        """Resolve the route, translate the body, send it; returns once the model server
-        answered with its status line. A cached route whose instance refused the
-        connection is read again from the database (the instance was replaced) and the
+                   stream: bool, account_id: str,
+                   clock: Clock) -> tuple[Route, Translated, BackendResponse]:
+        """Resolve the route (`clock.route`), translate the body, send it; returns once the
+        model server answered with its status line. A cached route whose instance refused
+        the connection is read again from the database (the instance was replaced) and the
         request goes out once more on the fresh one."""
         target_variant = headers.get("x-amzn-sagemaker-target-variant")
-        route = await self.routes.resolve(name, target_variant, account_id=account_id)
+        route = clock.route = await self.routes.resolve(name, target_variant,
+                                                        account_id=account_id)
         tr = self._translate(name, raw, route, stream, headers)
         try:
             if route.cached:
@@ -211,8 +192,8 @@ class Proxy:
                                                              route.secrets.get(first))
                 except BackendConnectError:
                     _ask_recovery(self.ctx, name, route)  # as _send does for a refusal
-                    route = await self.routes.resolve(name, target_variant, fresh=True,
-                                                      account_id=account_id)
+                    route = clock.route = await self.routes.resolve(
+                        name, target_variant, fresh=True, account_id=account_id)
                     tr = self._translate(name, raw, route, stream, headers)
             return route, tr, await _send(self.ctx, self.client, route, name, tr)
         except BackendError as exc:
@@ -235,7 +216,6 @@ async def _read(px: Proxy, name: str, route: Route, r: BackendResponse) -> bytes
 
 
 
-
 def _reply_headers(headers: Mapping[str, str], route: Route) -> Headers:
     out = [(b"x-amzn-invoked-production-variant", route.variant.encode())]
     custom = headers.get("x-amzn-sagemaker-custom-attributes")
@@ -246,9 +226,10 @@ def _reply_headers(headers: Mapping[str, str], route: Route) -> Headers:
 
 async def _invoke(px: Proxy, send: Send, headers: Mapping[str, str], name: str,
                   raw: bytes, clock: Clock, account_id: str) -> None:
-    route, tr, r = await px.open(headers, name, raw, False, account_id)
+    route, tr, r = await px.open(headers, name, raw, False, account_id, clock)
     clock.sent(r)
     body = await _read(px, name, route, r)
+    clock.answered(r)
     if not 200 <= r.status_code < 300:
         raise container_error(px.ctx, name, r.status_code, body.decode(errors="replace"),
                               route.arn)
@@ -275,10 +256,11 @@ async def _stream(px: Proxy, receive: Receive, send: Send,
     """The model server's answer is awaited before replying, so a model server that is
     down or refuses the request is a ModelError (424) like InvokeEndpoint's; a failure
     after the first byte is a ModelStreamError frame in the stream."""
-    route, tr, r = await px.open(headers, name, raw, True, account_id)
+    route, tr, r = await px.open(headers, name, raw, True, account_id, clock)
     clock.sent(r)
     if not 200 <= r.status_code < 300:
         body = await _read(px, name, route, r)
+        clock.answered(r)
         raise container_error(px.ctx, name, r.status_code, body.decode(errors="replace"),
                               route.arn)
     captured = _sampled(route)
@@ -292,8 +274,10 @@ async def _stream(px: Proxy, receive: Receive, send: Send,
     try:
         await FrameRelay(r, send, tr.style == LMI, parts,
                          lambda frames: clock.relayed(r, frames)).run()
+        clock.answered(r)
     except BackendError as exc:
         if not gone:
+            clock.status = 500  # the model server failed: a 5XX, though the reply was 200
             _backend_failed(px.ctx, name, route, exc)
             await send({"type": "http.response.body", "more_body": True,
                         "body": eventstream.model_stream_error(
@@ -311,6 +295,14 @@ async def _stream(px: Proxy, receive: Receive, send: Send,
         if captured:
             _capture(px, route, name, tr, text, account_id)
     await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+def counted_status(err: ServiceError) -> int:
+    """The status Invocation4XXErrors / Invocation5XXErrors count, as SageMaker's: for a
+    ModelError the model server's own (a 4xx it answered, or a body it would not take, is
+    a 4XX; its 5xx, no answer or a timeout (500) a 5XX), not the 424 the caller gets; for
+    anything else the status of the reply."""
+    return err.original_status if isinstance(err, ModelError) else err.status
 
 
 class RuntimeASGI:
@@ -333,7 +325,8 @@ class RuntimeASGI:
                                           f"{scope['path']} accepts POST only"}).encode()
             await _reply(send, 405, body, b"application/json", [(b"allow", b"POST")])
             return
-        clock, code = Clock(), "OK"
+        clock, code, account_id = Clock(), "OK", ""
+        status = 500  # unless it ends well or as a ServiceError: an unexpected failure
         signed = SignedRequest.of(scope)
         headers = signed.headers
         try:
@@ -344,11 +337,14 @@ class RuntimeASGI:
             else:
                 await _stream(self.px, receive, send, headers, parts[2], raw, clock,
                               account_id)
+            status = clock.status
         except ServiceError as err:
-            code = err.code
+            code, status = err.code, counted_status(err)
             await _error_reply(send, err)
         finally:
             self.metrics.observe_invocation(code, clock.own, clock.frames, clock.forward)
+            if clock.route is not None:
+                self.metrics.invocation(invocation(clock, account_id, status))
 
 
     async def _authenticated_body(self, signed: SignedRequest,

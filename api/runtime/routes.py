@@ -39,9 +39,12 @@ SERVING = ("InService", "Updating", "SystemUpdating")
 class Route:
     def __init__(self, variant: str, urls: list[str], served: str,
                  capture: dict[str, Any] | None, status: str, cached: bool = False,
-                 secrets: dict[str, str] | None = None, arn: str = ""):
+                 secrets: dict[str, str] | None = None, arn: str = "", endpoint: str = ""):
         #: the variant's instances, the one whose turn it is first
         self.variant, self.urls, self.served, self.capture = variant, urls, served, capture
+        #: the endpoint's name as it was created (a caller may write it in another case):
+        #: the EndpointName of its metrics
+        self.endpoint = endpoint
         self.status, self.cached = status, cached
         #: the endpoint's ARN: what a recovery task is sent with
         self.arn = arn
@@ -54,8 +57,9 @@ class _Snapshot:
 
     def __init__(self, servers: dict[str, Any], status: str,
                  capture: dict[str, Any] | None, expires: float, arn: str,
-                 shift: dict[str, Any] | None = None) -> None:
+                 shift: dict[str, Any] | None = None, name: str = "") -> None:
         self.servers, self.status, self.capture = servers, status, capture
+        self.name = name  # the endpoint's name as it was created
         self.expires, self.arn = expires, arn
         #: the new fleet's servers and its share of traffic during a blue/green update
         self.shift = shift
@@ -90,7 +94,8 @@ def _load(ctx: Context, name: str, ttl: float, account_id: str) -> _Snapshot:
         capture = capture_config(row.spec, config.spec if config else None)
         shift = row.deployment.get(SHIFT)
         return _Snapshot(dict(row.deployment["Servers"]), row.status, capture,
-                         time.monotonic() + ttl, row.arn, dict(shift) if shift else None)
+                         time.monotonic() + ttl, row.arn, dict(shift) if shift else None,
+                         row.name)
 
 
 #: a cached endpoint: (account, lower-cased name); two accounts may each have one name
@@ -211,4 +216,4 @@ def _choose(name: str, snap: _Snapshot, target_variant: str | None, cached: bool
     urls = _rotation(snap.arn, chosen, [str(i["url"]) for i in instances])
     secrets = {str(i["url"]): str(i["secret"]) for i in instances if i.get("secret")}
     return Route(chosen, urls, srv.get("served_name", name), snap.capture, snap.status,
-                 cached, secrets, snap.arn)
+                 cached, secrets, snap.arn, snap.name or name)

@@ -7,6 +7,7 @@ import json
 import httpx
 import pytest
 from botocore.exceptions import ClientError
+from prometheus_client.parser import text_string_to_metric_families
 
 from eaglenest.api.edge.sigv4 import SignedRequest, verify
 from eaglenest.foundation.errors import ServiceError
@@ -98,10 +99,14 @@ def test_prometheus_metrics(stack, sm, unique):
     sm.list_models(MaxResults=1)
     with pytest.raises(ClientError):
         sm.describe_model(ModelName=f"{unique}-missing")
-    text = httpx.get(f"{stack.url}/metrics").text
-    assert 'eaglenest_requests_total{operation="ListModels",code="OK"}' in text
-    assert 'eaglenest_requests_total{operation="DescribeModel",code="ValidationException"}' in text
-    assert "eaglenest_database_up 1" in text
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for f in text_string_to_metric_families(httpx.get(f"{stack.url}/metrics").text)
+               for s in f.samples}
+    assert samples["eaglenest_requests_total", (("code", "OK"),
+                                                ("operation", "ListModels"))] >= 1
+    assert samples["eaglenest_requests_total", (("code", "ValidationException"),
+                                                ("operation", "DescribeModel"))] >= 1
+    assert samples["eaglenest_database_up", ()] == 1
 
 
 def test_invocation_paths_accept_post_only(stack):
