@@ -286,3 +286,38 @@ def test_multiprocess_mode_sums_every_process(tmp_path) -> None:
     fam = "eaglenest_endpoint_overhead_latency_microseconds"
     assert value(fams, fam, fam + "_count", **labels) == 2
     assert value(fams, "eaglenest_database_up", "eaglenest_database_up") == 1
+
+
+def test_scrape_shows_the_stores_last_minute_with_an_account_label(tmp_path) -> None:
+    """The worker-side namespaces, as their writers put them in the store (two samples in
+    a minute: the gauge is their average); a namespace /metrics does not show stays out."""
+    from starlette.testclient import TestClient
+
+    settings, app = _app(tmp_path)
+    now = time.time()
+    ep = (("EndpointName", "ep"), ("VariantName", "v"))
+    host = (("GPU", "0"), ("Host", "host-a"))
+    db = Database(settings.resolved_database_url())
+    try:
+        with db.session() as s:
+            metrics_repo.record(s, "123456789012", [
+                metrics_repo.Datum("EagleNest/Endpoints", "AcceptedTokensPerRound", ep, v,
+                                   "None", now) for v in (2.0, 3.0)], 100)
+            metrics_repo.record(s, "123456789012", [metrics_repo.Datum(
+                "/aws/sagemaker/Endpoints", "CPUUtilization", ep, 40.0, "Percent", now)], 100)
+            metrics_repo.record(s, "", [metrics_repo.Datum(
+                "EagleNest/Hosts", "GPUUtilization", host, 75.0, "Percent", now)], 100)
+            metrics_repo.record(s, "123456789012", [metrics_repo.Datum(
+                "Custom/Other", "Whatever", ep, 1.0, "None", now)], 100)
+    finally:
+        db.dispose()
+    text = TestClient(app).get("/metrics").text
+    fams = {f.name: f for f in text_string_to_metric_families(text)}
+    labels = {"account": "123456789012", "endpoint": "ep", "variant": "v"}
+    fam = "eaglenest_endpoint_accepted_tokens_per_round"
+    assert value(fams, fam, fam, **labels) == 2.5
+    fam = "eaglenest_endpoint_cpu_utilization_percent"
+    assert value(fams, fam, fam, **labels) == 40
+    fam = "eaglenest_host_gpu_utilization_percent"
+    assert value(fams, fam, fam, host="host-a", gpu="0") == 75
+    assert "whatever" not in text.lower()
