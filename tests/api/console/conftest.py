@@ -1,0 +1,88 @@
+"""The console's browser tests: Playwright's Python package driving Debian's chromium
+(/usr/bin/chromium; Playwright downloads no browser), a second account's key, signing in
+through the form, and the screenshots each page leaves in the artifacts folder
+($EAGLENEST_ARTIFACTS/console when set, else the session's temporary folder)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.jobs import ROOT
+from tests.support.stack import Stack
+
+CHROMIUM = "/usr/bin/chromium"
+
+
+@dataclass(frozen=True)
+class Key:
+    access_key: str
+    secret: str
+    account: str
+
+
+def create_key(stack: Stack, name: str) -> Key:
+    """`eaglenest keys create --new-account`: a key of a second account."""
+    env = {**os.environ, "EAGLENEST_DATA_DIR": str(stack.data_dir)}
+    r = subprocess.run([sys.executable, "-m", "eaglenest.cli", "keys", "create", "--name", name,
+                        "--new-account"], env=env, capture_output=True, text=True, cwd=ROOT,
+                       check=False)
+    assert r.returncode == 0, r.stderr
+    out = dict(line.split(": ", 1) for line in r.stdout.splitlines() if ": " in line)
+    return Key(out["access key id"], out["secret access key"], out["account"])
+
+
+def revoke_key(stack: Stack, key: str) -> None:
+    env = {**os.environ, "EAGLENEST_DATA_DIR": str(stack.data_dir)}
+    r = subprocess.run([sys.executable, "-m", "eaglenest.cli", "keys", "revoke", key], env=env,
+                       capture_output=True, text=True, cwd=ROOT, check=False)
+    assert r.returncode == 0, r.stderr
+
+
+@pytest.fixture(scope="session")
+def artifacts(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    base = os.environ.get("EAGLENEST_ARTIFACTS")
+    path = Path(base) / "console" if base else tmp_path_factory.mktemp("console-screens")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[Any]:
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium package "
+                    "(scripts/test.sh does); Playwright's own browser is never downloaded")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, headless=True)
+        yield b
+        b.close()
+
+
+def sign_in(browser: Any, stack: Stack, key: str, secret: str, start: str = "/console/jobs"
+            ) -> Any:
+    """A new browser context signed in through the sign-in form; its page, on `start`."""
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    page.goto(stack.url + start)
+    assert "/console/login" in page.url, page.url  # signed out: sent to sign in first
+    page.fill("#access_key_id", key)
+    page.fill("#secret_access_key", secret)
+    with page.expect_navigation():
+        page.click("#sign-in")
+    assert page.url == stack.url + start, page.content()[:2000]
+    return page
+
+
+def shot(page: Any, artifacts: Path, name: str) -> Path:
+    path = artifacts / f"{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    return path
