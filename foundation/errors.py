@@ -82,3 +82,52 @@ def constraint_message(violations: list[str]) -> str:
     n = len(violations)
     noun = "error" if n == 1 else "errors"
     return f"{n} validation {noun} detected: " + "; ".join(violations)
+
+
+class CloudWatchError(ServiceError):
+    """CloudWatch's errors (api/cloudwatch/). CloudWatch is an awsQuery-compatible service:
+    `code` is its query-protocol error code, the one botocore's ClientError reports: AWS
+    JSON 1.0 replies carry it as `__type`; Smithy RPC v2 CBOR replies name the Smithy error
+    `shape` in `__type` and the code in the x-amzn-query-error header (api/cloudwatch/
+    wire.py)."""
+
+    code = "InternalServiceError"
+    shape = "InternalServiceFault"
+    status = 400
+
+    def query_error(self) -> str:
+        """The x-amzn-query-error header: `<code>;Sender` or `<code>;Receiver` (5xx)."""
+        return f"{self.code};{'Receiver' if self.status >= 500 else 'Sender'}"
+
+
+class InvalidParameterValue(CloudWatchError):
+    code = "InvalidParameterValue"
+    shape = "InvalidParameterValueException"
+
+
+class InvalidParameterCombination(CloudWatchError):
+    code = "InvalidParameterCombination"
+    shape = "InvalidParameterCombinationException"
+
+
+class MissingParameter(CloudWatchError):
+    code = "MissingParameter"
+    shape = "MissingRequiredParameterException"
+
+
+class InvalidNextToken(CloudWatchError):
+    code = "InvalidNextToken"
+    shape = "InvalidNextToken"
+
+
+class CloudWatchValidationError(CloudWatchError):
+    """CloudWatch's generic (unmodelled) validation error: GetMetricData's bad queries."""
+
+    code = "ValidationError"
+    shape = "ValidationError"
+
+
+class InternalServiceError(CloudWatchError):
+    code = "InternalServiceError"
+    shape = "InternalServiceFault"
+    status = 500
