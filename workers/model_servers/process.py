@@ -320,6 +320,8 @@ class ServerProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         self.record: children.ChildRecord | None = None
         self.launched_at = 0.0
+        self.setup_seconds: float | None = None  # launch -> first /health answer (seconds)
+        self.ready_at: float | None = None  # that answer's time (epoch seconds)
         self.threads: ThreadPlan | None = None  # the share it was started with
         self.log_start = 0  # where this launch's output begins in the (appended) log
 
@@ -360,6 +362,8 @@ class ServerProcess:
                 raise ServingError(self.failed(f"the model server ({self.spec.backend}) "
                                                f"exited with code {self.proc.returncode}"))
             if instance_auth.probe(self.base_url, self.spec.secret, timeout=2):
+                self.setup_seconds = time.monotonic() - self.launched_at
+                self.ready_at = time.time()
                 return
             time.sleep(0.5)
         self.stop()

@@ -55,6 +55,7 @@ from eaglenest.workers.model_servers.process import (
     ServerSpec,
     cuda_available,
     default_backend,
+    vllm_dynamic_speculation,
 )
 from eaglenest.workers.model_servers.schedule import (
     SCHEDULE_ENV,
@@ -229,7 +230,21 @@ def start_variant(store: ArtifactStore, workdir: Path, endpoint: str, plan: Vari
             "resolved_image": resolved_image(specs[0].backend), "resolved_at": time.time(),
             "weight": plan.weight, "dir": str(base), "speculative": head_dir is not None,
             "k": specs[0].num_speculative_tokens, "instances": started,
-            "schedule": specs[0].schedule.to_list() if specs[0].schedule else None}
+            "schedule": specs[0].schedule.to_list() if specs[0].schedule else None,
+            "served_k": served_k(specs[0])}
+
+
+def served_k(spec: ServerSpec) -> int | list[list[int]]:
+    """The K the variant's servers run (workers/serving/endpoint_metrics.py k_in_force): a
+    fixed K (0: the target alone), or K per load, a schedule's thresholds, where the server
+    follows the load (the embedded engine; vLLM with dynamic speculation)."""
+    if not spec.speculates():
+        return 0
+    schedule = spec.served_schedule()
+    if spec.backend == VLLM and not (schedule is not None and vllm_dynamic_speculation()):
+        config = spec.vllm_speculative_config()
+        return int(config["num_speculative_tokens"]) if config else 0
+    return schedule.to_list() if schedule is not None else spec.speculative_tokens()
 
 
 def _start_instances(plan: VariantPlan, base: Path, model_dir: Path, head_dir: Path | None,
@@ -265,7 +280,9 @@ def _start_instances(plan: VariantPlan, base: Path, model_dir: Path, head_dir: P
     return specs, [{"url": f"http://{advertise_host}:{srv.spec.port}",
                     "pid": srv.proc.pid if srv.proc else 0, "secret": srv.spec.secret,
                     "child": srv.record.to_dict() if srv.record else None,
-                    "unit": unit, "host": host, "gpus": gpus, "dir": str(base)}
+                    "unit": unit, "host": host, "gpus": gpus, "dir": str(base),
+                    # ModelSetupTime (workers/serving/endpoint_metrics.py): spawn -> /health
+                    "ready_at": srv.ready_at, "setup_seconds": srv.setup_seconds}
                    for srv, unit, gpus in zip(servers, units, [s.gpus for s in specs],
                                               strict=True)]
 
