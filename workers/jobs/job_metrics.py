@@ -9,7 +9,9 @@ Namespace "EagleNest/OptimizationJobs", dimension (OptimizationJobName), the job
   training batch), HeldOutAccuracy1..3 (Percent, once per held-out evaluation, at the
   report that first carries it), StageIndex (None);
 - at each stage change: StageIndex, the 0-based index of the stage being run among the
-  stages this run of the job has entered (a resumed job counts from its first stage again).
+  stages this run of the job has entered, in the order first entered (a stage entered again,
+  e.g. training's own records after the torchrun stage line, keeps its index; a resumed job
+  counts from its first stage again).
 
 `progress["curve"]`, written with every progress record (the row keeps only the last record,
 db/optimization_jobs_repo.py `record_progress`): a list of {"step", "loss", "train_acc":
@@ -50,6 +52,7 @@ class JobFigures:
         self.curve: list[dict[str, Any]] | None = None  # None until seeded from the row
         self.stage: str | None = None
         self.stage_index = -1
+        self.stages: dict[str, int] = {}  # each stage's index, in the order first entered
         self.heldout_step: int | None = None  # the evaluation last written
         self.added = 0  # data handed to the sink
 
@@ -70,7 +73,8 @@ class JobFigures:
         data: list[Datum] = []
         stage = progress.get("stage")
         if stage is not None and stage != self.stage:
-            self.stage, self.stage_index = stage, self.stage_index + 1
+            self.stage = stage
+            self.stage_index = self.stages.setdefault(stage, len(self.stages))
             data.append(self._datum("StageIndex", self.stage_index, "None", at))
         if is_training(progress):
             heldout = progress.get("heldout_accuracy") or []

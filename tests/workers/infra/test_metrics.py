@@ -1,12 +1,14 @@
 """workers/infra/metrics.py on a real SQLite metric store: the worker's ProcessMetrics (one
 buffer per process, a forked pool process's own; samplers stopped by close(); nothing added
-after it), TreeUsage's CPU and memory of a process tree, and Nvml writing nothing for a
-declared GPU inventory."""
+after it), TreeUsage's CPU and memory of a process tree, Nvml's mapping of the worker's GPU
+index to NVML's device, and nothing read for a declared GPU inventory."""
 
 from __future__ import annotations
 
 import os
+import sys
 import time
+import types
 from pathlib import Path
 
 import psutil
@@ -96,3 +98,39 @@ def test_a_declared_inventory_has_no_gpu_figures():
     nvml = Nvml("2x24GiB")
     assert nvml.declared and not nvml.available
     assert nvml.usage(0) is None
+
+
+class _Device:
+    def __init__(self, uuid: str, gpu: int, used: int) -> None:
+        self.uuid, self.gpu, self.used = uuid, gpu, used
+
+
+def _nvml_library(devices: list[_Device]) -> types.ModuleType:
+    """NVML's Python API (pynvml) answering for `devices`: this host has no GPU, so the
+    mapping from the worker's GPU index to NVML's device is checked against it; the figures
+    of a real GPU are not verified here."""
+    lib = types.ModuleType("pynvml")
+    lib.nvmlInit = lambda: None  # type: ignore[attr-defined]
+    lib.nvmlShutdown = lambda: None  # type: ignore[attr-defined]
+    lib.nvmlDeviceGetCount = lambda: len(devices)  # type: ignore[attr-defined]
+    lib.nvmlDeviceGetHandleByIndex = lambda i: devices[i]  # type: ignore[attr-defined]
+    lib.nvmlDeviceGetUUID = lambda d: d.uuid.encode()  # type: ignore[attr-defined]
+    lib.nvmlDeviceGetUtilizationRates = (  # type: ignore[attr-defined]
+        lambda d: types.SimpleNamespace(gpu=d.gpu, memory=0))
+    lib.nvmlDeviceGetMemoryInfo = (  # type: ignore[attr-defined]
+        lambda d: types.SimpleNamespace(used=d.used, total=1000, free=1000 - d.used))
+    return lib
+
+
+def test_the_workers_gpu_index_is_read_from_its_own_nvml_device(monkeypatch):
+    devices = [_Device("GPU-aaaa-1111", 10, 100), _Device("GPU-bbbb-2222", 40, 250)]
+    monkeypatch.setitem(sys.modules, "pynvml", _nvml_library(devices))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert Nvml(None).usage(1) == (40.0, 25.0)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,0")  # the worker's 0 is physical 1
+    assert Nvml("").usage(0) == (40.0, 25.0)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-aaaa")  # a unique UUID prefix
+    assert Nvml("0").usage(0) == (10.0, 10.0)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-")  # names both: no figure
+    assert Nvml(None).usage(0) is None
+    assert Nvml("2x80GiB").usage(0) is None  # declared: never read

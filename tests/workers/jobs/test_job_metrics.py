@@ -134,10 +134,13 @@ def test_the_curve_is_bounded_and_a_resumed_job_goes_on(ctx):
 def test_stage_changes_count_from_zero_and_repeat_nothing():
     sent: list = []
     figures = JobFigures("j", sent.extend)
-    for stage in ("download model", "download model", "load data", "benchmark", "benchmark"):
+    for stage in ("download model", "download model", "train", "train in 2 processes",
+                  "train", "benchmark", "benchmark"):
         figures.observe({"stage": stage, "phase": "measuring", "updated": 10.0})
     assert [(d.name, d.value, d.at) for d in sent] == [
-        ("StageIndex", 0.0, 10.0), ("StageIndex", 1.0, 10.0), ("StageIndex", 2.0, 10.0)]
+        ("StageIndex", 0.0, 10.0), ("StageIndex", 1.0, 10.0), ("StageIndex", 2.0, 10.0),
+        ("StageIndex", 1.0, 10.0),  # training's records name the stage it entered first
+        ("StageIndex", 3.0, 10.0)]
     assert figures.curve == []  # a benchmark record is no training step
 
 
