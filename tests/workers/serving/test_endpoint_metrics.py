@@ -194,6 +194,6 @@ def test_sampling_stops_with_the_endpoint_and_with_the_worker(served):
         assert endpoints_repo.request_delete(s, ACCOUNT, "ep") == EP
     with ctx.db.session() as s:
         assert endpoints_repo.finish_delete(s, EP)
-    assert sampler.sample() == []
     ctx.metrics.close()
-    assert not sampler.loop.thread.is_alive()
+    assert not sampler.loop.thread.is_alive()  # its owner closed: its thread ended
+    assert sampler.sample() == []  # and the deleted endpoint has nothing to sample
