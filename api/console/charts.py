@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 
 PALETTE = ("#2563eb", "#dc2626", "#16a34a", "#d97706", "#7c3aed", "#0891b2", "#be185d",
            "#4b5563")
-WIDTH, PLOT_HEIGHT = 640, 200
+WIDTH, PLOT_HEIGHT = 560, 200
+EMPTY_PLOT_HEIGHT = 80
 LEFT, RIGHT, TOP, BOTTOM = 64, 16, 30, 44
 LEGEND_ROW = 18
 Point = tuple[float, float]
@@ -158,8 +159,9 @@ def line_chart(chart_id: str, title: str, series: Sequence[Series], x_label: str
     """The chart of `series` (module docstring). `rings`: (x, y, title) points to circle."""
     shown = [s for s in series if s.points]
     base = Chart(chart_id, title, x_label, y_label, empty_text=empty_text)
-    if not shown:
-        return base
+    if not shown:  # a short frame with the empty text
+        return Chart(chart_id, title, x_label, y_label, height=TOP + EMPTY_PLOT_HEIGHT + 8,
+                     bottom=TOP + EMPTY_PLOT_HEIGHT, empty_text=empty_text)
     to_x, x_ticks = _x_axis(shown, categories, x_range, x_format, x_step)
     lo, hi, step = y_domain([y for s in shown for _, y in s.points])
     to_y = _Scale(lo, hi, base.bottom, base.top)
@@ -174,7 +176,7 @@ def line_chart(chart_id: str, title: str, series: Sequence[Series], x_label: str
                           " ".join(f"{m.x},{m.y}" for m in marks), marks))
     per_row = 3
     legend = tuple(Legend(line.name, line.color, line.dashed,
-                          LEFT + (i % per_row) * 190,
+                          LEFT + (i % per_row) * 160,
                           base.bottom + 56 + (i // per_row) * LEGEND_ROW)
                    for i, line in enumerate(lines))
     rows = -(-len(lines) // per_row)

@@ -106,10 +106,28 @@ def benchmark(bench: Any) -> dict[str, Any] | None:
     table = [{"concurrency": c, "values": [rates[r].get(c) for r in rows],
               "chosen": ("off" if chosen[c] == 0 else f"K={chosen[c]}") if c in chosen else "-"}
              for c in levels]
-    thresholds = schedule.get("thresholds") if isinstance(schedule.get("thresholds"),
-                                                          list) else []
+    thresholds = schedule.get("thresholds")
+    thresholds = thresholds if isinstance(thresholds, list) else []
     return {"chart": chart, "rows": rows, "table": table, "backend": bench.get("backend", ""),
-            "thresholds": thresholds, "speedup": bench.get("speedup") or {}}
+            "schedule": schedule_text(thresholds)}
+
+
+def schedule_text(thresholds: list[Any]) -> str:
+    """A schedule in words, as the job's benchmark.md says it (workers/jobs/bench_stage.py
+    `describe`): [[1, 5], [4, 3], [16, 0]] -> "K=5 at 1 running, K=3 at 2-4, off from 5"."""
+    pairs = [(int(t[0]), int(t[1])) for t in thresholds
+             if isinstance(t, list) and len(t) == 2 and all(isinstance(x, int) for x in t)]
+    if not pairs:
+        return ""
+    if len(pairs) == 1:
+        return f"{f'K={pairs[0][1]}' if pairs[0][1] else 'off'} at every load"
+    parts, start = [], 1
+    for i, (most, k) in enumerate(pairs):
+        span = (f"from {start}" if i == len(pairs) - 1 else
+                f"at {start}" if start == most else f"at {start}-{most}")
+        parts.append(f"{f'K={k}' if k else 'off'} {span}" + (" running" if i == 0 else ""))
+        start = most + 1
+    return ", ".join(parts)
 
 
 def _clock(t: float) -> str:

@@ -67,28 +67,29 @@ def _seen(progress: dict[str, Any]) -> list[str]:
     return [k for k in (_key(label) for label in labels) if k]
 
 
-def _plan(current: str, seen: list[str], done: bool) -> list[str]:
+def _plan(current: str, seen: list[str], done: bool, ran: tuple[str, ...]) -> list[str]:
     """The stage keys shown, in order."""
     if seen:
         rest = [] if done else [k for k, _ in ORDER if k in ALWAYS and k not in seen
                                 and _index(k) > _index(seen[-1])]
         return [*seen, *rest]
-    keys = [k for k, _ in ORDER if k in ALWAYS or k == current]
-    return keys
+    return [k for k, _ in ORDER if k in ALWAYS or k == current or k in ran]
 
 
 def _index(key: str) -> int:
     return [k for k, _ in ORDER].index(key)
 
 
-def bars(status: str, progress: dict[str, Any] | None) -> list[Bar]:
-    """One bar per stage (module docstring); a COMPLETED job's are all full."""
+def bars(status: str, progress: dict[str, Any] | None, ran: tuple[str, ...] = ()
+         ) -> list[Bar]:
+    """One bar per stage (module docstring); a COMPLETED job's are all full. `ran`: stages
+    known to have run from elsewhere (the job's output holds a benchmark)."""
     progress = progress or {}
     current = _key(str(progress.get("stage", "")))
     done = status == "COMPLETED"
     names = dict(ORDER)
     out = []
-    for key in _plan(current, _seen(progress), done):
+    for key in _plan(current, _seen(progress), done, ran):
         if done or (current and _index(key) < _index(current)):
             out.append(Bar(key, names[key], 100, "done"))
         elif key == current:

@@ -95,7 +95,8 @@ def job(s: Session, account: Account, name: str) -> dict[str, Any] | None:
             "output_location": out_cfg.get("S3OutputLocation", ""),
             "output_model": (out_cfg.get("SageMakerModel") or {}).get("ModelName", ""),
             "artifacts": output.get("ArtifactUri", ""),
-            "bars": stages.bars(row.status, progress),
+            "bars": stages.bars(row.status, progress,
+                                ("benchmark",) if output.get("Benchmark") else ()),
             "detail": _stage_text(progress) if row.status in stages.ACTIVE else "",
             "can_stop": row.status in ("STARTING", "INPROGRESS"),
             "active": row.status in stages.ACTIVE,
@@ -152,14 +153,19 @@ def endpoint(s: Session, account: Account, name: str) -> dict[str, Any] | None:
             "can_delete": row.status != endpoints_repo.DELETING}
 
 
-def _holder(arn: str, account: Account) -> str:
-    """What a GPU's holder is called on this account's page: its own resources by kind and
-    name, any other account's as 'another account' (never its name)."""
+OTHERS = "another account"
+
+
+def _holder(arn: str, account: Account) -> tuple[str, str]:
+    """What a GPU's holder is called on this account's page, and its page: its own
+    resources by kind and name, any other account's as OTHERS (never its name)."""
     ref = ResourceRef.parse(arn)
     if ref is None or ref.account_id != account.account_id:
-        return "another account"
+        return OTHERS, ""
     kind = arn.split(":", 5)[5].split("/", 1)[0]
-    return f"{kind} {ref.name}"
+    if kind == "optimization-job":
+        return f"job {ref.name}", f"/console/jobs/{ref.name}"
+    return f"{kind} {ref.name}", f"/console/endpoints/{ref.name}" if kind == "endpoint" else ""
 
 
 def hosts(s: Session, account: Account, lease_seconds: float) -> dict[str, Any]:
@@ -177,11 +183,10 @@ def hosts(s: Session, account: Account, lease_seconds: float) -> dict[str, Any]:
         gpus = []
         for index, g in sorted(host["gpus"].items()):
             holding = held.get((host["name"], index))
+            holder, href = _holder(holding.holder, account) if holding else ("", "")
             gpus.append({"index": index, "name": g.get("name", ""),
-                         "memory_gib": g.get("memory_gib", 0),
-                         "holder": _holder(holding.holder, account) if holding else "",
-                         "unit": holding.unit if holding and _holder(holding.holder, account)
-                         != "another account" else "",
+                         "memory_gib": g.get("memory_gib", 0), "holder": holder, "href": href,
+                         "unit": holding.unit if holding and holder != OTHERS else "",
                          "since": holding.since if holding else None})
         out.append({"name": host["name"], "workers": host["workers"],
                     "queues": ", ".join(sorted(host["queues"])), "gpus": gpus,

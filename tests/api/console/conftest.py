@@ -46,6 +46,15 @@ def revoke_key(stack: Stack, key: str) -> None:
     assert r.returncode == 0, r.stderr
 
 
+@pytest.fixture(scope="package")
+def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """An API without a worker (nothing runs), shared by the tests that run no job."""
+    s = Stack(tmp_path_factory.mktemp("console-api"),
+              extra_env={"EAGLENEST_WORKER_QUEUES": ""}).start()
+    yield s
+    s.stop()
+
+
 @pytest.fixture(scope="session")
 def artifacts(tmp_path_factory: pytest.TempPathFactory) -> Path:
     base = os.environ.get("EAGLENEST_ARTIFACTS")

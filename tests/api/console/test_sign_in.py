@@ -1,5 +1,5 @@
 """Signing in to the console (api/console/actions.py, session.py) against a real API (no
-worker: nothing here runs a job): the cookies' attributes and the pages' security headers,
+worker: nothing here runs a job; the package's `api` stack): the cookies' attributes and the pages' security headers,
 a wrong secret, a sign-in form posted without its token, a forged session and a revoked
 key, and the rate limit on sign-in attempts (last: it locks this client address out for a
 minute)."""
@@ -7,23 +7,13 @@ minute)."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 
 import httpx
-import pytest
 
 from tests.api.console.conftest import create_key, revoke_key, shot, sign_in
 from tests.support.stack import ACCESS_KEY, SECRET_KEY, Stack
 
 LIMIT = 5  # Settings.console_login_attempts_per_minute's default
-
-
-@pytest.fixture(scope="module")
-def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    s = Stack(tmp_path_factory.mktemp("console-sign-in"),
-              extra_env={"EAGLENEST_WORKER_QUEUES": ""}).start()
-    yield s
-    s.stop()
 
 
 def _form(client: httpx.Client) -> str:
