@@ -7,12 +7,18 @@ CloudWatch's ValidationError naming it; so is a query that names another account
 Paging: at most MaxDatapoints values (default and most: CloudWatch's 100,800) per page,
 across the queries in their order; a query cut short is `PartialData` and the NextToken
 (foundation/page_tokens.py, fingerprinted by the request without its NextToken) says which
-query and which period go on."""
+query and which period go on.
+
+Bounded work: the range read is cut to the retention (Settings.metrics_retention_days)
+and two hours ahead; a query is read in windows of at most 1,440 periods (what one
+metrics_repo.statistics call answers), in scan order, so a page reads little more than it
+returns, and a query spanning several windows first looks once for any data at all."""
 
 from __future__ import annotations
 
 import math
 import re
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import islice
@@ -38,6 +44,8 @@ MAX_QUERIES = 500
 MAX_DATAPOINTS = 100_800
 #: periods per metrics_repo.statistics call
 WINDOW = metrics_repo.MAX_DATAPOINTS
+#: how far ahead of now data may lie (CloudWatch takes data up to two hours ahead)
+AHEAD_SECONDS = 2 * 3600
 _ID = re.compile(r"[a-z][a-zA-Z0-9_]*")
 Error = CloudWatchValidationError
 
@@ -136,6 +144,11 @@ def _points(s: Session, account: str, plan: Plan, lo: float, hi: float, descendi
             ) -> Iterator[tuple[float, float]]:
     """(period start, value) of one query in scan order, read a window at a time (so a
     page reads little more than it returns)."""
+    if hi - lo > WINDOW * plan.period:  # several windows: first, one look for any data
+        whole = math.ceil((hi - lo) / stats.MINUTE) * stats.MINUTE
+        if not metrics_repo.statistics(s, account, plan.namespace, plan.name,
+                                       plan.dimensions, lo, hi, whole, plan.unit):
+            return
     p = stats.percentile(plan.stat)
     for a, b in _windows(lo, hi, plan.period, descending):
         found = metrics_repo.statistics(s, account, plan.namespace, plan.name,
@@ -168,6 +181,10 @@ def get_metric_data(ctx: Context, req: GetMetricDataInput) -> GetMetricDataOutpu
         [account, to_wire(req.model_copy(update={"NextToken": None}))])
     index, edge = _cursor(req, fingerprint)
     descending = req.ScanBy != "TimestampAscending"
+    # nothing is kept before the retention nor written far ahead: read no further
+    now = time.time()
+    start = max(start, now - ctx.settings.metrics_retention_days * 86400)
+    end = min(end, now + AHEAD_SECONDS)
     results, token = [], None
     with ctx.db.session() as s:
         for i in range(index, len(plans)):

@@ -39,6 +39,8 @@ OTHER_INVOCATIONS = (7,)
 #: ModelLatency (microseconds) per minute from T0
 LATENCIES = ([1000.0 * k for k in range(1, 11)], [500.0] * 4 + [50000.0])
 VARIANT = "AllTraffic"
+#: (value, time) of a series whose data lie more than 1,440 minutes apart
+SPREAD = ((4.0, T0 - 36 * 3600), (6.0, T0))
 
 
 def at(seconds: float) -> datetime:
@@ -153,13 +155,15 @@ def other(stack: Stack, account: tuple[str, str, str], protocol: str, cbor_data_
 
 @pytest.fixture(scope="package")
 def series(db: Database, account: tuple[str, str, str]) -> Series:
-    """INVOCATIONS and LATENCIES of one endpoint in the test account, OTHER_INVOCATIONS of
-    the same endpoint name in the other account, and a job's loss in the test account."""
+    """INVOCATIONS, LATENCIES and SPREAD of one endpoint in the test account,
+    OTHER_INVOCATIONS of the same endpoint name in the other account, and a job's loss in the
+    test account."""
     endpoint = f"cw-{int(time.time() * 1000) % 10**8}"
     data = [sagemaker(endpoint, "Invocations", "Count", 1.0, T0 + 60 * m + j)
             for m, n in enumerate(INVOCATIONS) for j in range(n)]
     data += [sagemaker(endpoint, "ModelLatency", "Microseconds", v, T0 + 60 * m + 30)
              for m, values in enumerate(LATENCIES) for v in values]
+    data += [sagemaker(endpoint, "Spread", "Count", v, t) for v, t in SPREAD]
     data.append(Datum("EagleNest/OptimizationJobs", "TrainingLoss",
                       (("OptimizationJobName", endpoint),), 2.5, "None", T0))
     put(db, ACCOUNT, data)

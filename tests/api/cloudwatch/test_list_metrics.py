@@ -24,7 +24,8 @@ def test_filters_by_namespace_name_and_dimensions(cw, series: Series):
     dims = (("EndpointName", ep), ("VariantName", VARIANT))
     mine = {"Name": "EndpointName", "Value": ep}
     assert listed(cw.list_metrics(Dimensions=[mine])) == [
-        ("AWS/SageMaker", "Invocations", dims), ("AWS/SageMaker", "ModelLatency", dims)]
+        ("AWS/SageMaker", "Invocations", dims), ("AWS/SageMaker", "ModelLatency", dims),
+        ("AWS/SageMaker", "Spread", dims)]
     assert listed(cw.list_metrics(Namespace="AWS/SageMaker", MetricName="ModelLatency",
                                   Dimensions=[mine, {"Name": "VariantName"}])) == [
         ("AWS/SageMaker", "ModelLatency", dims)]
@@ -35,7 +36,9 @@ def test_filters_by_namespace_name_and_dimensions(cw, series: Series):
         ("EagleNest/OptimizationJobs", "TrainingLoss", (("OptimizationJobName", ep),))]
     recent = cw.list_metrics(Dimensions=[mine], RecentlyActive="PT3H",
                              IncludeLinkedAccounts=True)
-    assert len(recent["Metrics"]) == 2 and recent["OwningAccounts"] == [ACCOUNT, ACCOUNT]
+    assert [m["MetricName"] for m in recent["Metrics"]] == ["Invocations", "ModelLatency",
+                                                            "Spread"]
+    assert recent["OwningAccounts"] == [ACCOUNT] * 3
     assert cw.list_metrics(Dimensions=[mine], OwningAccount="999999999999")["Metrics"] == []
 
 

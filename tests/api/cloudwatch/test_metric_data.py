@@ -12,6 +12,7 @@ from tests.api.cloudwatch.conftest import (
     INVOCATIONS,
     LATENCIES,
     OTHER_INVOCATIONS,
+    SPREAD,
     T0,
     Caller,
     Series,
@@ -48,6 +49,32 @@ def test_metric_stat_queries_newest_first(cw, series):
                ScanBy="TimestampAscending")["MetricDataResults"][0]
     assert asc["Timestamps"] == [at(T0), at(T0 + 60), at(T0 + 120)]
     assert asc["Values"] == [1.0, 1.0, 1.0]
+
+
+def test_ranges_beyond_1440_periods_are_read_whole(cw, series):
+    """Two days of minutes (GetMetricStatistics refuses such a range), read in windows of
+    1,440 periods: SPREAD's data lie in two windows, in order either way, a page at a
+    time."""
+    days = {"StartTime": at(T0 - 2 * 86400 - 7), "EndTime": at(T0 + 600)}
+    spread = query("s", "Spread", "Sum", series)
+    out = cw.get_metric_data(MetricDataQueries=[spread], **days)["MetricDataResults"][0]
+    assert list(zip(out["Timestamps"], out["Values"], strict=True)) == [
+        (at(t), v) for v, t in SPREAD[::-1]]
+    pages = []
+    for scan in ("TimestampAscending", "TimestampDescending"):
+        first = cw.get_metric_data(MetricDataQueries=[spread], ScanBy=scan, MaxDatapoints=1,
+                                   **days)
+        second = cw.get_metric_data(MetricDataQueries=[spread], ScanBy=scan,
+                                    MaxDatapoints=1, NextToken=first["NextToken"], **days)
+        assert "NextToken" not in second
+        pages.append([(r["Values"], r["StatusCode"]) for r in
+                      first["MetricDataResults"] + second["MetricDataResults"]])
+    assert pages == [[([4.0], "PartialData"), ([6.0], "Complete")],
+                     [([6.0], "PartialData"), ([4.0], "Complete")]]
+    nothing = query("x", "Nothing", "Sum", series)
+    assert cw.get_metric_data(MetricDataQueries=[nothing], **days)["MetricDataResults"] == [
+        {"Id": "x", "Label": "Nothing", "Timestamps": [], "Values": [],
+         "StatusCode": "Complete", "Messages": []}]
 
 
 def test_another_accounts_key_reads_only_its_own(other: Caller, series):
