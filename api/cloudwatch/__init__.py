@@ -7,13 +7,15 @@ of the key that signed the request.
 
 botocore (boto3, the AWS CLI) picks JSON 1.0 from the model's protocols; it is dispatched by
 api/edge/json_protocol.py with `SERVICE` (api/cloudwatch/service.py). This module mounts the
-CBOR route, whose wire is api/cloudwatch/wire.py. One module per operation
+CBOR route, whose wire is api/cloudwatch/wire.py; its requests are counted in the API's
+metrics like the JSON planes' (label `cloudwatch:<Op>`). One module per operation
 (metric_statistics.py, metric_data.py, list_metrics.py) serves both. The awsQuery protocol
 (form posts of older SDKs) is not served."""
 
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import replace
 from typing import Any
 
@@ -70,14 +72,21 @@ def install(app: FastAPI, ctx: Context) -> None:
     """Mount CloudWatch's route on `app`."""
     keyring = KeyRing(ctx.settings)  # re-read when `eaglenest keys` changes the file
 
+    metrics = app.state.metrics  # json_protocol.install made it (api/app.py MOUNTS)
+
     @app.post(PATH + "{op}")
     async def cloudwatch(request: Request, op: str) -> Response:
+        start = time.perf_counter()
+        label = SERVICE.label_prefix + op if op in SERVICE.handlers else "Unknown"
         try:
             caller, body = await _caller(request, ctx, keyring)
             result = await run_in_threadpool(_dispatch, caller, op, wire.decode(body))
-        except ServiceError as err:
+        except Exception as exc:  # every reply of this route is CBOR, a bug's too
+            err = exc if isinstance(exc, ServiceError) else InternalServiceError(
+                "An internal error occurred.")
+            if err is not exc:
+                log.exception("unhandled error in CloudWatch %s", op, exc_info=exc)
+            metrics.observe(label, err.code, time.perf_counter() - start)
             return wire.error_reply(err)
-        except Exception:  # every reply of this route is CBOR, a bug's too
-            log.exception("unhandled error in CloudWatch %s", op)
-            return wire.error_reply(InternalServiceError("An internal error occurred."))
+        metrics.observe(label, "OK", time.perf_counter() - start)
         return wire.cbor_reply(result)

@@ -114,3 +114,13 @@ def test_unsigned_requests_are_refused_in_cbor(stack, http):
     status, kind, text, _ = refused(r)
     assert (status, kind) == (403, "InvalidSignatureException")
     assert text.startswith("Request is missing Authentication Token")
+
+
+def test_cbor_requests_are_counted_in_the_api_metrics(stack, http):
+    assert signed(stack, http, "ListMetrics", cbor2.dumps({})).status_code == 200
+    signed(stack, http, "ListMetrics", b"\xff")
+    text = http.get(f"{stack.url}/metrics").text
+    lines = [line for line in text.splitlines()
+             if "cloudwatch:ListMetrics" in line and not line.startswith("#")]
+    assert any('"OK"' in line for line in lines), text[-2000:]
+    assert any('"SerializationException"' in line for line in lines), text[-2000:]
