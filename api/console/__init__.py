@@ -1,7 +1,6 @@
 """The web console at /console: sign in with an access key pair, see the account's models,
 jobs (stage progress, training curve, benchmark), endpoints (variants, instances, live
-invocation, latency and tau charts) and hosts; stop a job, delete an endpoint
-(docs/observability.md).
+invocation, latency and tau charts) and hosts; stop a job, delete an endpoint.
 
 Modules: `session` (the signed cookie, CSRF tokens, the sign-in limiter), `web` (the
 shared `Console`, security headers, replies), `pages` (GET routes), `actions` (POST

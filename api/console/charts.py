@@ -1,7 +1,7 @@
 """Server-drawn line charts: the geometry of an SVG chart (axes, ticks, one polyline per
-series, rings on chosen points, a legend) as plain values. The template
-`templates/_chart.html` writes them as inline SVG, escaped like the rest of the page, so
-the console fetches nothing to draw (no script, no third-party asset).
+series, rings on chosen points, a legend) as plain values. The `chart` macro of
+`templates/_macros.html` writes them as inline SVG, escaped like the rest of the page,
+so the console fetches nothing to draw (no script, no third-party asset).
 
 A chart with no point at all is `empty`: the template shows its `empty_text` ("no data
 yet") in the frame instead of axes.

@@ -35,6 +35,11 @@ def _endpoint(s: Session, v: Viewer, name: str) -> dict[str, Any] | None:
     return {"endpoint": found} if found else None
 
 
+def _brief(s: Session, v: Viewer, name: str) -> dict[str, Any] | None:
+    found = views.endpoint_brief(s, v.account, name) if NAME.match(name) else None
+    return {"endpoint": found} if found else None
+
+
 def _pages(lease_seconds: float) -> list[tuple[str, str, str, int, Read]]:
     """(path, template, section, refresh seconds, what it reads) of each page."""
     return [
@@ -45,7 +50,7 @@ def _pages(lease_seconds: float) -> list[tuple[str, str, str, int, Read]]:
         ("/console/endpoints", "endpoints.html", "endpoints", REFRESH,
          lambda s, v, _: views.endpoints(s, v.account)),
         ("/console/endpoints/{name}", "endpoint.html", "endpoints", REFRESH, _endpoint),
-        ("/console/endpoints/{name}/delete", "confirm_delete.html", "endpoints", 0, _endpoint),
+        ("/console/endpoints/{name}/delete", "confirm_delete.html", "endpoints", 0, _brief),
         ("/console/hosts", "hosts.html", "hosts", REFRESH,
          lambda s, v, _: views.hosts(s, v.account, lease_seconds)),
     ]

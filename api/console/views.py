@@ -153,6 +153,12 @@ def endpoint(s: Session, account: Account, name: str) -> dict[str, Any] | None:
             "can_delete": row.status != endpoints_repo.DELETING}
 
 
+def endpoint_brief(s: Session, account: Account, name: str) -> dict[str, Any] | None:
+    """The endpoint's name and status (the delete confirmation's page)."""
+    row = find(s, EndpointRow, name, account_id=account.account_id)
+    return None if row is None else {"name": row.name, "status": row.status}
+
+
 OTHERS = "another account"
 
 

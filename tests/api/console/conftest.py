@@ -5,14 +5,18 @@ through the form, and the screenshots each page leaves in the artifacts folder
 
 from __future__ import annotations
 
+import json
 import os
+import statistics
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from tests.support.jobs import ROOT
@@ -95,3 +99,27 @@ def shot(page: Any, artifacts: Path, name: str) -> Path:
     path = artifacts / f"{name}.png"
     page.screenshot(path=str(path), full_page=True)
     return path
+
+
+def page_cost(url: str, cookies: dict[str, str], paths: list[str], out: Path,
+              views: int = 50) -> dict[str, dict[str, float]]:
+    """What a view of each page costs the API: `views` GETs of it over one kept-alive
+    connection after 5 to warm up, timed by the client on loopback (/ping, the floor every
+    request pays, first). Written to `out` as JSON."""
+    cost: dict[str, dict[str, float]] = {}
+    with httpx.Client(base_url=url, cookies=cookies) as c:
+        for path in ["/ping", *paths]:
+            times = []
+            for i in range(views + 5):
+                t = time.perf_counter()
+                r = c.get(path)
+                if i >= 5:
+                    times.append(1000 * (time.perf_counter() - t))
+                assert r.status_code == 200, (path, r.status_code)
+            times.sort()
+            cost[path] = {"mean_ms": round(statistics.fmean(times), 2),
+                          "p50_ms": round(times[len(times) // 2], 2),
+                          "p95_ms": round(times[int(len(times) * 0.95) - 1], 2),
+                          "bytes": len(r.content)}
+    out.write_text(json.dumps(cost, indent=1))
+    return cost

@@ -8,6 +8,7 @@ test_live.py's)."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -15,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.api.console.conftest import Key, create_key, shot, sign_in
+from tests.api.console.conftest import Key, create_key, page_cost, shot, sign_in
 from tests.support.jobs import job
 from tests.support.stack import ACCESS_KEY, ACCOUNT, SECRET_KEY, Stack
 
@@ -270,3 +271,15 @@ def test_another_account_sees_none_of_it(api: Stack, browser: Any, seeded: Key,
                                      "rs.map(r => r.cells[3].textContent)") == [
         "another account", "another account", "job b-secret-job", "free"]
     page.context.close()
+
+
+def test_page_view_cost(api: Stack, page: Any, artifacts) -> None:
+    """What a view of each page costs the API, with these rows (the live stack's figures:
+    tests/api/console/test_live.py)."""
+    cookies = {c["name"]: c["value"] for c in page.context.cookies()}
+    cost = page_cost(api.url, cookies, [
+        "/console/models", "/console/jobs", "/console/jobs/views-running",
+        "/console/jobs/views-done", "/console/endpoints", "/console/endpoints/views-ep",
+        "/console/hosts"], artifacts / "console-cost-seeded.json")
+    print(json.dumps(cost, indent=1))
+    assert all(v["p50_ms"] < 1000 for v in cost.values()), cost
