@@ -80,8 +80,9 @@ def _rates(bench: dict[str, Any]) -> dict[str, dict[int, float]]:
 
 
 def benchmark(bench: Any) -> dict[str, Any] | None:
-    """The benchmark chart, its table and the chosen schedule; None before it exists."""
-    if not isinstance(bench, dict):
+    """The benchmark chart, its table and the chosen schedule; None before it exists (or
+    when the job was stopped during it: its report is then empty)."""
+    if not isinstance(bench, dict) or not bench:
         return None
     rates = _rates(bench)
     schedule = bench.get("schedule")

@@ -38,8 +38,10 @@ class Bar:
 
 
 def _key(label: str) -> str:
+    """The stage a label names by its first word ("regenerated answers from the cache ..."
+    is the regenerate stage); "" for none."""
     word = label.strip().split(" ", 1)[0].lower() if label.strip() else ""
-    return word if word in dict(ORDER) else ""
+    return next((k for k, _ in ORDER if word and word.startswith(k.rstrip("e"))), "")
 
 
 def fraction(progress: dict[str, Any]) -> float:
