@@ -126,6 +126,7 @@ def test_endpoint_invocations_rise(live: Stack, page: Any, artifacts: Path) -> N
     instance = live.deployment(ENDPOINT)["Servers"]["AllTraffic"]["instances"][0]
     cells = page.eval_on_selector("#instances tbody tr", "r => [...r.cells].map(c => "
                                   "c.textContent)")
+    assert instance.get("host") and not instance.get("gpus"), instance  # this host, no GPU
     assert cells[:4] == ["AllTraffic", "1", instance["host"], "none (CPU)"], cells
     before = int(page.inner_text("#invocations-total"))
     for text in ("Natalia sold 48 clips", "hello", "2 + 2 ="):
