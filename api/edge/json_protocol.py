@@ -1,5 +1,6 @@
 """AWS JSON 1.1 on `POST /`: SigV4 check, X-Amz-Target dispatch to the services of SERVICES
-(SageMaker's operations, api/sagemaker/; the Resource Groups Tagging API's, api/tagging/),
+(SageMaker's operations, api/sagemaker/; the Resource Groups Tagging API's, api/tagging/;
+CloudWatch's reads in AWS JSON 1.0, api/cloudwatch/),
 AWS error rendering."""
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4
 from sqlalchemy.exc import OperationalError
 
-from eaglenest.api import sagemaker, tagging
+from eaglenest.api import cloudwatch, sagemaker, tagging
 from eaglenest.api.edge.bounded import BodyLimit, check_depth, read_signed, too_large
 from eaglenest.api.edge.keyring import KeyRing
 from eaglenest.api.edge.registry import Context, JsonService
@@ -36,7 +37,7 @@ from eaglenest.foundation.http.asgi import WholeReply, amzn_request_id
 
 log = logging.getLogger("eaglenest.api")
 #: every AWS JSON service served on `POST /` (a new one: its folder under api/ and one entry)
-SERVICES: tuple[JsonService, ...] = (sagemaker.SERVICE, tagging.SERVICE)
+SERVICES: tuple[JsonService, ...] = (sagemaker.SERVICE, tagging.SERVICE, cloudwatch.SERVICE)
 JSON_11 = "application/x-amz-json-1.1"
 
 

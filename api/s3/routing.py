@@ -4,7 +4,8 @@ A request belongs to the S3 API when its SigV4 credential scope (the Authorizati
 `Credential=`, or a presigned URL's X-Amz-Credential) names the service `s3`, whatever its
 path: `/endpoints/...` is then a bucket named `endpoints`. An unsigned request belongs to it
 too unless it is one of the API's own routes (`POST /`, `/ping`, `/metrics`,
-`/endpoints/...`): it is refused with S3's AccessDenied."""
+`/endpoints/...`, `/console...`, CloudWatch's `/service/GraniteServiceVersion20100801/...`):
+it is refused with S3's AccessDenied."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ REQUIRED = ("host", "x-amz-date", "x-amz-content-sha256")
 _SCOPE = re.compile(r"Credential=[^/,\s]*/\d{8}/[^/,\s]*/([^/,\s]+)/aws4_request")
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
 _OWN_ROUTES = ("/ping", "/metrics")
+_OWN_PREFIXES = ("/endpoints/", "/console/", "/service/GraniteServiceVersion20100801/")
 #: bucket subresources this API does not keep (a request naming one is NotImplemented)
 _UNSUPPORTED = ("acl", "policy", "versioning", "tagging", "cors", "lifecycle", "website",
                 "logging", "notification", "replication", "encryption", "object-lock",
@@ -57,7 +59,7 @@ def is_s3(scope: Mapping[str, object], headers: Mapping[str, str],
         return credential.endswith(f"/{SERVICE}/aws4_request")
     path, method = str(scope.get("path", "")), scope.get("method")
     return not ((method == "POST" and path == "/") or path in _OWN_ROUTES
-                or path.startswith("/endpoints/"))
+                or path.startswith(_OWN_PREFIXES) or path == "/console")
 
 
 def authenticate(req: SignedRequest, query: Mapping[str, str], secrets: Mapping[str, str],

@@ -178,6 +178,7 @@ def test_generated_modules_are_up_to_date(tmp_path: Path) -> None:
         "tags.py",
         "operations.py",
         "tagging.py",
+        "cloudwatch.py",
     }
     for path in written:
         assert path.read_bytes() == (SHAPES_DIR / path.name).read_bytes(), (

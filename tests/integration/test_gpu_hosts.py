@@ -177,9 +177,9 @@ def test_four_gpu_type_lands_on_the_host_that_has_four(hosts):
     assert f"    GPU 3 A10G 24 GiB: endpoint/big ({ACCOUNT}) {inst['unit']}" in lines
     assert "    GPU 1 A10G 24 GiB: free" in lines  # host-a's second GPU
     metrics = httpx.get(f"{stack.url}/metrics", timeout=10).text.splitlines()
-    assert 'eaglenest_host_gpus{host="host-b"} 4' in metrics
-    assert 'eaglenest_host_gpus_held{host="host-b"} 4' in metrics
-    assert 'eaglenest_host_gpus_held{host="host-a"} 0' in metrics
+    assert 'eaglenest_host_gpus{host="host-b"} 4.0' in metrics
+    assert 'eaglenest_host_gpus_held{host="host-b"} 4.0' in metrics
+    assert 'eaglenest_host_gpus_held{host="host-a"} 0.0' in metrics
 
     # A second one finds no host with four free GPUs: Failed after the wait, nothing held.
     t0 = time.monotonic()

@@ -65,7 +65,7 @@ def broker() -> Iterator[Broker]:
 def _health(stack: Stack) -> tuple[int, dict, int]:
     ping = httpx.get(f"{stack.url}/ping", timeout=10)
     metrics = httpx.get(f"{stack.url}/metrics", timeout=10).text
-    (up,) = [int(line.split()[1]) for line in metrics.splitlines()
+    (up,) = [int(float(line.split()[1])) for line in metrics.splitlines()
              if line.startswith("eaglenest_broker_up ")]
     return ping.status_code, ping.json(), up
 

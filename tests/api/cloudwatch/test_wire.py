@@ -105,9 +105,6 @@ def test_wrong_secrets_and_unknown_keys_are_refused(stack, protocol, cbor_data_p
         assert error(exc)[::2] == (code, 403)
 
 
-@pytest.mark.xfail(strict=True, reason="api/s3/routing.py answers unsigned requests to paths "
-                   "it does not know as S3 (AccessDenied XML) until /service/ is one of the "
-                   "API's own routes (#54)")
 def test_unsigned_requests_are_refused_in_cbor(stack, http):
     r = http.post(f"{stack.url}{PATH}ListMetrics", content=cbor2.dumps({}),
                   headers={"content-type": "application/cbor"})

@@ -13,6 +13,7 @@ from typing import get_type_hints
 import pytest
 from botocore import xform_name
 
+from eaglenest.api.cloudwatch import SERVICE as CLOUDWATCH
 from eaglenest.api.edge.json_protocol import SERVICES
 from eaglenest.api.edge.registry import Context, JsonService
 from eaglenest.api.sagemaker import SERVICE as SAGEMAKER
@@ -29,6 +30,7 @@ TESTS = Path(__file__).resolve().parents[1]
 COVERED = [
     (SAGEMAKER, _codegen.operations(), TESTS / "sagemaker"),
     (TAGGING, _codegen.TAGGING_OPERATIONS, TESTS / "tagging"),
+    (CLOUDWATCH, _codegen.CLOUDWATCH_OPERATIONS, TESTS / "cloudwatch"),
 ]
 
 
@@ -48,7 +50,7 @@ def uncovered(operations: Iterable[str], service: JsonService, sources: Iterable
 
 
 def test_services_are_the_ones_served() -> None:
-    assert [s.signing_name for s in SERVICES] == ["sagemaker", "tagging"]
+    assert [s.signing_name for s in SERVICES] == ["sagemaker", "tagging", "monitoring"]
 
 
 @pytest.mark.parametrize(("service", "operations", "folder"), COVERED,
