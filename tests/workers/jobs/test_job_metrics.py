@@ -159,7 +159,7 @@ def test_a_real_training_run_reports_its_steps(ctx, tmp_path, tiny_llama_dir):
                                 tmp_path / "out" / "training_log.jsonl", control.report)
     target = load_target(tiny_llama_dir)
     samples = encode_examples(load_examples(builtin_path("gsm8k_training.jsonl"))[:8],
-                              target.tokenizer, max_length=64)
+                              target.tokenizer, max_length=128)
     result = train(TrainConfig(head="eagle3", out_dir=str(tmp_path / "train"), max_steps=4,
                                draft_vocab_size=64, progress=False, on_step=progress.row),
                    TrainData(target, samples, source="test"))
