@@ -144,6 +144,8 @@ def _x_axis(series: Sequence[Series], categories: Sequence[float] | None,
         lo, hi = lo - 1, hi + 1
     scale = _Scale(lo, hi, left, right)
     step = x_step or nice_step(hi - lo, 6)
+    if all(float(x).is_integer() for x in xs):  # steps, counts: no tick between two
+        step = max(step, 1.0)
     first = math.ceil(lo / step) * step
     ticks = tuple(Tick(scale(first + i * step), fmt(first + i * step))
                   for i in range(int((hi - first) / step + 1e-9) + 1))
