@@ -179,6 +179,9 @@ class Settings(BaseSettings):
     metrics_max_series_per_account: int = Field(default=2000, ge=1)
     #: seconds between a MetricBuffer's writes of what it aggregated to the database
     metrics_flush_seconds: float = Field(default=1.0, gt=0, le=60)
+    #: seconds between two samples of a worker's model servers and of its host (workers/
+    #: serving/endpoint_metrics.py, workers/infra/host_metrics.py)
+    metrics_sample_seconds: float = Field(default=60.0, gt=0, le=3600)
     #: seconds a console sign-in lasts (api/console/) before the session cookie expires
     console_session_seconds: int = Field(default=28800, ge=60)
     #: console sign-in attempts per minute, per client address and per access key id; more

@@ -23,5 +23,5 @@ def create_worker_app(settings: Settings, broker_url: str,
     optimize.register_tasks(app, ctx)
     endpoints.register_tasks(app, ctx)
     if not queues or SERVE_QUEUE in queues.split(","):
-        ctx.metrics.own(EndpointSampler(ctx))
+        ctx.metrics.own(EndpointSampler(ctx, ctx.settings.metrics_sample_seconds))
     return app, ctx

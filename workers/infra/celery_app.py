@@ -103,7 +103,7 @@ def create_celery(settings: Settings, broker_url: str,
         reclaim_gpus(ctx)  # and the GPUs dead workers held
         ctx.placer.register()
         reconcile(ctx)
-        start_watchdog(ctx)
+        start_watchdog(ctx, ctx.settings.metrics_sample_seconds)
         ctx.metrics.start()  # the samplers the rooms gave it (workers/app.py)
 
     def on_shutting_down(**_: Any) -> None:
