@@ -298,8 +298,7 @@ class ApiMetrics:
         if inv.model_seconds is not None:
             f.model.labels(*labels).observe(inv.model_seconds * 1e6)
         f.overhead.labels(*labels).observe(inv.overhead_seconds * 1e6)
-        for datum in inv.data(time.time()):
-            self.buffer.add(inv.account_id, datum)
+        self.buffer.add_many(inv.account_id, inv.data(time.time()))
 
     def render(self) -> bytes:
         """The exposition text (Prometheus text format 0.0.4)."""

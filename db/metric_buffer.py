@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Sequence
 
 from eaglenest.db import metrics_repo
 from eaglenest.db.metric_histogram import Aggregate
@@ -65,12 +66,19 @@ class MetricBuffer:
         self._last_error_log = -_LOG_EVERY
 
     def add(self, account_id: str, datum: Datum) -> None:
-        one = metrics_repo.aggregate([datum])
+        self.add_many(account_id, (datum,))
+
+    def add_many(self, account_id: str, data: Sequence[Datum]) -> None:
+        """add() for several data at once: added up outside the lock, merged under it once
+        (one invocation's six AWS/SageMaker data are one call)."""
+        batch = metrics_repo.aggregate(data)
+        kept = sum(agg.sample_count for agg in batch.values())
         with self._lock:
-            if self._closed or not one:
-                self.dropped += 1
+            self.dropped += len(data) - kept
+            if self._closed:
+                self.dropped += kept
                 return
-            self._merge(account_id, one)
+            self._merge(account_id, batch)
 
     def _merge(self, account_id: str, batch: dict[BatchKey, Aggregate]) -> None:
         """Add `batch` into the pending aggregates (the lock held); what does not fit is

@@ -107,7 +107,9 @@ class Aggregate:
         self.sum += other.sum
         self.minimum = min(self.minimum, other.minimum)
         self.maximum = max(self.maximum, other.maximum)
-        self.histogram = merged(self.histogram, other.histogram)
+        mine = self.histogram
+        for key, count in other.histogram.items():
+            mine[key] = mine.get(key, 0) + count
         self.last_time = max(self.last_time, other.last_time)
 
 

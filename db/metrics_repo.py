@@ -22,6 +22,7 @@ Contract:
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
@@ -79,8 +80,19 @@ class Stat:
 
 def dimensions_key(dimensions: Iterable[tuple[str, str]]) -> str:
     """The canonical string of a series' dimensions (sorted by name, compact JSON)."""
+    if isinstance(dimensions, tuple):  # a Datum's: hashable, and repeated on every call
+        return _tuple_key(dimensions)
+    return _key_of(dimensions)
+
+
+def _key_of(dimensions: Iterable[tuple[str, str]]) -> str:
     pairs = sorted((str(k), str(v)) for k, v in dimensions)
     return json.dumps([list(p) for p in pairs], separators=(",", ":"), ensure_ascii=False)
+
+
+@functools.lru_cache(maxsize=4096)
+def _tuple_key(dimensions: tuple[tuple[str, str], ...]) -> str:
+    return _key_of(dimensions)
 
 
 def _dimensions(key: str) -> Dimensions:

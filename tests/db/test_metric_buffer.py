@@ -134,3 +134,18 @@ def test_the_flusher_sweeps_old_data(db: Database) -> None:
         until(lambda: minute_rows(db) == 1)
     finally:
         buf.close()
+
+
+def test_add_many_counts_what_it_drops_and_merges_the_rest(db: Database) -> None:
+    """One call for an invocation's data: valid data are added up per series and minute,
+    an invalid one (not finite) is dropped and counted; after close() all are dropped."""
+    buffer = MetricBuffer(db, 10, 60.0)
+    data = [Datum(NS, "Invocations", DIMS, 1.0, "Count", T0),
+            Datum(NS, "Invocations", DIMS, 1.0, "Count", T0 + 1),
+            Datum(NS, "ModelLatency", DIMS, float("nan"), "Microseconds", T0)]
+    buffer.add_many(A, data)
+    assert (buffer.pending(), buffer.dropped) == (1, 1)
+    buffer.close()
+    assert [(st.sample_count, st.sum) for st in stats(db)] == [(2, 2.0)]
+    buffer.add_many(A, data[:2])
+    assert buffer.dropped == 3
