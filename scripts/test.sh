@@ -31,6 +31,9 @@ echo "== lint-imports (the floors in .importlinter)"
 lint-imports  # (`python -m importlinter.cli` has no __main__: it would pass silently)
 
 . scripts/_pytest.sh  # run_pytest (the exit-code-5 guard), run_split
+# What the tests leave for people to look at (the console's screenshots: tests/api/console/)
+export EAGLENEST_ARTIFACTS="${EAGLENEST_ARTIFACTS:-$PWD/artifacts}"
+mkdir -p "$EAGLENEST_ARTIFACTS"
 
 rc=0
 if [ "$#" -eq 0 ]; then
