@@ -16,6 +16,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,7 @@ from eaglenest.db import endpoints_repo, metrics_repo
 from eaglenest.db.session import Database
 from eaglenest.foundation.host.processes import free_port
 from eaglenest.foundation.http.instance_auth import SECRET_ENV, probe
-from tests.support.stack import ACCOUNT, Stack, wait_for
+from tests.support.stack import ACCESS_KEY, ACCOUNT, REGION, SECRET_KEY, Stack, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 SECRET = "metering-instance-secret"
@@ -130,7 +131,7 @@ def invoked(stack: Stack, model_server: str) -> dict[str, Any]:
         ContentType="application/json"))[0] == "ValidationError"
     stack.client("sagemaker-runtime", **creds).invoke_endpoint(
         EndpointName=name, Body=OK_BODY, ContentType="application/json")
-    return {"name": name, "other": other, "spans": spans}
+    return {"name": name, "other": other, "creds": creds, "spans": spans}
 
 
 def stats(stack: Stack, account: str, name: str, metric: str, start: float,
@@ -239,7 +240,10 @@ def test_shutdown_writes_what_the_buffer_holds_and_ends_its_thread(tmp_path) -> 
     settings, app = _app(tmp_path)
     before = set(threading.enumerate())
     with TestClient(app):
-        started = set(threading.enumerate()) - before
+        # the buffer's flusher (db/metric_buffer.py names it); the test client's own
+        # threads (its portal, anyio's workers) are not the app's to end
+        started = {t for t in set(threading.enumerate()) - before
+                   if t.name == "metric-buffer"}
         assert started, "the lifespan started no flusher thread"
         # a flush period far longer than the test: only close() can write it
         app.state.metrics.invocation(Invocation("123456789012", "ep", "v", 1, 200, 0.01,
@@ -321,3 +325,61 @@ def test_scrape_shows_the_stores_last_minute_with_an_account_label(tmp_path) -> 
     fam = "eaglenest_host_gpu_utilization_percent"
     assert value(fams, fam, fam, host="host-a", gpu="0") == 75
     assert "whatever" not in text.lower()
+
+
+def cloudwatch_window(invoked: dict[str, Any]) -> dict[str, Any]:
+    dims = [{"Name": "EndpointName", "Value": invoked["name"]},
+            {"Name": "VariantName", "Value": VARIANT}]
+    start = int(invoked["spans"][0][0] // 60) * 60 - 60
+    return {"Namespace": NS, "Dimensions": dims, "Period": 60,
+            "StartTime": datetime.fromtimestamp(start, UTC),
+            "EndTime": datetime.fromtimestamp(time.time() + 120, UTC)}
+
+
+def test_cloudwatch_reads_the_invocations_just_made(stack, invoked) -> None:
+    """The issue's check with clients nobody here wrote: boto3's `cloudwatch` returns the
+    invocations the sagemaker-runtime calls above made (sums and sample counts per minute
+    equal what was sent), ModelLatency's p50/p99, nothing of them to another account's
+    key; the AWS CLI prints the same sums."""
+    window = cloudwatch_window(invoked)
+    cw = stack.client("cloudwatch")
+
+    def invocations() -> list[dict[str, Any]] | None:
+        points = cw.get_metric_statistics(MetricName="Invocations", **window,
+                                          Statistics=["Sum", "SampleCount"])["Datapoints"]
+        return points if sum(p["Sum"] for p in points) == 6 else None
+
+    points = wait_for(invocations, 15, "CloudWatch never showed the 6 invocations", stack)
+    assert all(p["Sum"] == p["SampleCount"] and p["Unit"] == "Count" for p in points)
+    if all(int(a // 60) == int(b // 60) for a, b in invoked["spans"]):
+        want = Counter(int(b // 60) * 60 for _, b in invoked["spans"])
+        assert {int(p["Timestamp"].timestamp()): p["Sum"] for p in points} == want
+    latency = cw.get_metric_statistics(MetricName="ModelLatency", **window,
+                                       ExtendedStatistics=["p50", "p99"])["Datapoints"]
+    assert sum(1 for _ in latency) >= 1
+    for p in latency:
+        assert p["Unit"] == "Microseconds"
+        assert 0 < p["ExtendedStatistics"]["p50"] <= p["ExtendedStatistics"]["p99"]
+    other = stack.client("cloudwatch", **invoked["creds"])
+    theirs = other.get_metric_statistics(MetricName="Invocations", **window,
+                                         Statistics=["Sum"])["Datapoints"]
+    assert sum(p["Sum"] for p in theirs) == 1  # their own call, none of these six
+    listed = other.list_metrics(Namespace=NS, MetricName="Invocations")["Metrics"]
+    assert all({"Name": "EndpointName", "Value": invoked["name"]} in m["Dimensions"]
+               for m in listed)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update(AWS_ACCESS_KEY_ID=ACCESS_KEY, AWS_SECRET_ACCESS_KEY=SECRET_KEY,
+               AWS_DEFAULT_REGION=REGION, AWS_MAX_ATTEMPTS="1")
+    dims = [f"Name={d['Name']},Value={d['Value']}" for d in window["Dimensions"]]
+    r = subprocess.run(
+        [str(Path(sys.executable).parent / "aws"), "cloudwatch", "get-metric-statistics",
+         "--namespace", NS, "--metric-name", "Invocations", "--dimensions", *dims,
+         "--start-time", window["StartTime"].isoformat(),
+         "--end-time", window["EndTime"].isoformat(), "--period", "60",
+         "--statistics", "Sum", "SampleCount", "--endpoint-url", stack.url,
+         "--output", "json"], env=env, capture_output=True, text=True, timeout=120,
+        check=False)
+    assert r.returncode == 0, r.stderr
+    printed = json.loads(r.stdout)["Datapoints"]
+    assert sorted((p["Sum"], p["SampleCount"]) for p in printed) == sorted(
+        (p["Sum"], p["SampleCount"]) for p in points)
