@@ -86,7 +86,8 @@ class JobFigures:
         if data:
             self.sink(data)
             self.added += len(data)
-        return {**progress, "curve": list(self.curve)}
+        # the stage labels this run entered, in order (the console draws them)
+        return {**progress, "curve": list(self.curve), "stages": list(self.stages)}
 
     def _datum(self, name: str, value: float, unit: str, at: float | None) -> Datum:
         return datum(NAMESPACE, name, self.dims, value, unit, at)

@@ -136,7 +136,10 @@ def test_stage_changes_count_from_zero_and_repeat_nothing():
     figures = JobFigures("j", sent.extend)
     for stage in ("download model", "download model", "train", "train in 2 processes",
                   "train", "benchmark", "benchmark"):
-        figures.observe({"stage": stage, "phase": "measuring", "updated": 10.0})
+        record = figures.observe({"stage": stage, "phase": "measuring", "updated": 10.0})
+    # the record lists the labels entered, in order (api/console/stages.py draws them)
+    assert record["stages"] == ["download model", "train", "train in 2 processes",
+                                "benchmark"]
     assert [(d.name, d.value, d.at) for d in sent] == [
         ("StageIndex", 0.0, 10.0), ("StageIndex", 1.0, 10.0), ("StageIndex", 2.0, 10.0),
         ("StageIndex", 1.0, 10.0),  # training's records name the stage it entered first
