@@ -66,7 +66,8 @@ def _seen(progress: dict[str, Any]) -> list[str]:
     if not isinstance(listed, list):
         return []
     labels = [x.get("stage", "") if isinstance(x, dict) else str(x) for x in listed]
-    return [k for k in (_key(label) for label in labels) if k]
+    # one bar per stage: "train" and "train in 2 processes" are the same stage
+    return list(dict.fromkeys(k for k in (_key(label) for label in labels) if k))
 
 
 def _plan(current: str, seen: list[str], done: bool, ran: tuple[str, ...]) -> list[str]:
