@@ -53,8 +53,11 @@ def revoke_key(stack: Stack, key: str) -> None:
 @pytest.fixture(scope="package")
 def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """An API without a worker (nothing runs), shared by the tests that run no job."""
+    # the modules here sign in from one address more often than the default 5 a minute
+    # allows; the limit itself is tested on an API of its own (test_sign_in.py)
     s = Stack(tmp_path_factory.mktemp("console-api"),
-              extra_env={"EAGLENEST_WORKER_QUEUES": ""}).start()
+              extra_env={"EAGLENEST_WORKER_QUEUES": "",
+                         "EAGLENEST_CONSOLE_LOGIN_ATTEMPTS_PER_MINUTE": "1000"}).start()
     yield s
     s.stop()
 
@@ -67,8 +70,10 @@ def artifacts(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def browser() -> Iterator[Any]:
+    """Chromium for this folder only: Playwright's sync API keeps an event loop running on
+    the main thread while it is open, and later tests call asyncio.run()."""
     if not Path(CHROMIUM).exists():
         pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium package "
                     "(scripts/test.sh does); Playwright's own browser is never downloaded")
