@@ -196,6 +196,8 @@ def test_stop_during_training(stack):
     status = _status(stack)
     running = re.search(r"^  to-stop +INPROGRESS .*\n    train eagle3 head on \d+ samples: "
                         r"step (\d+)/100000 \(0%\)  loss [\d.]+  train acc@[\d/]+ [\d./]+  "
+                        # a held-out evaluation shows once one ran (every EVAL_EVERY steps)
+                        r"(?:held-out acc@[\d/]+ [\d./]+ \(step \d+\)  )?"
                         r"[\d,]+ tokens/s  ETA \w+  \(updated \w+ ago\)$", status, re.M)
     assert running and int(running.group(1)) >= 2, status
     d = sm.describe_optimization_job(OptimizationJobName="to-stop")
