@@ -185,9 +185,12 @@ def _engine_stats(smol: Target, head_dir: Path, kind: str,
 #: two-layer P-EAGLE (the EAGLE-3 layout with parallel drafting and stacked layers). A plain
 #: EAGLE-3 head, which tests/workers/serving/test_vllm_endpoint.py also serves losslessly
 #: through an endpoint, and a one-layer P-EAGLE head run with ``-m vllm`` (slow included).
-#: ``dflash@2``: a two-layer DFlash head (its own layout, so not slow).
+#: ``dflash@2``, a two-layer DFlash head (its own layout), runs with ``-m vllm`` too (slow,
+#: for CI's hour); tests/workers/model_servers/test_vllm_command_lines.py checks in CI that
+#: vLLM's own SpeculativeConfig reads our DFlash checkpoint.
 VARIANTS = ["eagle", pytest.param("eagle3", marks=pytest.mark.slow),
-            pytest.param("peagle", marks=pytest.mark.slow), "peagle@2", "dflash@2"]
+            pytest.param("peagle", marks=pytest.mark.slow), "peagle@2",
+            pytest.param("dflash@2", marks=pytest.mark.slow)]
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
