@@ -51,6 +51,7 @@ from eaglenest.foundation.host.loops import Loop
 from eaglenest.foundation.http import instance_auth
 from eaglenest.workers.infra.context import WorkerContext
 from eaglenest.workers.infra.metrics import Nvml, TreeUsage, datum
+from eaglenest.workers.model_servers.embedded.metrics import samples
 from eaglenest.workers.model_servers.process import head_draft_limit
 from eaglenest.workers.model_servers.schedule import Schedule
 
@@ -85,17 +86,10 @@ def parse_counters(page: str, at: float) -> Counters:
     """The counters of a /metrics page, each summed over its label sets (vLLM has one per
     engine)."""
     found: dict[str, float] = {}
-    for line in page.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        metric, _, value = line.rpartition(" ")
-        field = _FIELDS.get(metric.split("{", 1)[0])
-        if field is None:
-            continue
-        try:
-            found[field] = found.get(field, 0.0) + float(value)
-        except ValueError:
-            continue
+    for name, _, value in samples(page):
+        field = _FIELDS.get(name)
+        if field is not None:
+            found[field] = found.get(field, 0.0) + value
     return Counters(at=at, **found)
 
 

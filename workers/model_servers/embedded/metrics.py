@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 
@@ -98,6 +99,20 @@ def parse_rounds_by_k(text: str) -> dict[int, float]:
     return out
 
 
+def samples(text: str) -> Iterator[tuple[str, str, float]]:
+    """A /metrics page's samples: (name, the sample as written before its value, value);
+    comments and unreadable values skipped."""
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        metric, _, value = line.rpartition(" ")
+        try:
+            v = float(value)
+        except ValueError:
+            continue
+        yield metric.split("{", 1)[0], metric, v
+
+
 def parse_spec_counters(text: str) -> dict[str, float]:
     """Sum vLLM's spec-decode counters from a /metrics page (either backend).
 
@@ -109,15 +124,7 @@ def parse_spec_counters(text: str) -> dict[str, float]:
         "vllm:spec_decode_num_accepted_tokens_total": "accepted",
     }
     out: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        metric, _, value = line.rpartition(" ")
-        name = metric.split("{", 1)[0]
-        try:
-            v = float(value)
-        except ValueError:
-            continue
+    for name, metric, v in samples(text):
         if name in names:
             out[names[name]] = out.get(names[name], 0.0) + v
         elif name == "vllm:spec_decode_num_accepted_tokens_per_pos_total":
