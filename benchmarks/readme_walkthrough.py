@@ -1,7 +1,7 @@
 """README.md's examples, run as a new user runs them, with a transcript and the time of each.
 
     python -m benchmarks.readme_walkthrough [--work DIR] [--port 8080] [--out FILE.md]
-        [--first N] [--checkout-venv]
+        [--first N] [--checkout-venv] [--repeat N]
 
 Everything runs from a fresh shell state in --work (a new temporary folder by default): HOME
 is <work>/home, so the data dir is the README's default (~/.local/share/eaglenest) and nothing
@@ -20,6 +20,14 @@ README's address is replaced by the one used. The transcript shows each example'
 lines, what it printed, the README's expected output where it shows one (and whether it
 matched) and the wall time; the last line is the total.
 
+``--repeat N`` then runs the jobs part (the example that defines ``optimize``) N - 1 more
+times on the same stack, each run's names made its own (``"smollm2-...`` ->
+``"smollm2-r2-...``: the server refuses a name twice), after deleting every endpoint so the
+host is as quiet as for the first run; each repeat deletes its own endpoint at its end. The
+repeats reuse job 1's regenerated answers (EAGLENEST_REGENERATE_CACHE), as job 2 already does.
+The last lines print each run's job-2 ratio at concurrency 1 (the row its schedule chose
+against the baseline, from its benchmark.json) and their spread.
+
 tests/benchmarks/test_readme_walkthrough.py runs the same examples on a tiny model; this is the
 real thing on SmolLM2 (three optimization jobs: about 45 minutes on 2 cores).
 """
@@ -29,6 +37,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import json
 import os
 import re
 import shlex
@@ -176,8 +185,113 @@ class Walk:
         return out, True
 
 
+JOBS_MARKER = "def optimize("  # the jobs part: the example that defines optimize()
+NAME_PREFIX = '"smollm2-'  # every name the jobs part creates starts so; the target is "smollm2"
+
+
+def renamed(code: str, run: int) -> str:
+    """The jobs part with run ``run``'s own names. Example (run 2): ``optimize("smollm2-mydata",
+    "smollm2", ...)`` -> ``optimize("smollm2-r2-mydata", "smollm2", ...)``; the target model
+    "smollm2" and s3://models/smollm2/ stay as they are."""
+    return code.replace(NAME_PREFIX, f'{NAME_PREFIX}r{run}-')
+
+
+def job_names(code: str) -> list[str]:
+    """The jobs ``code`` runs, in order: the first argument of each optimize("...") call."""
+    return re.findall(r'optimize\("([^"]+)"', code)
+
+
+def chosen_ratio(report: dict, concurrency: int = 1) -> tuple[str, float]:
+    """(row, its pooled output tok/s over the baseline's) for the row a job's benchmark.json
+    schedule chose at ``concurrency``; ("baseline", 1.0) where speculation was off there.
+    ``chosen`` holds a row name ("tree K=4", "off") or, in reports before decodings were
+    scheduled, a K (3 -> row "eagle K=3", 0 -> off)."""
+    measured = report["schedule"]["measured"]
+    picked = measured["chosen"][str(concurrency)]
+    if isinstance(picked, int):
+        picked = f"eagle K={picked}" if picked else "off"
+    row = "baseline" if picked == "off" else picked
+    rates = measured["output_throughput"]
+    return row, rates[row][str(concurrency)] / rates["baseline"][str(concurrency)]
+
+
+def spread(values: list[float]) -> float:
+    """(max - min) / mean; 0 for fewer than two values. Example: [1.5, 1.6, 1.4] -> 0.133."""
+    if len(values) < 2:
+        return 0.0
+    return (max(values) - min(values)) / (sum(values) / len(values))
+
+
 def fenced(text: str, lang: str = "text") -> str:
     return f"```{lang}\n{text.rstrip()}\n```\n"
+
+
+def boto(walk: Walk, service: str):  # type: ignore[no-untyped-def]
+    """A boto3 client on the walkthrough's stack, with the profile its README exported
+    (AWS_SHARED_CREDENTIALS_FILE, AWS_CONFIG_FILE, AWS_PROFILE), as its examples get them."""
+    import boto3
+
+    os.environ.update(walk.env)
+    return boto3.client(service, endpoint_url=walk.url)
+
+
+def job_report(walk: Walk, job: str) -> dict:
+    """The job's benchmark.json (the README's S3OutputLocation is s3://output/)."""
+    body = boto(walk, "s3").get_object(Bucket="output", Key=f"{job}/benchmark.json")["Body"]
+    return json.loads(body.read())
+
+
+def delete_endpoints(walk: Walk) -> list[str]:
+    """Delete every endpoint on the stack and wait until each is gone; their names."""
+    sm = boto(walk, "sagemaker")
+    names = [e["EndpointName"] for e in sm.list_endpoints()["Endpoints"]]
+    for name in names:
+        sm.delete_endpoint(EndpointName=name)
+    for name in names:
+        sm.get_waiter("endpoint_deleted").wait(EndpointName=name,
+                                                WaiterConfig={"Delay": 2, "MaxAttempts": 300})
+    return names
+
+
+def walk_examples(walk: Walk, chosen: list[Example], report: list[str]) -> bool:
+    """Run ``chosen`` in order into ``report``; False at the first that fails."""
+    for ex in chosen:
+        start = time.perf_counter()
+        printed, ran = walk.run(ex)
+        took = time.perf_counter() - start
+        same = ex.output is None or printed.rstrip() == ex.output.rstrip()
+        report.append(f"### README.md line {ex.line} ({ex.lang}): {took:.1f} s"
+                      + ("" if ran else ", FAILED") + ("" if same else ", output differs")
+                      + "\n\n" + fenced(ex.code, ex.lang) + "\nprinted:\n\n"
+                      + fenced(printed or "(nothing)")
+                      + ("" if same or ex.output is None else
+                         "\nREADME shows:\n\n" + fenced(ex.output)))
+        print(report[-1], flush=True)
+        if not ran:
+            return False
+    return True
+
+
+def repeat_jobs(walk: Walk, jobs: Example, runs: int, report: list[str]) -> bool:
+    """Runs 2..``runs`` of the jobs part (module docstring), then each run's job-2 ratio at
+    concurrency 1 and their spread into ``report``."""
+    ratios = [chosen_ratio(job_report(walk, job_names(jobs.code)[1]))]
+    ok = True
+    report.append(f"deleted endpoints before the repeats: {delete_endpoints(walk)}")
+    for run in range(2, runs + 1):
+        ex = Example(jobs.lang, renamed(jobs.code, run), None, jobs.line)
+        ok = walk_examples(walk, [ex], report)
+        if not ok:
+            break
+        ratios.append(chosen_ratio(job_report(walk, job_names(ex.code)[1])))
+        delete_endpoints(walk)
+    for run, (row, ratio) in enumerate(ratios, 1):
+        report.append(f"run {run}: job 2's {row} at concurrency 1: {ratio:.2f}x the baseline")
+    values = [r for _, r in ratios]
+    report.append(f"job 2's ratio over {len(values)} runs: min {min(values):.2f}x, "
+                  f"max {max(values):.2f}x, spread {spread(values):.1%}")
+    print("\n".join(report[-len(ratios) - 1:]), flush=True)
+    return ok
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -190,6 +304,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--checkout-venv", action="store_true",
                    help="run on the checkout's .venv instead of building <work>/.venv from "
                         "the service lock")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="run the jobs part N times in all on one stack (default 1)")
     args = p.parse_args(argv)
     work = args.work or Path(tempfile.mkdtemp(prefix="eaglenest-readme-"))
     venv = ROOT / ".venv" if args.checkout_venv else work / ".venv"
@@ -198,23 +314,13 @@ def main(argv: list[str] | None = None) -> int:
     report = [f"README.md walkthrough in {work}, {when}, {os.cpu_count()} CPUs, "
               f"load average {os.getloadavg()[0]:.1f}, venv {venv} "
               f"({'existing' if (venv / 'bin' / 'python').exists() else 'new'})\n"]
-    t0, ok = time.perf_counter(), True
+    t0 = time.perf_counter()
+    chosen = examples(readme())[: args.first]
     try:
-        for ex in examples(readme())[: args.first]:
-            start = time.perf_counter()
-            printed, ran = walk.run(ex)
-            took = time.perf_counter() - start
-            same = ex.output is None or printed.rstrip() == ex.output.rstrip()
-            report.append(f"### README.md line {ex.line} ({ex.lang}): {took:.1f} s"
-                          + ("" if ran else ", FAILED") + ("" if same else ", output differs")
-                          + "\n\n" + fenced(ex.code, ex.lang) + "\nprinted:\n\n"
-                          + fenced(printed or "(nothing)")
-                          + ("" if same or ex.output is None else
-                             "\nREADME shows:\n\n" + fenced(ex.output)))
-            print(report[-1], flush=True)
-            if not ran:
-                ok = False
-                break
+        ok = walk_examples(walk, chosen, report)
+        jobs = [ex for ex in chosen if JOBS_MARKER in ex.code]
+        if ok and args.repeat > 1 and jobs:
+            ok = repeat_jobs(walk, jobs[0], args.repeat, report)
     finally:
         walk.stop()
     report.append(f"total {time.perf_counter() - t0:.0f} s; {'all ran' if ok else 'stopped'}")

@@ -27,7 +27,16 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.readme_walkthrough import Example, examples, readme
+from benchmarks.readme_walkthrough import (
+    JOBS_MARKER,
+    Example,
+    chosen_ratio,
+    examples,
+    job_names,
+    readme,
+    renamed,
+    spread,
+)
 from tests.support.stack import ACCESS_KEY, ACCOUNT, REGION, SECRET_KEY, Stack
 
 README_URL = "http://127.0.0.1:8080"
@@ -143,6 +152,11 @@ def test_readme_examples_run_in_order(tmp_path, tiny_llama_dir, monkeypatch):
         builtin = json.loads((out / "smollm2-builtin" / "provenance.json").read_text())
         assert "gsm8k_training.jsonl" in json.dumps(builtin)  # path 3: built-in data
         assert sm.describe_endpoint(EndpointName="smollm2-eagle")["EndpointStatus"] == "InService"
+        # what `--repeat` reports of each run: job 2's chosen row at concurrency 1
+        report = json.loads((out / "smollm2-byo-eagle" / "benchmark.json").read_text())
+        row, ratio = chosen_ratio(report)
+        rates = report["schedule"]["measured"]["output_throughput"]
+        assert ratio == rates[row]["1"] / rates["baseline"]["1"] > 0
     finally:
         stack.stop()
 
@@ -163,3 +177,29 @@ def test_readme_creates_each_name_once():
     ("source .venv/bin/activate", False)])
 def test_which_shell_lines_run(command, runs):
     assert Example("bash", command + "\n", None, 1).runnable() == ([command] if runs else [])
+
+
+def test_a_repeat_creates_only_names_of_its_own():
+    """`--repeat`: run 2 of the jobs part renames everything it creates and nothing else."""
+    jobs = next(e for e in examples(readme()) if JOBS_MARKER in e.code)
+    again = renamed(jobs.code, 2)
+    first = set(re.findall(r'Name="([^"]+)"', jobs.code) + job_names(jobs.code))
+    second = set(re.findall(r'Name="([^"]+)"', again) + job_names(again))
+    assert len(first) == len(second) >= 6 and not first & second, (first, second)
+    assert job_names(again)[1] == "smollm2-r2-byo-eagle"
+    for kept in ('"smollm2"', "s3://models/smollm2/", "s3://data/train/", "s3://output/"):
+        assert again.count(kept) == jobs.code.count(kept) >= 1, kept
+
+
+@pytest.mark.parametrize("chosen, row, ratio", [
+    ({"1": "tree K=4"}, "tree K=4", 1.5), ({"1": "off"}, "baseline", 1.0),
+    ({"1": 3}, "eagle K=3", 1.25), ({"1": 0}, "baseline", 1.0)])
+def test_chosen_ratio_reads_the_row_the_schedule_chose(chosen, row, ratio):
+    rates = {"baseline": {"1": 40.0}, "tree K=4": {"1": 60.0}, "eagle K=3": {"1": 50.0}}
+    report = {"schedule": {"measured": {"chosen": chosen, "output_throughput": rates}}}
+    assert chosen_ratio(report) == (row, pytest.approx(ratio))
+
+
+def test_spread_is_range_over_mean():
+    assert spread([1.5, 1.6, 1.4]) == pytest.approx(0.2 / 1.5)
+    assert spread([1.5]) == 0.0
