@@ -94,3 +94,44 @@ def refusal(mode: DecodeMode, head: HeadTraits) -> str | None:
         return (f"{head.title} heads draft a block per forward: {mode.value} drafting is not "
                 f"theirs (use {block_modes})")
     return None
+
+
+ADAPTIVE_SUFFIX = "+adaptive"
+
+
+@dataclass(frozen=True)
+class Decoding:
+    """How a speculative round drafts: a drafting mode, and whether the AdaptiveDepth
+    controller (models/decode/adaptive.py) chooses its K each round (at most the K asked
+    for). Written ``"chain"``, ``"tree"``, ``"parallel"``, ``"block"``, or with the suffix
+    ``"+adaptive"``: ``"tree+adaptive"`` is an EAGLE-2 tree whose depth the controller
+    chooses. K keeps its mode's meaning (chain / parallel drafts, tree depth, block length
+    minus one)."""
+
+    mode: DecodeMode  # a drafting mode (never PLAIN)
+    adaptive: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.mode.spec.drafts:
+            raise ValueError(f"{self.mode.value} decoding drafts nothing: a decoding needs a "
+                             f"drafting mode ({', '.join(SPECULATIVE_MODES)})")
+
+    @property
+    def name(self) -> str:
+        """Example: Decoding(DecodeMode.CHAIN, adaptive=True).name == "chain+adaptive"."""
+        return self.mode.value + (ADAPTIVE_SUFFIX if self.adaptive else "")
+
+    @classmethod
+    def parse(cls, name: str) -> Decoding:
+        """The decoding written ``name``; ValueError listing the valid names otherwise."""
+        base, adaptive = name, name.endswith(ADAPTIVE_SUFFIX)
+        if adaptive:
+            base = name[: -len(ADAPTIVE_SUFFIX)]
+        if base not in SPECULATIVE_MODES:
+            raise ValueError(f"unknown decoding {name!r}; valid: {', '.join(DECODINGS)}")
+        return cls(DecodeMode(base), adaptive)
+
+
+#: every decoding name, e.g. "chain", "chain+adaptive", "tree", ...
+DECODINGS: tuple[str, ...] = tuple(f"{m}{s}" for m in SPECULATIVE_MODES
+                                   for s in ("", ADAPTIVE_SUFFIX))

@@ -219,13 +219,13 @@ class ServerSpec:
 
     def served_schedule(self) -> Schedule | None:
         """The schedule with every K capped by the head's bound (``head_draft_limit``).
-        Example: [[1, 12], [4, 3]] with a block-8 head -> [[1, 7], [4, 3]]."""
+        Example: [[1, 12, "block"], [4, 3]] with a block-8 head -> [[1, 7, "block"], [4, 3]]."""
         if self.schedule is None or self.head_dir is None:
             return self.schedule
         most = head_draft_limit(self.head_dir)
         if most is None:
             return self.schedule
-        return Schedule(tuple((m, min(k, most)) for m, k in self.schedule.thresholds))
+        return Schedule(tuple((m, min(k, most), d) for m, k, d in self.schedule.thresholds))
 
     def vllm_speculative_config(self) -> dict[str, Any] | None:
         """vLLM's --speculative-config: the head's method (models/heads/registry.py), K
