@@ -21,9 +21,13 @@ Each request keeps its own ``SpecStats``, merged into ``engine.stats`` when it f
 All modes share the batched verification (a tree is just a row with a tree mask). With
 ``adaptive`` one controller serves the batch: K is read once per step for every row and
 each row's round is recorded with the whole batched forward's time as its verify cost.
+A ``schedule`` chooses each step's K, and its decoding where an entry names one (chain,
+tree, parallel, block, "+adaptive"): the engine switches mode and controller between steps
+(models/decode/batch_schedule.py); ``steps_by_decoding`` counts the steps of each.
 
 Greedy output equals the batch-1 engine's token for token in fp32 (tests/models/decode/
-test_batch.py); sampled output follows the same per-request generator sequence.
+test_batch.py), also when the decoding changes between steps (tests/models/decode/
+test_schedule_batch.py); sampled output follows the same per-request generator sequence.
 """
 
 from __future__ import annotations
@@ -37,8 +41,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from eaglenest.models.decode import batch_draft
+from eaglenest.models.decode import batch_draft, batch_schedule
 from eaglenest.models.decode.batch_kv import BatchKV
+from eaglenest.models.decode.batch_schedule import Entry, Lane
 from eaglenest.models.decode.drafter import HeadDrafter
 from eaglenest.models.decode.engine import DecodeMode, SpeculativeEngine, _Request, draft_sequence
 from eaglenest.models.decode.runner import StepOutput
@@ -50,6 +55,7 @@ from eaglenest.models.decode.tree import (
     walk_greedy,
     walk_sampling,
 )
+from eaglenest.models.heads.registry import find_head_spec
 
 Event = tuple[int, list[int], bool]  # (request id, tokens emitted this step, finished)
 
@@ -87,18 +93,21 @@ class BatchEngine(SpeculativeEngine):
         max_num_seqs: int = 8,
         compact_slack: int = 32,
         batched_drafting: bool = True,
-        schedule: Sequence[tuple[int, int]] | None = None,
+        schedule: Sequence[Entry] | None = None,
         **kw: Any,
     ) -> None:
         """``batched_drafting=False`` drafts row by row (the benchmark's side-by-side row).
-        ``schedule``: ``[(max_running, K), ...]`` ascending; each step drafts K of the first
-        entry with ``max_running >=`` the rows in the batch (the last entry's K beyond it),
-        K = 0 being a plain step. With ``adaptive`` the controller chooses at most that K,
-        and starts from it whenever the scheduled K changes."""
+        ``schedule``: ``[(max_running, K[, decoding]), ...]`` ascending; each step drafts K of
+        the first entry with ``max_running >=`` the rows in the batch (the last entry's K
+        beyond it), K = 0 being a plain step, in the entry's decoding (None: ``mode`` and
+        ``adaptive``). An adaptive decoding's controller chooses at most that K, and starts
+        from it whenever the scheduled K changes. ValueError when a scheduled decoding does
+        not suit the head (models/decode/modes.py ``refusal``)."""
         super().__init__(target, head, mode, **kw)
         self.batched_drafting = batched_drafting
-        self.schedule = [(int(m), int(k)) for m, k in schedule] if schedule else None
+        self.schedule = batch_schedule.steps(schedule) if schedule else None
         self._cap: int | None = None  # the scheduled K of the last step
+        self._lanes_for(head)
         self.rounds_by_k: dict[int, int] = {}  # steps run at each K (0 = plain steps)
         self.last_k: int | None = None
         self._admitting = False  # inside _admit: prompts' head prefills are deferred
@@ -159,6 +168,7 @@ class BatchEngine(SpeculativeEngine):
         assert self.kv is not None
         k = self._step_k(len(self.active))
         self.rounds_by_k[k] = self.rounds_by_k.get(k, 0) + 1
+        self.count_step(k)
         self.last_k = k
         plans = self._plans(k)
         t0 = time.perf_counter()
@@ -192,16 +202,39 @@ class BatchEngine(SpeculativeEngine):
         return [outs[rid] for rid in ids]
 
     # ---- the schedule ----------------------------------------------------------------------
+    def _lanes_for(self, head: nn.Module | None) -> None:
+        """One Lane per decoding the engine may run: its own, and each scheduled one (a
+        refused decoding raises here, before any request)."""
+        self.own = self.decoding  # the engine's own decoding (entries without one)
+        self.lanes: dict[str, Lane] = {}
+        if self.schedule is None or not self.mode.spec.drafts:
+            return
+        if head is not None and self.drafter_factory is None:
+            batch_schedule.check(self.schedule, find_head_spec(head))
+        self.lanes = batch_schedule.lanes(self.schedule, self.own, Lane(
+            self.mode, self.controller, self.current_k), self.new_controller)
+
+    def _use_lane(self, name: str) -> None:
+        """Make decoding ``name`` the engine's (mode, controller, K) until the next switch."""
+        now = self.decoding
+        if name == now:
+            return
+        lane = self.lanes[now]
+        lane.current_k, lane.cap = self.current_k, self._cap
+        lane = self.lanes[name]
+        self.mode, self.controller, self.current_k, self._cap = (
+            lane.mode, lane.controller, lane.current_k, lane.cap)
+
     def scheduled_k(self, running: int) -> int | None:
         """The schedule's K for ``running`` rows (None without a schedule or a head)."""
         if self.schedule is None or not self.mode.spec.drafts:
             return None
-        for max_running, k in self.schedule:
-            if running <= max_running:
-                return k
-        return self.schedule[-1][1]
+        return batch_schedule.step_for(self.schedule, running)[1]
 
     def _step_k(self, running: int) -> int:
+        """The K of the next step (0: plain), its decoding made the engine's."""
+        if self.schedule is not None and self.lanes:
+            self._use_lane(batch_schedule.step_for(self.schedule, running)[2] or self.own)
         cap = self.scheduled_k(running)
         if cap is not None and self.k_limit is not None:
             cap = min(cap, self.k_limit)  # a block head drafts block_size - 1 at most

@@ -29,7 +29,7 @@ from eaglenest.models.decode.block import BlockDrafter
 from eaglenest.models.decode.direct import direct_decoder
 from eaglenest.models.decode.drafter import HeadDrafter
 from eaglenest.models.decode.kernels import KernelPolicy, KernelReport, round_calls, use_kernels
-from eaglenest.models.decode.modes import DecodeMode, ModeSpec, refusal
+from eaglenest.models.decode.modes import DecodeMode, Decoding, ModeSpec, refusal
 from eaglenest.models.decode.runner import StepOutput, TargetRunner
 from eaglenest.models.decode.sampling import (
     SamplingParams,
@@ -118,19 +118,39 @@ class SpeculativeEngine:
             self.mode, self.k = DecodeMode.CHAIN, depth
             self.note = "tree mode needs attention-only targets; using chain drafting"
         start = depth if self.mode.spec.tree else k
+        self.k_max = k_max
         self.controller: AdaptiveDepth | None = None
         if adaptive and self.mode.spec.drafts:
-            deepest = k_max if k_max is not None else self.mode.spec.adaptive_k_max
-            self.controller = AdaptiveDepth(  # chain / parallel may also choose plain rounds
-                k_min=self.mode.spec.adaptive_k_min,
-                k_max=max(min(deepest, cap if cap is not None else deepest), start),
-                parallel=self.mode.spec.parallel,
-                block=self.mode.spec.block,
-            )
+            self.controller = self.new_controller(self.mode, start)
         self.current_k = start
+        #: rounds (BatchEngine: steps) run in each decoding (Decoding.name; "plain": K = 0)
+        self.steps_by_decoding: dict[str, int] = {}
         self.kernels = self._use_kernels(kernels or KernelPolicy())
         self.stats = SpecStats()
         self.request_stats = SpecStats()
+
+    def new_controller(self, mode: DecodeMode, start: int) -> AdaptiveDepth:
+        """An adaptive-depth controller for ``mode``, K at most ``k_max`` (default: the mode's
+        ``ModeSpec.adaptive_k_max``; a block head's block_size - 1) and at least ``start``.
+        Chain and parallel controllers may also choose plain rounds (ModeSpec)."""
+        spec, cap = mode.spec, self.k_limit
+        deepest = self.k_max if self.k_max is not None else spec.adaptive_k_max
+        return AdaptiveDepth(k_min=spec.adaptive_k_min,
+                             k_max=max(min(deepest, cap if cap is not None else deepest), start),
+                             parallel=spec.parallel, block=spec.block)
+
+    @property
+    def decoding(self) -> str:
+        """The decoding rounds run now: a Decoding name ("tree", "chain+adaptive"), or
+        "plain" without drafts."""
+        if not self.mode.spec.drafts:
+            return DecodeMode.PLAIN.value
+        return Decoding(self.mode, self.controller is not None).name
+
+    def count_step(self, k: int) -> None:
+        """Count one round (or batched step) of draft depth ``k`` in ``steps_by_decoding``."""
+        name = self.decoding if k > 0 else DecodeMode.PLAIN.value
+        self.steps_by_decoding[name] = self.steps_by_decoding.get(name, 0) + 1
 
     def _block_cap(self) -> int | None:
         """The largest K of a block head (its block_size - 1); None outside block mode or
@@ -266,6 +286,7 @@ class SpeculativeEngine:
 
     def _round(self, req: _Request) -> list[int]:
         req.stats.num_target_forwards += 1
+        self.count_step(0 if req.drafter is None else self.current_k)
         if req.drafter is None:
             out = req.runner.forward([req.pending])
             req.runner.commit([req.pending], 1)

@@ -139,3 +139,62 @@ def test_first_token_goes_out_before_the_head_prefill(llama, make_head) -> None:
         out += [t for _, new, _ in engine.step(on_admitted) for t in new]
     plain = SpeculativeEngine(llama, None)
     assert out == plain.generate_ids(PROMPTS[0], 8)
+
+
+# one row: a tree; two: chain; three: parallel; more: plain
+DECODINGS = [(1, 3, "tree"), (2, 2, "chain"), (3, 3, "parallel"), (64, 0)]
+
+
+@pytest.mark.parametrize("adaptive", ["", "+adaptive"])
+def test_decoding_switches_between_steps_on_one_head_state(adaptive, llama, make_head) -> None:  # noqa: ANN001
+    """Tree, chain and parallel steps draft from the same HeadDrafter state one after the
+    other as the load changes: the greedy output is still the plain decoder's, and every
+    decoding ran (counted per step, "plain" for K = 0)."""
+    head = make_head(llama, "peagle")  # mask slots: it drafts chain, tree and parallel
+    schedule = [(m, k, f"{d}{adaptive}") if d else (m, k) for m, k, *rest in DECODINGS
+                for d in [rest[0] if rest else None]]
+    jobs: list[tuple[list[int], int, dict]] = [(p, n, {}) for p, n in zip(PROMPTS, LENGTHS, strict=True)]
+    expect = [SpeculativeEngine(llama, None).generate_ids(p, n) for p, n, _ in jobs]
+    engine = BatchEngine(llama, head, "chain", k=3, depth=3, topk=2, total_tokens=7,
+                         max_num_seqs=4, schedule=schedule)  # type: ignore[arg-type]
+    seen: list[tuple[int, str, int]] = []
+    step_k = engine._step_k
+
+    def record(running: int) -> int:
+        assert engine.kv is not None  # every row's head holds (or owes) one slot per token
+        for slot, length in zip(engine.active, engine.kv.lengths, strict=True):
+            d = slot.req.drafter
+            assert d is not None and d.slots + sum(len(t) for t, _ in d.backlog) == length
+        k = step_k(running)
+        seen.append((running, engine.decoding, k))
+        return k
+
+    engine._step_k = record  # type: ignore[method-assign]
+    assert staggered(engine, jobs, every=1) == expect  # 1, 2, 3 and 4 rows run
+    names = {1: f"tree{adaptive}", 2: f"chain{adaptive}", 3: f"parallel{adaptive}"}
+    for running, decoding, k in seen:
+        assert decoding == names.get(running, "chain"), (running, decoding)  # own beyond 3
+        assert k <= 3 if running <= 3 else k == 0
+    ran = {decoding for running, decoding, k in seen if k > 0}
+    assert ran == set(names.values())
+    assert sum(engine.steps_by_decoding.values()) == len(seen)
+    assert engine.steps_by_decoding["plain"] == sum(1 for *_, k in seen if k == 0) > 0
+    if adaptive:  # one controller per decoding, each its own mode's
+        lanes = {n: engine.lanes[n].controller for n in names.values()}
+        assert all(c is not None for c in lanes.values())
+        assert len({id(c) for c in lanes.values()}) == 3
+        assert lanes[f"tree{adaptive}"].k_min == 1 and lanes[f"parallel{adaptive}"].parallel  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(("kind", "schedule", "message"), [
+    ("eagle3", [(1, 3, "parallel"), (8, 2)],
+     "the speculation schedule's decoding 'parallel' does not suit the head: parallel "
+     "drafting needs a head with mask slots (HeadSpec.parallel); EAGLE-3 heads have none"),
+    ("eagle3", [(1, 3, "beam")], "unknown decoding 'beam'; valid: chain, chain+adaptive, "
+     "tree, tree+adaptive, parallel, parallel+adaptive, block, block+adaptive"),
+])
+def test_a_scheduled_decoding_the_head_cannot_run_is_refused(kind, schedule, message, llama,  # noqa: ANN001
+                                                             make_head) -> None:  # noqa: ANN001
+    with pytest.raises(ValueError) as exc:
+        BatchEngine(llama, make_head(llama, kind), "chain", k=3, schedule=schedule)
+    assert str(exc.value) == message
