@@ -3,8 +3,9 @@
 # from docker-compose.yml + docker/compose.ci.yml with two train workers, check the security
 # model holds (tests/docker/compose_security.py: unsigned requests, Environment injection, a
 # second account, Redis), drive it through boto3 (tests/docker/compose_drive.py: a job, an
-# endpoint, a worker killed mid-training, postgres and redis restarted mid-job), then take
-# everything down again.
+# endpoint, a worker killed mid-training, postgres and redis restarted mid-job), check
+# Prometheus scrapes the API and answers every query of the Grafana dashboard
+# (tests/docker/compose_prometheus.py), then take everything down again.
 #   bash scripts/compose_check.sh
 # Needs root: it installs the engine with apt-get when missing (docker.io, docker-compose,
 # debootstrap) and runs its own dockerd on its own socket, data root and exec root under
@@ -31,7 +32,7 @@ CACHE=${EAGLENEST_DOCKER_CACHE:-$HOME/.cache/eaglenest/docker}
 PROJECT=eaglenest
 COMPOSE_FILES=(-f docker-compose.yml -f docker/compose.ci.yml)
 COMPOSE=(docker-compose -p "$PROJECT" "${COMPOSE_FILES[@]}")
-PORTS=(5432 6379 9000 8080)  # postgres, redis, S3, API: host networking, one port each
+PORTS=(5432 6379 9000 8080 9090)  # postgres, redis, S3, API, Prometheus: host networking
 mkdir -p "$CACHE"
 CACHE=$(cd "$CACHE" && pwd -P)  # as /proc/mounts spells it
 exec 9>"$CACHE/lock"
@@ -42,6 +43,8 @@ export POSTGRES_PASSWORD="pg$(rand)" MINIO_ROOT_USER="minio$(rand)" MINIO_ROOT_P
 export REDIS_PASSWORD="$(rand)"
 export EAGLENEST_ACCESS_KEY_ID="AKIA$(rand | tr a-f A-F)" EAGLENEST_SECRET_ACCESS_KEY="$(rand)$(rand)"
 export EAGLENEST_JOB_LEASE_SECONDS=${EAGLENEST_JOB_LEASE_SECONDS:-15}  # resume sooner after a kill
+# the workers' samples (tau, tokens/s, CPU on /metrics) within seconds of an invocation
+export EAGLENEST_METRICS_SAMPLE_SECONDS=${EAGLENEST_METRICS_SAMPLE_SECONDS:-10}
 export EAGLENEST_BASE_IMAGE=local/debian:bookworm DOCKER_BUILDKIT=1 COMPOSE_DOCKER_CLI_BUILD=1
 
 # ---- stage timing ---------------------------------------------------------------------------
@@ -284,7 +287,7 @@ fi
 
 stage "build images"
 # migrate builds eaglenest/eaglenest for api and the workers too (same image and build)
-"${COMPOSE[@]}" build --parallel --progress plain postgres redis minio migrate \
+"${COMPOSE[@]}" build --parallel --progress plain postgres redis minio prometheus migrate \
   >"$RUN_DIR/build.log" 2>&1 || { tail -60 "$RUN_DIR/build.log"; exit 1; }
 docker images --filter dangling=false --format '  {{.Repository}}:{{.Tag}}  {{.Size}}' | sort
 
@@ -340,4 +343,7 @@ stage "security: unsigned, environment, accounts, redis"
 
 stage "drive: job, endpoint, kill, restarts"
 "$PY" tests/docker/compose_drive.py --project "$PROJECT" "${COMPOSE_FILES[@]}"
+
+stage "prometheus: target, dashboard queries"
+"$PY" tests/docker/compose_prometheus.py
 end_stage

@@ -36,12 +36,14 @@ CONDITIONS = {"service_started", "service_healthy", "service_completed_successfu
 INTERPOLATION = re.compile(r"\$\{([A-Z_][A-Z0-9_]*)(:?[-?])?([^}]*)\}")
 DOCKERFILES = ["docker/eaglenest.Dockerfile", "docker/worker-gpu.Dockerfile",
                "docker/ci/postgres.Dockerfile", "docker/ci/redis.Dockerfile",
-               "docker/ci/s3.Dockerfile"]
+               "docker/ci/s3.Dockerfile", "docker/ci/prometheus.Dockerfile"]
 
 
 def test_the_stack_has_every_part():
     assert set(SERVICES) == {"postgres", "redis", "minio", "create-buckets", "migrate", "api",
-                             "worker-train", "worker-serve"}
+                             "worker-train", "worker-serve", "prometheus", "grafana"}
+    # Grafana only on request (its image needs a registry everywhere): `up` never starts it
+    assert [n for n, s in SERVICES.items() if "profiles" in s] == ["grafana"]
     assert SERVICES["postgres"]["image"].startswith("postgres:")
     assert SERVICES["redis"]["image"].startswith("redis:")
     assert SERVICES["minio"]["image"].startswith("minio/minio")
@@ -73,7 +75,8 @@ def test_depends_on_is_well_formed():
 
 
 def test_long_running_services_have_healthchecks():
-    for name in ("postgres", "redis", "minio", "api", "worker-train", "worker-serve"):
+    for name in ("postgres", "redis", "minio", "api", "worker-train", "worker-serve",
+                 "prometheus", "grafana"):
         hc = SERVICES[name]["healthcheck"]
         assert hc["test"][0] in ("CMD", "CMD-SHELL"), name
         assert hc["retries"] >= 3
@@ -130,7 +133,8 @@ def test_gpu_override_swaps_only_the_workers_image_and_reserves_gpus():
 
 def test_ci_override_swaps_only_what_cannot_be_pulled():
     assert set(CI) == set(SERVICES), "every service runs with host networking in CI"
-    hosts = {"postgres", "redis", "minio", "worker-serve"}  # the names the URLs use
+    # the names the URLs use, Prometheus's target and Grafana's data source
+    hosts = {"postgres", "redis", "minio", "worker-serve", "api", "prometheus"}
     for name, svc in CI.items():
         assert svc["network_mode"] == "host", name
         assert {h.split(":")[0] for h in svc["extra_hosts"]} == hosts, name
@@ -138,8 +142,9 @@ def test_ci_override_swaps_only_what_cannot_be_pulled():
     allowed = {"network_mode", "extra_hosts"}
     for name in EAGLENEST:  # the eaglenest image as users build it; builds use the host network
         assert set(CI[name]) == allowed | {"build"} and CI[name]["build"] == {"network": "host"}
-    # postgres and redis: Debian's packages, same environment, volumes, command, healthcheck
-    for name in ("postgres", "redis"):
+    # postgres, redis, prometheus: Debian's packages, the base file's environment, volumes,
+    # command and healthcheck
+    for name in ("postgres", "redis", "prometheus"):
         assert set(CI[name]) == allowed | {"build", "image"}, name
         assert CI[name]["build"]["dockerfile"] == f"{name}.Dockerfile"
     # S3: moto_server in place of MinIO, boto3 in place of mc
@@ -150,7 +155,8 @@ def test_ci_override_swaps_only_what_cannot_be_pulled():
     for bucket in ("models", "data", "output", "capture"):
         assert f'"{bucket}"' in CI["create-buckets"]["command"][0]
         assert f"local/{bucket}" in SERVICES["create-buckets"]["command"][0]
-    for name in ("postgres", "redis", "minio"):
+    assert set(CI["grafana"]) == allowed  # never started in CI: no image to pull
+    for name in ("postgres", "redis", "minio", "prometheus"):
         build = CI[name]["build"]
         assert (ROOT / build["context"] / build["dockerfile"]).is_file(), name
         assert build["network"] == "host"
@@ -240,3 +246,19 @@ def test_compose_check_proves_the_security_model_before_the_drive():
     for name in ("check_unsigned()", "check_environment(sm)", "check_accounts(sm, ",
                  "check_redis()"):
         assert name in checks.split("def main")[1], name
+
+
+def test_compose_check_builds_prometheus_and_queries_it_after_the_drive():
+    """Prometheus's image is built (and cached) with the others, its port is free before
+    `up`, and tests/docker/compose_prometheus.py runs once the drive left an endpoint."""
+    script = (ROOT / "scripts" / "compose_check.sh").read_text()
+    build = next(line for line in script.splitlines() if "build --parallel" in line)
+    assert " prometheus " in build
+    ports = re.search(r"^PORTS=\(([^)]*)\)", script, re.M)
+    assert ports and "9090" in ports.group(1).split()
+    drive = script.index('"$PY" tests/docker/compose_drive.py')
+    assert drive < script.index('"$PY" tests/docker/compose_prometheus.py')
+    # the workers sample within seconds, so the dashboard's store figures show in time
+    assert "EAGLENEST_METRICS_SAMPLE_SECONDS=${EAGLENEST_METRICS_SAMPLE_SECONDS:-10}" in script
+    env = SERVICES["api"]["environment"]
+    assert env["EAGLENEST_METRICS_SAMPLE_SECONDS"] == "${EAGLENEST_METRICS_SAMPLE_SECONDS:-60}"
