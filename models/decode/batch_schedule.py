@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from eaglenest.models.decode.adaptive import AdaptiveDepth
-from eaglenest.models.decode.modes import DecodeMode, Decoding, HeadTraits, refusal
+from eaglenest.models.decode.modes import DecodeMode, Decoding, HeadTraits, schedule_refusal
 
 Entry = tuple[int, int] | tuple[int, int, str | None]  # (max_running, K[, decoding])
 Step = tuple[int, int, str | None]  # (max_running, K, decoding or None)
@@ -58,14 +58,10 @@ def step_for(schedule: list[Step], running: int) -> Step:
 
 
 def check(schedule: list[Step], head: HeadTraits | None) -> None:
-    """ValueError naming the first scheduled decoding ``head`` cannot draft in (refusal)."""
-    if head is None:
-        return
-    for _, _, name in schedule:
-        reason = refusal(Decoding.parse(name).mode, head) if name else None
-        if reason is not None:
-            raise ValueError(f"the speculation schedule's decoding {name!r} does not suit the "
-                             f"head: {reason}")
+    """ValueError naming the first scheduled decoding ``head`` cannot draft in."""
+    reason = schedule_refusal([d for _, _, d in schedule if d], head) if head else None
+    if reason is not None:
+        raise ValueError(reason)
 
 
 def lanes(schedule: list[Step], own: str, own_lane: Lane,

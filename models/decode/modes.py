@@ -14,6 +14,7 @@ switch on a mode's traits rather than on its name:
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
@@ -135,3 +136,15 @@ class Decoding:
 #: every decoding name, e.g. "chain", "chain+adaptive", "tree", ...
 DECODINGS: tuple[str, ...] = tuple(f"{m}{s}" for m in SPECULATIVE_MODES
                                    for s in ("", ADAPTIVE_SUFFIX))
+
+
+def schedule_refusal(names: Iterable[str], head: HeadTraits) -> str | None:
+    """Why ``head`` cannot run one of the decodings a speculation schedule names (the
+    first such), None when it can run them all. Example: (["tree", "parallel"], EAGLE-3)
+    -> "the speculation schedule's decoding 'parallel' does not suit the head: parallel
+    drafting needs a head with mask slots (HeadSpec.parallel); EAGLE-3 heads have none"."""
+    for name in names:
+        reason = refusal(Decoding.parse(name).mode, head)
+        if reason is not None:
+            return f"the speculation schedule's decoding {name!r} does not suit the head: {reason}"
+    return None

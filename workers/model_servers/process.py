@@ -29,7 +29,7 @@ from eaglenest.foundation.host import children
 from eaglenest.foundation.host.ceilings import clamp_threads
 from eaglenest.foundation.host.threads import SHARING_ENV, ComputeLedger, ThreadPlan, plan_threads
 from eaglenest.foundation.http import input_guard, instance_auth
-from eaglenest.models.decode.modes import DecodeMode
+from eaglenest.models.decode.modes import DecodeMode, schedule_refusal
 from eaglenest.models.heads.registry import spec_of_config, vllm_speculative_method
 from eaglenest.workers.model_servers.schedule import Schedule
 
@@ -143,6 +143,18 @@ class ServerSpec:
     def speculates(self) -> bool:
         """A head is served (a schedule that is off at every load serves the target alone)."""
         return self.head_dir is not None and (self.schedule is None or self.schedule.speculates)
+
+    def schedule_refusal(self) -> str | None:
+        """Why the embedded server would refuse a decoding the schedule names for this head
+        (models/decode/modes.py); None when it runs them all, and for vLLM (its own method at
+        every K). An unreadable head config: None (loading the head fails, naming it)."""
+        if self.backend != EMBEDDED or self.schedule is None or self.head_dir is None:
+            return None
+        try:
+            head = spec_of_config(_head_config(self.head_dir))
+        except (OSError, ValueError):
+            return None
+        return schedule_refusal(self.schedule.decodings, head)
 
     def split_upto(self) -> int | None:
         """Split serving's threshold (workers/model_servers/split_router.py), None when not

@@ -4,8 +4,9 @@ InitialInstanceCount processes (one port each) over one fetched copy of the mode
 Per-variant options come from the model container's `Environment` (documented in README):
 EAGLENEST_SERVING_BACKEND (vllm | embedded; default vllm when installed),
 EAGLENEST_NUM_SPECULATIVE_TOKENS (default: the K the head was trained/benchmarked with, else
-5), EAGLENEST_SPECULATION_SCHEDULE (K per load; default: the channel's
-speculation_schedule.json unless EAGLENEST_NUM_SPECULATIVE_TOKENS is set; ``none``: a fixed K),
+5), EAGLENEST_SPECULATION_SCHEDULE (K, and on the embedded backend the decoding, per load;
+default: the channel's speculation_schedule.json unless EAGLENEST_NUM_SPECULATIVE_TOKENS is
+set; ``none``: a fixed K),
 EAGLENEST_EXPECTED_CONCURRENCY (vLLM without dynamic speculation: the load whose K is used,
 default 1), EAGLENEST_SPLIT_SERVING (vLLM: 1, the default = where the schedule is off above
 some load, a second server of the target alone serves those loads; 0 = one server),
@@ -175,7 +176,7 @@ def _spec(plan: VariantPlan, model_dir: Path, head_dir: Path | None, served: str
     except environment.EnvironmentRejected as exc:
         raise DeployError(f"Variant {plan.variant}: {exc}") from exc
     wants = opts.server.wants
-    return ServerSpec(model_dir=model_dir, served_name=served, port=free_port(),
+    spec = ServerSpec(model_dir=model_dir, served_name=served, port=free_port(),
                       backend=str(opts.backend), head_dir=head_dir, adaptive=opts.adaptive,
                       num_speculative_tokens=_speculative_tokens(opts.speculative_tokens,
                                                                  head_dir),
@@ -187,6 +188,14 @@ def _spec(plan: VariantPlan, model_dir: Path, head_dir: Path | None, served: str
                       schedule=_schedule(plan, head_dir) if head_dir else None,
                       expected_load=opts.expected_concurrency, split=opts.split,
                       extra_env=dict(plan.env))  # as SageMaker sets a container's Environment
+    refused = spec.schedule_refusal()
+    if refused is not None:
+        raise DeployError(f"Variant {plan.variant}: {refused}")
+    if spec.backend == VLLM and spec.schedule is not None and spec.schedule.decodings:
+        log.info("variant %s: vLLM drafts with the head's own method at the schedule's K; "
+                 "the decodings it names (%s) are the embedded engine's", plan.variant,
+                 ", ".join(spec.schedule.decodings))
+    return spec
 
 
 def _schedule(plan: VariantPlan, head_dir: Path) -> Schedule | None:
@@ -244,7 +253,9 @@ def served_k(spec: ServerSpec) -> int | list[list[int]]:
     if spec.backend == VLLM and not (schedule is not None and vllm_dynamic_speculation()):
         config = spec.vllm_speculative_config()
         return int(config["num_speculative_tokens"]) if config else 0
-    return schedule.to_list() if schedule is not None else spec.speculative_tokens()
+    if schedule is None:
+        return spec.speculative_tokens()
+    return [[m, k] for m, k, _ in schedule.thresholds]  # K only: decodings are not a K
 
 
 def _start_instances(plan: VariantPlan, base: Path, model_dir: Path, head_dir: Path | None,

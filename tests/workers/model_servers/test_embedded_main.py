@@ -22,6 +22,7 @@ from fastapi import FastAPI
 
 from eaglenest.foundation.host.processes import free_port
 from eaglenest.workers.model_servers.embedded.__main__ import serve
+from eaglenest.workers.model_servers.embedded.metrics import parse_steps_by_decoding
 from tests.workers.model_servers.test_embedded_server import completion_text
 
 PROMPTS = ["Natalia sold 48 clips", "def add(a, b):", "The quick brown fox"]
@@ -113,14 +114,16 @@ def _wait_healthy(url: str, proc: subprocess.Popen) -> None:
 
 @pytest.fixture()
 def one_at_a_time(tmp_path: Path, tiny_llama_dir, tiny_eagle3_dir) -> Iterator[tuple]:
-    """An embedded server with --max-num-seqs 1 (the batch-1 engine path)."""
+    """An embedded server with --max-num-seqs 1 (the batch-1 engine path), scheduled: it
+    runs the entry at 1 running, a depth-3 tree."""
     port = free_port()
     log = open(tmp_path / "server.log", "wb")  # noqa: SIM115 - closed below
     proc = subprocess.Popen(
         [sys.executable, "-m", "eaglenest.workers.model_servers.embedded", "--model",
          str(tiny_llama_dir), "--head", str(tiny_eagle3_dir), "--num-speculative-tokens", "3",
          "--max-num-seqs", "1", "--port", str(port), "--served-model-name", "tiny",
-         "--max-model-len", "256"], stdout=log, stderr=subprocess.STDOUT)
+         "--max-model-len", "256", "--speculation-schedule", '[[1,3,"tree"],[8,2,"chain"]]'],
+        stdout=log, stderr=subprocess.STDOUT)
     try:
         _wait_healthy(f"http://127.0.0.1:{port}", proc)
         yield f"http://127.0.0.1:{port}", proc
@@ -149,6 +152,8 @@ def test_one_at_a_time_server_serves_concurrent_clients_and_ends_on_sigterm(one_
                                                for i, p in enumerate(PROMPTS)]))
 
     assert asyncio.run(together()) == want
+    steps = parse_steps_by_decoding(httpx.get(f"{url}/metrics").text)
+    assert set(steps) == {"tree"} and steps["tree"] > 0, steps  # the entry at 1 only
     # a client that leaves mid-stream does not hold the engine: the next request is answered
     body = {"model": "tiny", "prompt": PROMPTS[0], "max_tokens": 200, "temperature": 0,
             "stream": True}

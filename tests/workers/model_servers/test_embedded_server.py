@@ -16,6 +16,7 @@ from eaglenest.workers.jobs.loadgen import BenchConfig, run
 from eaglenest.workers.model_servers.embedded.metrics import (
     parse_rounds_by_k,
     parse_spec_counters,
+    parse_steps_by_decoding,
     parse_torch_threads,
 )
 from eaglenest.workers.model_servers.process import EMBEDDED, ServerProcess, ServerSpec
@@ -205,13 +206,15 @@ def test_adaptive_server_is_lossless_alone_and_batched(servers, tmp_path, tiny_l
         proc.stop()
 
 
-def test_scheduled_server_switches_k_with_the_running_requests(servers, tmp_path,
-                                                                tiny_llama_dir, tiny_eagle3_dir):
-    """A schedule [[1, 3], [64, 0]]: K=3 while one request runs, plain steps from two on,
-    counted per K on /metrics; greedy text equals the plain server's either way."""
+def test_scheduled_server_switches_decoding_and_k_with_the_running_requests(
+        servers, tmp_path, tiny_llama_dir, tiny_eagle3_dir):
+    """A schedule [[1, 3, "tree"], [2, 2, "chain"], [64, 0]]: a depth-3 tree while one
+    request runs, chain K=2 with two, plain steps from three on, counted per K and per
+    decoding on /metrics; greedy text equals the plain server's either way."""
     spec = ServerSpec(model_dir=tiny_llama_dir, served_name="tiny", port=free_port(),
                       backend=EMBEDDED, head_dir=tiny_eagle3_dir, num_speculative_tokens=3,
-                      max_model_len=256, schedule=Schedule(((1, 3), (64, 0))),
+                      max_model_len=256,
+                      schedule=Schedule(((1, 3, "tree"), (2, 2, "chain"), (64, 0))),
                       extra_env={"EAGLENEST_COMPUTE_SHARING": "2"})
     proc = ServerProcess(spec, tmp_path / "scheduled.log")
     proc.start(health_timeout=120)
@@ -225,9 +228,12 @@ def test_scheduled_server_switches_k_with_the_running_requests(servers, tmp_path
         want = [complete(servers["base"], p, max_tokens=n)["choices"][0]["text"] for p, n in jobs]
         alone = [complete(url, p, max_tokens=n)["choices"][0]["text"] for p, n in jobs]
         assert alone == want
-        rounds = parse_rounds_by_k(httpx.get(f"{url}/metrics").text)
-        assert rounds.get(3, 0) > 0 and rounds.get(0, 0) == 0, rounds
-        assert parse_spec_counters(httpx.get(f"{url}/metrics").text)["drafts"] > 0
+        page = httpx.get(f"{url}/metrics").text
+        rounds = parse_rounds_by_k(page)
+        assert rounds.get(3, 0) > 0 and set(rounds) == {3}, rounds
+        assert parse_spec_counters(page)["drafts"] > 0
+        # one request at a time: every step a tree, none chain or plain
+        assert parse_steps_by_decoding(page) == {"tree": rounds[3]}
 
         async def together() -> list[str]:
             async with httpx.AsyncClient(timeout=120) as client:
@@ -237,8 +243,13 @@ def test_scheduled_server_switches_k_with_the_running_requests(servers, tmp_path
             return [r.json()["choices"][0]["text"] for r in replies]
 
         assert asyncio.run(together()) == want
-        after = parse_rounds_by_k(httpx.get(f"{url}/metrics").text)
+        page = httpx.get(f"{url}/metrics").text
+        after = parse_rounds_by_k(page)
         assert after.get(0, 0) > 0, after  # plain steps while several ran
-        assert set(after) <= {0, 3}
+        assert set(after) <= {0, 2, 3}
+        # K=3 only in tree steps, K=2 only in chain steps: the two counters agree
+        steps = parse_steps_by_decoding(page)
+        assert steps == {name: after[k] for name, k in
+                         (("plain", 0), ("chain", 2), ("tree", 3)) if k in after}, steps
     finally:
         proc.stop()

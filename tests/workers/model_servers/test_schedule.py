@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pytest
 
-from eaglenest.workers.jobs.bench_stage import describe, requests_per_round
 from eaglenest.workers.jobs.loadgen import LevelResult, pool
 from eaglenest.workers.model_servers.schedule import (
     Schedule,
@@ -95,13 +94,6 @@ def test_derive_caps_k_across_decodings() -> None:
     assert derive(baseline, rows)[0].to_list() == [[1, 5, "tree"], [4, 2, "chain"], [8, 0]]
 
 
-def test_rounds_split_a_levels_requests() -> None:
-    # 8 prompts: a level is max(8, 2c) requests in all, split over the rounds, >= c a round
-    assert [requests_per_round(8, c, 2) for c in (1, 2, 4, 8, 16)] == [4, 4, 4, 8, 16]
-    assert [requests_per_round(8, c, 1) for c in (1, 4, 16)] == [8, 8, 32]
-    assert requests_per_round(3, 1, 2) == 2
-
-
 def test_pooled_rounds_add_up_counts_and_keep_the_worst_tail() -> None:
     def level(tokens: int, seconds: float, p50: float, p99: float) -> LevelResult:
         return LevelResult(concurrency=4, requests=8, duration_s=seconds, ttft_ms_p50=p50,
@@ -123,8 +115,6 @@ def test_lookup_between_and_beyond_the_measured_levels() -> None:
     assert [s.k_for(n) for n in (1, 2, 3, 4, 5, 16, 17, 100)] == [5, 3, 3, 3, 0, 0, 0, 0]
     assert s.k_max == 5 and s.speculates
     assert not Schedule(((8, 0),)).speculates
-    assert describe(s) == "K=5 at 1 running, K=3 at 2-4, off from 5"
-    assert describe(Schedule(((16, 3),))) == "K=3 at every load"
 
 
 def test_vllm_ranges_cover_every_batch_size_from_one() -> None:

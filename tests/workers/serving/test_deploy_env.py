@@ -3,6 +3,7 @@ a user can set on CreateModel, and the FailureReason a bad one gives."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -81,6 +82,56 @@ def test_the_channel_schedule_reaches_the_embedded_server(tmp_path: Path) -> Non
     # a schedule that is off at every load serves the target alone
     cmd = _spec(plan(), Path("/m"), _head(tmp_path / "off", "[[16, 0]]"), "ep").command()
     assert "--head" not in cmd and "--speculation-schedule" not in cmd
+
+
+def test_scheduled_decodings_reach_the_embedded_server(tmp_path: Path) -> None:
+    """A schedule naming decodings, from the channel file or the Environment entry, reaches
+    the embedded server's command line as written; the endpoint's served K stays K only."""
+    from eaglenest.workers.serving.deploy import served_k
+
+    head = _head(tmp_path, '[[1, 3, "tree"], [8, 2, "chain"]]')
+    spec = _spec(plan(), Path("/m"), head, "ep")
+    assert _arg(spec.command(), "--speculation-schedule") == '[[1,3,"tree"],[8,2,"chain"]]'
+    assert served_k(spec) == [[1, 3], [8, 2]]
+    raw = '[[1,4,"tree+adaptive"],[4,2,"chain"],[16,0]]'
+    cmd = _spec(plan(EAGLENEST_SPECULATION_SCHEDULE=raw), Path("/m"), head, "ep").command()
+    assert _arg(cmd, "--speculation-schedule") == raw
+    assert _arg(cmd, "--num-speculative-tokens") == "4"
+
+
+def test_decodings_the_head_cannot_run_fail_the_endpoint(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    import eaglenest.workers.model_servers.process as process
+    import eaglenest.workers.serving.deploy as deploy
+
+    head = _head(tmp_path)  # an EAGLE-3 head: no mask slots, no blocks
+    with pytest.raises(DeployError) as exc:
+        _spec(plan(EAGLENEST_SPECULATION_SCHEDULE='[[1,3,"tree"],[4,3,"parallel"]]'),
+              Path("/m"), head, "ep")
+    assert str(exc.value) == (
+        "Variant AllTraffic: the speculation schedule's decoding 'parallel' does not suit the "
+        "head: parallel drafting needs a head with mask slots (HeadSpec.parallel); EAGLE-3 "
+        "heads have none")
+    with pytest.raises(DeployError) as exc:
+        _spec(plan(EAGLENEST_SPECULATION_SCHEDULE='[[1,3,"beam"]]'), Path("/m"), head, "ep")
+    assert str(exc.value).startswith("EAGLENEST_SPECULATION_SCHEDULE: [1, 3, \"beam\"] names an "
+                                     "unknown decoding 'beam'; valid: chain, chain+adaptive, ")
+    # vLLM drafts its own method at each K: the decodings are noted, not refused
+    monkeypatch.setattr(deploy, "default_backend", lambda: "vllm")
+    monkeypatch.setattr(process, "cuda_available", lambda: False)
+    monkeypatch.setattr(process, "vllm_dynamic_speculation", lambda: True)
+    with caplog.at_level(logging.INFO, logger="eaglenest.endpoints"):
+        spec = _spec(plan(EAGLENEST_SERVING_BACKEND="vllm", EAGLENEST_SPLIT_SERVING="0",
+                          EAGLENEST_SPECULATION_SCHEDULE='[[1,3,"parallel"],[8,2]]'),
+                     Path("/m"), head, "ep")
+    assert spec.schedule_refusal() is None
+    assert ("variant AllTraffic: vLLM drafts with the head's own method at the schedule's K; "
+            "the decodings it names (parallel) are the embedded engine's") in caplog.messages
+    config = json.loads(_arg(spec.command(), "--speculative-config") or "{}")
+    assert config["method"] == "eagle3"
+    assert config["num_speculative_tokens_per_batch_size"] == [[1, 1, 3], [2, 4096, 2]]
 
 
 def test_bad_schedules_fail_the_endpoint_naming_the_source(tmp_path: Path) -> None:

@@ -17,10 +17,17 @@ from typing import TYPE_CHECKING, Any
 
 from eaglenest.foundation.host.contention import governor_for
 from eaglenest.foundation.host.threads import apply_torch, plan_threads, sharing_from_env
-from eaglenest.models.decode.modes import SPECULATIVE_MODES, DecodeMode, refusal
+from eaglenest.models.decode.modes import (
+    SPECULATIVE_MODES,
+    DecodeMode,
+    Decoding,
+    refusal,
+    schedule_refusal,
+)
 
 if TYPE_CHECKING:
     from eaglenest.models.heads.registry import HeadSpec
+    from eaglenest.workers.model_servers.schedule import Schedule
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -44,8 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="folder of the linear-kernel timing cache (models/decode/kernel_cache.py)"
                         " shared by this host's servers (default: measure at every start)")
     p.add_argument("--speculation-schedule", default=None,
-                   help="K per load, [[max_running, K], ...] (workers/model_servers/schedule.py); "
-                        "each step drafts the K for the requests running (0 = plain)")
+                   help="K (and decoding) per load, [[max_running, K(, decoding)], ...] "
+                        "(workers/model_servers/schedule.py); each step drafts the K for the "
+                        "requests running (0 = plain) in the entry's decoding (else --mode)")
     return p
 
 
@@ -60,6 +68,27 @@ def serving_mode(asked: DecodeMode, head: HeadSpec) -> DecodeMode:
         return asked
     logging.warning("%s; serving in %s mode", reason, head.default_mode.value)
     return head.default_mode
+
+
+def entry_at_one(schedule: Schedule, head: Any, mode: DecodeMode,
+                 kw: dict[str, Any]) -> tuple[Any, DecodeMode]:
+    """(head, mode) for a batch-1 engine, which runs one request at a time: the schedule's
+    entry at 1 running, its K into ``kw`` (k, depth) and its decoding (mode, adaptive;
+    ValueError naming it when the head cannot draft so). Example: [[1, 4, "tree+adaptive"],
+    [8, 0]] -> TREE, depth 4, adaptive; [[1, 0], ...] -> no head (the target alone)."""
+    k, name = schedule.k_for(1), schedule.decoding_for(1)
+    kw.update(k=k or 1, depth=k or 1)
+    if not k or head is None:
+        return None, mode
+    if name is not None:
+        from eaglenest.models.heads.registry import head_spec
+
+        reason = schedule_refusal([name], head_spec(head))
+        if reason is not None:
+            raise ValueError(reason)
+        decoding = Decoding.parse(name)
+        mode, kw["adaptive"] = decoding.mode, decoding.adaptive
+    return head, mode
 
 
 def build_server(args: argparse.Namespace):  # type: ignore[no-untyped-def]
@@ -99,9 +128,8 @@ def build_server(args: argparse.Namespace):  # type: ignore[no-untyped-def]
         engine = BatchEngine(target.model, head, mode, max_num_seqs=args.max_num_seqs,
                              schedule=schedule.thresholds if schedule else None, **kw)
     else:  # recurrent layers cannot drop rejected drafts per row: one request at a time
-        if schedule is not None:  # one request runs at a time: the schedule's K at 1
-            kw.update(k=schedule.k_for(1) or 1, depth=schedule.k_for(1) or 1)
-            head = head if schedule.k_for(1) else None
+        if schedule is not None:
+            head, mode = entry_at_one(schedule, head, mode, kw)
         engine = SpeculativeEngine(target.model, head, mode, **kw)  # type: ignore[arg-type]
     name = args.served_model_name or args.model
     server = EmbeddedServer(engine, target.tokenizer, name, max_model_len=args.max_model_len,

@@ -168,6 +168,9 @@ class Runner:
         rounds = getattr(self.engine, "rounds_by_k", None)
         if rounds:
             self.metrics.set_rounds(rounds, getattr(self.engine, "last_k", None))
+        steps = getattr(self.engine, "steps_by_decoding", None)
+        if steps:
+            self.metrics.set_steps(steps)
 
     # ---- batch-1 engine: one request at a time ----------------------------------------------
     def _loop_one_at_a_time(self) -> None:

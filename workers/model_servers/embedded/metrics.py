@@ -21,6 +21,8 @@ class ServerMetrics:
     #: engine steps run at each draft depth K (0 = plain steps), and the K of the last one
     rounds_by_k: dict[int, int] = field(default_factory=dict)
     speculation_k: int | None = None
+    #: engine steps run in each decoding ("tree", "chain+adaptive", ...; "plain": K = 0)
+    steps_by_decoding: dict[str, int] = field(default_factory=dict)
     #: the thread plan it was started with (foundation/host/threads.py)
     torch_threads: int | None = None
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -39,11 +41,21 @@ class ServerMetrics:
         with self.lock:
             self.rounds_by_k, self.speculation_k = dict(rounds_by_k), last_k
 
+    def set_steps(self, steps_by_decoding: dict[str, int]) -> None:
+        with self.lock:
+            self.steps_by_decoding = dict(steps_by_decoding)
+
     def _render_schedule(self, lines: list[str], label: str) -> None:
-        """EagleNest's own series: torch threads; steps per draft depth K, the last K."""
+        """EagleNest's own series: torch threads; steps per decoding; steps per draft depth
+        K, the last K."""
         if self.torch_threads is not None:
             lines.append("# TYPE eaglenest:torch_threads gauge")
             lines.append(f"eaglenest:torch_threads{{{label}}} {float(self.torch_threads)}")
+        if self.steps_by_decoding:
+            lines.append("# TYPE eaglenest:decoding_steps_total counter")
+            for name, n in sorted(self.steps_by_decoding.items()):
+                lines.append(f'eaglenest:decoding_steps_total{{{label},decoding="{name}"}} '
+                             f"{float(n)}")
         if not self.rounds_by_k:
             return
         lines.append("# TYPE eaglenest:speculation_rounds_total counter")
@@ -96,6 +108,16 @@ def parse_rounds_by_k(text: str) -> dict[int, float]:
         if line.startswith("eaglenest:speculation_rounds_total{"):
             metric, _, value = line.rpartition(" ")
             out[int(metric.split('k="', 1)[1].split('"', 1)[0])] = float(value)
+    return out
+
+
+def parse_steps_by_decoding(text: str) -> dict[str, float]:
+    """Decoding -> engine steps run in it ("plain": K = 0), from an embedded server's
+    /metrics page ({} from a vLLM server, which serves one method)."""
+    out: dict[str, float] = {}
+    for name, metric, v in samples(text):
+        if name == "eaglenest:decoding_steps_total":
+            out[metric.split('decoding="', 1)[1].split('"', 1)[0]] = v
     return out
 
 
