@@ -1,18 +1,21 @@
 """`eaglenest bench --target DIR --head DIR`: the optimization job's benchmark stage alone.
 
-Baseline (target alone) and EAGLE (target + head, at each K of --ks) served by the same
-backend, the same load at each concurrency; writes benchmark.json / .md / .png into --out,
-speculation_schedule.json into --out, and prints the table.
+Baseline (target alone) and a row per decoding and K (target + head: the first of
+--decodings at each K of --ks, the others at the largest) served by the same backend, the same
+load at each concurrency, in rounds sized as a job's (at least --rounds; more while the
+leading row's rounds spread 5% or more, up to --max-rounds, within --minutes); writes
+benchmark.json / .md / .png into --out, speculation_schedule.json into --out, and prints the
+table.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 from eaglenest.cli.datadir import add_data_dir_option, settings_for
-from eaglenest.models.decode.modes import SPECULATIVE_MODES, DecodeMode
 
 
 def _prompts(args: argparse.Namespace) -> list[str]:
@@ -31,15 +34,34 @@ def _prompts(args: argparse.Namespace) -> list[str]:
     return prompts
 
 
-def _rounds(raw: str) -> int:
-    """--rounds: an integer from 1 to 10 (as EAGLENEST_BENCH_ROUNDS)."""
+def _between(lo: int, hi: int) -> Callable[[str], int]:
+    """--rounds (1-10, as EAGLENEST_BENCH_ROUNDS), --max-rounds (1-20, as
+    EAGLENEST_BENCH_MAX_ROUNDS): an integer in [lo, hi]."""
+    def parse(raw: str) -> int:
+        try:
+            value = int(raw)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{raw!r} is not an integer") from None
+        if not lo <= value <= hi:
+            raise argparse.ArgumentTypeError(f"{value} must be between {lo} and {hi}")
+        return value
+
+    return parse
+
+
+def _decodings(args: argparse.Namespace, backend: str) -> tuple[str, tuple[str, ...]]:
+    """(the head kind's default mode, the decodings to measure): --decodings checked as
+    EAGLENEST_BENCH_DECODINGS is (workers/jobs/options.py ``decodings_for``), else the head
+    kind's on this backend, as a job's; the kind from the head's config.json."""
+    from eaglenest.models.heads.registry import spec_of_config
+    from eaglenest.workers.jobs.options import decodings_for
+
     try:
-        value = int(raw)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{raw!r} is not an integer") from None
-    if not 1 <= value <= 10:
-        raise argparse.ArgumentTypeError(f"{value} must be between 1 and 10")
-    return value
+        spec = spec_of_config(json.loads((Path(args.head) / "config.json").read_text()))
+        asked = tuple(d.strip() for d in args.decodings.split(",") if d.strip()) or None
+        return str(spec.default_mode), decodings_for(spec, backend, asked)
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"eaglenest bench: --decodings / --head: {exc}") from None
 
 
 def _kernel_cache(args: argparse.Namespace) -> Path | None:
@@ -56,18 +78,21 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from eaglenest.workers.jobs.bench_stage import BenchPlan, run_benchmark
     from eaglenest.workers.model_servers.process import default_backend
 
+    backend = args.backend or default_backend()
+    mode, decodings = _decodings(args, backend)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     levels = tuple(int(c) for c in args.concurrency.split(","))
-    plan = BenchPlan(Path(args.target), Path(args.head), _prompts(args),
-                     args.backend or default_backend(), levels, args.max_tokens,
-                     args.num_speculative_tokens, mode=args.mode,
+    plan = BenchPlan(Path(args.target), Path(args.head), _prompts(args), backend, levels,
+                     args.max_tokens, args.num_speculative_tokens, mode=mode,
                      ks=tuple(int(k) for k in args.ks.split(",")) if args.ks else (),
-                     rounds=args.rounds, kernel_cache=_kernel_cache(args))
+                     rounds=args.rounds, max_rounds=args.max_rounds, minutes=args.minutes,
+                     decodings=decodings, kernel_cache=_kernel_cache(args))
     report = run_benchmark(plan, out, should_stop=lambda: False)
     print((out / "benchmark.md").read_text())
-    print("speedup (EAGLE / baseline output throughput):",
-          ", ".join(f"c={c}: {s:.2f}x" for c, s in report["speedup"].items()))
+    first = plan.rows[0].decoding
+    print(f"speedup ({first} at K={plan.num_speculative_tokens} / baseline output "
+          "throughput):", ", ".join(f"c={c}: {s:.2f}x" for c, s in report["speedup"].items()))
     print("speculation schedule:", json.dumps(report["schedule"]["thresholds"]))
     return 0
 
@@ -88,11 +113,17 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="K: drafted tokens per step")
     p.add_argument("--ks", default="", help="K values to measure, e.g. 1,3,5 (default: "
                    "--num-speculative-tokens); the schedule picks among them")
-    p.add_argument("--rounds", type=_rounds, default=2, help="rounds each row is measured in "
-                   "at each level, 1-10 (the level's requests split over them); a K is "
-                   "scheduled only if it beats the baseline in every one")
-    p.add_argument("--mode", default=DecodeMode.CHAIN.value, choices=SPECULATIVE_MODES,
-                   help="drafting (embedded backend): chain, EAGLE-2 tree or P-EAGLE parallel")
+    p.add_argument("--rounds", type=_between(1, 10), default=2, help="rounds each row is "
+                   "measured in at each level at least, 1-10 (each sends every prompt once); "
+                   "a row is scheduled only if it beats the baseline in every one")
+    p.add_argument("--max-rounds", type=_between(1, 20), default=6, help="the most rounds at "
+                   "a level: more than --rounds while the leading row's rounds spread 5%% or "
+                   "more")
+    p.add_argument("--minutes", type=float, default=0.0, help="the budget for rounds beyond "
+                   "--rounds, from the start (default 0: none)")
+    p.add_argument("--decodings", default="", help="decodings to measure, e.g. chain,tree,"
+                   "chain+adaptive: the first at every K, the others at the largest (default: "
+                   "the head kind's, as a job's; vLLM: its own only)")
     p.add_argument("--backend", default=None, choices=["vllm", "embedded"],
                    help="model server (default: vllm if installed, else embedded)")
     p.add_argument("--kernel-cache", default=None, metavar="DIR",

@@ -15,9 +15,11 @@ Contract:
   EAGLENEST_TRAIN_PROCESSES at most the GPUs of its DeploymentInstanceType,
   EAGLENEST_DEVICE=cuda only on a type with GPUs (the job's own: workers/jobs/placing.py),
   thread counts within the API host's CPUs (foundation/host/ceilings.py check_threads).
-- What only the worker knows (the head kinds of models/heads/registry.py, which the control
-  plane does not import) is checked by the worker's `parse_options`
-  (workers/jobs/options.py) after this parser.
+- What only the worker knows (the head kinds of models/heads/registry.py and the decoding
+  names of models/decode/modes.py, which the control plane does not import) is checked by
+  the worker's `parse_options` (workers/jobs/options.py) after this parser: here
+  EAGLENEST_BENCH_DECODINGS is only a comma list of names, as EAGLENEST_HEAD is a string
+  (a job asking for an unknown decoding fails as its worker starts it, naming the valid ones).
 """
 
 from __future__ import annotations
@@ -150,6 +152,15 @@ def _levels(name: str, raw: str) -> tuple[int, ...]:
     return tuple(levels)
 
 
+def _names(name: str, raw: str) -> tuple[str, ...]:
+    """A comma list of names, blanks dropped, each once in its first place: "tree, chain,tree"
+    -> ("tree", "chain"). The names are the worker's to check (module contract)."""
+    names = tuple(dict.fromkeys(p.strip() for p in raw.split(",") if p.strip()))
+    if not names:
+        raise OptionError(f"{name} must list decodings, e.g. chain,tree")
+    return names
+
+
 def _ks(name: str, raw: str) -> tuple[int, ...]:
     ks = {_int(name, p.strip(), 1, 64) for p in raw.split(",") if p.strip()}
     if not ks:
@@ -231,8 +242,22 @@ class JobOptions(BaseModel):
                         Field(alias="EAGLENEST_BENCH_KS")] = None
     bench_max_tokens: Annotated[int, _between(1, 100_000),
                                 Field(alias="EAGLENEST_BENCH_MAX_TOKENS")] = 64
-    #: rounds each row is measured at each level; a K is scheduled only if it wins in every one
+    #: rounds each row is measured at each level at least; a row is scheduled only if it
+    #: wins in every one
     bench_rounds: Annotated[int, _between(1, 10), Field(alias="EAGLENEST_BENCH_ROUNDS")] = 2
+    #: the most rounds at a level: more than bench_rounds while the leading row's round-to-
+    #: round spread is 5% or more (workers/jobs/bench_rows.py); at least bench_rounds
+    bench_max_rounds: Annotated[int, _between(1, 20),
+                                Field(alias="EAGLENEST_BENCH_MAX_ROUNDS")] = 6
+    #: the benchmark stage's budget in minutes: no round beyond bench_rounds starts unless it
+    #: fits (the bench_rounds rounds always run); 0: none
+    bench_minutes: Annotated[float, _parser(_minutes),
+                             Field(alias="EAGLENEST_BENCH_MINUTES")] = 10.0
+    #: decoding names (models/decode/modes.py Decoding: chain, tree, parallel, block, each
+    #: optionally +adaptive): the first measured at every K, the others at the largest; None:
+    #: by head kind and backend (workers/jobs/options.py ``bench_decodings``)
+    bench_decodings: Annotated[tuple[str, ...] | None, _parser(_names),
+                               Field(alias="EAGLENEST_BENCH_DECODINGS")] = None
     #: K
     num_speculative_tokens: Annotated[int, _between(1, 64),
                                       Field(alias="EAGLENEST_NUM_SPECULATIVE_TOKENS")] = 5
@@ -269,12 +294,17 @@ class JobOptions(BaseModel):
 def parse_job_options(env: Mapping[str, str] | None) -> JobOptions:
     """The job's options; the first bad variable raises OptionError with its message."""
     try:
-        return JobOptions.model_validate(dict(env or {}))
+        options = JobOptions.model_validate(dict(env or {}))
     except ValidationError as exc:
         cause = exc.errors()[0].get("ctx", {}).get("error")
         if isinstance(cause, OptionError):
             raise cause from None
         raise OptionError(str(exc)) from None
+    if options.bench_max_rounds < options.bench_rounds and (
+            "bench_max_rounds" in options.model_fields_set):
+        raise OptionError(f"EAGLENEST_BENCH_MAX_ROUNDS={options.bench_max_rounds} is below "
+                          f"EAGLENEST_BENCH_ROUNDS={options.bench_rounds}")
+    return options
 
 
 def check_create(env: Mapping[str, str] | None, where: str, cpus: int, gpus: int,

@@ -7,9 +7,10 @@ proxy; a value of the wrong type is left out rather than failing the page.
   points, written by the worker with its progress reports).
 - Benchmark: the finished job's `output["Benchmark"]` (workers/jobs/bench_stage.py
   run_benchmark's report): `schedule.measured.output_throughput` is tok/s per row
-  ("baseline", "eagle K=n") per concurrency, pooled over the rounds; `schedule.measured.
-  chosen` the K the schedule picked per concurrency (0: off, the baseline);
-  `schedule.thresholds` the schedule itself.
+  ("baseline", "chain K=3", "tree K=4", ...) per concurrency, pooled over the rounds;
+  `schedule.measured.chosen` the row the schedule picked per concurrency ("off": the
+  baseline; reports from before decodings were scheduled hold a K there, 0 for off, and
+  name their rows "eagle K=n"); `schedule.thresholds` the schedule itself.
 - Endpoint: db/metrics_repo.statistics() per variant over the last hour, per minute:
   AWS/SageMaker Invocations (Sum), ModelLatency (p50 and p99, microseconds, drawn in ms)
   and EagleNest/Endpoints AcceptedTokensPerRound (Average: tau).
@@ -91,13 +92,13 @@ def benchmark(bench: Any) -> dict[str, Any] | None:
     measured = measured if isinstance(measured, dict) else {}
     chosen_raw = measured.get("chosen")
     chosen_raw = chosen_raw if isinstance(chosen_raw, dict) else {}
-    chosen = {int(c): int(k) for c, k in chosen_raw.items()
-              if str(c).isdigit() and isinstance(k, int)}
+    chosen = {int(c): _pick(k) for c, k in chosen_raw.items()
+              if str(c).isdigit() and isinstance(k, int | str)}
     levels = sorted({c for row in rates.values() for c in row})
-    rows = sorted(rates, key=lambda r: (r != "baseline", len(r), r))
+    rows = _order(measured.get("rows"), rates)
     rings = []
-    for c, k in sorted(chosen.items()):
-        row = "baseline" if k == 0 else f"eagle K={k}"
+    for c, pick in sorted(chosen.items()):
+        row = "baseline" if pick == "off" else pick
         if c in rates.get(row, {}):
             rings.append((float(c), rates[row][c], f"schedule at {c}: {row}"))
     chart = line_chart(
@@ -105,28 +106,54 @@ def benchmark(bench: Any) -> dict[str, Any] | None:
         [Series(r, [(float(c), rates[r][c]) for c in levels if c in rates[r]]) for r in rows],
         "concurrency", "output tok/s", categories=[float(c) for c in levels], rings=rings)
     table = [{"concurrency": c, "values": [rates[r].get(c) for r in rows],
-              "chosen": ("off" if chosen[c] == 0 else f"K={chosen[c]}") if c in chosen else "-"}
-             for c in levels]
+              "chosen": chosen.get(c, "-")} for c in levels]
     thresholds = schedule.get("thresholds")
     thresholds = thresholds if isinstance(thresholds, list) else []
     return {"chart": chart, "rows": rows, "table": table, "backend": bench.get("backend", ""),
             "schedule": schedule_text(thresholds)}
 
 
+def _order(listed: Any, rates: dict[str, dict[int, float]]) -> list[str]:
+    """The rows in the order measured (``measured.rows``: the baseline, then each decoding's
+    rows by K); a report without that list: the baseline first, then by name."""
+    if isinstance(listed, list):
+        ordered = [r for r in listed if isinstance(r, str) and r in rates]
+        return ordered + sorted(set(rates) - set(ordered))
+    return sorted(rates, key=lambda r: (r != "baseline", len(r), r))
+
+
+def _pick(value: int | str) -> str:
+    """A `chosen` entry as a row name or "off": a K of an older report -> "eagle K=n"."""
+    if isinstance(value, str):
+        return value
+    return f"eagle K={value}" if value else "off"
+
+
+def _entry(t: Any) -> tuple[int, str] | None:
+    """A threshold [max_running, K] or [max_running, K, "decoding"] -> (max_running, what
+    it serves: "tree K=4", "K=5" (the server's own decoding) or "off"); None if malformed."""
+    if not (isinstance(t, list) and len(t) in (2, 3)
+            and all(isinstance(x, int) for x in t[:2])):
+        return None
+    decoding = t[2] if len(t) == 3 and isinstance(t[2], str) else None
+    k = int(t[1])
+    return int(t[0]), "off" if not k else f"{decoding} K={k}" if decoding else f"K={k}"
+
+
 def schedule_text(thresholds: list[Any]) -> str:
-    """A schedule in words, as the job's benchmark.md says it (workers/jobs/bench_stage.py
-    `describe`): [[1, 5], [4, 3], [16, 0]] -> "K=5 at 1 running, K=3 at 2-4, off from 5"."""
-    pairs = [(int(t[0]), int(t[1])) for t in thresholds
-             if isinstance(t, list) and len(t) == 2 and all(isinstance(x, int) for x in t)]
-    if not pairs:
+    """A schedule in words, as the job's benchmark.md says it (workers/jobs/bench_report.py
+    `describe`): [[1, 4, "tree"], [4, 3, "chain"], [16, 0]] -> "tree K=4 at 1 running,
+    chain K=3 at 2-4, off from 5"; [[1, 5]] -> "K=5 at every load"."""
+    entries = [e for e in map(_entry, thresholds) if e is not None]
+    if not entries:
         return ""
-    if len(pairs) == 1:
-        return f"{f'K={pairs[0][1]}' if pairs[0][1] else 'off'} at every load"
+    if len(entries) == 1:
+        return f"{entries[0][1]} at every load"
     parts, start = [], 1
-    for i, (most, k) in enumerate(pairs):
-        span = (f"from {start}" if i == len(pairs) - 1 else
+    for i, (most, what) in enumerate(entries):
+        span = (f"from {start}" if i == len(entries) - 1 else
                 f"at {start}" if start == most else f"at {start}-{most}")
-        parts.append(f"{f'K={k}' if k else 'off'} {span}" + (" running" if i == 0 else ""))
+        parts.append(f"{what} {span}" + (" running" if i == 0 else ""))
         start = most + 1
     return ", ".join(parts)
 

@@ -11,6 +11,14 @@ refuses a K or a benchmarked K deeper than that, and `for_kind` gives the job's 
 head as min(BLOCK_K, block_size - 1) unless EAGLENEST_NUM_SPECULATIVE_TOKENS sets it; the
 benchmark then measures K = 1, 3, 5, 7 capped by block_size - 1 (JobOptions.measured_ks).
 Example: EAGLENEST_DFLASH_BLOCK_SIZE=5 -> K = 4, rows K = 1, 3, 4; 16 -> K = 7, rows 1, 3, 5, 7.
+
+The benchmark's decodings (EAGLENEST_BENCH_DECODINGS, `bench_decodings`): each name must be a
+models/decode/modes.py ``Decoding`` (checked by `parse_options`, which every job runs as its
+worker starts it; the control plane cannot import models) that the head can run (``refusal``:
+checked once the kind is known, `check_kind`). Unset, they follow the head's traits: on the
+embedded backend the kind's default mode, then each of EXTRA_DECODINGS the head can run
+(EAGLE-3: chain, tree, chain+adaptive; P-EAGLE: parallel, tree, parallel+adaptive, chain;
+DFlash: block, block+adaptive); vLLM serves its one method, so only the default mode there.
 """
 
 from __future__ import annotations
@@ -27,23 +35,43 @@ from eaglenest.foundation.job_options import (
     OptionError,
     parse_job_options,
 )
-from eaglenest.models.heads.registry import HEADS, KINDS
+from eaglenest.models.decode.modes import DecodeMode, Decoding, refusal
+from eaglenest.models.heads.registry import HEADS, KINDS, HeadSpec
 from eaglenest.models.training.config import TrainConfig
+from eaglenest.workers.model_servers.process import VLLM
 
 __all__ = ["BACKENDS", "CAPTURE_BACKENDS", "DEVICES", "JobOptions", "OptionError",
-           "block_size", "check_kind", "for_kind", "parse_options", "train_settings"]
+           "bench_decodings", "block_size", "check_kind", "decodings_for", "for_kind",
+           "parse_options", "train_settings"]
 
 #: the deepest K a block head's job drafts and measures unless told (rows K = 1, 3, 5, 7)
 BLOCK_K = 7
 #: JobOptions fields only block heads read (their variables are refused for other kinds)
 BLOCK_FIELDS = ("dflash_block_size", "dflash_layers", "dflash_gamma")
+DECODINGS_VARIABLE = "EAGLENEST_BENCH_DECODINGS"
+#: the decodings an embedded benchmark measures besides the head's default mode, in this
+#: order, where the head can run them (None: the default mode with adaptive depth)
+EXTRA_DECODINGS: tuple[DecodeMode | None, ...] = (DecodeMode.TREE, None, DecodeMode.CHAIN)
+#: the serving backend whose servers run one decoding, the head's own (its vLLM method)
+ONE_METHOD_BACKEND = VLLM
 
 
 def parse_options(env: Mapping[str, str] | None) -> JobOptions:
     """The job's options; the first bad variable raises OptionError with its message."""
     options = parse_job_options(env)
+    for name in options.bench_decodings or ():
+        _decoding(name)
     check_head(options)
     return options
+
+
+def _decoding(name: str) -> Decoding:
+    """Example: "tree+" -> OptionError "EAGLENEST_BENCH_DECODINGS: unknown decoding 'tree+';
+    valid: chain, chain+adaptive, tree, ..." (Decoding.parse's list)."""
+    try:
+        return Decoding.parse(name)
+    except ValueError as exc:
+        raise OptionError(f"{DECODINGS_VARIABLE}: {exc}") from None
 
 
 def check_head(options: JobOptions) -> None:
@@ -82,7 +110,9 @@ def block_size(options: JobOptions) -> int:
 def check_kind(options: JobOptions, kind: str) -> None:
     """The options that depend on a head of `kind` drafting blocks (module docstring):
     the block variables only for block heads; for those, K and the benchmarked K values at
-    most block_size - 1, and a layer count in BLOCK_LAYERS."""
+    most block_size - 1, and a layer count in BLOCK_LAYERS. Also the benchmark's decodings
+    (`bench_decodings`) on the job's backend, where it names one."""
+    bench_decodings(options, kind, options.backend)
     if not _blocks(kind):
         for name in BLOCK_FIELDS:
             if getattr(options, name) is not None:
@@ -138,3 +168,47 @@ def train_settings(options: JobOptions, kind: str) -> dict[str, Any]:
     if options.dflash_gamma is not None:
         settings["dflash_gamma"] = options.dflash_gamma
     return settings
+
+
+def bench_decodings(options: JobOptions, kind: str, backend: str | None) -> tuple[str, ...]:
+    """The decoding names a head of ``kind`` is benchmarked in on ``backend`` (None: not
+    known yet, the embedded backend's rules): `decodings_for` with EAGLENEST_BENCH_DECODINGS,
+    its refusal an OptionError naming the variable."""
+    try:
+        return decodings_for(HEADS[kind], backend, options.bench_decodings)
+    except ValueError as exc:
+        where = f"={','.join(options.bench_decodings)}" if options.bench_decodings else ""
+        raise OptionError(f"{DECODINGS_VARIABLE}{where}: {exc}") from None
+
+
+def decodings_for(spec: HeadSpec, backend: str | None,
+                  asked: tuple[str, ...] | None) -> tuple[str, ...]:
+    """The decodings a head of ``spec`` is benchmarked in, the first measured at every K,
+    the others at the largest (workers/jobs/bench_rows.py ``plan_rows``): ``asked`` when
+    given, ValueError for a name Decoding.parse refuses, one the head cannot run, or on vLLM
+    any but the head's own; None: by the head's traits (module docstring), e.g. EAGLE-3 on
+    embedded -> ("chain", "tree", "chain+adaptive"), on vLLM -> ("chain",)."""
+    own = Decoding(spec.default_mode)
+    one_method = backend == ONE_METHOD_BACKEND
+    if asked is None:
+        return (own.name,) if one_method else _default_decodings(spec)
+    for name in asked:
+        decoding = Decoding.parse(name)
+        why = refusal(decoding.mode, spec)
+        if why is None and one_method and decoding != own:
+            why = (f"the {backend} backend serves one decoding, the head's own "
+                   f"({own.name}), not {name}")
+        if why is not None:
+            raise ValueError(why)
+    return asked
+
+
+def _default_decodings(spec: HeadSpec) -> tuple[str, ...]:
+    """The head's default mode, then each of EXTRA_DECODINGS it can run."""
+    names = [Decoding(spec.default_mode).name]
+    for mode in EXTRA_DECODINGS:
+        decoding = (Decoding(spec.default_mode, adaptive=True) if mode is None
+                    else Decoding(mode))
+        if refusal(decoding.mode, spec) is None and decoding.name not in names:
+            names.append(decoding.name)
+    return tuple(names)

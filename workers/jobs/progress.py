@@ -25,11 +25,14 @@ A resumed job keeps the published rows before the step it resumes at.
 12.3 samples/s  1.2 MB  ETA 40s`; `describe` shows its records too.
 
 `BenchProgress` does the same for the benchmark stage (workers/jobs/bench_stage.py): a log
-line as each server starts and as each row (baseline or K=n) finishes a round at a level,
-`job NAME: benchmark: concurrency 4 (level 2/3)  eagle K=3 (embedded)  round 1/2
-123.4 tok/s  requests 56/96 (58%)  ETA 2m40s`, and a record of the same figures for
-`eaglenest status` at the start and end of each measurement (never during one: a database
-write would disturb the timings).
+line as each server starts and as each row (baseline or "decoding K=n") finishes a round at a
+level, `job NAME: benchmark: concurrency 4 (level 2/3)  chain K=3 (embedded)  round 1/2
+123.4 tok/s  requests 56/96 (58%)  ETA 2m40s`, a line when a level gets a round more than
+planned because its leading row's pooled figure is not yet steady (workers/jobs/
+bench_rows.py), `job NAME: benchmark: concurrency 1 (level 1/3)  round 3 added: tree K=5
+pooled spread 8.1%  requests 96/144 (66%)` (the total and the level's rounds grow with it),
+and a record of the same figures for `eaglenest status` at the start and end of each
+measurement (never during one: a database write would disturb the timings).
 """
 
 from __future__ import annotations
@@ -107,8 +110,12 @@ def _describe_bench(p: dict[str, Any]) -> str:
         return f"starting the {p['row']} server ({p['server']}/{p['servers']}, {p['backend']})"
     measuring = p["phase"] == "measuring"
     done, total = p["requests"], max(int(p["requests_total"]), 1)
-    parts = [f"concurrency {p['level']} (level {p['level_index']}/{p['levels']})",
-             f"{'measuring ' if measuring else ''}{p['row']} ({p['backend']})",
+    level = f"concurrency {p['level']} (level {p['level_index']}/{p['levels']})"
+    if p["phase"] == "round added":
+        return "  ".join([level, f"round {p['rounds']} added: {p['row']} pooled spread "
+                                 f"{100 * p['spread']:.1f}%",
+                          f"requests {done}/{total} ({100 * done // total}%)"])
+    parts = [level, f"{'measuring ' if measuring else ''}{p['row']} ({p['backend']})",
              f"round {p['round']}/{p['rounds']}"]
     if not measuring:
         parts.append(f"{p['tok_s']:,.1f} tok/s")
@@ -193,25 +200,44 @@ class BenchProgress:
     """The benchmark stage's progress: `plan` once, then `starting` per server, then
     `measuring` and `measured` around each measurement (a row, one round, at one level).
 
-    Requests done/total count every row's requests at every level and round. The ETA is the
-    requests left at the request rate measured so far at the latest level (none before the
-    first measurement ends); higher levels usually serve more requests a second, so it errs
-    long. ``job`` None: lines without `job NAME: ` (`eaglenest bench`)."""
+    Requests done/total count every row's requests at every level and round planned: the
+    rounds `plan` names at each level, and each round `round_added` adds to a level (so the
+    total grows when one is). The ETA is the requests left at the request rate measured so
+    far at the latest level (none before the first measurement ends); higher levels usually
+    serve more requests a second, so it errs long. ``job`` None: lines without `job NAME: `
+    (`eaglenest bench`)."""
 
     def __init__(self, job: str | None, stage: str, report: Callable[[dict[str, Any]], None],
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.job, self.stage, self.report, self.clock = job, stage, report, clock
-        self.backend, self.rounds = "", 1
+        self.backend, self.rounds, self.rows = "", 1, 0
         self.levels: tuple[int, ...] = ()
+        self.per_round: dict[int, int] = {}
+        self.level_rounds: dict[int, int] = {}  # rounds planned at each level so far
         self.done = self.total = 0
         self.level: int | None = None
         self.level_requests, self.level_seconds, self.started = 0, 0.0, 0.0
         self.rate: float | None = None  # requests/s at the latest level
 
     def plan(self, backend: str, per_round: dict[int, int], rows: int, rounds: int) -> None:
-        """``per_round``: each level's (concurrency's) requests in a round of one row."""
+        """``per_round``: each level's (concurrency's) requests in a round of one row;
+        ``rounds``: the rounds each level gets at least."""
         self.backend, self.levels, self.rounds = backend, tuple(per_round), rounds
+        self.per_round, self.rows = dict(per_round), rows
+        self.level_rounds = {c: rounds for c in per_round}
         self.total = sum(per_round.values()) * rows * rounds
+
+    def round_added(self, level: int, row: str, spread: float) -> None:
+        """Concurrency ``level`` gets a round more (every row once more) because ``row``,
+        the level's leading one, has a pooled spread of ``spread`` over its rounds so far."""
+        self.level_rounds[level] = self.level_rounds.get(level, self.rounds) + 1
+        self.total += self.per_round.get(level, 0) * self.rows
+        record = {"phase": "round added", "level": level,
+                  "level_index": self.levels.index(level) + 1 if level in self.levels else 0,
+                  "levels": len(self.levels), "row": row, "spread": spread,
+                  "backend": self.backend, "rounds": self.level_rounds[level],
+                  "requests": self.done, "requests_total": self.total}
+        self._publish(record, log_it=True)
 
     def starting(self, row: str, index: int, servers: int) -> None:
         self._publish({"phase": "starting", "row": row, "server": index, "servers": servers,
@@ -234,10 +260,12 @@ class BenchProgress:
 
     def _record(self, phase: str, row: str, round_index: int) -> dict[str, Any]:
         eta = (self.total - self.done) / self.rate if self.rate else None
+        rounds = self.rounds if self.level is None else self.level_rounds.get(self.level,
+                                                                              self.rounds)
         return {"phase": phase, "level": self.level,
                 "level_index": self.levels.index(self.level) + 1 if self.level in self.levels
                 else 0, "levels": len(self.levels), "row": row, "backend": self.backend,
-                "round": round_index + 1, "rounds": self.rounds, "requests": self.done,
+                "round": round_index + 1, "rounds": rounds, "requests": self.done,
                 "requests_total": self.total, "eta_seconds": eta}
 
     def _publish(self, record: dict[str, Any], log_it: bool) -> None:

@@ -104,7 +104,7 @@ def test_finished_job_shows_curve_and_benchmark(live: Stack, page: Any, artifact
     assert _series(page, "chart-loss") == {"loss": 4}  # a point per step (4 steps)
     accuracy = _series(page, "chart-accuracy")
     assert accuracy["train acc@1"] == 4, accuracy
-    assert _series(page, "chart-benchmark") == {"baseline": 2, "eagle K=3": 2}
+    assert _series(page, "chart-benchmark") == {"baseline": 2, "chain K=3": 2}
     assert len(page.query_selector_all("#chart-benchmark circle.ring")) == 2
     table = page.eval_on_selector_all("#benchmark tbody tr", "rs => rs.map(r => "
                                       "[...r.cells].map(c => c.textContent))")

@@ -29,14 +29,17 @@ CURVE = [{"step": 1, "loss": 3.2, "train_acc": [0.10, 0.05, 0.02], "held_out_acc
          {"step": 3, "loss": 2.1, "train_acc": [0.45, 0.25, 0.10], "held_out_acc": None,
           "time": 3.0}]
 #: workers/jobs/bench_stage.py run_benchmark's report, the parts the console reads
+#: (rows listed in the order measured; the table follows that list, not the dict's order)
 BENCHMARK = {"backend": "embedded", "schedule": {
-    "thresholds": [[1, 3], [2, 0]], "backend": "embedded", "mode": "chain",
+    "thresholds": [[1, 3, "tree"], [2, 0]], "backend": "embedded", "mode": "chain",
     "measured": {"concurrency": [1, 2, 4], "ks": [1, 3], "rounds": 2,
-                 "chosen": {"1": 3, "2": 0, "4": 0},
+                 "rows": ["baseline", "chain K=1", "chain K=3", "tree K=3"],
+                 "chosen": {"1": "tree K=3", "2": "off", "4": "off"},
                  "output_throughput": {
+                     "tree K=3": {"1": 160.0, "2": 150.0, "4": 190.0},
                      "baseline": {"1": 100.0, "2": 180.0, "4": 300.0},
-                     "eagle K=1": {"1": 120.0, "2": 170.0, "4": 250.0},
-                     "eagle K=3": {"1": 150.5, "2": 160.0, "4": 200.0}}}}}
+                     "chain K=1": {"1": 120.0, "2": 170.0, "4": 250.0},
+                     "chain K=3": {"1": 150.5, "2": 160.0, "4": 200.0}}}}}
 
 
 @contextmanager
@@ -163,22 +166,23 @@ def test_running_job_shows_stage_bars_and_curve(api: Stack, page: Any, artifacts
 
 def test_finished_job_shows_benchmark_and_schedule(api: Stack, page: Any, artifacts) -> None:
     page.goto(api.url + "/console/jobs/views-done")
-    assert _series(page, "chart-benchmark") == {"baseline": 3, "eagle K=1": 3, "eagle K=3": 3}
+    assert _series(page, "chart-benchmark") == {"baseline": 3, "chain K=1": 3, "chain K=3": 3,
+                                                "tree K=3": 3}
     rings = page.eval_on_selector_all("#chart-benchmark circle.ring",
                                       "cs => cs.map(c => c.textContent)")
-    assert rings == ["schedule at 1: eagle K=3", "schedule at 2: baseline",
+    assert rings == ["schedule at 1: tree K=3", "schedule at 2: baseline",
                      "schedule at 4: baseline"]
     table = page.eval_on_selector_all("#benchmark tbody tr", "rs => rs.map(r => "
                                       "[...r.cells].map(c => c.textContent))")
-    assert table == [["1", "100.0", "120.0", "150.5", "K=3"], ["2", "180.0", "170.0", "160.0",
-                                                               "off"],
-                     ["4", "300.0", "250.0", "200.0", "off"]]
+    assert table == [["1", "100.0", "120.0", "150.5", "160.0", "tree K=3"],
+                     ["2", "180.0", "170.0", "160.0", "150.0", "off"],
+                     ["4", "300.0", "250.0", "200.0", "190.0", "off"]]
     assert page.eval_on_selector_all(
         "#stages tr.stage", "rs => rs.map(r => [r.dataset.stage, "
         "r.querySelector('progress').value])") == [
         [k, 100] for k in ("download", "check", "load", "train", "export", "benchmark",
                            "upload")]
-    assert page.inner_text("#schedule") == "K=3 at 1 running, off from 2"
+    assert page.inner_text("#schedule") == "tree K=3 at 1 running, off from 2"
     assert page.get_attribute("#live", "data-refresh") == "0"  # finished: not polled
     assert not page.is_visible("#stop-job")
     shot(page, artifacts, "job-finished-seeded")
