@@ -46,8 +46,7 @@ def test_decodings_default_to_the_head_kinds_and_are_checked(tmp_path: Path) -> 
     (head / "config.json").write_text('{"architectures": ["LlamaForCausalLMEagle3"]}')
     assert decodings(head) == ("chain", ("chain", "tree", "chain+adaptive"))
     assert decodings(head, "--backend", "vllm") == ("chain", ("chain",))
-    assert decodings(head, "--decodings", "tree,chain") == ("chain",
-                                                                       ("tree", "chain"))
+    assert decodings(head, "--decodings", "tree,chain") == ("chain", ("tree", "chain"))
     with pytest.raises(SystemExit) as exc:
         decodings(head, "--decodings", "chain,parallel")
     assert str(exc.value) == (
