@@ -50,6 +50,13 @@ EXPECTED_EMPTY = {
     "eaglenest_host_gpu_utilization_percent": "no GPU: NVML reads none",
     "eaglenest_host_gpu_memory_utilization_percent": "no GPU: NVML reads none",
 }
+#: tau exists only for the minutes in which a model server ran drafting rounds (workers/
+#: serving/endpoint_metrics.py `server_figures`): where the endpoint's servers drafted no
+#: token in the workers' last minute (its schedule serves K = 0, or the requests went to a
+#: split instance's plain server), the tau panel must be empty, and it must answer wherever
+#: they drafted some. Both read at once, after every other panel answered.
+TAU = "eaglenest_endpoint_accepted_tokens_per_round"
+DRAFTS = "eaglenest_endpoint_draft_tokens"
 FAMILY = re.compile(r"\beaglenest_[a-z0-9_]+")
 START = time.monotonic()
 
@@ -162,10 +169,11 @@ def expected_empty(q: Query) -> str:
 
 
 def check_panels(values: dict[str, str], invoke: Any) -> None:
-    pending = list(panel_queries())
-    for q in pending:
+    queries = panel_queries()
+    for q in queries:
         assert q.series, f"panel {q.panel!r} {q.ref} reads no eaglenest family"
-    answered: list[tuple[Query, list[float]]] = []
+    pending = [q for q in queries if TAU not in q.series]
+    answered: list[tuple[Query, list[float], str]] = []
 
     def all_answered() -> bool:
         for q in list(pending):
@@ -174,19 +182,34 @@ def check_panels(values: dict[str, str], invoke: Any) -> None:
                 assert not got, f"panel {q.panel!r} {q.ref}: expected empty, got {got}"
             elif not got or not all(math.isfinite(v) for v in got):
                 continue
-            answered.append((q, got))
+            answered.append((q, got, expected_empty(q)))
             pending.remove(q)
         return not pending
 
     try:
         poll("every panel query to answer", all_answered, 90, invoke)
     except AssertionError:
-        raise AssertionError("no finite series for " + ", ".join(
-            f"{q.panel!r} {q.ref}" for q in pending)) from None
-    for q, got in answered:
-        shown = (f"{len(got)} series, first {got[0]:.4g}" if got else
-                 f"empty as expected ({expected_empty(q)})")
+        raise AssertionError("no finite series for " + "; ".join(
+            f"{q.panel!r} {q.ref}: {series(substitute(q.expr, values))}"
+            for q in pending)) from None
+    answered += [check_tau(q, values) for q in queries if TAU in q.series]
+    for q, got, why in answered:
+        shown = f"{len(got)} series, first {got[0]:.4g}" if got else f"empty as expected ({why})"
         say(f"  {q.panel} [{q.ref}]: {shown}")
+
+
+def check_tau(q: Query, values: dict[str, str]) -> tuple[Query, list[float], str]:
+    """The tau panel against the endpoint's draft tokens, read at once (TAU)."""
+    got = series(substitute(q.expr, values))
+    drafted = series(f'sum({DRAFTS}{{endpoint="{ENDPOINT}"}})')
+    k = series(f'max(eaglenest_endpoint_speculation_k{{endpoint="{ENDPOINT}"}})')
+    assert drafted, f"no {DRAFTS} series for {ENDPOINT}"
+    if drafted[0] == 0:
+        assert not got, f"tau {got} for {ENDPOINT} while it drafted no token"
+        return q, got, f"{ENDPOINT} drafted no token in the last minute; K in force {k}"
+    assert got and all(math.isfinite(v) and v >= 1 for v in got), (
+        f"{ENDPOINT} drafted {drafted[0]:.0f} tokens but tau is {got}")
+    return q, got, ""
 
 
 def check_variables(values: dict[str, str]) -> None:
