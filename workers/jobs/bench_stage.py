@@ -120,6 +120,16 @@ def _measure(server: ServerProcess, plan: BenchPlan, c: int) -> LevelResult:
         server.pause(True)
 
 
+def _warm_up(server: ServerProcess, plan: BenchPlan) -> None:
+    """One untimed request (the first prompt, alone) before a server is measured: its first
+    request pays one-time costs (kernel timings of new shapes, an adaptive controller's first
+    estimates) that would otherwise land in round 1 of its first level alone."""
+    cfg = BenchConfig(base_url=server.base_url, model="bench", prompts=plan.prompts[:1],
+                      api_key=server.spec.secret, concurrencies=(1,),
+                      max_tokens=plan.max_tokens, requests_per_level=1)
+    asyncio.run(run(cfg))
+
+
 Rounds = dict[str, list[list[LevelResult]]]  # row name -> per level -> per round
 
 
@@ -168,6 +178,7 @@ def measure_rows(plan: BenchPlan, logs: Path, should_stop: Any,
                 return rows
             progress.starting(name, i + 1, len(servers))
             server.start(plan.startup_timeout)
+            _warm_up(server, plan)
             server.pause(True)
         for i in range(len(plan.concurrency)):
             for levels in rows.values():
@@ -243,6 +254,7 @@ def _serve_levels(plan: BenchPlan, server: ServerProcess, rows: Rounds, name: st
     ``r``, stop it; False: stopped."""
     try:
         server.start(plan.startup_timeout)
+        _warm_up(server, plan)
         server.pause(True)
         for i in levels:
             if should_stop():

@@ -116,6 +116,7 @@ def scripted(monkeypatch, rates: Rates, seconds: float = 10.0) -> Clock:  # noqa
 
     monkeypatch.setattr(bench_stage, "_server", server)
     monkeypatch.setattr(bench_stage, "_measure", measure)
+    monkeypatch.setattr(bench_stage, "_warm_up", lambda server, plan: None)
     return clock
 
 

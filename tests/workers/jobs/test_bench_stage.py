@@ -67,6 +67,7 @@ def fake_servers(monkeypatch):
 
     monkeypatch.setattr(bench_stage, "_server", server)
     monkeypatch.setattr(bench_stage, "_measure", measure)
+    monkeypatch.setattr(bench_stage, "_warm_up", lambda server, plan: None)
     return clock
 
 
@@ -119,12 +120,15 @@ def test_a_stop_ends_it_between_measurements(fake_servers, caplog, tmp_path):
 
 
 class Tracked(FakeServer):
-    """Records every start and stop in one timeline shared by all servers."""
+    """Records every start, warm-up and stop in one timeline shared by all servers."""
 
     timeline: list[tuple[str, str]] = []
 
     def start(self, timeout: float) -> None:
         self.timeline.append(("start", self.name))
+
+    def warm_up(self) -> None:
+        self.timeline.append(("warm-up", self.name))
 
     def stop(self) -> None:
         self.timeline.append(("stop", self.name))
@@ -132,12 +136,14 @@ class Tracked(FakeServer):
 
 def test_on_gpus_one_server_runs_at_a_time(fake_servers, monkeypatch, tmp_path):
     """On GPUs each row's server is planned on all the job's GPUs, so it runs alone:
-    started, measured at every level, stopped before the next starts; rows alternate
-    order from round to round and every level still gets one measurement per round."""
+    started, warmed up with a request, measured at every level, stopped before the next
+    starts; rows alternate order from round to round and every level still gets one
+    measurement per round."""
     Tracked.timeline = []
     monkeypatch.setattr(bench_stage, "_server",
                         lambda plan, head, k, log_path, sharing, decoding=None:
                         Tracked(log_path.stem))
+    monkeypatch.setattr(bench_stage, "_warm_up", lambda server, plan: server.warm_up())
     gpu_plan = BenchPlan(Path("model"), Path("head"), ["p"] * 4, "vllm", (1, 4), 8, 3,
                          ks=(1, 3), rounds=2, max_rounds=6, gpus=[0])
     progress = BenchProgress("j1", "benchmark", lambda _: None, fake_servers)
@@ -145,7 +151,7 @@ def test_on_gpus_one_server_runs_at_a_time(fake_servers, monkeypatch, tmp_path):
     assert Tracked.timeline == [
         (event, name) for name in ("baseline-server", "chain-k1-server", "chain-k3-server",
                                    "chain-k3-server", "chain-k1-server", "baseline-server")
-        for event in ("start", "stop")]
+        for event in ("start", "warm-up", "stop")]
     assert {name: [len(level) for level in levels] for name, levels in rows.items()} == {
         "baseline": [2, 2], "chain K=1": [2, 2], "chain K=3": [2, 2]}
     assert [r.concurrency for r in rows["chain K=3"][1]] == [4, 4]
@@ -205,6 +211,7 @@ def stand_in(monkeypatch, rates):  # noqa: ANN001
 
     monkeypatch.setattr(bench_stage, "_server", server)
     monkeypatch.setattr(bench_stage, "_measure", measure)
+    monkeypatch.setattr(bench_stage, "_warm_up", lambda server, plan: None)
     return commands
 
 
