@@ -153,13 +153,14 @@ def _rates_at(rows: Rounds, level: int) -> dict[str, list[float]]:
 def measure_rows(plan: BenchPlan, logs: Path, should_stop: Any,
                  progress: BenchProgress) -> Rounds:
     """Every row (baseline, then plan.rows) at every concurrency, in rounds sized by
-    bench_rows.Sizing (at least ``plan.rounds``; more while the leading row's rounds
-    spread, within ``plan.max_rounds`` and ``plan.minutes`` counted from here on
+    bench_rows.Sizing (at least ``plan.rounds``; more while the leading row's pooled spread
+    is 5% or more, within ``plan.max_rounds`` and ``plan.minutes`` counted from here on
     ``progress.clock``), rows interleaved, the order reversed from round to round (rows A B
     C then C B A: a host whose speed drifts shifts every row alike instead of whichever row
-    ran last). On the CPU all servers are loaded up front and paused (SIGSTOP); at each
-    level each is resumed in turn for its measurement, and the level's rounds go on until
-    it is sized. Each is sized for the CPUs as if it ran alone (it does, while measured).
+    ran last). Each server answers one untimed request once started (`_warm_up`).
+    On the CPU all servers are loaded up front and paused (SIGSTOP); at each level each is
+    resumed in turn for its measurement, and the level's rounds go on until Sizing is done
+    with it. Each is sized for the CPUs as if it ran alone (it does, while measured).
     On GPUs one server runs at a time (`_one_at_a_time`).
     Stopped early: the levels measured so far, the last maybe partial. ``progress`` hears
     of each server start, each measurement and each round added (workers/jobs/progress.py)."""
