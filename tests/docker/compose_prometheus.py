@@ -1,25 +1,31 @@
 """Prometheus on the docker compose stack, and the Grafana dashboard's queries (issue #54).
 
 Run by scripts/compose_check.sh after tests/docker/compose_drive.py, which left the endpoint
-`compose-ep` (variant AllTraffic) in service; with the test venv:
+`compose-ep` (variant AllTraffic, the job's output model tiny-eagle) in service; with the
+test venv:
 
     python tests/docker/compose_prometheus.py
 
-In order, against the real Prometheus (docker-compose.yml `prometheus`) over its HTTP API:
+compose-ep serves the target alone: the job's benchmark of its barely trained head chose
+K = 0 at every load (EAGLENEST_SPECULATION_SCHEDULE in tiny-eagle's Environment), so it has
+no tau. The dashboard is therefore read on a second endpoint, `compose-k3`: tiny-eagle's
+container with a fixed K = 3 (`SPECULATING`), deployed while steps 1 and 2 run. In order,
+against the real Prometheus (docker-compose.yml `prometheus`) over its HTTP API:
   1. its target for the job `eaglenest` (the API's /metrics) is `health == "up"`;
   2. after more invocations of compose-ep, Prometheus's invocation count of the endpoint
      equals the API's own /metrics (so it scraped the stack as it is now);
   3. every panel query of docker/grafana/dashboards/eaglenest.json, its template variables
-     (`$account`, `$endpoint`, `$variant`) set to compose-ep's labels and Grafana's
-     `$__rate_interval` to 1m, answers at least one series with finite values, except the
-     panels in EXPECTED_EMPTY, which must answer none; each template variable's values
-     include compose-ep's. The store's gauges (tau, tokens/s, CPU) come from the workers'
-     samples (EAGLENEST_METRICS_SAMPLE_SECONDS, 10 s in the compose check), so the queries
-     are polled, invoking the endpoint meanwhile, until they answer or a deadline passes.
+     (`$account`, `$endpoint`, `$variant`) set to compose-k3's labels and Grafana's
+     `$__rate_interval` to 1m, answers at least one series with finite values (tau
+     included: compose-k3 drafts), except the panels in EXPECTED_EMPTY, which must answer
+     none; each template variable's values include compose-k3's. The store's gauges (tau,
+     tokens/s, CPU) come from the workers' samples (EAGLENEST_METRICS_SAMPLE_SECONDS, 10 s
+     in the compose check), so the queries are polled, invoking compose-k3 meanwhile, until
+     they answer or 90 s pass.
 With EAGLENEST_ARTIFACTS set, screenshots of Prometheus's pages go to its prometheus/
-folder (`screenshots`). Exits non-zero (an AssertionError naming the panel) on the first
-failure. The dashboard's
-helpers (`panel_queries`, `variable_queries`, `substitute`, `series_named`) serve tests/docker/test_dashboard.py.
+folder (`screenshots`). Exits non-zero (an AssertionError naming the panel, or a
+TimeoutError) on the first failure. The dashboard's helpers (`panel_queries`,
+`variable_queries`, `substitute`, `series_named`) serve tests/docker/test_dashboard.py.
 """
 
 from __future__ import annotations
@@ -39,6 +45,9 @@ DASHBOARD = ROOT / "docker" / "grafana" / "dashboards" / "eaglenest.json"
 PROMETHEUS = os.environ.get("COMPOSE_CHECK_PROMETHEUS", "http://127.0.0.1:9090")
 API = os.environ.get("COMPOSE_CHECK_API", "http://127.0.0.1:8080")
 ENDPOINT, VARIANT = "compose-ep", "AllTraffic"  # compose_drive.py's, left in service
+#: the endpoint the dashboard is read on, and its model's Environment over tiny-eagle's
+SPECULATING = "compose-k3"
+FIXED_K = {"EAGLENEST_SPECULATION_SCHEDULE": "none", "EAGLENEST_NUM_SPECULATIVE_TOKENS": "3"}
 #: Grafana's $__rate_interval for a 15 s scrape interval: max(4 x scrape, interval + scrape)
 RATE_INTERVAL = "1m"
 #: a variable set to All: Grafana puts the variable's allValue in as it is, unescaped
@@ -50,13 +59,6 @@ EXPECTED_EMPTY = {
     "eaglenest_host_gpu_utilization_percent": "no GPU: NVML reads none",
     "eaglenest_host_gpu_memory_utilization_percent": "no GPU: NVML reads none",
 }
-#: tau exists only for the minutes in which a model server ran drafting rounds (workers/
-#: serving/endpoint_metrics.py `server_figures`): where the endpoint's servers drafted no
-#: token in the workers' last minute (its schedule serves K = 0, or the requests went to a
-#: split instance's plain server), the tau panel must be empty, and it must answer wherever
-#: they drafted some. Both read at once, after every other panel answered.
-TAU = "eaglenest_endpoint_accepted_tokens_per_round"
-DRAFTS = "eaglenest_endpoint_draft_tokens"
 FAMILY = re.compile(r"\beaglenest_[a-z0-9_]+")
 START = time.monotonic()
 
@@ -153,7 +155,7 @@ def poll(what: str, check: Any, timeout: float, between: Any = None) -> Any:
         if result:
             return result
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+            raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
         if between is not None:
             between()
         time.sleep(1)
@@ -172,8 +174,8 @@ def check_panels(values: dict[str, str], invoke: Any) -> None:
     queries = panel_queries()
     for q in queries:
         assert q.series, f"panel {q.panel!r} {q.ref} reads no eaglenest family"
-    pending = [q for q in queries if TAU not in q.series]
-    answered: list[tuple[Query, list[float], str]] = []
+    pending = list(queries)
+    answered: list[tuple[Query, list[float]]] = []
 
     def all_answered() -> bool:
         for q in list(pending):
@@ -182,34 +184,20 @@ def check_panels(values: dict[str, str], invoke: Any) -> None:
                 assert not got, f"panel {q.panel!r} {q.ref}: expected empty, got {got}"
             elif not got or not all(math.isfinite(v) for v in got):
                 continue
-            answered.append((q, got, expected_empty(q)))
+            answered.append((q, got))
             pending.remove(q)
         return not pending
 
     try:
         poll("every panel query to answer", all_answered, 90, invoke)
-    except AssertionError:
+    except TimeoutError:
         raise AssertionError("no finite series for " + "; ".join(
             f"{q.panel!r} {q.ref}: {series(substitute(q.expr, values))}"
             for q in pending)) from None
-    answered += [check_tau(q, values) for q in queries if TAU in q.series]
-    for q, got, why in answered:
-        shown = f"{len(got)} series, first {got[0]:.4g}" if got else f"empty as expected ({why})"
+    for q, got in answered:
+        shown = (f"{len(got)} series, first {got[0]:.4g}" if got else
+                 f"empty as expected ({expected_empty(q)})")
         say(f"  {q.panel} [{q.ref}]: {shown}")
-
-
-def check_tau(q: Query, values: dict[str, str]) -> tuple[Query, list[float], str]:
-    """The tau panel against the endpoint's draft tokens, read at once (TAU)."""
-    got = series(substitute(q.expr, values))
-    drafted = series(f'sum({DRAFTS}{{endpoint="{ENDPOINT}"}})')
-    k = series(f'max(eaglenest_endpoint_speculation_k{{endpoint="{ENDPOINT}"}})')
-    assert drafted, f"no {DRAFTS} series for {ENDPOINT}"
-    if drafted[0] == 0:
-        assert not got, f"tau {got} for {ENDPOINT} while it drafted no token"
-        return q, got, f"{ENDPOINT} drafted no token in the last minute; K in force {k}"
-    assert got and all(math.isfinite(v) and v >= 1 for v in got), (
-        f"{ENDPOINT} drafted {drafted[0]:.0f} tokens but tau is {got}")
-    return q, got, ""
 
 
 def check_variables(values: dict[str, str]) -> None:
@@ -225,9 +213,10 @@ def check_variables(values: dict[str, str]) -> None:
 
 def screenshots(folder: Path, values: dict[str, str]) -> None:
     """Prometheus's targets page, graphs of every endpoint's invocations and ModelLatency
-    p99 (the dashboard's queries, endpoints All) and the console template (docker/prometheus/consoles/eaglenest.html), as Debian's chromium
-    shows them (Playwright, as tests/api/console/), into `folder`. The UI's own prefix is
-    where `/` sends the browser (/classic/graph on Debian's package, /graph upstream)."""
+    p99 (the dashboard's queries, endpoints All) and the console template
+    (docker/prometheus/consoles/eaglenest.html), as Debian's chromium shows them
+    (Playwright, as tests/api/console/), into `folder`. The UI's own prefix is where `/`
+    sends the browser (/classic/graph on Debian's package, /graph upstream)."""
     from urllib.parse import urlencode
 
     from playwright.sync_api import sync_playwright
@@ -236,7 +225,7 @@ def screenshots(folder: Path, values: dict[str, str]) -> None:
     graph: dict[str, str] = {}
     for i, key in enumerate([("Invocations", "A"), ("ModelLatency p50 / p99", "B")]):
         graph.update({f"g{i}.expr": substitute(queries[key], {**values, "endpoint": ALL}),
-                      f"g{i}.tab": "0", f"g{i}.range_input": "15m"})
+                      f"g{i}.tab": "0", f"g{i}.range_input": "5m"})
     folder.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path="/usr/bin/chromium", headless=True)
@@ -254,11 +243,25 @@ def screenshots(folder: Path, values: dict[str, str]) -> None:
     say(f"screenshots of the targets, a graph and the console page in {folder}")
 
 
+def deploy_speculating(sm: Any) -> None:
+    """compose-k3: tiny-eagle's container (the head as its eagle_model channel) with FIXED_K
+    over its Environment; CreateEndpoint only (InService is awaited later)."""
+    container = sm.describe_model(ModelName="tiny-eagle")["PrimaryContainer"]
+    container["Environment"] = {**container.get("Environment", {}), **FIXED_K}
+    sm.create_model(ModelName=SPECULATING, PrimaryContainer=container,
+                    ExecutionRoleArn="arn:aws:iam::000000000000:role/EagleNest")
+    sm.create_endpoint_config(EndpointConfigName=SPECULATING, ProductionVariants=[{
+        "VariantName": VARIANT, "ModelName": SPECULATING, "InstanceType": "ml.g5.2xlarge",
+        "InitialInstanceCount": 1}])
+    sm.create_endpoint(EndpointName=SPECULATING, EndpointConfigName=SPECULATING)
+
+
 def main() -> int:
     sys.path.insert(0, str(ROOT))  # run as a script: tests/ is not on the path
     from tests.docker.compose_drive import clients, invoke
 
-    _, rt, _ = clients()
+    sm, rt, _ = clients()
+    deploy_speculating(sm)
     check_target()
     for _ in range(5):
         invoke(rt, ENDPOINT)
@@ -267,9 +270,14 @@ def main() -> int:
         (v := series(f'sum(eaglenest_endpoint_invocations_total{{endpoint="{ENDPOINT}"}})'))
         and v[0] == count and v), 60)
     say(f"Prometheus counts {got[0]:.0f} invocations of {ENDPOINT}, as the API's /metrics")
-    values = {"account": account, "endpoint": ENDPOINT, "variant": VARIANT}
+    status = poll(f"{SPECULATING} to leave Creating", lambda: (
+        s := sm.describe_endpoint(EndpointName=SPECULATING))["EndpointStatus"] != "Creating"
+        and s, 300)
+    assert status["EndpointStatus"] == "InService", status.get("FailureReason")
+    say(f"{SPECULATING} (tiny-eagle at K = 3): InService; {invoke(rt, SPECULATING)!r}")
+    values = {"account": account, "endpoint": SPECULATING, "variant": VARIANT}
+    check_panels(values, lambda: invoke(rt, SPECULATING))
     check_variables(values)
-    check_panels(values, lambda: invoke(rt, ENDPOINT))
     say("the target is up and every dashboard query answers")
     if os.environ.get("EAGLENEST_ARTIFACTS"):  # CI artifacts and docs/images: opt-in
         screenshots(Path(os.environ["EAGLENEST_ARTIFACTS"]) / "prometheus", values)
