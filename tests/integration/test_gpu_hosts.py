@@ -407,7 +407,8 @@ def test_benchmark_servers_on_a_gpu_run_one_at_a_time_as_planned(hosts, eight_b)
             "EAGLENEST_DRAFT_VOCAB_SIZE": "64", "EAGLENEST_DEVICE": "cpu",
             "EAGLENEST_SERVING_BACKEND": "vllm", "EAGLENEST_NUM_SPECULATIVE_TOKENS": "3",
             "EAGLENEST_BENCH_KS": ",".join(map(str, ks)),
-            "EAGLENEST_BENCH_ROUNDS": str(rounds), "EAGLENEST_BENCH_CONCURRENCY": "1,2",
+            "EAGLENEST_BENCH_ROUNDS": str(rounds), "EAGLENEST_BENCH_MAX_ROUNDS": str(rounds),
+            "EAGLENEST_BENCH_CONCURRENCY": "1,2",
             "EAGLENEST_BENCH_MAX_TOKENS": "4"},
         OptimizationConfigs=[{"ModelSpeculativeDecodingConfig": {"Technique": "EAGLE"}}],
         OutputConfig={"S3OutputLocation": "s3://output/jobs/"},
@@ -457,7 +458,7 @@ def test_benchmark_servers_on_a_gpu_run_one_at_a_time_as_planned(hosts, eight_b)
     # the load generator read the stand-in's streamed tokens (choices[0].text, usage)
     report = json.loads((stack.data_dir / "s3" / "output" / "jobs" / name /
                          "benchmark.json").read_text())
-    assert list(report["results"]) == ["baseline", *(f"eagle K={k}" for k in ks)]
+    assert list(report["results"]) == ["baseline", *(f"chain K={k}" for k in ks)]
     for levels in report["results"].values():
         assert [r["concurrency"] for r in levels] == [1, 2]
         assert all(r["output_tokens"] > 0 and r["output_throughput"] > 0 for r in levels)

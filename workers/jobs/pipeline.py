@@ -44,7 +44,12 @@ from eaglenest.workers.jobs.bench_stage import BenchPlan, run_benchmark
 from eaglenest.workers.jobs.capture_stage import CaptureInfo
 from eaglenest.workers.jobs.control import JobControl
 from eaglenest.workers.jobs.inputs import JobSources, fetch_data
-from eaglenest.workers.jobs.options import JobOptions, for_kind, train_settings
+from eaglenest.workers.jobs.options import (
+    JobOptions,
+    bench_decodings,
+    for_kind,
+    train_settings,
+)
 from eaglenest.workers.jobs.placing import JobGpus
 from eaglenest.workers.jobs.progress import LOG_NAME, BenchProgress, TrainingProgress
 from eaglenest.workers.jobs.publishing import publish_outputs
@@ -358,19 +363,23 @@ class Pipeline:
         if self.options.benchmark:
             label = "benchmark baseline vs EAGLE"
             self.stage(label)
-            # on the CPU its servers (the baseline and one per K) stay loaded together; on
-            # GPUs one runs at a time (bench_stage.measure_rows)
-            servers = 1 if self.gpus.indexes else 1 + len(self.options.measured_ks())
-            ComputeLedger().admit(servers, self.compute_budget)
-            plan = BenchPlan(model_dir, head_dir, prompts, self.options.backend or
-                             default_backend(), self.options.concurrency,
+            backend = self.options.backend or default_backend()
+            plan = BenchPlan(model_dir, head_dir, prompts, backend, self.options.concurrency,
                              self.options.bench_max_tokens, self.options.num_speculative_tokens,
                              mode=HEADS[head].default_mode,
                              children_dir=self.children_dir, resource=f"job:{self._key}",
                              ks=self.options.measured_ks(), schedule_dir=head_dir,
-                             rounds=self.options.bench_rounds, gpus=self.gpus.indexes,
+                             rounds=self.options.bench_rounds,
+                             max_rounds=self.options.bench_max_rounds,
+                             minutes=self.options.bench_minutes,
+                             decodings=bench_decodings(self.options, head, backend),
+                             gpus=self.gpus.indexes,
                              gpu_env=self.gpus.env, held=self.gpus.held(),
                              kernel_cache=self.kernels_dir, vllm_module=self.vllm_module)
+            # on the CPU its servers (the baseline and one per row) stay loaded together; on
+            # GPUs one runs at a time (bench_stage.measure_rows)
+            servers = 1 if self.gpus.indexes else 1 + len(plan.rows)
+            ComputeLedger().admit(servers, self.compute_budget)
             bench = run_benchmark(plan, out, self.control.should_stop,
                                   BenchProgress(self.name, label, self.control.report))
         self.stage("upload outputs")

@@ -90,6 +90,7 @@ def test_a_dflash_job_completes_and_its_endpoint_answers(stack: Stack) -> None:
                EAGLENEST_DRAFT_VOCAB_SIZE="64")
     for pinned in ("EAGLENEST_BENCH_KS", "EAGLENEST_NUM_SPECULATIVE_TOKENS"):
         del args["OptimizationEnvironment"][pinned]  # K and the rows follow the block size
+    args["OptimizationEnvironment"]["EAGLENEST_BENCH_DECODINGS"] = "block"  # block mode only
     sm.create_optimization_job(OptimizationJobName="tiny-dflash", **args)
     d = wait_status(sm, "tiny-dflash", {"COMPLETED", "FAILED"}, timeout=600, stack=stack)
     assert d["OptimizationJobStatus"] == "COMPLETED", d.get("FailureReason")
@@ -103,8 +104,8 @@ def test_a_dflash_job_completes_and_its_endpoint_answers(stack: Stack) -> None:
             train["dflash_gamma"], train["speculative_tokens"]) == (BLOCK, 4, 1, 4.0, 3)
     # the benchmark: block mode at K = 1, 3 (capped by block_size - 1 = 3), both rounds
     bench = json.loads((out / "benchmark.json").read_text())
-    assert list(bench["results"]) == ["baseline", "eagle K=1", "eagle K=3"]
-    assert bench["results"]["eagle K=3"][0]["acceptance_length"] >= 1.0
+    assert list(bench["results"]) == ["baseline", "block K=1", "block K=3"]
+    assert bench["results"]["block K=3"][0]["acceptance_length"] >= 1.0
     schedule = json.loads((out / "eagle_model" / "speculation_schedule.json").read_text())
     assert schedule["mode"] == "block" and schedule["measured"]["ks"] == [1, 3]
     assert schedule["thresholds"] == bench["schedule"]["thresholds"]
@@ -186,7 +187,8 @@ def test_a_dflash_job_starts_from_a_public_head_over_other_layers(
         "AdditionalModelDataSources": [{"ChannelName": "eagle_model", "S3DataSource": {
             "S3Uri": "s3://models/public-dflash/", "S3DataType": "S3Prefix",
             "CompressionType": "None"}}]})
-    args = job("s3://models/tiny-llama/", EAGLENEST_HEAD=BLOCK, EAGLENEST_BENCHMARK="0")
+    args = job("s3://models/tiny-llama/", EAGLENEST_HEAD=BLOCK, EAGLENEST_BENCHMARK="0",
+               EAGLENEST_BENCH_DECODINGS="block")  # checked even with no benchmark
     for pinned in ("EAGLENEST_BENCH_KS", "EAGLENEST_NUM_SPECULATIVE_TOKENS"):
         del args["OptimizationEnvironment"][pinned]
     args["ModelSource"] = {"SageMakerModel": {"ModelName": "tiny-public-dflash"}}

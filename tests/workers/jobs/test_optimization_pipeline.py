@@ -66,11 +66,11 @@ def test_job_trains_benchmarks_and_publishes(stack):
         assert f in manifest and (out / f).is_file(), f
     bench = json.loads((out / "benchmark.json").read_text())
     assert bench["backend"] == "embedded"
-    assert list(bench["results"]) == ["baseline", "eagle K=1", "eagle K=3"]
+    assert list(bench["results"]) == ["baseline", "chain K=1", "chain K=3"]
     for name in bench["results"]:
         assert [r["concurrency"] for r in bench["results"][name]] == [1, 2]
         assert all(r["output_tokens"] > 0 for r in bench["results"][name])
-    assert bench["results"]["eagle K=3"][0]["acceptance_length"] >= 1.0
+    assert bench["results"]["chain K=3"][0]["acceptance_length"] >= 1.0
     # the schedule: per level (ascending) the K with the best mean tok/s among those that beat
     # the baseline by 5% in both rounds and are no deeper than the level below's, else 0; the
     # same thresholds in the channel file, the report and the model
@@ -80,17 +80,17 @@ def test_job_trains_benchmarks_and_publishes(stack):
     assert measured["rounds"] == 2 and all(len(v) == 2 for r in rounds.values()
                                            for v in r.values())
     cap = 3
-    for c, k in sorted(measured["chosen"].items(), key=lambda x: int(x[0])):
+    for c, pick in sorted(measured["chosen"].items(), key=lambda x: int(x[0])):
         base = rounds["baseline"][c]
         wins = [kk for kk in (1, 3) if kk <= cap and all(
-            e > 1.05 * b for e, b in zip(rounds[f"eagle K={kk}"][c], base, strict=True))]
-        expect = max(wins, key=lambda kk: sum(rounds[f"eagle K={kk}"][c]), default=0)
-        assert k == expect, (c, k, rounds)
-        cap = k
+            e > 1.05 * b for e, b in zip(rounds[f"chain K={kk}"][c], base, strict=True))]
+        expect = max(wins, key=lambda kk: sum(rounds[f"chain K={kk}"][c]), default=0)
+        assert pick == (f"chain K={expect}" if expect else "off"), (c, pick, rounds)
+        cap = expect
     assert schedule["thresholds"] == bench["schedule"]["thresholds"]
     assert schedule["thresholds"][-1][0] == 2 and measured["ks"] == [1, 3]
     md = (out / "benchmark.md").read_text()
-    assert "| eagle K=1 | 1 |" in md and "| eagle K=3 | 2 |" in md
+    assert "| chain K=1 | 1 |" in md and "| chain K=3 | 2 |" in md
     assert "Speculation schedule: **" in md
     assert (out / "benchmark.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     log_lines = [json.loads(x) for x in (out / "training_log.jsonl").read_text().splitlines()]
@@ -345,10 +345,11 @@ def test_bench_cli(tiny_llama_dir, tiny_eagle3_dir, tmp_path):
         [sys.executable, "-m", "eaglenest.cli", "bench", "--target", str(tiny_llama_dir),
          "--head", str(tiny_eagle3_dir), "--out", str(tmp_path / "out"), "--prompts",
          str(prompts), "--concurrency", "1", "--max-tokens", "8", "--backend", "embedded",
-         "--num-speculative-tokens", "3", "--data-dir", str(tmp_path / "data")],
+         "--num-speculative-tokens", "3", "--data-dir", str(tmp_path / "data"),
+         "--decodings", "chain", "--max-rounds", "2"],
         capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "| baseline | 1 |" in r.stdout and "| eagle K=3 | 1 |" in r.stdout
+    assert "| baseline | 1 |" in r.stdout and "| chain K=3 | 1 |" in r.stdout
     report = json.loads((tmp_path / "out" / "benchmark.json").read_text())
     assert report["backend"] == "embedded" and "1" in report["speedup"]
     schedule = json.loads((tmp_path / "out" / "speculation_schedule.json").read_text())

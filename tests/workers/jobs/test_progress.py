@@ -130,10 +130,10 @@ def test_bench_progress_lines_records_and_eta(caplog):
     progress.plan("embedded", {1: 2, 4: 4}, rows=2, rounds=2)  # (2 + 4) * 2 rows * 2 = 24
     caplog.set_level(logging.INFO, logger="eaglenest.optimize")
     progress.starting("baseline", 1, 2)
-    progress.starting("eagle K=3", 2, 2)
+    progress.starting("chain K=3", 2, 2)
     # (level, row, round, requests, seconds measuring, tok/s); 1 s between measurements
-    plan = [(1, "baseline", 0, 2, 4, 50.0), (1, "eagle K=3", 0, 2, 2, 100.0),
-            (1, "eagle K=3", 1, 2, 2, 101.0), (1, "baseline", 1, 2, 4, 51.0),
+    plan = [(1, "baseline", 0, 2, 4, 50.0), (1, "chain K=3", 0, 2, 2, 100.0),
+            (1, "chain K=3", 1, 2, 2, 101.0), (1, "baseline", 1, 2, 4, 51.0),
             (4, "baseline", 0, 4, 2, 150.0)]
     for level, name, r, requests, seconds, tok_s in plan:
         clock.t += 1.0
@@ -144,12 +144,12 @@ def test_bench_progress_lines_records_and_eta(caplog):
     # level 4: its first row's 4/2)
     assert [r.getMessage() for r in caplog.records] == [
         "job j1: benchmark: starting the baseline server (1/2, embedded)",
-        "job j1: benchmark: starting the eagle K=3 server (2/2, embedded)",
+        "job j1: benchmark: starting the chain K=3 server (2/2, embedded)",
         "job j1: benchmark: concurrency 1 (level 1/2)  baseline (embedded)  round 1/2  "
         "50.0 tok/s  requests 2/24 (8%)  ETA 44s",
-        "job j1: benchmark: concurrency 1 (level 1/2)  eagle K=3 (embedded)  round 1/2  "
+        "job j1: benchmark: concurrency 1 (level 1/2)  chain K=3 (embedded)  round 1/2  "
         "100.0 tok/s  requests 4/24 (16%)  ETA 30s",
-        "job j1: benchmark: concurrency 1 (level 1/2)  eagle K=3 (embedded)  round 2/2  "
+        "job j1: benchmark: concurrency 1 (level 1/2)  chain K=3 (embedded)  round 2/2  "
         "101.0 tok/s  requests 6/24 (25%)  ETA 24s",
         "job j1: benchmark: concurrency 1 (level 1/2)  baseline (embedded)  round 2/2  "
         "51.0 tok/s  requests 8/24 (33%)  ETA 24s",
@@ -174,9 +174,9 @@ def test_bench_progress_without_a_job_names_none(caplog):
     caplog.set_level(logging.INFO, logger="eaglenest.optimize")
     progress = BenchProgress(None, "benchmark", lambda _: None)
     progress.plan("vllm", {8: 16}, rows=3, rounds=1)
-    progress.starting("eagle K=1", 2, 3)
+    progress.starting("chain K=1", 2, 3)
     assert caplog.records[-1].getMessage() == (
-        "benchmark: starting the eagle K=1 server (2/3, vllm)")
+        "benchmark: starting the chain K=1 server (2/3, vllm)")
 
 
 def test_heldout_accuracy_is_shown_labelled_and_dated(tmp_path, caplog):

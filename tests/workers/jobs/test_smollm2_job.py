@@ -49,7 +49,7 @@ def test_smollm2_sharegpt_job(tmp_path, smollm2_dir):
         cfg = json.loads((out / "eagle_model" / "config.json").read_text())
         assert cfg["draft_vocab_size"] == 2048
         bench = json.loads((out / "benchmark.json").read_text())
-        assert bench["results"]["eagle K=3"][0]["output_tokens"] > 0
+        assert bench["results"]["chain K=3"][0]["output_tokens"] > 0
         model = sm.describe_model(ModelName="smollm2-eagle3")["PrimaryContainer"]
         assert model["AdditionalModelDataSources"][0]["ChannelName"] == "eagle_model"
     finally:
