@@ -52,6 +52,9 @@ TINY_OPTIONS = {
     "EAGLENEST_DATASET": "gsm8k_training.jsonl", "EAGLENEST_BENCH_CONCURRENCY": "1",
     "EAGLENEST_BENCH_MAX_TOKENS": "8", "EAGLENEST_SERVING_BACKEND": "embedded",
     "EAGLENEST_NUM_SPECULATIVE_TOKENS": "3",
+    # the benchmark's rows: chain K=1, 3 in two rounds (a tiny model's timing noise would
+    # otherwise add rounds, and the default decodings servers)
+    "EAGLENEST_BENCH_DECODINGS": "chain", "EAGLENEST_BENCH_MAX_ROUNDS": "2",
     # the data as written, and exactly the steps asked for (no plateau or time budget stop)
     "EAGLENEST_REGENERATE": "0", "EAGLENEST_PLATEAU_EVALS": "0", "EAGLENEST_MAX_TRAIN_MINUTES": "0"}
 SERVING = {"EAGLENEST_SERVING_BACKEND": "embedded", "EAGLENEST_NUM_SPECULATIVE_TOKENS": "3",
