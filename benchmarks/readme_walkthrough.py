@@ -52,6 +52,8 @@ from pathlib import Path
 
 import httpx
 
+from eaglenest.workers.jobs.bench_rows import spread
+
 ROOT = Path(__file__).resolve().parents[1]
 README_URL = "http://127.0.0.1:8080"
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```$", re.S | re.M)
@@ -213,13 +215,6 @@ def chosen_ratio(report: dict, concurrency: int = 1) -> tuple[str, float]:
     row = "baseline" if picked == "off" else picked
     rates = measured["output_throughput"]
     return row, rates[row][str(concurrency)] / rates["baseline"][str(concurrency)]
-
-
-def spread(values: list[float]) -> float:
-    """(max - min) / mean; 0 for fewer than two values. Example: [1.5, 1.6, 1.4] -> 0.133."""
-    if len(values) < 2:
-        return 0.0
-    return (max(values) - min(values)) / (sum(values) / len(values))
 
 
 def fenced(text: str, lang: str = "text") -> str:

@@ -35,7 +35,6 @@ from benchmarks.readme_walkthrough import (
     job_names,
     readme,
     renamed,
-    spread,
 )
 from tests.support.stack import ACCESS_KEY, ACCOUNT, REGION, SECRET_KEY, Stack
 
@@ -199,8 +198,3 @@ def test_chosen_ratio_reads_the_row_the_schedule_chose(chosen, row, ratio):
     rates = {"baseline": {"1": 40.0}, "tree K=4": {"1": 60.0}, "eagle K=3": {"1": 50.0}}
     report = {"schedule": {"measured": {"chosen": chosen, "output_throughput": rates}}}
     assert chosen_ratio(report) == (row, pytest.approx(ratio))
-
-
-def test_spread_is_range_over_mean():
-    assert spread([1.5, 1.6, 1.4]) == pytest.approx(0.2 / 1.5)
-    assert spread([1.5]) == 0.0
