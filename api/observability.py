@@ -16,16 +16,23 @@ and the MetricBuffer of one app. With PROMETHEUS_MULTIPROC_DIR set (prometheus_c
 variable, which the library reads when it is first imported: set it before the API
 processes start, to an empty folder they share), the counters and histograms live in files
 there and a scrape of any process sums every process's (MultiProcessCollector).
+
+Who may scrape (`scrape_refusal`): a page of every account's series is no caller's to read,
+so /metrics takes no SigV4 key. With EAGLENEST_METRICS_TOKEN set it asks for that bearer
+token; unset, it answers loopback clients only (the single-host `eaglenest up`, whose
+loopback is its operator's).
 """
 
 from __future__ import annotations
 
+import hmac
+import ipaddress
 import logging
 import os
 import re
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -72,6 +79,76 @@ MODEL_BUCKETS_US = (1e3, 2.5e3, 5e3, 1e4, 2.5e4, 5e4, 1e5, 2.5e5, 5e5, 1e6, 2.5e
 OVERHEAD_BUCKETS_US = (25.0, 50.0, 100.0, 250.0, 500.0, 1e3, 2.5e3, 5e3, 1e4, 2.5e4, 1e5,
                        1e6)
 ENDPOINT_LABELS = ("account", "endpoint", "variant")
+#: with no EAGLENEST_METRICS_TOKEN, /metrics answers clients of these networks only
+LOOPBACK = (ipaddress.ip_network("127.0.0.0/8"), ipaddress.ip_network("::1/128"))
+#: headers a proxy adds in front of the API: a request with one came through a proxy, so
+#: its loopback address is the proxy's, not its client's
+PROXY_HEADERS = ("x-forwarded-for", "forwarded", "x-real-ip")
+#: EAGLENEST_METRICS_TOKEN's form: characters of a bearer token (RFC 6750), 16 or more
+TOKEN_FORM = re.compile(r"[A-Za-z0-9._~+/=-]{16,}")
+TOKEN_HINT = ("set EAGLENEST_METRICS_TOKEN on the API and send it as "
+              "`Authorization: Bearer <token>`")
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A refused scrape: its status, plain-text message and headers."""
+
+    status: int
+    message: str
+    headers: dict[str, str]
+
+
+def is_loopback(host: str | None) -> bool:
+    """127.0.0.0/8 and ::1, also IPv4-mapped (::ffff:127.0.0.1); a name or None: False."""
+    try:
+        ip = ipaddress.ip_address(host or "")
+    except ValueError:
+        return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return any(ip in net for net in LOOPBACK)
+
+
+def checked_token(token: str | None) -> str | None:
+    """EAGLENEST_METRICS_TOKEN as the API takes it (None: unset), or a ValueError naming the
+    variable and the form it needs; never its value, which is a secret."""
+    if token is not None and not TOKEN_FORM.fullmatch(token):
+        others = len(re.sub(r"[A-Za-z0-9._~+/=-]", "", token))
+        raise ValueError("EAGLENEST_METRICS_TOKEN must be at least 16 characters of A-Z a-z "
+                         "0-9 - . _ ~ + / = (e.g. `openssl rand -hex 32`); it has "
+                         f"{len(token)}, {others} of them other characters")
+    return token
+
+
+def scrape_refusal(token: str | None, client: str | None,
+                   headers: Mapping[str, str]) -> Refusal | None:
+    """None when this request may read /metrics, else why not (docs/observability.md):
+
+    - `token` set: the request must carry `Authorization: Bearer <token>` (compared in
+      constant time), from any address, loopback included; else 401 with
+      `WWW-Authenticate: Bearer`;
+    - `token` unset: the client must be loopback and the request must carry none of
+      PROXY_HEADERS; else 403.
+
+    `client` is the ASGI scope's client host. uvicorn rewrites it from X-Forwarded-For when
+    the peer is in FORWARDED_ALLOW_IPS (loopback by default); refusing every request that
+    carries such a header means no header makes a remote client pass for loopback.
+    """
+    if token is not None:
+        scheme, _, given = headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not given.strip():
+            return Refusal(401, f"/metrics needs a bearer token: {TOKEN_HINT}.",
+                           {"WWW-Authenticate": "Bearer"})
+        if not hmac.compare_digest(given.strip().encode("utf-8", "replace"),
+                                   token.encode("utf-8")):
+            return Refusal(401, "/metrics: the bearer token is not EAGLENEST_METRICS_TOKEN.",
+                           {"WWW-Authenticate": 'Bearer error="invalid_token"'})
+        return None
+    if is_loopback(client) and not any(h in headers for h in PROXY_HEADERS):
+        return None
+    return Refusal(403, "/metrics answers loopback clients only while "
+                   f"EAGLENEST_METRICS_TOKEN is unset: {TOKEN_HINT}.", {})
 
 
 def snake(name: str) -> str:

@@ -182,6 +182,12 @@ class Settings(BaseSettings):
     #: seconds between two samples of a worker's model servers and of its host (workers/
     #: serving/endpoint_metrics.py, workers/infra/host_metrics.py)
     metrics_sample_seconds: float = Field(default=60.0, gt=0, le=3600)
+    #: the bearer token the API's `/metrics` asks for (`Authorization: Bearer <token>`; it
+    #: shows every account's series). Unset: `/metrics` answers loopback clients only (the
+    #: single-host `eaglenest up`). At least 16 characters of A-Z a-z 0-9 - . _ ~ + / =
+    #: (`openssl rand -hex 32`), checked when the API starts (api/observability.py
+    #: `checked_token`, whose error, unlike a field constraint's, does not echo the secret)
+    metrics_token: str | None = None
     #: seconds a console sign-in lasts (api/console/) before the session cookie expires
     console_session_seconds: int = Field(default=28800, ge=60)
     #: console sign-in attempts per minute, per client address and per access key id; more

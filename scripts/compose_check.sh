@@ -42,6 +42,7 @@ rand() { head -c 12 /dev/urandom | od -An -tx1 | tr -d ' \n'; }
 export POSTGRES_PASSWORD="pg$(rand)" MINIO_ROOT_USER="minio$(rand)" MINIO_ROOT_PASSWORD="$(rand)"
 export REDIS_PASSWORD="$(rand)"
 export EAGLENEST_ACCESS_KEY_ID="AKIA$(rand | tr a-f A-F)" EAGLENEST_SECRET_ACCESS_KEY="$(rand)$(rand)"
+export EAGLENEST_METRICS_TOKEN="$(rand)$(rand)"  # the API's /metrics bearer token
 export EAGLENEST_JOB_LEASE_SECONDS=${EAGLENEST_JOB_LEASE_SECONDS:-15}  # resume sooner after a kill
 # the workers' samples (tau, tokens/s, CPU on /metrics) within seconds of an invocation
 export EAGLENEST_METRICS_SAMPLE_SECONDS=${EAGLENEST_METRICS_SAMPLE_SECONDS:-10}
@@ -338,7 +339,7 @@ done
 "${COMPOSE[@]}" ps
 
 # ---- drive it -------------------------------------------------------------------------------
-stage "security: unsigned, environment, accounts, redis"
+stage "security: unsigned, environment, accounts, redis, /metrics"
 "$PY" tests/docker/compose_security.py --project "$PROJECT" "${COMPOSE_FILES[@]}"
 
 stage "drive: job, endpoint, kill, restarts"

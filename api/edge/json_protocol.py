@@ -1,7 +1,8 @@
 """AWS JSON 1.1 on `POST /`: SigV4 check, X-Amz-Target dispatch to the services of SERVICES
 (SageMaker's operations, api/sagemaker/; the Resource Groups Tagging API's, api/tagging/;
 CloudWatch's reads in AWS JSON 1.0, api/cloudwatch/),
-AWS error rendering."""
+AWS error rendering; and `GET /metrics` (api/observability.py: a bearer token, or loopback
+only)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import Response
+from fastapi.responses import PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4
 from sqlalchemy.exc import OperationalError
 
@@ -24,7 +25,12 @@ from eaglenest.api.edge.bounded import BodyLimit, check_depth, read_signed, too_
 from eaglenest.api.edge.keyring import KeyRing
 from eaglenest.api.edge.registry import Context, JsonService
 from eaglenest.api.edge.sigv4 import REQUIRED_JSON, SignedRequest
-from eaglenest.api.observability import ApiMetrics, BrokerProbe
+from eaglenest.api.observability import (
+    ApiMetrics,
+    BrokerProbe,
+    checked_token,
+    scrape_refusal,
+)
 from eaglenest.foundation.accounts import Account
 from eaglenest.foundation.errors import (
     InternalFailure,
@@ -125,6 +131,7 @@ def install(app: FastAPI, ctx: Context) -> None:
     metrics = ApiMetrics.build(ctx.settings, ctx.db, app.state.broker)
     app.state.metrics = metrics
     keyring = KeyRing(ctx.settings)  # re-read when `eaglenest keys` changes the file
+    metrics_token = checked_token(ctx.settings.metrics_token)  # a bad one: no API at all
 
     @router.post("/")
     async def aws_json(request: Request) -> Response:
@@ -147,7 +154,12 @@ def install(app: FastAPI, ctx: Context) -> None:
         return json_response(result)
 
     @router.get("/metrics")
-    async def prometheus() -> Response:
+    async def prometheus(request: Request) -> Response:
+        # every account's series: a bearer token or, without one, loopback only
+        client = request.client.host if request.client else None
+        refused = scrape_refusal(metrics_token, client, request.headers)
+        if refused is not None:
+            return PlainTextResponse(refused.message + "\n", refused.status, refused.headers)
         text = await run_in_threadpool(metrics.render)  # reads the database
         return Response(text, media_type=CONTENT_TYPE_PLAIN_0_0_4)
 

@@ -220,14 +220,20 @@ def test_metrics_scrape_parses_and_has_the_endpoints_series(stack, invoked) -> N
     assert value(fams, fam, fam + "_total", code="ModelError") >= 2
     assert value(fams, "eaglenest_database_up", "eaglenest_database_up") == 1
     assert value(fams, "eaglenest_endpoints", "eaglenest_endpoints", status="InService") >= 2
+    # the stack sets no EAGLENEST_METRICS_TOKEN: a loopback client reads it (above), one
+    # that says a proxy forwarded it does not, whatever address it names (uvicorn's stack)
+    r = httpx.get(f"{stack.url}/metrics", headers={"X-Forwarded-For": "127.0.0.1"},
+                  timeout=10)
+    assert r.status_code == 403 and "EAGLENEST_METRICS_TOKEN" in r.text
 
 
-def _app(data_dir: Path) -> Any:
+def _app(data_dir: Path, **settings_: Any) -> Any:
     from eaglenest.api.app import create_app
     from eaglenest.db.migrate import upgrade_head
     from eaglenest.foundation.settings import Settings
 
-    settings = Settings(data_dir=data_dir, region="us-east-1", metrics_flush_seconds=60)
+    settings = Settings(data_dir=data_dir, region="us-east-1", metrics_flush_seconds=60,
+                        **settings_)
     upgrade_head(settings.resolved_database_url())
     return settings, create_app(settings, "redis://127.0.0.1:1/0")
 
@@ -315,7 +321,7 @@ def test_scrape_shows_the_stores_last_minute_with_an_account_label(tmp_path) -> 
                 "Custom/Other", "Whatever", ep, 1.0, "None", now)], 100)
     finally:
         db.dispose()
-    text = TestClient(app).get("/metrics").text
+    text = TestClient(app, client=("127.0.0.1", 50000)).get("/metrics").text
     fams = {f.name: f for f in text_string_to_metric_families(text)}
     labels = {"account": "123456789012", "endpoint": "ep", "variant": "v"}
     fam = "eaglenest_endpoint_accepted_tokens_per_round"
@@ -325,6 +331,47 @@ def test_scrape_shows_the_stores_last_minute_with_an_account_label(tmp_path) -> 
     fam = "eaglenest_host_gpu_utilization_percent"
     assert value(fams, fam, fam, host="host-a", gpu="0") == 75
     assert "whatever" not in text.lower()
+
+
+def test_without_a_token_only_loopback_clients_scrape(tmp_path) -> None:
+    from starlette.testclient import TestClient
+
+    _, app = _app(tmp_path)
+    for host in ("127.0.0.1", "127.8.9.10", "::1", "::ffff:127.0.0.1"):
+        r = TestClient(app, client=(host, 5000)).get("/metrics")
+        assert r.status_code == 200 and "eaglenest_database_up 1.0" in r.text, host
+    for host in ("10.0.0.7", "192.168.1.2", "::ffff:10.0.0.7", "2001:db8::1", "testclient"):
+        r = TestClient(app, client=(host, 5000)).get("/metrics")
+        assert (r.status_code, r.headers["content-type"]) == (403, "text/plain; charset=utf-8")
+        assert r.text.startswith("/metrics answers loopback clients only while "
+                                 "EAGLENEST_METRICS_TOKEN is unset"), host
+        assert "eaglenest_" not in r.text
+
+
+def test_with_a_token_only_its_bearer_scrapes(tmp_path) -> None:
+    from starlette.testclient import TestClient
+
+    token = "a" * 31 + "Z"
+    _, app = _app(tmp_path, metrics_token=token)
+    remote, local = (TestClient(app, client=(h, 5000)) for h in ("10.0.0.7", "127.0.0.1"))
+    for client in (remote, local):  # loopback too needs the token once it is set
+        r = client.get("/metrics")
+        assert (r.status_code, r.headers["www-authenticate"]) == (401, "Bearer")
+        assert "needs a bearer token: set EAGLENEST_METRICS_TOKEN" in r.text
+        for wrong in (f"Bearer {token[:-1]}z", f"Bearer {token}x", f"Basic {token}"):
+            r = client.get("/metrics", headers={"Authorization": wrong})
+            assert r.status_code == 401 and "eaglenest_" not in r.text, wrong
+        r = client.get("/metrics", headers={"Authorization": f"Bearer {token}"})
+        assert r.status_code == 200 and "eaglenest_database_up 1.0" in r.text
+    assert "is not EAGLENEST_METRICS_TOKEN" in remote.get(
+        "/metrics", headers={"Authorization": "Bearer nope"}).text
+    # a malformed token: no API, and an error that names the variable, not the secret
+    for bad in ("too short", f"{token} ", "é" * 20):
+        with pytest.raises(ValueError, match="^EAGLENEST_METRICS_TOKEN must be at least 16 "
+                           "characters of A-Z a-z 0-9") as exc:
+            _app(tmp_path, metrics_token=bad)
+        assert bad.strip() not in str(exc.value)
+    assert str(exc.value).endswith("; it has 20, 20 of them other characters")
 
 
 def cloudwatch_window(invoked: dict[str, Any]) -> dict[str, Any]:

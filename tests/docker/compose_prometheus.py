@@ -12,7 +12,9 @@ no tau. The dashboard is therefore read on a second endpoint, `compose-k3`: tiny
 container with a fixed K = 3 (`SPECULATING`), deployed while steps 1 and 2 run (its
 first invocation before step 2's wait for a scrape). In order,
 against the real Prometheus (docker-compose.yml `prometheus`) over its HTTP API:
-  1. its target for the job `eaglenest` (the API's /metrics) is `health == "up"`;
+  1. its target for the job `eaglenest` (the API's /metrics) is `health == "up"`: it
+     scrapes with the bearer token EAGLENEST_METRICS_TOKEN, which the service's entrypoint
+     wrote to a file only Prometheus's user can read (mode 400, checked in the container);
   2. after more invocations of compose-ep, Prometheus's invocation count of the endpoint
      equals the API's own /metrics (so it scraped the stack as it is now);
   3. every panel query of docker/grafana/dashboards/eaglenest.json, its template variables
@@ -128,13 +130,33 @@ def api_invocations() -> tuple[str, float]:
     import httpx
     from prometheus_client.parser import text_string_to_metric_families
 
-    text = httpx.get(f"{API}/metrics", timeout=30).text
+    token = os.environ["EAGLENEST_METRICS_TOKEN"]  # compose_check.sh's
+    text = httpx.get(f"{API}/metrics", headers={"Authorization": f"Bearer {token}"},
+                     timeout=30).text
     for family in text_string_to_metric_families(text):
         if family.name == "eaglenest_endpoint_invocations":
             for s in family.samples:
                 if s.name.endswith("_total") and s.labels.get("endpoint") == ENDPOINT:
                     return s.labels["account"], s.value
     raise AssertionError(f"the API's /metrics has no invocations of {ENDPOINT}")
+
+
+def check_token_file() -> None:
+    """The token file the entrypoint wrote: mode 400, owned by the user Prometheus runs as
+    (`nobody` upstream, `prometheus` in CI's Debian image), holding the API's token."""
+    import subprocess
+
+    (name,) = subprocess.run(["docker", "ps", "--format", "{{.Names}}", "--filter",
+                              "label=com.docker.compose.service=prometheus"],
+                             capture_output=True, text=True, check=True).stdout.split()
+    out = subprocess.run(["docker", "exec", name, "sh", "-c",
+                          "stat -c '%a %U' /etc/prometheus/metrics-token && id -un && "
+                          "cat /etc/prometheus/metrics-token"],
+                         capture_output=True, text=True, check=True).stdout.split("\n")
+    mode, user, token = out[0], out[1], "\n".join(out[2:])
+    assert mode == f"400 {user}", (mode, user)
+    assert token == os.environ["EAGLENEST_METRICS_TOKEN"], "the token file is not the API's"
+    say(f"/etc/prometheus/metrics-token: mode 400, owned by {user}, the API's token")
 
 
 def check_target() -> None:
@@ -263,6 +285,7 @@ def main() -> int:
 
     sm, rt, _ = clients()
     deploy_speculating(sm)
+    check_token_file()
     check_target()
     for _ in range(5):
         invoke(rt, ENDPOINT)

@@ -11,11 +11,14 @@ would try them from the host, with the test venv:
      naming the variable, and no model is created;
   3. a key of a second account, made inside the api container with `eaglenest keys create
      --new-account`, cannot describe (or list) the first account's model;
-  4. Redis refuses a client without the password (NOAUTH) and, with it, CONFIG and DEBUG.
+  4. Redis refuses a client without the password (NOAUTH) and, with it, CONFIG and DEBUG;
+  5. the API's /metrics (every account's series) answers 401 without the bearer token
+     EAGLENEST_METRICS_TOKEN and with a wrong one, even to this loopback client, and 200
+     with it.
 
 Exits non-zero (an AssertionError naming the check) on the first failure. Needs
-EAGLENEST_ACCESS_KEY_ID / _SECRET_ACCESS_KEY and REDIS_PASSWORD, as compose_check.sh
-exports them.
+EAGLENEST_ACCESS_KEY_ID / _SECRET_ACCESS_KEY, REDIS_PASSWORD and EAGLENEST_METRICS_TOKEN,
+as compose_check.sh exports them.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 import boto3
+import httpx
 from botocore.config import Config
 from botocore.exceptions import ClientError
 
@@ -154,6 +158,19 @@ def check_redis() -> None:
     say("redis: NOAUTH without the password; CONFIG and DEBUG unknown with it")
 
 
+def check_metrics() -> None:
+    token = os.environ["EAGLENEST_METRICS_TOKEN"]
+    for auth in (None, f"Bearer {token[::-1]}", f"Basic {token}"):
+        r = httpx.get(f"{API}/metrics", timeout=10,
+                      headers={"Authorization": auth} if auth else {})
+        assert (r.status_code, r.headers.get("www-authenticate", "")[:6]) == (401, "Bearer"), (
+            f"/metrics with {auth and auth.split()[0]}: {r.status_code} {r.text[:200]}")
+        assert "EAGLENEST_METRICS_TOKEN" in r.text and "eaglenest_" not in r.text, r.text
+    r = httpx.get(f"{API}/metrics", headers={"Authorization": f"Bearer {token}"}, timeout=30)
+    assert r.status_code == 200 and "eaglenest_database_up 1.0" in r.text, r.status_code
+    say("/metrics: 401 without the bearer token and with a wrong one, 200 with it")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--project", required=True)
@@ -164,6 +181,7 @@ def main() -> int:
     check_environment(sm)
     check_accounts(sm, args.project)
     check_redis()
+    check_metrics()
     say("all checks passed")
     return 0
 

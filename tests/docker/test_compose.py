@@ -101,21 +101,24 @@ def test_secrets_are_required_not_defaulted():
     refs = {m.group(1): m.group(2) for m in INTERPOLATION.finditer(text)}
     for secret in ("POSTGRES_PASSWORD", "EAGLENEST_ACCESS_KEY_ID",
                    "EAGLENEST_SECRET_ACCESS_KEY", "MINIO_ROOT_USER", "MINIO_ROOT_PASSWORD",
-                   "REDIS_PASSWORD"):
+                   "REDIS_PASSWORD", "EAGLENEST_METRICS_TOKEN"):
         assert refs.get(secret) == ":?", f"{secret} must use ${{{secret}:?...}}"
 
 
 def test_ports_are_published_by_the_overrides_users_run_not_the_base():
     # host networking (CI) refuses published ports, and an override cannot remove them
     assert not any("ports" in svc for svc in SERVICES.values())
+    # Prometheus and Grafana show every account's series unsigned: loopback only
     assert PORTS == {"minio": {"ports": ["9000:9000", "9001:9001"]},
-                     "api": {"ports": ["8080:8080"]}}
+                     "api": {"ports": ["8080:8080"]},
+                     "prometheus": {"ports": ["127.0.0.1:9090:9090"]},
+                     "grafana": {"ports": ["127.0.0.1:3000:3000"]}}
     for name, spec in PORTS.items():
         assert GPU[name] == spec, f"docker/compose.gpu.yml must publish {name}'s ports too"
 
 
 def test_gpu_override_swaps_only_the_workers_image_and_reserves_gpus():
-    assert set(GPU) == {"minio", "api", "worker-train", "worker-serve"}
+    assert set(GPU) == {"minio", "api", "worker-train", "worker-serve", "prometheus", "grafana"}
     # both workers see every GPU: one host name, so placement never gives a GPU twice
     hosts = {GPU[n]["environment"]["EAGLENEST_HOST_NAME"] for n in ("worker-train", "worker-serve")}
     assert hosts == {"${EAGLENEST_HOST_NAME:-gpu-box}"} and "host_name" in Settings.model_fields
@@ -226,6 +229,7 @@ def test_docker_compose_accepts_the_files(override):
     env = {**os.environ, "POSTGRES_PASSWORD": "p", "MINIO_ROOT_USER": "u",
            "MINIO_ROOT_PASSWORD": "secret123", "EAGLENEST_ACCESS_KEY_ID": "k",
            "EAGLENEST_SECRET_ACCESS_KEY": "s", "REDIS_PASSWORD": "r",
+           "EAGLENEST_METRICS_TOKEN": "m" * 16,
            "EAGLENEST_BASE_IMAGE": "local/debian:bookworm"}
     r = subprocess.run(["docker-compose", "-f", "docker-compose.yml", "-f", override, "config",
                         "-q"], cwd=ROOT, env=env, capture_output=True, text=True)

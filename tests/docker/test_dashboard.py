@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 import re
+import stat
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -90,7 +92,7 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
                 metrics_repo.record(s, account, [datum], 100)
     finally:
         db.dispose()
-    with TestClient(app) as client:
+    with TestClient(app, client=("127.0.0.1", 50000)) as client:  # no token: loopback
         app.state.metrics.invocation(Invocation(ACCOUNT, "ep", "v", 1, 200, 0.01, 0.0001))
         text = client.get("/metrics").text
     families = list(text_string_to_metric_families(text))
@@ -178,3 +180,37 @@ def test_prometheus_scrapes_the_api_with_bounded_retention() -> None:
     # the upstream image's release line is the one Debian's package builds in CI
     assert prom["image"] == "prom/prometheus:v2.42.0"
     assert "prometheus" in (ROOT / "docker/ci/prometheus.Dockerfile").read_text()
+
+
+def test_prometheus_scrapes_with_the_apis_token_from_a_file_it_alone_reads(tmp_path) -> None:
+    """The API's /metrics wants EAGLENEST_METRICS_TOKEN; prometheus.yml cannot read the
+    environment, so the entrypoint writes the token to the file the scrape names, mode 400,
+    then execs Prometheus with the command's flags. Its script is run here with /bin/sh, a
+    stand-in `prometheus` on the PATH reporting its arguments and environment, twice (a
+    restarted container finds the file of its last start)."""
+    (job,) = SCRAPE["scrape_configs"]
+    path = "/etc/prometheus/metrics-token"
+    assert job["authorization"] == {"type": "Bearer", "credentials_file": path}
+    prom, api = COMPOSE["prometheus"], COMPOSE["api"]
+    required = "${EAGLENEST_METRICS_TOKEN:?set EAGLENEST_METRICS_TOKEN}"
+    assert prom["environment"] == {"EAGLENEST_METRICS_TOKEN": required}
+    assert api["environment"]["EAGLENEST_METRICS_TOKEN"] == required
+    shell, flag, script, name = prom["entrypoint"]
+    assert (shell, flag, name) == ("/bin/sh", "-c", "prometheus")
+    token_file, bin_dir = tmp_path / "metrics-token", tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "prometheus"
+    fake.write_text('#!/bin/sh\necho "args=$* token=${EAGLENEST_METRICS_TOKEN-unset}"\n')
+    fake.chmod(0o755)
+    script = script.replace("$$", "$").replace(path, str(token_file))  # compose's $$ is $
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "EAGLENEST_METRICS_TOKEN": "t0ken" * 4}
+    for _ in range(2):
+        r = subprocess.run([shell, flag, script, name, *prom["command"][:2]], env=env,
+                           capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout == f"args={' '.join(prom['command'][:2])} token=unset\n"
+        assert token_file.read_text() == "t0ken" * 4
+        assert stat.S_IMODE(token_file.stat().st_mode) == 0o400
+    # the Debian stand-in's user may write there, as the upstream image's `nobody` may
+    dockerfile = (ROOT / "docker/ci/prometheus.Dockerfile").read_text()
+    assert "chown prometheus:prometheus /prometheus /etc/prometheus" in dockerfile
