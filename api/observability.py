@@ -84,8 +84,9 @@ LOOPBACK = (ipaddress.ip_network("127.0.0.0/8"), ipaddress.ip_network("::1/128")
 #: headers a proxy adds in front of the API: a request with one came through a proxy, so
 #: its loopback address is the proxy's, not its client's
 PROXY_HEADERS = ("x-forwarded-for", "forwarded", "x-real-ip")
-#: EAGLENEST_METRICS_TOKEN's form: characters of a bearer token (RFC 6750), 16 or more
-TOKEN_FORM = re.compile(r"[A-Za-z0-9._~+/=-]{16,}")
+#: EAGLENEST_METRICS_TOKEN's form: 16 or more of the characters of a bearer token (RFC 6750)
+TOKEN_CHAR = r"[A-Za-z0-9._~+/=-]"
+TOKEN_FORM = re.compile(TOKEN_CHAR + "{16,}")
 TOKEN_HINT = ("set EAGLENEST_METRICS_TOKEN on the API and send it as "
               "`Authorization: Bearer <token>`")
 
@@ -114,7 +115,7 @@ def checked_token(token: str | None) -> str | None:
     """EAGLENEST_METRICS_TOKEN as the API takes it (None: unset), or a ValueError naming the
     variable and the form it needs; never its value, which is a secret."""
     if token is not None and not TOKEN_FORM.fullmatch(token):
-        others = len(re.sub(r"[A-Za-z0-9._~+/=-]", "", token))
+        others = len(re.sub(TOKEN_CHAR, "", token))
         raise ValueError("EAGLENEST_METRICS_TOKEN must be at least 16 characters of A-Z a-z "
                          "0-9 - . _ ~ + / = (e.g. `openssl rand -hex 32`); it has "
                          f"{len(token)}, {others} of them other characters")
