@@ -61,7 +61,25 @@ def boot_id() -> str:
         return ""
 
 
-HOST, BOOT = socket.gethostname(), boot_id()
+def pid_namespace() -> str:
+    """This process's PID namespace as its inode number ("pid:[4026532519]" ->
+    "4026532519"); "" where it cannot be read."""
+    try:
+        return os.readlink("/proc/self/ns/pid").partition("[")[2].rstrip("]")
+    except OSError:
+        return ""
+
+
+def machine() -> str:
+    """Where a pid names one process: the host name plus the PID namespace where it can be
+    read. Containers may share a host's name (host networking) and each number their own
+    pids from 1, so two workers there are told apart, and neither judges the other's pids by
+    its own /proc. Example: "gpu-7/4026532519"; "gpu-7" without /proc."""
+    ns = pid_namespace()
+    return f"{socket.gethostname()}/{ns}" if ns else socket.gethostname()
+
+
+HOST, BOOT = machine(), boot_id()
 
 
 def _stat(pid: int) -> tuple[str, int] | None:

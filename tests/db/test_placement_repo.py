@@ -3,6 +3,8 @@ placements, release, reclaim of dead workers only, and release of ended holders.
 
 from __future__ import annotations
 
+import os
+import socket
 import subprocess
 import sys
 import threading
@@ -13,7 +15,7 @@ from eaglenest.db import placement_repo as repo
 from eaglenest.db.repository import now
 from eaglenest.db.session import Database
 from eaglenest.db.tables import GpuHoldingRow, WorkerRow
-from eaglenest.foundation.host.children import Identity
+from eaglenest.foundation.host.children import BOOT, HOST, Identity, start_time
 from eaglenest.foundation.host.gpus import Gpu
 
 GPUS = tuple(Gpu(i, "A10G", 24.0) for i in range(6))
@@ -83,6 +85,24 @@ def test_a_dead_workers_gpus_are_reclaimed_and_a_live_ones_are_not(db: Database)
         assert repo.reclaim(s, lease_seconds=60) == ["elsewhere:9"]
         assert {h.owner for h in repo.holdings(s)} == {"vm:live"}
         assert repo.live_workers(s, 60) == []  # none heartbeat: none is offered work
+
+
+def test_a_worker_in_another_pid_namespace_of_this_host_is_judged_by_heartbeat(
+        db: Database) -> None:
+    """Containers sharing the host's name (host networking) each number their pids from 1:
+    a worker there is another machine to this one (foundation/host/children.py ``machine``),
+    so its pid 1 is never looked up in this process's /proc."""
+    ns = os.readlink("/proc/self/ns/pid").partition("[")[2].rstrip("]")
+    assert f"{socket.gethostname()}/{ns}" == HOST
+    other = Identity(1, (start_time(1) or 0) + 1, f"{socket.gethostname()}/1{ns}", BOOT)
+    assert not other.local() and not other.alive()
+    w = worker(f"{other.host}:1", "host-a", ident=other)
+    with db.session() as s:
+        repo.register(s, w)
+        repo.take(s, w, "arn:ep", "u", 1, 24.0)
+        assert repo.reclaim(s, lease_seconds=60) == []  # its heartbeat is fresh
+        s.execute(update(WorkerRow).values(heartbeat_time=now() - 120))
+        assert repo.reclaim(s, lease_seconds=60) == [w.owner]
 
 
 def test_holdings_of_ended_or_missing_holders_are_released(db: Database) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from eaglenest.foundation.host import children
 from tests.support.jobs import wait_status
 from tests.support.stack import ACCOUNT, Stack
 from tests.support.workers import Worker, start_worker, upload
@@ -22,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 ROLE = "arn:aws:iam::123456789012:role/EagleNestRole"
 ENV = {"EAGLENEST_SERVING_BACKEND": "embedded", "EAGLENEST_NUM_SPECULATIVE_TOKENS": "3",
        "EAGLENEST_MAX_MODEL_LEN": "512"}
-HOST = socket.gethostname()  # Celery's %h and the job owner's host part
+HOST = socket.gethostname()  # Celery's %h
 JOB = "two-workers-job"
 ENDPOINT = "two-workers-ep"
 
@@ -99,7 +100,7 @@ def test_train_and_serve_workers_split_the_work(cluster):
     train_log, serve_log = train.entries(), serve.entries()
     job_ref, endpoint_ref = f"{ACCOUNT}/{JOB}", f"{ACCOUNT}/{ENDPOINT}"  # <account>/<name>
     assert any(e.get("job") == job_ref and e["message"] ==
-               f"job {JOB} claimed by worker {HOST}:{train.proc.pid}" for e in train_log)
+               f"job {JOB} claimed by worker {children.HOST}:{train.proc.pid}" for e in train_log)
     assert any(e.get("job") == job_ref and "eaglenest.optimize" in e["message"]
                and "succeeded" in e["message"] and "COMPLETED" in e["message"]
                for e in train_log), train_log[-5:]

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import functools
 import os
-import socket
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from eaglenest.db.session import Database
+from eaglenest.foundation.host import children
 from eaglenest.foundation.queue import TaskQueue
 from eaglenest.foundation.settings import Settings
 from eaglenest.workers.infra.metrics import ProcessMetrics
@@ -21,7 +21,9 @@ class WorkerContext:
     settings: Settings
     db: Database
     queue: TaskQueue
-    owner: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
+    #: unique among live workers: the machine (host name and PID namespace:
+    #: foundation/host/children.py ``machine``) and the pid
+    owner: str = field(default_factory=lambda: f"{children.HOST}:{os.getpid()}")
     lease_seconds: float = 60.0
     #: set when the worker begins a warm shutdown: running jobs checkpoint and hand back
     shutting_down: threading.Event = field(default_factory=threading.Event)
