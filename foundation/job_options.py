@@ -56,6 +56,12 @@ CAPTURE_BACKENDS = ("auto", "hf", "vllm")
 BLOCK_SIZES = (2, 16)
 BLOCK_LAYERS = (1, 8)
 MAX_GAMMA = 64.0
+#: regeneration's sampled answers: per training example, and their temperature's ceiling
+MAX_REGENERATE_SAMPLES = 4
+MAX_TEMPERATURE = 2.0
+#: training-time-test depth (EAGLENEST_TTT_STEPS): draft steps a head trains on its own
+#: outputs; each adds a forward and backward over the sample
+MAX_TTT_STEPS = 8
 
 
 class OptionError(ValueError):
@@ -124,6 +130,16 @@ def _minutes(name: str, raw: str) -> float:
     value = _number(name, raw)
     if not 0 <= value <= 525_600:  # a year
         raise OptionError(f"{name}={raw!r} must be minutes between 0 (no budget) and 525600")
+    return value
+
+
+def _temperature(name: str, raw: str) -> float:
+    """A sampling temperature above 0 (0 is greedy: the answer regeneration always writes)
+    and at most MAX_TEMPERATURE."""
+    value = _number(name, raw)
+    if not 0 < value <= MAX_TEMPERATURE:
+        raise OptionError(f"{name}={raw!r} must be a number above 0 and at most "
+                          f"{MAX_TEMPERATURE:g}")
     return value
 
 
@@ -202,6 +218,10 @@ class JobOptions(BaseModel):
     #: in (0, 64]; None: TrainConfig's default
     dflash_gamma: Annotated[float | None, _parser(_gamma),
                             Field(alias="EAGLENEST_DFLASH_GAMMA")] = None
+    #: training-time-test depth: EAGLE-3's TTT steps, P-EAGLE's trained positions (the
+    #: setting a kind's HeadSpec.loss_settings names "steps"); None: TrainConfig's default
+    ttt_steps: Annotated[int | None, _between(1, MAX_TTT_STEPS),
+                         Field(alias="EAGLENEST_TTT_STEPS")] = None
     #: a step's anchors in this many parts, a backward each (kinds with HeadSpec.partitions:
     #: models/training/partition.py): the same training in the memory of one part, for long samples
     seq_partitions: Annotated[int, _between(1, 64),
@@ -226,6 +246,13 @@ class JobOptions(BaseModel):
     dataset: Annotated[str | None, Field(alias="EAGLENEST_DATASET")] = None
     #: 1 (default) = the target rewrites the assistant turns (training and held-out) first
     regenerate: Annotated[bool, _parser(_flag), Field(alias="EAGLENEST_REGENERATE")] = True
+    #: sampled answers per training example regenerated besides the greedy one (each a
+    #: training example of its own; the held-out ones stay greedy); 0: none
+    regenerate_samples: Annotated[int, _between(0, MAX_REGENERATE_SAMPLES),
+                                  Field(alias="EAGLENEST_REGENERATE_SAMPLES")] = 0
+    #: the sampled answers' temperature
+    regenerate_temperature: Annotated[float, _parser(_temperature),
+                                      Field(alias="EAGLENEST_REGENERATE_TEMPERATURE")] = 0.8
     #: 1 (default) = regenerated examples are reused from, and written to, the cache under
     #: the S3OutputLocation (workers/jobs/regen_cache.py); 0: neither read nor written
     regenerate_cache: Annotated[bool, _parser(_flag),
@@ -304,6 +331,9 @@ def parse_job_options(env: Mapping[str, str] | None) -> JobOptions:
             "bench_max_rounds" in options.model_fields_set):
         raise OptionError(f"EAGLENEST_BENCH_MAX_ROUNDS={options.bench_max_rounds} is below "
                           f"EAGLENEST_BENCH_ROUNDS={options.bench_rounds}")
+    if options.regenerate_samples and not options.regenerate:
+        raise OptionError(f"EAGLENEST_REGENERATE_SAMPLES={options.regenerate_samples} needs "
+                          "EAGLENEST_REGENERATE=1 (the target answers the examples)")
     return options
 
 

@@ -22,6 +22,10 @@ log = logging.getLogger("eaglenest.optimize")
 #: regenerate()'s arguments in a job besides the examples, target and seed (greedy, 256 new
 #: tokens a turn, 32 turns decoding together); the regeneration cache key includes them
 REGEN_PARAMS: dict[str, Any] = {"max_new_tokens": 256, "temperature": 0.0, "batch_size": 32}
+#: sampled pass k (1, 2, ...) regenerates with seed EAGLENEST_SEED + k * SAMPLE_SEED_STRIDE:
+#: another draw of every turn than pass k - 1's (regenerate seeds turn j of example i with
+#: seed + 1000 * i + j, so any non-zero stride gives one example's turn another seed)
+SAMPLE_SEED_STRIDE = 1_000_003
 
 
 def load(options: JobOptions, data_files: list[Path]) -> list[Any]:
@@ -72,16 +76,29 @@ def prompt_text(example: Any, tokenizer: Any) -> str:
     return str(example.prompt)
 
 
+def sample_passes(options: JobOptions) -> list[tuple[str, int, dict[str, Any]]]:
+    """(what the stage calls it, seed, regenerate's arguments) of each sampled pass that
+    EAGLENEST_REGENERATE_SAMPLES asks for: REGEN_PARAMS at EAGLENEST_REGENERATE_TEMPERATURE.
+    Example: samples 2, temperature 0.8, seed 0 -> ("sampled answers 1/2 (temperature
+    0.8)", 1000003, {..., "temperature": 0.8}), ("sampled answers 2/2 ...", 2000006, ...)."""
+    n, temperature = options.regenerate_samples, options.regenerate_temperature
+    params = {**REGEN_PARAMS, "temperature": temperature}
+    return [(f"sampled answers {k}/{n} (temperature {temperature:g})",
+             options.seed + k * SAMPLE_SEED_STRIDE, params) for k in range(1, n + 1)]
+
+
 def regenerate_both(target: Any, examples: list[Any], holdout: list[Any], seed: int,
-                    progress: Callable[[int, int], None]) -> tuple[list[Any], list[Any]]:
+                    progress: Callable[[int, int], None],
+                    params: dict[str, Any] | None = None) -> tuple[list[Any], list[Any]]:
     """(training, held-out) examples with every assistant turn the target's own, in one
-    pass: held-out accuracy then measures what acceptance will (the head predicting the
-    target), not the dataset's authors. Training examples left without an answer go; the
-    held-out ones stay (the benchmark prompts come from them, one each)."""
+    pass (regenerate's arguments ``params``, default REGEN_PARAMS: greedy): held-out
+    accuracy then measures what acceptance will (the head predicting the target), not the
+    dataset's authors. Training examples left without an answer go; the held-out ones stay
+    (the benchmark prompts come from them, one each)."""
     from eaglenest.models.data.regenerate import regenerate
 
     both = regenerate(examples + holdout, target, seed=seed, keep_empty=True,
-                      progress=progress, **REGEN_PARAMS)
+                      progress=progress, **(params or REGEN_PARAMS))
     return split_regenerated(both, len(examples))
 
 

@@ -113,6 +113,10 @@ def check_kind(options: JobOptions, kind: str) -> None:
     most block_size - 1, and a layer count in BLOCK_LAYERS. Also the benchmark's decodings
     (`bench_decodings`) on the job's backend, where it names one."""
     bench_decodings(options, kind, options.backend)
+    if options.ttt_steps is not None and _steps_setting(kind) is None:
+        kinds = ", ".join(k for k in HEADS if _steps_setting(k))
+        raise OptionError(f"EAGLENEST_TTT_STEPS={options.ttt_steps} needs a head trained "
+                          f"steps deep (EAGLENEST_HEAD={kinds}), not {kind}")
     if not _blocks(kind):
         for name in BLOCK_FIELDS:
             if getattr(options, name) is not None:
@@ -156,13 +160,23 @@ def for_kind(options: JobOptions, kind: str) -> JobOptions:
     return options.model_copy(update={"num_speculative_tokens": k})
 
 
+def _steps_setting(kind: str) -> str | None:
+    """The TrainConfig field that sets how many draft steps a head of `kind` trains on its
+    own outputs (its loss's "steps": EAGLE-3 ttt_steps, P-EAGLE parallel_depth); None for
+    kinds without (EAGLE-1/2, block heads)."""
+    return HEADS[kind].loss_settings.get("steps")
+
+
 def train_settings(options: JobOptions, kind: str) -> dict[str, Any]:
-    """The TrainConfig fields a head of `kind` takes from its block options: block size,
-    layers (`_layers`) and gamma; none for other kinds. An unset one keeps TrainConfig's
-    default."""
+    """The TrainConfig fields a head of `kind` takes from the options: EAGLENEST_TTT_STEPS
+    as its steps setting (`_steps_setting`); a block head's block size, layers (`_layers`)
+    and gamma. An unset one keeps TrainConfig's default."""
+    settings: dict[str, Any] = {}
+    if options.ttt_steps is not None and (steps := _steps_setting(kind)) is not None:
+        settings[steps] = options.ttt_steps
     if not _blocks(kind):
-        return {}
-    settings: dict[str, Any] = {"dflash_block_size": block_size(options)}
+        return settings
+    settings["dflash_block_size"] = block_size(options)
     if (layers := _layers(options)) is not None:
         settings["dflash_layers"] = layers
     if options.dflash_gamma is not None:

@@ -22,7 +22,7 @@ import logging
 import shutil
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -163,24 +163,45 @@ class Pipeline:
         log.info("job %s: regenerated %d/%d assistant turns", self.name, done, total)
         self.control.check()
 
-    def _regenerate(self, target: Any, examples: list[Any],
-                    holdout: list[Any]) -> tuple[list[Any], list[Any]]:
-        """The target rewrites every assistant turn (job_data.regenerate_both), in a vLLM
-        child when vLLM captures (workers/jobs/vllm_regenerate.py)."""
-        self.stage("regenerate assistant turns with the target")
+    def _regenerate(self, target: Any, examples: list[Any], holdout: list[Any], seed: int,
+                    params: dict[str, Any], what: str) -> tuple[list[Any], list[Any]]:
+        """The target rewrites every assistant turn (job_data.regenerate_both) with regenerate's
+        ``params``, in a vLLM child when vLLM captures (workers/jobs/vllm_regenerate.py)."""
+        self.stage(f"regenerate {what} with the target")
         if self.capture_backend == "vllm":
             from eaglenest.workers.jobs.vllm_regenerate import regenerate
 
             vllm = self._vllm(target)
-            both = regenerate(examples + holdout, {**vllm.engine(), "seed": self.options.seed,
-                                                   **job_data.REGEN_PARAMS},
+            both = regenerate(examples + holdout, {**vllm.engine(), "seed": seed, **params},
                               self.work / "vllm-regenerate", self._regenerated,
                               check=self.control.check, children_dir=vllm.children_dir,
                               resource=vllm.resource, env=vllm.env)
             return job_data.split_regenerated(both, len(examples))
         with self._compute("regeneration"):
-            return job_data.regenerate_both(target, examples, holdout, self.options.seed,
-                                            self._regenerated)
+            return job_data.regenerate_both(target, examples, holdout, seed,
+                                            self._regenerated, params)
+
+    def _regeneration(self, target: Any, examples: list[Any], holdout: list[Any]
+                      ) -> tuple[list[Any], list[Any], dict[str, Any]]:
+        """(training, held-out, record): every answer the target's own, greedy, then
+        EAGLENEST_REGENERATE_SAMPLES sampled answers of each training example added as
+        training examples of their own (job_data.sample_passes); each pass is reused from
+        the cache under S3OutputLocation when there (its record under ``samples``)."""
+        cache = RegenCache(self.store, self.spec.OutputConfig.S3OutputLocation, self.name,
+                           self.options.regenerate_cache,
+                           capture_stage.regen_engine(self.capture_backend, self._device()))
+        seed, params = self.options.seed, job_data.REGEN_PARAMS
+        train, held, record = cache.regenerate(target, examples, holdout, seed, self.stage,
+                                               functools.partial(
+                                                   self._regenerate, target, examples, holdout,
+                                                   seed, params, "assistant turns"))
+        for what, seed, params in job_data.sample_passes(self.options):
+            more, _, done = replace(cache, params=params).regenerate(
+                target, examples, [], seed, self.stage, functools.partial(
+                    self._regenerate, target, examples, [], seed, params, what))
+            train = train + more
+            record.setdefault("samples", []).append({**done, "examples": len(more)})
+        return train, held, record
 
     def _vllm(self, target: Any) -> capture_stage.VllmCapture:
         """The vLLM children's engine: the target over the job's GPUs (the CPU: one)."""
@@ -207,13 +228,8 @@ class Pipeline:
 
         holdout = holdout or []
         regeneration = None
-        if self.options.regenerate:  # reused from the cache under S3OutputLocation if there
-            cache = RegenCache(self.store, self.spec.OutputConfig.S3OutputLocation, self.name,
-                               self.options.regenerate_cache,
-                               capture_stage.regen_engine(self.capture_backend, self._device()))
-            examples, holdout, regeneration = cache.regenerate(
-                target, examples, holdout, self.options.seed, self.stage,
-                functools.partial(self._regenerate, target, examples, holdout))
+        if self.options.regenerate:
+            examples, holdout, regeneration = self._regeneration(target, examples, holdout)
         samples = encode_examples(examples, target.tokenizer, self.options.max_length)
         heldout = job_data.heldout_samples(target, holdout, self.options, self.name)
         data, capture = self._capture(target, samples, heldout)

@@ -14,7 +14,8 @@ Key: the sha256 (hex) of a canonical JSON of everything that decides the answers
     bytes: config, tokenizer, chat template, generation config, weights), streamed in 1 MiB
     chunks; a store's size, etag or mtime is not trusted for it,
   - the examples fed to regeneration, training then held-out, in order, each as its JSON,
-  - the split (training and held-out counts), the seed, ``job_data.REGEN_PARAMS``,
+  - the split (training and held-out counts), the seed, regenerate's arguments
+    (``job_data.REGEN_PARAMS``, or a sampled pass's: ``job_data.sample_passes``),
   - the runtime that changes greedy output: the engine (``transformers`` in the job's
     process, or ``vllm <version>`` in a child: workers/jobs/vllm_regenerate.py), device
     type, dtype, torch and transformers.
@@ -35,7 +36,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -108,7 +109,7 @@ def turns(examples: Iterable[Example]) -> int:
 
 
 def cache_key(target: Any, train: list[Example], holdout: list[Example], seed: int,
-              engine: str = "transformers") -> str:
+              engine: str = "transformers", params: dict[str, Any] | None = None) -> str:
     """The key of regenerating `train` + `holdout` with `target` (module docstring)."""
     import torch
     import transformers
@@ -122,7 +123,8 @@ def cache_key(target: Any, train: list[Example], holdout: list[Example], seed: i
     ingredients = {
         "format": FORMAT, "regenerate_version": VERSION,
         "target": folder_digest(Path(target.folder)), "examples": examples.hexdigest(),
-        "train": len(train), "holdout": len(holdout), "seed": seed, "params": REGEN_PARAMS,
+        "train": len(train), "holdout": len(holdout), "seed": seed,
+        "params": REGEN_PARAMS if params is None else params,
         "runtime": {"engine": engine, "device": param.device.type, "dtype": str(param.dtype),
                     "torch": torch.__version__, "transformers": transformers.__version__},
     }
@@ -168,6 +170,8 @@ class RegenCache:
     enabled: bool = True
     #: who writes the answers (``cache_key``'s engine): transformers here, or vllm <version>
     engine: str = "transformers"
+    #: regenerate's arguments (``cache_key``'s params): the greedy pass's, or a sampled one's
+    params: dict[str, Any] = field(default_factory=lambda: dict(REGEN_PARAMS))
 
     def uri(self, key: str) -> str:
         return f"{self.location.rstrip('/')}/{PREFIX}{key}.jsonl"
@@ -206,7 +210,7 @@ class RegenCache:
         """`cache_key`, timed in the log; None (a warning: no cache) if it cannot be made."""
         start = time.monotonic()
         try:
-            key = cache_key(target, train, holdout, seed, self.engine)
+            key = cache_key(target, train, holdout, seed, self.engine, self.params)
         except Exception as exc:  # a cache problem never fails the job
             log.warning("job %s: no regeneration cache key (%s: %s); regenerating without "
                         "the cache", self.job, type(exc).__name__, exc)

@@ -96,6 +96,55 @@ def test_regenerate_cache_is_a_flag_defaulting_to_on() -> None:
     assert str(exc.value) == "EAGLENEST_REGENERATE_CACHE='yes' must be 0 or 1"
 
 
+def test_ttt_steps_maps_onto_each_kinds_steps_setting() -> None:
+    """EAGLENEST_TTT_STEPS: EAGLE-3's ttt_steps, P-EAGLE's parallel_depth; refused for the
+    kinds without draft steps trained on their own outputs."""
+    from eaglenest.workers.jobs.options import train_settings
+
+    assert parse_options({}).ttt_steps is None
+    assert train_settings(parse_options({}), "eagle3") == {}
+    opts = parse_options({"EAGLENEST_TTT_STEPS": "5"})
+    assert train_settings(opts, "eagle3") == {"ttt_steps": 5}
+    assert train_settings(parse_options({"EAGLENEST_TTT_STEPS": "2", "EAGLENEST_HEAD":
+                                         "peagle"}), "peagle") == {"parallel_depth": 2}
+    for kind in ("eagle", "dflash"):
+        with pytest.raises(OptionError) as exc:
+            parse_options({"EAGLENEST_TTT_STEPS": "5", "EAGLENEST_HEAD": kind})
+        assert str(exc.value) == ("EAGLENEST_TTT_STEPS=5 needs a head trained steps deep "
+                                  f"(EAGLENEST_HEAD=eagle3, peagle), not {kind}")
+    for raw, message in (("0", "EAGLENEST_TTT_STEPS=0 must be between 1 and 8"),
+                         ("9", "EAGLENEST_TTT_STEPS=9 must be between 1 and 8")):
+        with pytest.raises(OptionError) as exc:
+            parse_options({"EAGLENEST_TTT_STEPS": raw})
+        assert str(exc.value) == message
+
+
+@pytest.mark.parametrize(("name", "raw", "message"), [
+    ("EAGLENEST_REGENERATE_SAMPLES", "5", "EAGLENEST_REGENERATE_SAMPLES=5 must be between 0 "
+     "and 4"),
+    ("EAGLENEST_REGENERATE_TEMPERATURE", "0", "EAGLENEST_REGENERATE_TEMPERATURE='0' must be a "
+     "number above 0 and at most 2"),
+    ("EAGLENEST_REGENERATE_TEMPERATURE", "nan", "EAGLENEST_REGENERATE_TEMPERATURE='nan' is not "
+     "a finite number"),
+])
+def test_bad_regeneration_sampling_names_the_variable(name: str, raw: str, message: str) -> None:
+    with pytest.raises(OptionError) as exc:
+        parse_options({name: raw})
+    assert str(exc.value) == message
+
+
+def test_regeneration_samples_default_to_none() -> None:
+    opts = parse_options({})
+    assert (opts.regenerate_samples, opts.regenerate_temperature) == (0, 0.8)
+    opts = parse_options({"EAGLENEST_REGENERATE_SAMPLES": "1",
+                          "EAGLENEST_REGENERATE_TEMPERATURE": "1"})
+    assert (opts.regenerate_samples, opts.regenerate_temperature) == (1, 1.0)
+    with pytest.raises(OptionError) as exc:
+        parse_options({"EAGLENEST_REGENERATE_SAMPLES": "1", "EAGLENEST_REGENERATE": "0"})
+    assert str(exc.value) == ("EAGLENEST_REGENERATE_SAMPLES=1 needs EAGLENEST_REGENERATE=1 "
+                              "(the target answers the examples)")
+
+
 def test_every_job_option_is_allowed_in_optimization_environment() -> None:
     """CreateOptimizationJob denies EAGLENEST_* names outside JOB_OPTIONS: every option the
     job parses must be listed there, or it could never be set."""

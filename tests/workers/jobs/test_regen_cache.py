@@ -273,6 +273,50 @@ def test_changed_regeneration_parameters_miss(store, first, tmp_path, monkeypatc
     assert run.regeneration["key"] != first.regeneration["key"]
 
 
+def test_sampled_answers_are_training_examples_of_their_own_each_pass_cached(
+        store, first, tmp_path):
+    """EAGLENEST_REGENERATE_SAMPLES=1: the greedy answers come from the first job's cache,
+    the sampled pass is the one generation, at its temperature and seed, written to a file
+    of its own that a second such job reuses; the held-out examples stay greedy."""
+    sampled = {"EAGLENEST_REGENERATE_SAMPLES": "1", "EAGLENEST_REGENERATE_TEMPERATURE": "1.5"}
+    run = run_job(store, tmp_path / "a", "regen-sampled", **sampled)
+    assert run.generations == 1  # the sampled pass only
+    record = run.regeneration
+    (pass1,) = record.pop("samples")
+    assert record == {**first.regeneration, "from_cache": True}
+    key = pass1["key"]
+    assert key not in (None, first.regeneration["key"])
+    assert pass1 == {"from_cache": False, "key": key, "uri": f"{CACHE}{key}.jsonl",
+                     "turns": 4, "examples": 3}  # the training examples' turns only
+    assert "regenerate sampled answers 1/1 (temperature 1.5) with the target" in run.stages
+    greedy, more = run.train[:3], run.train[3:]
+    assert greedy == first.train and run.holdout == first.holdout
+    # the same prompts, the target's other (sampled) answers
+    assert [e.prompt if isinstance(e, Completion) else e.messages[0] for e in more] == [
+        e.prompt if isinstance(e, Completion) else e.messages[0] for e in greedy]
+    assert more != greedy
+    cached, held = regen_cache.parse(_cache_files(store)[
+        f"jobs/.eaglenest-cache/regenerate/{key}.jsonl"], key)
+    assert (cached, held) == (more, [])
+    again = run_job(store, tmp_path / "b", "regen-sampled-again", **sampled)
+    assert again.generations == 0 and again.train == run.train
+    assert again.regeneration["samples"] == [{**pass1, "from_cache": True}]
+    # another temperature is another pass: it misses
+    other = run_job(store, tmp_path / "c", "regen-sampled-other",
+                    EAGLENEST_REGENERATE_SAMPLES="1", EAGLENEST_REGENERATE_TEMPERATURE="0.5")
+    assert other.generations == 1 and other.regeneration["samples"][0]["key"] != key
+
+
+def test_sample_passes_seed_each_pass_apart() -> None:
+    options = parse_options({"EAGLENEST_REGENERATE_SAMPLES": "2", "EAGLENEST_SEED": "7"})
+    passes = job_data.sample_passes(options)
+    assert [(what, seed) for what, seed, _ in passes] == [
+        ("sampled answers 1/2 (temperature 0.8)", 7 + job_data.SAMPLE_SEED_STRIDE),
+        ("sampled answers 2/2 (temperature 0.8)", 7 + 2 * job_data.SAMPLE_SEED_STRIDE)]
+    assert all(p == {**job_data.REGEN_PARAMS, "temperature": 0.8} for _, _, p in passes)
+    assert job_data.sample_passes(parse_options({})) == []
+
+
 def _wrong_key(good: bytes, key: str) -> bytes:
     lines = good.splitlines(keepends=True)
     return lines[0].replace(key.encode(), b"0" * 64) + b"".join(lines[1:])
