@@ -187,10 +187,11 @@ class Pipeline:
         EAGLENEST_REGENERATE_SAMPLES sampled answers of each training example added as
         training examples of their own (job_data.sample_passes); each pass is reused from
         the cache under S3OutputLocation when there (its record under ``samples``)."""
+        seed, params = self.options.seed, job_data.REGEN_PARAMS
         cache = RegenCache(self.store, self.spec.OutputConfig.S3OutputLocation, self.name,
                            self.options.regenerate_cache,
-                           capture_stage.regen_engine(self.capture_backend, self._device()))
-        seed, params = self.options.seed, job_data.REGEN_PARAMS
+                           capture_stage.regen_engine(self.capture_backend, self._device()),
+                           params)
         train, held, record = cache.regenerate(target, examples, holdout, seed, self.stage,
                                                functools.partial(
                                                    self._regenerate, target, examples, holdout,

@@ -109,7 +109,7 @@ def turns(examples: Iterable[Example]) -> int:
 
 
 def cache_key(target: Any, train: list[Example], holdout: list[Example], seed: int,
-              engine: str = "transformers", params: dict[str, Any] | None = None) -> str:
+              engine: str, params: dict[str, Any]) -> str:
     """The key of regenerating `train` + `holdout` with `target` (module docstring)."""
     import torch
     import transformers
@@ -124,7 +124,7 @@ def cache_key(target: Any, train: list[Example], holdout: list[Example], seed: i
         "format": FORMAT, "regenerate_version": VERSION,
         "target": folder_digest(Path(target.folder)), "examples": examples.hexdigest(),
         "train": len(train), "holdout": len(holdout), "seed": seed,
-        "params": REGEN_PARAMS if params is None else params,
+        "params": params,
         "runtime": {"engine": engine, "device": param.device.type, "dtype": str(param.dtype),
                     "torch": torch.__version__, "transformers": transformers.__version__},
     }
