@@ -9,9 +9,9 @@ host and the chooser's choice for plain decoding (1 row) and for a chain round w
 per row count: the time of each family (the decoder-layer linears, every layer's own
 weights so that they stream from memory as in a real forward, and the lm_head) under each
 candidate usable on this host, measured as the chooser measures (its sample, scaled to the
-whole family), and of a whole KV-cached target forward (TargetRunner over a 200-token
-context) with every linear on that candidate; ratios against stock, and the largest logit
-difference from stock.
+whole family; a repacking candidate's sibling groups fused, as served), and of a whole
+KV-cached target forward (TargetRunner over a 200-token context) with every linear on that
+candidate; ratios against stock, and the largest logit difference from stock.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from eaglenest.models.decode import kernel_cache
+from eaglenest.models.decode.direct import direct_decoder
 from eaglenest.models.decode.kernels import (
     KernelPolicy,
     TimingCase,
@@ -34,6 +35,7 @@ from eaglenest.models.decode.kernels import (
     interleaved_timer,
     measure,
     round_calls,
+    timing_units,
 )
 from eaglenest.models.decode.runner import TargetRunner
 
@@ -53,13 +55,13 @@ def _forward(model: nn.Module, rows: int) -> Callable[[], torch.Tensor]:
     return go
 
 
-def _header(model: nn.Module) -> None:
+def _header(model: nn.Module, fused: frozenset[str]) -> None:
     fams = family_linears(model)
     print(f"# host: {kernel_cache.host_key()}; bf16 units: {kernel_cache.cpu_has_bf16()}")
     for what, calls in (("plain (1 row)", round_calls(1, 0, 1)),
                         ("chain K=5 (6-row verify)", round_calls(6, 5, 1))):
         for lossy in (False, True):
-            report = choose(fams, calls, KernelPolicy(lossy=lossy))
+            report = choose(fams, calls, KernelPolicy(lossy=lossy), fused)
             print(f"# choice, {what}, {'bf16 allowed' if lossy else 'lossless'}: "
                   f"{report.summary()} ({report.seconds:.2f}s)")
 
@@ -75,7 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=20)
     args = ap.parse_args(argv)
     model: Any = load_target(args.target or str(cached_smollm2()), dtype=torch.float32).model.eval()
-    _header(model)
+    fused = frozenset({"layers"} if direct_decoder(model) is not None else ())  # as apply fuses
+    _header(model, fused)
     timer = functools.partial(interleaved_timer, warmup=3, repeat=args.repeat)
     policy = KernelPolicy(lossy=True, timer=timer)
     fams = family_linears(model)
@@ -86,7 +89,9 @@ def main(argv: list[str] | None = None) -> int:
           + "  forward: max |logit - stock|")
     for rows in (int(r) for r in args.rows.split(",")):
         for fam, named in fams.items():
-            timings, _ = measure(fam, list(named.values()), names, [rows], policy)
+            units = {n: timing_units(named, fam in fused and policy.candidates[n].repacks)
+                     for n in names}
+            timings, _ = measure(fam, units, [rows], policy)
             _row(rows, fam, {n: timings[n][rows] for n in names}, "")
         forwards = {n: _forward(copies[n], rows) for n in names}
         ms = dict(zip(names, _interleaved(list(forwards.values()), args.repeat), strict=True))

@@ -22,7 +22,8 @@ the caller's original model still holds).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -33,6 +34,7 @@ GATE_UP = ("gate_proj", "up_proj")
 SIBLINGS: tuple[tuple[str, tuple[str, ...]], ...] = (("self_attn", QKV), ("mlp", GATE_UP))
 
 Build = Callable[[nn.Linear], nn.Module]
+_QUALIFIED = re.compile(r"^(model\.layers\.\d+\.(\w+))\.(\w+)$")  # owner path, owner, leaf
 
 
 class Siblings(nn.Module):
@@ -94,16 +96,41 @@ def fuse_siblings(model: nn.Module, build_for: Callable[[str], Build | None]) ->
             builds = {build_for(q) for q in qualified}
             build = builds.pop() if len(builds) == 1 else None
             group = [lin for lin in linears if type(lin) is nn.Linear]
-            if build is None or len(group) != len(names) or not _compatible(group):
+            if build is None or len(group) != len(names) or not compatible(group):
                 continue
-            siblings = Siblings(build(_concat(group)), [lin.out_features for lin in group])
+            siblings = Siblings(build(concat(group)), [lin.out_features for lin in group])
             for k, name in enumerate(names):
                 setattr(owner, name, SiblingSlice(siblings, k))
             done.update(qualified)
     return done
 
 
-def _compatible(linears: list[nn.Linear]) -> bool:
+def sibling_groups(names: Iterable[str]) -> list[list[str]]:
+    """The qualified linear names as ``fuse_siblings`` would group them: each complete
+    sibling group of one decoder layer (in ``SIBLINGS`` order) is one entry, every other
+    name an entry of its own. E.g. ``model.layers.0.self_attn.{q,k,v}_proj`` and
+    ``model.layers.0.self_attn.o_proj`` -> ``[[q, k, v], [o]]`` (full names)."""
+    leaves = dict(SIBLINGS)
+    owners: dict[str, set[str]] = {}
+    for name in names:
+        m = _QUALIFIED.match(name)
+        if m and m.group(3) in leaves.get(m.group(2), ()):
+            owners.setdefault(m.group(1), set()).add(m.group(3))
+    out: list[list[str]] = []
+    done: set[str] = set()
+    for name in names:
+        m = _QUALIFIED.match(name)
+        group = leaves.get(m.group(2), ()) if m else ()
+        if m and m.group(3) in group and owners[m.group(1)] >= set(group):
+            if m.group(1) not in done:
+                done.add(m.group(1))
+                out.append([f"{m.group(1)}.{leaf}" for leaf in group])
+        else:
+            out.append([name])
+    return out
+
+
+def compatible(linears: list[nn.Linear]) -> bool:
     w = linears[0].weight
     return all(
         lin.in_features == linears[0].in_features and lin.weight.dtype == w.dtype
@@ -113,7 +140,7 @@ def _compatible(linears: list[nn.Linear]) -> bool:
 
 
 @torch.no_grad()
-def _concat(linears: list[nn.Linear]) -> nn.Linear:
+def concat(linears: list[nn.Linear]) -> nn.Linear:
     """One linear whose output is the linears' outputs side by side (a transient weight:
     the candidate's build packs it into its own)."""
     w = linears[0].weight

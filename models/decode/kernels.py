@@ -11,8 +11,11 @@ head's linears (``head``). Each family gets the candidate with the lowest
     score = sum over row counts r of  calls(r) * time(family, r rows)
 
 where ``calls`` (``round_calls``) counts one decoding round. ``time`` is the fastest of a few
-timed calls (after warm-up; ``measure``) applying each linear of an evenly spaced sample of
-the family once, on the real weights, scaled to the whole family. A family with fewer than
+timed calls (after warm-up; ``measure``) applying each unit of an evenly spaced sample of
+the family once, on the real weights, scaled to the whole family. A unit is what the
+candidate will run: one linear, or, where ``apply`` fuses a target's sibling projections
+(a repacking candidate, models/decode/fusion.py), one fused group; so the timing sees the
+calls fusion saves, and the cache keeps fused timings under their own key. A family with fewer than
 ``min_params`` weights is not timed: it gets the first usable of ``UNTIMED_ORDER``.
 Timings are cached per host and family shapes (models/decode/kernel_cache.py).
 """
@@ -33,7 +36,13 @@ from torch import nn
 
 from eaglenest.models.decode import kernel_cache
 from eaglenest.models.decode.direct import direct_decoder
-from eaglenest.models.decode.fusion import SiblingSlice, fuse_siblings
+from eaglenest.models.decode.fusion import (
+    SiblingSlice,
+    compatible,
+    concat,
+    fuse_siblings,
+    sibling_groups,
+)
 from eaglenest.models.decode.kernel_cache import Timings
 from eaglenest.models.decode.onednn import OneDNNLinear, packing_available
 
@@ -194,15 +203,41 @@ def family_linears(model: nn.Module | None, head: bool = False) -> dict[str, dic
     return out
 
 
-def _sample(linears: list[nn.Linear], budget: int) -> list[nn.Linear]:
-    """About ``budget`` weights of linears: every shape's linears at the same even spacing
+Unit = list[nn.Linear]  # linears run as one: a fused sibling group (fusion.py) or one linear
+
+
+def timing_units(named: dict[str, nn.Linear], fused: bool) -> list[Unit]:
+    """The family's linears as a candidate will run them: with ``fused`` (a repacking
+    candidate on a target that ``apply`` fuses), each sibling group that
+    ``fusion.fuse_siblings`` would fuse is one unit; otherwise each linear is its own."""
+    if not fused:
+        return [[lin] for lin in named.values()]
+    units: list[Unit] = []
+    for names in sibling_groups(list(named)):
+        group = [named[n] for n in names]
+        units += [group] if len(group) > 1 and compatible(group) else [[lin] for lin in group]
+    return units
+
+
+def _numel(units: list[Unit]) -> int:
+    return sum(lin.weight.numel() for unit in units for lin in unit)
+
+
+def _sample(units: list[Unit], budget: int) -> list[Unit]:
+    """About ``budget`` weights of units: every shape's units at the same even spacing
     (each shape at least once), so the sample has the family's mix of shapes."""
-    total = sum(lin.weight.numel() for lin in linears)
-    step = max(1, round(total / max(budget, 1)))
-    by_shape: dict[tuple[int, ...], list[nn.Linear]] = {}
-    for lin in linears:
-        by_shape.setdefault(tuple(lin.weight.shape), []).append(lin)
-    return [lin for group in by_shape.values() for lin in group[::step]]
+    step = max(1, round(_numel(units) / max(budget, 1)))
+    by_shape: dict[tuple[int, ...], list[Unit]] = {}
+    for unit in units:
+        shape = (sum(lin.out_features for lin in unit), unit[0].in_features)
+        by_shape.setdefault(shape, []).append(unit)
+    return [unit for group in by_shape.values() for unit in group[::step]]
+
+
+def _build(cand: Candidate, unit: Unit) -> nn.Module:
+    """The unit as the candidate runs it: a fused group is built over its concatenated
+    weight (a transient copy of the sampled group only)."""
+    return cand.build(unit[0]) if len(unit) == 1 else cand.build(concat(unit))
 
 
 def _runner(mods: list[nn.Module], inputs: dict[int, torch.Tensor]) -> Callable[[], object]:
@@ -214,23 +249,28 @@ def _runner(mods: list[nn.Module], inputs: dict[int, torch.Tensor]) -> Callable[
     return run
 
 
-def measure(fam: str, linears: list[nn.Linear], names: list[str], rows: list[int],
+def measure(fam: str, units: dict[str, list[Unit]], rows: list[int],
             policy: KernelPolicy) -> tuple[Timings, bool]:
     """(each candidate's time in ms at each row count, scaled to the whole family; settled).
-    A candidate's time is its fastest call: other processes only ever add time (a
-    descheduled thread stalls a whole call), so the fastest is the closest to the kernel's
-    own cost, where a median flips with the neighbours' load. A pass that finds the host
-    busy is followed by another (``policy.passes`` at most); ``settled`` is False when the
-    last was busy too."""
-    sample = _sample(linears, policy.sample_params)
-    scale = sum(lin.weight.numel() for lin in linears) / sum(s.weight.numel() for s in sample)
-    w = sample[0].weight
-    built = {name: [policy.candidates[name].build(lin) for lin in sample] for name in names}
+    ``units``: per candidate, the family's linears as that candidate runs them
+    (``timing_units``). A candidate's time is its fastest call: other processes only ever
+    add time (a descheduled thread stalls a whole call), so the fastest is the closest to
+    the kernel's own cost, where a median flips with the neighbours' load. A pass that
+    finds the host busy is followed by another (``policy.passes`` at most); ``settled`` is
+    False when the last was busy too."""
+    built: dict[str, list[nn.Module]] = {}
+    scale: dict[str, float] = {}
+    for name, family in units.items():
+        sample = _sample(family, policy.sample_params)
+        scale[name] = _numel(family) / _numel(sample)
+        built[name] = [_build(policy.candidates[name], unit) for unit in sample]
+    w = next(iter(units.values()))[0][0].weight
+    widths = {lin.in_features for family in units.values() for unit in family for lin in unit}
     cases = []
     for r in rows:
-        inputs = {lin.in_features: torch.randn(r, lin.in_features, dtype=w.dtype,
-                                               device=w.device) for lin in sample}  # [rows, in]
-        cases += [TimingCase(fam, name, r, _runner(built[name], inputs)) for name in names]
+        inputs = {width: torch.randn(r, width, dtype=w.dtype, device=w.device)
+                  for width in widths}  # [rows, in]
+        cases += [TimingCase(fam, name, r, _runner(built[name], inputs)) for name in units]
     best = [float("inf")] * len(cases)
     settled = False
     for _ in range(max(policy.passes, 1)):
@@ -242,19 +282,23 @@ def measure(fam: str, linears: list[nn.Linear], names: list[str], rows: list[int
     if not settled:
         log.warning("the host stayed busy while timing the %s linears: their choice may not "
                     "hold on an idle host and is not cached", fam)
-    out: Timings = {name: {} for name in names}
+    out: Timings = {name: {} for name in units}
     for case, ms in zip(cases, best, strict=True):
-        out[case.candidate][case.rows] = ms * scale
+        out[case.candidate][case.rows] = ms * scale[case.candidate]
     return out, settled
+
 
 def _usable(linears: list[nn.Linear], policy: KernelPolicy) -> list[str]:
     return [c.name for c in policy.candidates.values()
             if (c.lossless or policy.lossy) and all(c.usable(lin) for lin in linears)]
 
 
-def _decide(fam: str, linears: list[nn.Linear], usable: list[str], policy: KernelPolicy,
+def _decide(fam: str, named: dict[str, nn.Linear], fused: bool, policy: KernelPolicy,
             entries: dict[str, Timings], report: KernelReport) -> bool:
-    """Fill the family's choice into ``report``; True where it measured something to cache."""
+    """Fill the family's choice into ``report``; True where it measured something to cache.
+    ``fused``: the family's repacking candidates run its sibling groups fused (timed so)."""
+    linears = list(named.values())
+    usable = _usable(linears, policy)
     if policy.force != AUTO:
         forced = policy.candidates[policy.force]
         ok = all(forced.usable(lin) for lin in linears)
@@ -268,13 +312,15 @@ def _decide(fam: str, linears: list[nn.Linear], usable: list[str], policy: Kerne
         return False
     host = policy.host or kernel_cache.host_key()
     shapes = [tuple(lin.weight.shape) for lin in linears]
-    key = kernel_cache.family_key(host, fam, shapes, str(linears[0].weight.dtype))  # type: ignore[arg-type]
+    label = f"{fam}+fused" if fused else fam
+    key = kernel_cache.family_key(host, label, shapes, str(linears[0].weight.dtype))  # type: ignore[arg-type]
     have = {n: dict(per_rows) for n, per_rows in entries.get(key, {}).items()}
     rows = sorted(report.calls[fam])
     missing = [r for r in rows if any(r not in have.get(n, {}) for n in usable)]
     settled = True
     if missing:
-        fresh, settled = measure(fam, linears, usable, missing, policy)
+        units = {n: timing_units(named, fused and policy.candidates[n].repacks) for n in usable}
+        fresh, settled = measure(fam, units, missing, policy)
         for name, per_rows in fresh.items():
             have.setdefault(name, {}).update(per_rows)
         if settled:
@@ -287,8 +333,9 @@ def _decide(fam: str, linears: list[nn.Linear], usable: list[str], policy: Kerne
 
 
 def choose(families: dict[str, dict[str, nn.Linear]], calls: dict[str, dict[int, float]],
-           policy: KernelPolicy) -> KernelReport:
-    """The candidate per family (see the module docstring); logs the choice and timings."""
+           policy: KernelPolicy, fused: frozenset[str] = frozenset()) -> KernelReport:
+    """The candidate per family (see the module docstring); logs the choice and timings.
+    ``fused``: the families whose sibling groups ``apply`` fuses (timed fused)."""
     if policy.force not in (AUTO, *policy.candidates):
         raise ValueError(f"unknown linear kernel {policy.force!r}: auto or "
                          + ", ".join(policy.candidates))
@@ -297,8 +344,7 @@ def choose(families: dict[str, dict[str, nn.Linear]], calls: dict[str, dict[int,
     entries = kernel_cache.load(policy.cache_dir) if policy.force == AUTO else {}
     measured = False
     for fam, named in families.items():
-        linears = list(named.values())
-        measured |= _decide(fam, linears, _usable(linears, policy), policy, entries, report)
+        measured |= _decide(fam, named, fam in fused, policy, entries, report)
     report.seconds = time.perf_counter() - started
     if measured:
         kernel_cache.save(policy.cache_dir, entries)
@@ -355,7 +401,8 @@ def use_kernels(model: nn.Module, head: nn.Module | None, calls: dict[str, dict[
                 policy: KernelPolicy) -> tuple[nn.Module, nn.Module | None, KernelReport]:
     """(model, head) with the chosen kernels, and the report of the choice."""
     target_fams, head_fams = family_linears(model), family_linears(head, head=True)
-    report = choose({**target_fams, **head_fams}, calls, policy)
+    fused = frozenset({"layers"} if policy.fuse and direct_decoder(model) is not None else ())
+    report = choose({**target_fams, **head_fams}, calls, policy, fused)
     fast_model = apply(model, target_fams, report.choice, policy)
     report.fused = sum(isinstance(m, SiblingSlice) and m.index == 0 for m in fast_model.modules())
     fast_head = None if head is None else apply(head, head_fams, report.choice, policy)

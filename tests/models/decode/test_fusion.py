@@ -7,7 +7,13 @@ import torch
 from torch import nn
 
 from eaglenest.models.decode.engine import SpeculativeEngine
-from eaglenest.models.decode.fusion import Siblings, SiblingSlice, fuse_siblings, fused_siblings
+from eaglenest.models.decode.fusion import (
+    Siblings,
+    SiblingSlice,
+    fuse_siblings,
+    fused_siblings,
+    sibling_groups,
+)
 from eaglenest.models.decode.kernels import KernelPolicy
 from eaglenest.models.decode.runner import TargetRunner
 
@@ -71,3 +77,12 @@ def test_a_sibling_recomputes_for_another_or_changed_input() -> None:
         assert len(calls) == 3
         torch.testing.assert_close(first(torch.ones(1, 4)), a(torch.ones(1, 4)))
         assert len(calls) == 4
+
+
+def test_sibling_groups_follow_fuse_siblings() -> None:
+    names = [f"model.layers.0.self_attn.{n}" for n in ("q_proj", "k_proj", "v_proj", "o_proj")]
+    names += ["model.layers.0.mlp.up_proj", "model.layers.0.mlp.down_proj",  # no gate: alone
+              "model.layers.1.mlp.gate_proj", "model.layers.1.mlp.up_proj"]
+    assert sibling_groups(names) == [
+        names[:3], [names[3]], [names[4]], [names[5]], names[6:]]
+    assert sibling_groups(["lm_head", "fc"]) == [["lm_head"], ["fc"]]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -183,3 +184,48 @@ def test_in_place_replaces_the_callers_linears(llama) -> None:  # noqa: ANN001
     engine = SpeculativeEngine(model, None, kernels=policy)
     assert engine.model is model and not any(type(m) is nn.Linear for m in model.modules())
     assert engine.generate_ids(PROMPT, 8) == SpeculativeEngine(llama, None).generate_ids(PROMPT, 8)
+
+
+def test_a_fused_target_is_timed_as_it_runs(tmp_path: Path, llama) -> None:  # noqa: ANN001
+    """A repacking candidate on a fused target is timed over the fused sibling groups (one
+    call for q/k/v, one for gate/up), under a cache key of its own; the others per linear."""
+    built: dict[str, list[int]] = {"keep": [], "pack": []}
+
+    def recorder(name: str) -> Callable[[nn.Linear], nn.Module]:
+        def build(lin: nn.Linear) -> nn.Module:
+            built[name].append(lin.out_features)
+            return lin
+        return build
+
+    cands = {"keep": Candidate("keep", True, lambda lin: True, recorder("keep")),
+             "pack": Candidate("pack", True, lambda lin: True, recorder("pack"), repacks=True)}
+    timer = FakeTimer({("keep", 1): 2.0, ("pack", 1): 1.0})
+    policy = KernelPolicy(timer=timer, min_params=0, candidates=cands, cache_dir=tmp_path,
+                          host="cpu A", sample_params=10**12)  # sample: every unit
+    layers = {"layers": family_linears(llama.model)["layers"]}
+    attn = llama.model.model.layers[0].self_attn
+    qkv = attn.q_proj.out_features + attn.k_proj.out_features + attn.v_proj.out_features
+    n_layers = len(llama.model.model.layers)
+    report = choose(layers, round_calls(1, 0, 1), policy, fused=frozenset({"layers"}))
+    assert report.choice == {"layers": "pack"}
+    assert len(built["keep"]) == 7 * n_layers  # q k v o gate up down, one call each
+    assert len(built["pack"]) == 4 * n_layers and built["pack"].count(qkv) == n_layers
+    unfused = choose(layers, round_calls(1, 0, 1), policy)  # the same shapes, not fused
+    assert unfused.source == {"layers": "measured"}  # not the fused timings' cache entry
+    keys = json.loads((tmp_path / kernel_cache.FILE_NAME).read_text())["entries"]
+    assert sorted(k.split(" | ")[1].split()[0] for k in keys) == ["layers", "layers+fused"]
+
+
+def test_the_engine_times_its_target_fused(tmp_path: Path, llama) -> None:  # noqa: ANN001
+    def families(fuse: bool) -> list[str]:
+        timer = FakeTimer({("stock", 1): 2.0, ("onednn", 1): 1.0})
+        folder = tmp_path / str(fuse)
+        engine = SpeculativeEngine(llama, None, kernels=KernelPolicy(
+            timer=timer, min_params=0, cache_dir=folder, host="cpu A", fuse=fuse))
+        assert engine.kernels.choice["layers"] == "onednn"
+        assert (engine.kernels.fused > 0) == fuse
+        keys = json.loads((folder / kernel_cache.FILE_NAME).read_text())["entries"]
+        return sorted(k.split(" | ")[1].split()[0] for k in keys)
+
+    assert families(True) == ["layers+fused", "lm_head"]
+    assert families(False) == ["layers", "lm_head"]
