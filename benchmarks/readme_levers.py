@@ -36,9 +36,10 @@ from benchmarks.user_stack import UserStack
 ROOT = Path(__file__).resolve().parents[1]
 ROLE = "arn:aws:iam::000000000000:role/EagleNest"
 DEFAULT_TARGET = Path.home() / ".cache" / "eaglenest" / "smollm2-135m-instruct"
-#: the benchmark every lever gets: one decoding at one K against the baseline, at one level
+#: the benchmark every lever gets: one decoding at one K against the baseline, at one level,
+#: on the backend the README's install serves with (its service lock has no vLLM)
 BENCH = {"EAGLENEST_BENCH_CONCURRENCY": "1", "EAGLENEST_BENCH_DECODINGS": "chain",
-         "EAGLENEST_BENCH_KS": "3"}
+         "EAGLENEST_BENCH_KS": "3", "EAGLENEST_SERVING_BACKEND": "embedded"}
 ROW = "chain K=3"
 #: name -> (job options over the README's, the job's data: "mine" (train.jsonl) or
 #: "builtin", the lever whose head the job starts from or None)

@@ -52,6 +52,7 @@ from pathlib import Path
 
 import httpx
 
+from eaglenest.foundation.host import children
 from eaglenest.workers.jobs.bench_rows import spread
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -118,6 +119,7 @@ class Walk:
         self.env.update(HOME=str(home), EAGLENEST_CACHE=cache, VIRTUAL_ENV=str(venv),
                         EAGLENEST_VENV=str(venv), PATH=os.pathsep.join(dict.fromkeys(path)))
         self.server: subprocess.Popen[bytes] | None = None
+        self.record: children.ChildRecord | None = None
         self.lines: list[str] = []
 
     def localize(self, code: str) -> str:
@@ -141,10 +143,11 @@ class Walk:
 
     def start_server(self, command: str) -> str:
         args = command.split()[2:] + ["--port", self.url.rsplit(":", 1)[1]]
-        log = open(self.work / "up.log", "wb")  # noqa: SIM115 - the server keeps it
-        self.server = subprocess.Popen(["bash", "scripts/up.sh", *args], cwd=ROOT, env=self.env,
-                                       stdout=log, stderr=subprocess.STDOUT,
-                                       start_new_session=True)
+        with open(self.work / "up.log", "wb") as log:
+            # an owned child: `up` (up.sh execs it) dies with this harness, SIGKILL included
+            self.server, self.record = children.spawn(
+                ["bash", "scripts/up.sh", *args], role="up", resource=str(self.work),
+                env=self.env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 1800  # a fresh venv installs first (minutes)
         while time.monotonic() < deadline:
             if self.server.poll() is not None:
@@ -156,15 +159,12 @@ class Walk:
         raise RuntimeError("the server did not answer within 1800 s")
 
     def stop(self) -> None:
-        if self.server is not None and self.server.poll() is None:
-            # SIGTERM, which `up` treats as Ctrl-C: a runner started in the background from
-            # a shell inherits SIGINT ignored, and so would `up`
-            os.killpg(self.server.pid, signal.SIGTERM)
-            try:
-                self.server.wait(timeout=300)  # a running job is handed back first
-            except subprocess.TimeoutExpired:
-                os.killpg(self.server.pid, signal.SIGKILL)
-                self.server.wait()
+        """SIGTERM, which `up` treats as Ctrl-C (a runner started in the background from a
+        shell inherits SIGINT ignored, and so would `up`); SIGKILL after 300 s (a running
+        job is handed back first)."""
+        if self.record is not None:
+            children.stop(self.record, timeout=300, proc=self.server)
+            self.record = None
 
     def run(self, ex: Example) -> tuple[str, bool]:
         """What `ex` printed, and whether every line of it ran."""
@@ -302,6 +302,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeat", type=int, default=1,
                    help="run the jobs part N times in all on one stack (default 1)")
     args = p.parse_args(argv)
+    # SIGTERM unwinds as Ctrl-C would, through `finally: walk.stop()` (a SIGKILL still takes
+    # `up` with it: an owned child)
+    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
     work = args.work or Path(tempfile.mkdtemp(prefix="eaglenest-readme-"))
     venv = ROOT / ".venv" if args.checkout_venv else work / ".venv"
     walk = Walk(work, args.port, venv)

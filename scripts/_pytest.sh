@@ -1,6 +1,7 @@
 # Sourced by scripts/test.sh: pytest with the exit-code-5 guard, and the default suite in two
 # processes at once.
-#   run_pytest ARGS...        one pytest run; a run that collects no tests fails
+#   run_pytest ARGS...        one pytest run (its 15 slowest tests listed); a run that
+#                             collects no tests fails
 #   run_split ROOT -- DIRS... ROOT's tests in two processes at the same time: DIRS in one,
 #                             the rest of ROOT in the other; the second one's output follows
 #                             the first's. Fails if either fails.
@@ -11,7 +12,7 @@
 run_pytest() {
   local rc
   set +e
-  "$PY" -m pytest -q "$@"
+  "$PY" -m pytest -q --durations=15 "$@"  # the slowest tests, for keeping CI in its time
   rc=$?
   set -e
   if [ "$rc" -eq 5 ]; then

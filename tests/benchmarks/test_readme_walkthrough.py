@@ -23,6 +23,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -198,3 +199,50 @@ def test_chosen_ratio_reads_the_row_the_schedule_chose(chosen, row, ratio):
     rates = {"baseline": {"1": 40.0}, "tree K=4": {"1": 60.0}, "eagle K=3": {"1": 50.0}}
     report = {"schedule": {"measured": {"chosen": chosen, "output_throughput": rates}}}
     assert chosen_ratio(report) == (row, pytest.approx(ratio))
+
+
+HARNESS = """
+import pathlib, sys, time
+from benchmarks import readme_walkthrough as rw
+rw.ROOT = pathlib.Path(sys.argv[1])  # its scripts/up.sh: a stand-in server
+walk = rw.Walk(pathlib.Path(sys.argv[2]), int(sys.argv[3]), pathlib.Path(sys.argv[2]) / "venv")
+walk.start_server("bash scripts/up.sh")
+print(walk.server.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def running(pid: int) -> bool:
+    """The process exists and is not a zombie (an orphan's zombie waits for init to reap)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+def test_the_server_dies_with_the_harness(tmp_path):
+    """`up` is the harness's owned child: a SIGTERM to the harness alone takes it too."""
+    from eaglenest.foundation.host.processes import free_port
+
+    root, work = tmp_path / "root", tmp_path / "work"
+    (root / "scripts").mkdir(parents=True)
+    (root / "scripts" / "up.sh").write_text(  # answers /ping (404 is an answer) on --port
+        f'exec {sys.executable} -m http.server --bind 127.0.0.1 "$2"\n')
+    harness = subprocess.Popen([sys.executable, "-c", HARNESS, str(root), str(work),
+                                str(free_port())], stdout=subprocess.PIPE, text=True,
+                               cwd=Path(__file__).resolve().parents[2])
+    try:
+        server = int(harness.stdout.readline())  # type: ignore[union-attr]
+        assert running(server)
+        harness.terminate()
+        harness.wait(timeout=30)
+        for _ in range(100):
+            if not running(server):
+                break
+            time.sleep(0.1)
+        else:
+            os.kill(server, 9)
+            pytest.fail("the server outlived the harness")
+    finally:
+        harness.kill()
