@@ -1,16 +1,17 @@
 """The README's training levers, measured on its own data and budget: one optimization job
 per lever on one `eaglenest up`, each trained as the README's job 1 is (its data, its
-EAGLENEST_MAX_TRAIN_MINUTES) with one option changed, each benchmarked the same way (chain
-K=3 against the baseline at concurrency 1, its two rows interleaved round by round).
+OPTIONS, EAGLENEST_MAX_TRAIN_MINUTES from --minutes) with one option changed, each
+benchmarked the same way (chain K=3 against the baseline at concurrency 1, its two rows
+interleaved round by round).
 
     python -m benchmarks.readme_levers [--target DIR] [--minutes 8] [--only NAME,...]
                                        [--out FILE.md] [--list]
 
 The levers (LEVERS): the README's job as it stands, one sampled regenerated answer per
 training example beside the greedy one (EAGLENEST_REGENERATE_SAMPLES=1), shorter samples
-(EAGLENEST_MAX_LENGTH), a shallower and a deeper training-time test (EAGLENEST_TTT_STEPS), a
-smaller and a larger draft vocabulary (EAGLENEST_DRAFT_VOCAB_SIZE); then the README's job 3
-(built-in datasets, 3 minutes) from scratch and from the first lever's head. Every job
+(EAGLENEST_MAX_LENGTH), a shallower and a deeper training-time test (EAGLENEST_TTT_STEPS),
+two smaller and a larger draft vocabulary (EAGLENEST_DRAFT_VOCAB_SIZE); then the README's
+job 3 (built-in datasets, 3 minutes) from scratch and from the first lever's head. Every job
 writes to one S3OutputLocation, so the greedy answers are regenerated once and reused (the
 regeneration cache; the sampled pass once too); each job's minutes are still printed.
 
@@ -23,6 +24,7 @@ the noise of one training run (the budget is wall-clock: a busy box trains fewer
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import subprocess
 import sys
@@ -49,6 +51,7 @@ LEVERS: dict[str, tuple[dict[str, str], str, str | None]] = {
     "length 512": ({"EAGLENEST_MAX_LENGTH": "512"}, "mine", None),
     "ttt 2": ({"EAGLENEST_TTT_STEPS": "2"}, "mine", None),
     "ttt 4": ({"EAGLENEST_TTT_STEPS": "4"}, "mine", None),
+    "vocab 2048": ({"EAGLENEST_DRAFT_VOCAB_SIZE": "2048"}, "mine", None),
     "vocab 4096": ({"EAGLENEST_DRAFT_VOCAB_SIZE": "4096"}, "mine", None),
     "vocab 16384": ({"EAGLENEST_DRAFT_VOCAB_SIZE": "16384"}, "mine", None),
     "job 3 from scratch": ({"EAGLENEST_MAX_TRAIN_MINUTES": "3"}, "builtin", None),
@@ -61,6 +64,15 @@ SMOLLM2 = {"S3DataSource": {"S3Uri": "s3://models/smollm2/", "S3DataType": "S3Pr
 def job_name(lever: str) -> str:
     """"job 3 from readme" -> "lever-job-3-from-readme"."""
     return "lever-" + lever.replace(" ", "-")
+
+
+def readme_options(text: str | None = None) -> dict[str, str]:
+    """The job options the README's walkthrough gives every job (its ``OPTIONS = {...}``
+    at the start of a line, README.md unless ``text``)."""
+    text = (ROOT / "README.md").read_text() if text is None else text
+    start = text.index("\nOPTIONS = {") + len("\nOPTIONS = ")
+    options = ast.literal_eval(text[start:text.index("}", start) + 1])  # may span lines
+    return {str(k): str(v) for k, v in options.items()}
 
 
 def run_job(sm: Any, lever: str, minutes: float) -> dict[str, Any]:
@@ -76,7 +88,8 @@ def run_job(sm: Any, lever: str, minutes: float) -> dict[str, Any]:
     config: dict[str, Any] = {"Technique": "EAGLE"}
     if data == "mine":
         config["TrainingDataSource"] = {"S3Uri": "s3://data/train/", "S3DataType": "S3Prefix"}
-    env = {"EAGLENEST_MAX_TRAIN_MINUTES": f"{minutes:g}", **BENCH, **options}
+    env = {**readme_options(), "EAGLENEST_MAX_TRAIN_MINUTES": f"{minutes:g}", **BENCH,
+           **options}
     name = job_name(lever)
     sm.create_optimization_job(
         OptimizationJobName=name, RoleArn=ROLE, DeploymentInstanceType="ml.g5.2xlarge",

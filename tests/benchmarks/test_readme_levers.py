@@ -58,3 +58,12 @@ def test_a_jobs_row_comes_from_its_provenance_and_benchmark() -> None:
     text = levers.table([row])
     assert ("| ttt 4 | TTT_STEPS=4 | 410 | 8.0 | time budget | 0.610 / 0.420 / 0.300 | 2.25 "
             "| 50.0 | 80.0 | 1.60x (3.1%) | 15.0 |") in text
+
+
+def test_the_readme_lever_is_the_readmes_options() -> None:
+    options = levers.readme_options()
+    assert options["EAGLENEST_MAX_TRAIN_MINUTES"] == "8"
+    parse_job_options({**options, **levers.BENCH})
+    assert options["EAGLENEST_DRAFT_VOCAB_SIZE"] == "2048"
+    text = 'x\nOPTIONS = {"A": "1",\n           "B": "2"}  # job options\nY = {}\n'
+    assert levers.readme_options(text) == {"A": "1", "B": "2"}

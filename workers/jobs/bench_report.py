@@ -38,12 +38,34 @@ def describe(schedule: Schedule) -> str:
     return ", ".join(parts)
 
 
+#: an embedded server's log line of its choice (models/decode/kernels.py)
+KERNELS = "linear kernels: "
+
+
+def server_kernels(logs: Path, stems: dict[str, str]) -> dict[str, str]:
+    """Row name -> the linear kernels its server chose (the last such line of its log, e.g.
+    "layers=onednn (measured; ms/round: stock 40.41, onednn 19.50), lm_head=onednn ...");
+    a row whose log has none (a vLLM server) is left out. Rows compare fairly only where
+    they ran the target's linears alike: this is how a reader checks."""
+    out = {}
+    for name, stem in stems.items():
+        try:
+            text = (logs / f"{stem}.log").read_text(errors="replace")
+        except FileNotFoundError:
+            continue
+        found = [line.split(KERNELS, 1)[1] for line in text.splitlines() if KERNELS in line]
+        if found:
+            out[name] = found[-1].strip()
+    return out
+
+
 def markdown(plan: BenchPlan, rows: dict[str, list[LevelResult]],
              by_round: dict[str, dict[int, list[float]]], schedule: Schedule,
-             chosen: dict[int, str]) -> str:
+             chosen: dict[int, str], kernels: dict[str, str] | None = None) -> str:
     """The table: one column per row (pooled tok/s, the chosen cell bold), the chosen row,
     the level's rounds and the chosen row's spread and pooled spread; then every row's
-    spread between rounds; then loadgen's table per row and level."""
+    spread between rounds; then each row's linear kernels (``kernels``, server_kernels);
+    then loadgen's table per row and level."""
     names = [BASELINE, *(r.name for r in plan.rows)]
     ks = ", ".join(str(k) for k in plan.measured_ks)
     md = (f"Serving backend: **{plan.backend}**; decodings: "
@@ -75,6 +97,9 @@ def markdown(plan: BenchPlan, rows: dict[str, list[LevelResult]],
     for c in chosen:
         lines.append(f"| concurrency {c} | " + " | ".join(
             f"{spread(by_round[n].get(c, [])):.1%}" for n in names) + " |")
+    if kernels:
+        lines += ["", "| row | linear kernels (its server's choice) |", "|---|---|"]
+        lines += [f"| {n} | {kernels[n]} |" for n in names if n in kernels]
     return md + "\n".join(lines) + "\n\n" + to_markdown(rows)
 
 

@@ -22,7 +22,7 @@ from eaglenest.foundation.host.threads import SHARING_ENV, ComputeLedger
 from eaglenest.foundation.http.instance_auth import new_secret
 from eaglenest.foundation.memory_plan import Gpus
 from eaglenest.models.decode.modes import DecodeMode, Decoding
-from eaglenest.workers.jobs.bench_report import markdown, plot
+from eaglenest.workers.jobs.bench_report import markdown, plot, server_kernels
 from eaglenest.workers.jobs.bench_rows import (
     BASELINE,
     SPREAD,
@@ -135,13 +135,19 @@ Rounds = dict[str, list[list[LevelResult]]]  # row name -> per level -> per roun
 
 def _row_servers(plan: BenchPlan, logs: Path, sharing: int) -> dict[str, Any]:
     """Row name -> a function that builds its server (baseline first, then plan.rows)."""
+    stems = log_stems(plan)
     rows: dict[str, Any] = {BASELINE: lambda: _server(
-        plan, None, plan.num_speculative_tokens, logs / "baseline-server.log", sharing)}
+        plan, None, plan.num_speculative_tokens, logs / f"{stems[BASELINE]}.log", sharing)}
     for row in plan.rows:
         rows[row.name] = (lambda row=row: _server(plan, plan.head_dir, row.k,
-                                                  logs / f"{row.log_stem}.log", sharing,
+                                                  logs / f"{stems[row.name]}.log", sharing,
                                                   row.decoding))
     return rows
+
+
+def log_stems(plan: BenchPlan) -> dict[str, str]:
+    """Row name -> its server's log file name under the stage's logs/ (without .log)."""
+    return {BASELINE: "baseline-server", **{r.name: r.log_stem for r in plan.rows}}
 
 
 def _rates_at(rows: Rounds, level: int) -> dict[str, list[float]]:
@@ -314,7 +320,8 @@ def run_benchmark(plan: BenchPlan, out: Path, should_stop: Any,
     ``measured``: per row and concurrency the pooled ``output_throughput``, the per-round
     ``output_throughput_by_round``, their ``spread`` and ``pooled_spread``
     (workers/jobs/bench_rows.py); ``rounds_by_level``; ``chosen`` per concurrency, a row name
-    ("tree K=4") or "off"."""
+    ("tree K=4") or "off"; ``linear_kernels``: per row, the linear kernels its embedded
+    server chose (bench_report.server_kernels; absent for a vLLM row)."""
     progress = progress or BenchProgress(None, "benchmark", lambda _: None)
     measured_rounds = measure_rows(plan, out / "logs", should_stop, progress)
     if should_stop():
@@ -338,8 +345,10 @@ def run_benchmark(plan: BenchPlan, out: Path, should_stop: Any,
     main_k = (plan.num_speculative_tokens if plan.num_speculative_tokens in plan.measured_ks
               else max(plan.measured_ks))
     report["speedup"] = report["speedup_by_row"][Row(plan.rows[0].decoding, main_k).name]
+    report["linear_kernels"] = server_kernels(out / "logs", log_stems(plan))
     (out / "benchmark.json").write_text(json.dumps(report, indent=1))
-    (out / "benchmark.md").write_text(markdown(plan, rows, by_round, schedule, chosen))
+    (out / "benchmark.md").write_text(markdown(plan, rows, by_round, schedule, chosen,
+                                               report["linear_kernels"]))
     plot(rows, chosen, out / "benchmark.png")
     return report
 

@@ -172,6 +172,11 @@ def test_a_real_benchmark_logs_its_rows_and_no_requests(tiny_llama_dir, tiny_eag
     err = capfd.readouterr().err
     print(err)
     assert list(report["results"]) == ["baseline", "chain K=1"]
+    kernels = report["linear_kernels"]  # each server's own choice, from its log
+    assert list(kernels) == ["baseline", "chain K=1"], kernels
+    assert kernels["baseline"].startswith("layers=") and ", head=" not in kernels["baseline"]
+    assert ", head=" in kernels["chain K=1"]  # the draft head's family too
+    assert f"| chain K=1 | {kernels['chain K=1']} |" in (tmp_path / "benchmark.md").read_text()
     assert "HTTP Request" not in err and " httpx " not in err and " httpcore" not in err
     ours = [line.split("INFO eaglenest.optimize ")[1] for line in err.splitlines()
             if "INFO eaglenest.optimize job tiny: benchmark: " in line]
