@@ -10,7 +10,7 @@ interleaved round by round).
 The levers (LEVERS): the README's job as it stands, one sampled regenerated answer per
 training example beside the greedy one (EAGLENEST_REGENERATE_SAMPLES=1), shorter samples
 (EAGLENEST_MAX_LENGTH), a shallower and a deeper training-time test (EAGLENEST_TTT_STEPS),
-two smaller and a larger draft vocabulary (EAGLENEST_DRAFT_VOCAB_SIZE); then the README's
+three smaller and a larger draft vocabulary (EAGLENEST_DRAFT_VOCAB_SIZE); then the README's
 job 3 (built-in datasets, 3 minutes) from scratch and from the first lever's head. Every job
 writes to one S3OutputLocation, so the greedy answers are regenerated once and reused (the
 regeneration cache; the sampled pass once too); each job's minutes are still printed.
@@ -51,6 +51,7 @@ LEVERS: dict[str, tuple[dict[str, str], str, str | None]] = {
     "length 512": ({"EAGLENEST_MAX_LENGTH": "512"}, "mine", None),
     "ttt 2": ({"EAGLENEST_TTT_STEPS": "2"}, "mine", None),
     "ttt 4": ({"EAGLENEST_TTT_STEPS": "4"}, "mine", None),
+    "vocab 1024": ({"EAGLENEST_DRAFT_VOCAB_SIZE": "1024"}, "mine", None),
     "vocab 2048": ({"EAGLENEST_DRAFT_VOCAB_SIZE": "2048"}, "mine", None),
     "vocab 4096": ({"EAGLENEST_DRAFT_VOCAB_SIZE": "4096"}, "mine", None),
     "vocab 16384": ({"EAGLENEST_DRAFT_VOCAB_SIZE": "16384"}, "mine", None),
