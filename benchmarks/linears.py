@@ -25,13 +25,13 @@ import torch
 from torch import nn
 
 from eaglenest.models.decode import kernel_cache
-from eaglenest.models.decode.direct import direct_decoder
 from eaglenest.models.decode.kernels import (
     KernelPolicy,
     TimingCase,
     apply,
     choose,
     family_linears,
+    fused_families,
     interleaved_timer,
     measure,
     round_calls,
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=20)
     args = ap.parse_args(argv)
     model: Any = load_target(args.target or str(cached_smollm2()), dtype=torch.float32).model.eval()
-    fused = frozenset({"layers"} if direct_decoder(model) is not None else ())  # as apply fuses
+    fused = fused_families(model, KernelPolicy())  # as apply fuses
     _header(model, fused)
     timer = functools.partial(interleaved_timer, warmup=3, repeat=args.repeat)
     policy = KernelPolicy(lossy=True, timer=timer)

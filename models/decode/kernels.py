@@ -50,6 +50,7 @@ log = logging.getLogger("eaglenest.models.decode.kernels")
 
 FAMILIES = ("layers", "lm_head", "head")
 AUTO = "auto"
+LOG_PREFIX = "linear kernels: "  # how the choice's log line starts (read by benchmark reports)
 
 
 @dataclass(frozen=True)
@@ -159,10 +160,10 @@ class KernelReport:
             parts.append(f"{fam}={choice} ({self.source[fam]}{'; ms/round: ' if scores else ''}"
                          f"{scores})")
         fused = f"; {self.fused} sibling groups fused" if self.fused else ""
-        return f"linear kernels: {', '.join(parts)}; measured in {self.seconds:.2f}s{fused}"
+        return f"{LOG_PREFIX}{', '.join(parts)}; measured in {self.seconds:.2f}s{fused}"
 
     def lines(self) -> list[str]:
-        out = [f"linear kernels: {self.summary()}; measured in {self.seconds:.2f}s"]
+        out = [f"{LOG_PREFIX}{self.summary()}; measured in {self.seconds:.2f}s"]
         for fam, per_cand in self.timings.items():
             calls = " + ".join(f"{n:g}x{r} rows" for r, n in sorted(self.calls[fam].items()))
             out.append(f"  {fam} (per round: {calls}):")
@@ -379,7 +380,7 @@ def apply(module: nn.Module, families: dict[str, dict[str, nn.Linear]], choice: 
         target = copies[signature] = copy.deepcopy(module, memo)
     else:
         target = module
-    if policy.fuse and "layers" in families and direct_decoder(target) is not None:
+    if "layers" in families and "layers" in fused_families(target, policy):
         fused = fuse_siblings(target, _repacking_build(plan))
         changes = [n for n in changes if n not in fused]
     for name in changes:
@@ -397,12 +398,17 @@ def _repacking_build(plan: dict[str, Candidate]) -> Callable[[str], Callable | N
     return build_for
 
 
+def fused_families(model: nn.Module, policy: KernelPolicy) -> frozenset[str]:
+    """The families whose sibling groups ``apply`` fuses where their candidate repacks: a
+    target's ``layers`` on the direct forward, unless ``policy.fuse`` is off."""
+    return frozenset({"layers"} if policy.fuse and direct_decoder(model) is not None else ())
+
+
 def use_kernels(model: nn.Module, head: nn.Module | None, calls: dict[str, dict[int, float]],
                 policy: KernelPolicy) -> tuple[nn.Module, nn.Module | None, KernelReport]:
     """(model, head) with the chosen kernels, and the report of the choice."""
     target_fams, head_fams = family_linears(model), family_linears(head, head=True)
-    fused = frozenset({"layers"} if policy.fuse and direct_decoder(model) is not None else ())
-    report = choose({**target_fams, **head_fams}, calls, policy, fused)
+    report = choose({**target_fams, **head_fams}, calls, policy, fused_families(model, policy))
     fast_model = apply(model, target_fams, report.choice, policy)
     report.fused = sum(isinstance(m, SiblingSlice) and m.index == 0 for m in fast_model.modules())
     fast_head = None if head is None else apply(head, head_fams, report.choice, policy)

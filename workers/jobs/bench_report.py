@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from eaglenest.models.decode.kernels import LOG_PREFIX
 from eaglenest.workers.jobs.bench_rows import BASELINE, SPREAD, pooled_spread, spread
 from eaglenest.workers.jobs.loadgen import LevelResult, to_markdown
 from eaglenest.workers.model_servers.schedule import MARGIN, Schedule
@@ -38,10 +39,6 @@ def describe(schedule: Schedule) -> str:
     return ", ".join(parts)
 
 
-#: an embedded server's log line of its choice (models/decode/kernels.py)
-KERNELS = "linear kernels: "
-
-
 def server_kernels(logs: Path, stems: dict[str, str]) -> dict[str, str]:
     """Row name -> the linear kernels its server chose (the last such line of its log, e.g.
     "layers=onednn (measured; ms/round: stock 40.41, onednn 19.50), lm_head=onednn ...");
@@ -53,7 +50,8 @@ def server_kernels(logs: Path, stems: dict[str, str]) -> dict[str, str]:
             text = (logs / f"{stem}.log").read_text(errors="replace")
         except FileNotFoundError:
             continue
-        found = [line.split(KERNELS, 1)[1] for line in text.splitlines() if KERNELS in line]
+        found = [line.split(LOG_PREFIX, 1)[1] for line in text.splitlines()
+                 if LOG_PREFIX in line]
         if found:
             out[name] = found[-1].strip()
     return out
