@@ -3,7 +3,8 @@
 Baseline (target alone) and a row per decoding and K (target + head: the first of
 --decodings at each K of --ks, the others at the largest) served by the same backend, the same
 load at each concurrency, in rounds sized as a job's (at least --rounds; more while the
-leading row's rounds spread 5% or more, up to --max-rounds, within --minutes); writes
+leading row's, the baseline's or the fastest row's rounds spread 5% or more, up to
+--max-rounds, within --minutes); writes
 benchmark.json / .md / .png into --out, speculation_schedule.json into --out, and prints the
 table.
 """
@@ -117,8 +118,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    "measured in at each level at least, 1-10 (each sends every prompt once); "
                    "a row is scheduled only if it beats the baseline in every one")
     p.add_argument("--max-rounds", type=_between(1, 20), default=6, help="the most rounds at "
-                   "a level: more than --rounds while the leading row's rounds spread 5%% or "
-                   "more")
+                   "a level: more than --rounds while the leading, baseline or fastest "
+                   "row's rounds spread 5%% or more")
     p.add_argument("--minutes", type=float, default=0.0, help="the budget for rounds beyond "
                    "--rounds, from the start (default 0: none)")
     p.add_argument("--decodings", default="", help="decodings to measure, e.g. chain,tree,"

@@ -272,8 +272,9 @@ class JobOptions(BaseModel):
     #: rounds each row is measured at each level at least; a row is scheduled only if it
     #: wins in every one
     bench_rounds: Annotated[int, _between(1, 10), Field(alias="EAGLENEST_BENCH_ROUNDS")] = 2
-    #: the most rounds at a level: more than bench_rounds while the leading row's round-to-
-    #: round spread is 5% or more (workers/jobs/bench_rows.py); at least bench_rounds
+    #: the most rounds at a level: more than bench_rounds while the leading, baseline or
+    #: fastest row's pooled spread is 5% or more (workers/jobs/bench_rows.py); at least
+    #: bench_rounds
     bench_max_rounds: Annotated[int, _between(1, 20),
                                 Field(alias="EAGLENEST_BENCH_MAX_ROUNDS")] = 6
     #: the benchmark stage's budget in minutes: no round beyond bench_rounds starts unless it

@@ -77,7 +77,8 @@ def markdown(plan: BenchPlan, rows: dict[str, list[LevelResult]],
           f"/ mean of a row's per-round tok/s; pooled: twice the standard error of their "
           f"mean over the mean (the spread itself with 2 rounds). At least {plan.rounds} "
           f"rounds a level, more (up to {max(plan.rounds, plan.max_rounds)}) while the "
-          f"leading row's pooled spread is {SPREAD:.0%} or more.\n\n")
+          f"leading row's, the baseline's or the fastest row's pooled spread is "
+          f"{SPREAD:.0%} or more.\n\n")
     lines = ["| concurrency | " + " | ".join(f"{n} tok/s" for n in names)
              + " | chosen | rounds | chosen's spread (pooled) |",
              "|" + "---|" * (len(names) + 4)]

@@ -14,13 +14,17 @@ the pooled figure the schedule compares, so sizing reads `pooled_spread`: twice 
 standard error of the rounds' mean over the mean, which is the spread itself with two
 rounds and shrinks as 1/sqrt(rounds) while the rounds scatter alike. Example: 95, 105 ->
 10% (both); 95, 105, 100, 100 -> spread 10%, pooled 4.1%.
-Sizing (`Sizing.more`): at least ``rounds`` rounds at each level; then one more while the
-leading row's pooled spread is SPREAD or more, up to ``max_rounds``, and only where the
-round (and the rounds still owed at the levels above) fits the stage's budget. The leading
-row (`leading`) is the one the schedule's own rule picks at that level alone
-(workers/model_servers/schedule.py ``derive``: the highest mean among the rows that beat
-the baseline by more than MARGIN in every round), else the baseline: the figure the
-schedule rests on is the one made steady.
+Sizing (`Sizing.more`): at least ``rounds`` rounds at each level; then one more while a
+watched row's pooled spread is SPREAD or more, up to ``max_rounds``, and only where the
+round (and the rounds still owed at the levels above) fits the stage's budget. The watched
+rows (`watched`) are the figures the level's choice and its ratio rest on: the leading row
+(`leading`: the one the schedule's own rule picks at that level alone,
+workers/model_servers/schedule.py ``derive``: the highest mean among the rows that beat the
+baseline by more than MARGIN in every round, else the baseline), the baseline it is
+compared with, and the fastest speculative row by mean (the one steadier rounds could still
+make the leading row, or take the lead from). Example: baseline 100, 100; chain K=3 104, 120
+(mean 112, not leading: 104 is within 5%); tree K=5 90, 90 -> watched baseline and chain
+K=3, and chain K=3's 14.3% spread asks for a round more although the baseline leads.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from typing import NamedTuple
 from eaglenest.workers.model_servers.schedule import derive
 
 BASELINE = "baseline"
-#: more rounds at a level while the leading row's pooled spread is this or more
+#: more rounds at a level while a watched row's pooled spread is this or more
 SPREAD = 0.05
 
 
@@ -101,6 +105,24 @@ def leading(rates: Mapping[str, Sequence[float]], rows: Sequence[Row]) -> str:
     return Row(decoding, k).name if k else BASELINE
 
 
+def watched(rates: Mapping[str, Sequence[float]], rows: Sequence[Row]) -> list[str]:
+    """The rows whose pooled figures a level is sized on (module docstring), leading row
+    first: the leading row, the baseline, the fastest measured speculative row by mean
+    (each once)."""
+    means = {r.name: sum(v) / len(v) for r in rows if (v := rates.get(r.name))}
+    names = [leading(rates, rows), BASELINE]
+    if means:
+        names.append(max(means, key=lambda n: means[n]))
+    return list(dict.fromkeys(names))
+
+
+def unsteadiest(rates: Mapping[str, Sequence[float]], rows: Sequence[Row]) -> tuple[str, float]:
+    """The watched row with the largest pooled spread, and that spread (the leading row's
+    when none spreads more)."""
+    spreads = [(name, pooled_spread(rates.get(name, ()))) for name in watched(rates, rows)]
+    return max(spreads, key=lambda s: s[1])
+
+
 @dataclass
 class Sizing:
     """How many rounds each level gets (module docstring); ``clock`` is the stage's, read
@@ -114,12 +136,11 @@ class Sizing:
 
     def more(self, done: int, rates: Mapping[str, Sequence[float]], rows: Sequence[Row],
              seconds: float) -> tuple[str, float] | None:
-        """After ``done`` rounds at a level with these per-round ``rates``: (the leading
-        row, its pooled spread) when one more round is due, which would take ``seconds``
-        with the rounds still owed elsewhere; None when the level is done. The first
-        ``rounds`` are always due (spread 0 before two)."""
-        name = leading(rates, rows) if done else BASELINE
-        wobble = pooled_spread(rates.get(name, ()))
+        """After ``done`` rounds at a level with these per-round ``rates``: (the unsteadiest
+        watched row, its pooled spread) when one more round is due, which would take
+        ``seconds`` with the rounds still owed elsewhere; None when the level is done. The
+        first ``rounds`` are always due (spread 0 before two)."""
+        name, wobble = unsteadiest(rates, rows) if done else (BASELINE, 0.0)
         if done < self.rounds:
             return name, wobble
         if done >= max(self.rounds, self.max_rounds) or wobble < SPREAD:

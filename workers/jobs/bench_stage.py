@@ -159,7 +159,7 @@ def _rates_at(rows: Rounds, level: int) -> dict[str, list[float]]:
 def measure_rows(plan: BenchPlan, logs: Path, should_stop: Any,
                  progress: BenchProgress) -> Rounds:
     """Every row (baseline, then plan.rows) at every concurrency, in rounds sized by
-    bench_rows.Sizing (at least ``plan.rounds``; more while the leading row's pooled spread
+    bench_rows.Sizing (at least ``plan.rounds``; more while a watched row's pooled spread
     is 5% or more, within ``plan.max_rounds`` and ``plan.minutes`` counted from here on
     ``progress.clock``), rows interleaved, the order reversed from round to round (rows A B
     C then C B A: a host whose speed drifts shifts every row alike instead of whichever row

@@ -28,7 +28,7 @@ A resumed job keeps the published rows before the step it resumes at.
 line as each server starts and as each row (baseline or "decoding K=n") finishes a round at a
 level, `job NAME: benchmark: concurrency 4 (level 2/3)  chain K=3 (embedded)  round 1/2
 123.4 tok/s  requests 56/96 (58%)  ETA 2m40s`, a line when a level gets a round more than
-planned because its leading row's pooled figure is not yet steady (workers/jobs/
+planned because a figure its choice rests on is not yet steady (workers/jobs/
 bench_rows.py), `job NAME: benchmark: concurrency 1 (level 1/3)  round 3 added: tree K=5
 pooled spread 8.1%  requests 96/144 (66%)` (the total and the level's rounds grow with it),
 and a record of the same figures for `eaglenest status` at the start and end of each
@@ -229,7 +229,8 @@ class BenchProgress:
 
     def round_added(self, level: int, row: str, spread: float) -> None:
         """Concurrency ``level`` gets a round more (every row once more) because ``row``,
-        the level's leading one, has a pooled spread of ``spread`` over its rounds so far."""
+        one of the level's watched rows (bench_rows.watched), has a pooled spread of
+        ``spread`` over its rounds so far."""
         self.level_rounds[level] = self.level_rounds.get(level, self.rounds) + 1
         self.total += self.per_round.get(level, 0) * self.rows
         record = {"phase": "round added", "level": level,

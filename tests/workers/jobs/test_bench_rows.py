@@ -1,6 +1,7 @@
 """Which rows a job's benchmark measures and in how many rounds (workers/jobs/bench_rows.py,
 the decodings from workers/jobs/options.py ``bench_decodings``): a row per decoding and K by
-head kind and backend; rounds that go on while the leading row's pooled figure is unsteady,
+head kind and backend; rounds that go on while a watched row's pooled figure is unsteady (the leading row, the
+baseline, the fastest row),
 up to the most rounds and within the stage's budget, with progress totals that grow with
 them; a bad EAGLENEST_BENCH_DECODINGS refused naming the variable and the valid names."""
 
@@ -20,6 +21,8 @@ from eaglenest.workers.jobs.bench_rows import (
     pooled_spread,
     requests_per_round,
     spread,
+    unsteadiest,
+    watched,
 )
 from eaglenest.workers.jobs.bench_stage import BenchPlan, measure_rows
 from eaglenest.workers.jobs.options import OptionError, bench_decodings, for_kind, parse_options
@@ -95,6 +98,14 @@ def test_spread_pooled_spread_and_the_leading_row() -> None:
                    rows) == "chain K=3"
     assert leading({"baseline": [100, 100], "chain K=3": [104, 120], "tree K=5": [90, 90]},
                    rows) == "baseline"
+    # watched: the leading row, the baseline, the fastest by mean; the unsteadiest of them
+    rates = {"baseline": [100, 100], "chain K=3": [104, 120], "tree K=5": [90, 90]}
+    assert watched(rates, rows) == ["baseline", "chain K=3"]
+    assert unsteadiest(rates, rows) == ("chain K=3", pytest.approx(16 / 112))
+    rates = {"baseline": [100, 100], "chain K=3": [120, 121], "tree K=5": [150, 104]}
+    assert watched(rates, rows) == ["chain K=3", "baseline", "tree K=5"]
+    assert unsteadiest(rates, rows)[0] == "tree K=5"
+    assert watched({"baseline": [100, 90]}, rows) == ["baseline"]
 
 
 Rates = Callable[[str, int, int], float]  # (server log stem, concurrency, round) -> tok/s
@@ -159,6 +170,33 @@ def test_a_spread_row_gets_rounds_until_steady_and_a_steady_one_stops_at_bench_r
     assert lines[-1] == ("job j1: benchmark: concurrency 4 (level 2/2)  baseline (embedded)  "
                          "round 2/2  100.0 tok/s  requests 48/48 (100%)  ETA 0s")
     assert reports[-1]["requests"] == reports[-1]["requests_total"] == 48
+
+
+def test_a_spread_row_within_the_margin_gets_rounds_while_the_baseline_leads(
+        monkeypatch, caplog, tmp_path):
+    """Concurrency 1: chain K=3's first rounds 104 and 124 against a steady baseline of 100,
+    so the baseline leads (104 is within the 5% margin) while chain K=3, the fastest row,
+    spreads 17.5%: rounds are added for it (114 each) until its pooled figure is under 5%
+    after round 6, though the baseline still leads."""
+    def within_margin(name: str, c: int, r: int) -> float:
+        if name.startswith("baseline"):
+            return 100.0
+        return (104.0, 124.0)[r] if c == 1 and r < 2 else 114.0
+
+    scripted(monkeypatch, within_margin)
+    caplog.set_level(logging.INFO, logger="eaglenest.optimize")
+    rows = measure_rows(sizing_plan(), tmp_path, lambda: False,
+                        BenchProgress("j1", "benchmark", lambda _: None, Clock()))
+    assert [len(level) for level in rows["chain K=3"]] == [6, 2]
+    added = [r.getMessage() for r in caplog.records if "added" in r.getMessage()]
+    assert [line.split("  ")[1] for line in added] == [
+        "round 3 added: chain K=3 pooled spread 17.5%",
+        "round 4 added: chain K=3 pooled spread 10.1%",
+        "round 5 added: chain K=3 pooled spread 7.2%",
+        "round 6 added: chain K=3 pooled spread 5.5%"]
+    rates = {n: [r.output_throughput for r in levels[0]] for n, levels in rows.items()}
+    assert leading(rates, [Row("chain", 3)]) == "baseline"  # 104 stays within the margin
+    assert unsteadiest(rates, [Row("chain", 3)])[1] < 0.05
 
 
 def test_rounds_stop_at_the_most_and_within_the_budget(monkeypatch, tmp_path):
