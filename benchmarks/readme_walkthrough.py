@@ -29,7 +29,7 @@ The last lines print each run's job-2 ratio at concurrency 1 (the row its schedu
 against the baseline, from its benchmark.json) and their spread.
 
 tests/benchmarks/test_readme_walkthrough.py runs the same examples on a tiny model; this is the
-real thing on SmolLM2 (three optimization jobs: about 45 minutes on 2 cores).
+real thing on SmolLM2 (three optimization jobs: about 42 minutes on 2 AVX-512 cores).
 """
 
 from __future__ import annotations
