@@ -13,8 +13,9 @@ request, so a percentage need not be a whole number of instances).
 MaximumExecutionTimeoutInSeconds bounds the whole shift (exceeded: rolled back). With
 AutoRollbackConfiguration the new fleet's health is checked throughout the baking periods and
 a failed instance rolls the update back; EagleNest has no CloudWatch, so its Alarms are
-recorded but not read. No BlueGreenUpdatePolicy: all at once without waiting, as SageMaker's
-default. RollingUpdatePolicy is recorded (LastDeploymentConfig) and applied all at once.
+recorded but not read. No BlueGreenUpdatePolicy: all at once without a baking period of
+its own, as SageMaker's default. RollingUpdatePolicy is recorded (LastDeploymentConfig) and
+applied all at once.
 """
 
 from __future__ import annotations
@@ -37,11 +38,6 @@ class Plan:
     steps: list[tuple[float, float]] = field(default_factory=lambda: [(1.0, 0.0)])
     max_seconds: float | None = None
     auto_rollback: bool = False
-
-    @property
-    def gradual(self) -> bool:
-        """Whether the shift needs steps at all (else the update switches at once)."""
-        return len(self.steps) > 1 or self.steps[0][1] > 0
 
 
 def _share(size: dict[str, Any], instances: int) -> float:

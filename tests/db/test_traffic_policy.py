@@ -41,8 +41,9 @@ def test_plan_steps(config, instances, steps):
 
 def test_plan_bounds():
     p = plan({**bg("ALL_AT_ONCE", 0, max_s=600), "AutoRollbackConfiguration": {}}, 1)
-    assert (p.max_seconds, p.auto_rollback, p.gradual) == (600.0, True, False)
-    assert plan(bg("ALL_AT_ONCE", 1), 1).gradual
+    assert (p.max_seconds, p.auto_rollback, p.steps) == (600.0, True, [(1.0, 0.0)])
+    assert plan(bg("ALL_AT_ONCE", 1), 1).steps == [(1.0, 1.0)]
+    assert plan(None, 3).steps == [(1.0, 0.0)]
 
 
 @pytest.mark.parametrize(("config", "instances", "message"), [

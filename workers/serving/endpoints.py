@@ -167,7 +167,7 @@ def _replace_fleet(ctx: WorkerContext, ep: ResourceRef, config_name: str,
         dep = fleet.launch(ctx, ep, config_name, fleet.overrides(ctx, ep, new_config=True),
                            eps.UPDATING)
         plan = shift.plan_of(ctx, ep.arn, dep)
-        if plan.gradual and not shift.run(ctx, ep.arn, config_name, dep, plan, dead_instances):
+        if not shift.run(ctx, ep.arn, config_name, dep, plan, dead_instances):
             capacity.stop(ctx, ep, dep["Servers"])
             return "superseded"
     except capacity.WaitingForCapacity:

@@ -4,6 +4,11 @@ of traffic on the new fleet (endpoints_repo.shift_traffic) and waits its baking 
 watching the deadline (MaximumExecutionTimeoutInSeconds) and, with AutoRollbackConfiguration,
 the new fleet's health. The caller finishes the update (all traffic on the new fleet, the
 old one stopped) or rolls it back.
+
+Every update runs here, one with no BlueGreenUpdatePolicy as one step of 100% baked for no
+time of its own: the last step (100%) lasts at least as long as a router may route from what
+it read before the step (`settled_seconds`), so once the endpoint says InService no request
+goes to the old fleet, which is still up until the caller stops it.
 """
 
 from __future__ import annotations
@@ -22,6 +27,16 @@ from eaglenest.workers.infra.context import WorkerContext
 
 #: how often a baking period looks at the clock, the row and the new fleet's health
 POLL_SECONDS = 1.0
+#: what a router's read of the row may take beyond route_cache_seconds: a read that began
+#: before a step was written and ended after it is kept route_cache_seconds from its end
+READ_MARGIN_SECONDS = 0.5
+
+
+def settled_seconds(ctx: WorkerContext) -> float:
+    """How long after a step is written every sagemaker-runtime router routes by it: a route
+    snapshot expires route_cache_seconds after it was read (api/runtime/routes.py)."""
+    ttl = ctx.settings.route_cache_seconds
+    return ttl + READ_MARGIN_SECONDS if ttl > 0 else 0.0
 
 
 class ShiftFailed(Exception):
@@ -43,6 +58,8 @@ def run(ctx: WorkerContext, arn: str, config_name: str, dep: dict[str, Any],
     timed out): the caller stops the new fleet. Raises ShiftFailed to roll back."""
     start = time.monotonic()
     for i, (share, wait) in enumerate(plan.steps):
+        if i == len(plan.steps) - 1:
+            wait = max(wait, settled_seconds(ctx))
         message = (f"{share:.0%} of traffic on the new fleet (step {i + 1} of "
                    f"{len(plan.steps)}), baking for {wait:.0f} s")
         with ctx.db.session() as s:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 import time
 
 import pytest
@@ -72,6 +73,52 @@ def invoke_until(rt, name: str, n: int, until: float) -> list[str]:
         r = rt.invoke_endpoint(EndpointName=name, ContentType="application/json", Body=body)
         served.append(r["InvokedProductionVariant"])
     return served
+
+
+def test_once_in_service_no_request_reaches_the_old_fleet(stack: Stack):
+    """An update with no DeploymentConfig (all at once): every request sent after
+    DescribeEndpoint first says InService is served by the new fleet, though the router keeps
+    routes cached (route_cache_seconds, 1 s) and was busy with the old fleet all along."""
+    sm = stack.client()
+    sm.create_endpoint(EndpointName="switch", EndpointConfigName="blue")
+    in_service(sm, "switch")
+    served: list[tuple[float, str]] = []  # (time.monotonic() the request was sent, variant)
+    done = threading.Event()
+
+    def invoke() -> None:
+        rt = stack.client("sagemaker-runtime")
+        body = json.dumps({"inputs": "Natalia sold", "parameters": {"max_new_tokens": 1}})
+        while not done.is_set():
+            sent = time.monotonic()
+            r = rt.invoke_endpoint(EndpointName="switch", ContentType="application/json",
+                                   Body=body)
+            served.append((sent, r["InvokedProductionVariant"]))
+
+    caller = threading.Thread(target=invoke)
+    caller.start()
+    try:
+        sm.update_endpoint(EndpointName="switch", EndpointConfigName="green")
+        deadline, steps = time.monotonic() + 180, {}
+        while (d := sm.describe_endpoint(EndpointName="switch"))["EndpointStatus"] != "InService":
+            assert time.monotonic() < deadline, "the update did not finish"
+            for v in d.get("PendingDeploymentSummary", {}).get("ProductionVariants", []):
+                status = v["VariantStatus"][0]
+                steps.setdefault(status["StatusMessage"], time.monotonic())
+            time.sleep(0.05)
+        switched = time.monotonic()
+        time.sleep(3)
+    finally:
+        done.set()
+        caller.join(60)
+    # the one step (all traffic on the new fleet) lasted the routers' cache and its margin
+    (message, shown), = steps.items()
+    assert message == "100% of traffic on the new fleet (step 1 of 1), baking for 2 s"
+    assert switched - shown >= 1.5 - 0.1, switched - shown
+    before = {v for t, v in served if t < switched}
+    after = [v for t, v in served if t > switched]
+    assert "Blue" in before and len(after) >= 10, (before, len(after))
+    assert set(after) == {"Green"}, f"{after.count('Blue')} of {len(after)} reached the old fleet"
+    sm.delete_endpoint(EndpointName="switch")
 
 
 def test_canary_shifts_the_stated_share(stack: Stack):
