@@ -14,9 +14,10 @@ the pooled figure the schedule compares, so sizing reads `pooled_spread`: twice 
 standard error of the rounds' mean over the mean, which is the spread itself with two
 rounds and shrinks as 1/sqrt(rounds) while the rounds scatter alike. Example: 95, 105 ->
 10% (both); 95, 105, 100, 100 -> spread 10%, pooled 4.1%.
-Sizing (`Sizing.more`): at least ``rounds`` rounds at each level; then one more while a
-watched row's pooled spread is SPREAD or more, up to ``max_rounds``, and only where the
-round (and the rounds still owed at the levels above) fits the stage's budget. The watched
+Sizing (`Sizing.more`): at least ``rounds`` rounds at each level, every level's before any
+level's extra ones; then, lowest concurrency first, one more at a level while a watched
+row's pooled spread there is SPREAD or more, up to ``max_rounds``, and only where the round
+(priced at that level's last round) fits the stage's budget. The watched
 rows (`watched`) are the figures the level's choice and its ratio rest on: the leading row
 (`leading`: the one the schedule's own rule picks at that level alone,
 workers/model_servers/schedule.py ``derive``: the highest mean among the rows that beat the
@@ -138,8 +139,8 @@ class Sizing:
              seconds: float) -> tuple[str, float] | None:
         """After ``done`` rounds at a level with these per-round ``rates``: (the unsteadiest
         watched row, its pooled spread) when one more round is due, which would take
-        ``seconds`` with the rounds still owed elsewhere; None when the level is done. The
-        first ``rounds`` are always due (spread 0 before two)."""
+        ``seconds``; None when the level is done. The first ``rounds`` are always due
+        (spread 0 before two)."""
         name, wobble = unsteadiest(rates, rows) if done else (BASELINE, 0.0)
         if done < self.rounds:
             return name, wobble
@@ -151,9 +152,3 @@ class Sizing:
         used = self.clock() - self.started
         return self.budget_s <= 0 or used + seconds <= self.budget_s
 
-
-def seconds_needed(round_seconds: float, round_requests: int, requests_owed: int) -> float:
-    """A round more at a level that took ``round_seconds`` for ``round_requests`` requests,
-    plus the ``requests_owed`` elsewhere at its rate (the levels above usually serve faster,
-    so it errs long). Example: 20 s for 16 requests, 32 owed -> 20 + 40 = 60 s."""
-    return round_seconds * (1 + requests_owed / max(round_requests, 1))

@@ -31,7 +31,6 @@ from eaglenest.workers.jobs.bench_rows import (
     plan_rows,
     pooled_spread,
     requests_per_round,
-    seconds_needed,
     spread,
 )
 from eaglenest.workers.jobs.loadgen import (
@@ -164,11 +163,13 @@ def measure_rows(plan: BenchPlan, logs: Path, should_stop: Any,
     ``progress.clock``), rows interleaved, the order reversed from round to round (rows A B
     C then C B A: a host whose speed drifts shifts every row alike instead of whichever row
     ran last). Each server answers one untimed request once started (`_warm_up`).
-    On the CPU all servers are loaded up front and paused (SIGSTOP); at each level each is
-    resumed in turn for its measurement, and the level's rounds go on until Sizing is done
-    with it. Each is sized for the CPUs as if it ran alone (it does, while measured).
+    On the CPU all servers are loaded up front and paused (SIGSTOP); each is resumed in
+    turn for its measurement. Every level gets its first ``plan.rounds`` rounds (lowest
+    concurrency first), then each level, lowest first, the extra rounds Sizing finds due
+    while they fit (a spare minute goes to concurrency 1 before 4). Each server is sized
+    for the CPUs as if it ran alone (it does, while measured).
     On GPUs one server runs at a time (`_one_at_a_time`).
-    Stopped early: the levels measured so far, the last maybe partial. ``progress`` hears
+    Stopped early: the rounds measured so far (a level not reached: none). ``progress`` hears
     of each server start, each measurement and each round added (workers/jobs/progress.py)."""
     builders = _row_servers(plan, logs, ComputeLedger().running() + 1)
     sizing = Sizing(max(1, plan.rounds), plan.max_rounds, 60 * plan.minutes, progress.clock,
@@ -187,13 +188,16 @@ def measure_rows(plan: BenchPlan, logs: Path, should_stop: Any,
             server.start(plan.startup_timeout)
             _warm_up(server, plan)
             server.pause(True)
-        for i in range(len(plan.concurrency)):
-            for levels in rows.values():
-                levels.append([])
-            owed = sum(per_round[x] for x in plan.concurrency[i + 1:]) * len(servers)
-            if not _size_level(plan, servers, rows, i, sizing, owed * sizing.rounds,
-                               should_stop, progress):
-                return rows
+        for levels in rows.values():
+            levels.extend([] for _ in plan.concurrency)
+        seconds = [0.0] * len(plan.concurrency)  # each level's last round, in seconds
+        for extra in (False, True):  # every level's first rounds, then extra ones
+            for i in range(len(plan.concurrency)):
+                took = _size_level(plan, servers, rows, i, sizing, seconds[i], extra,
+                                   should_stop, progress)
+                if took is None:
+                    return rows
+                seconds[i] = took
         return rows
     finally:
         for server in servers.values():
@@ -201,22 +205,28 @@ def measure_rows(plan: BenchPlan, logs: Path, should_stop: Any,
 
 
 def _size_level(plan: BenchPlan, servers: dict[str, ServerProcess], rows: Rounds, i: int,
-                sizing: Sizing, owed: int, should_stop: Any, progress: BenchProgress) -> bool:
-    """CPU: rounds of every row at the level of index ``i`` until Sizing says it is done
-    (``owed``: the requests the levels above still need); False: stopped."""
-    c, names, done, seconds = plan.concurrency[i], list(servers), 0, 0.0
-    round_requests = requests_per_round(len(plan.prompts), c) * len(names)
-    while due := sizing.more(done, _rates_at(rows, i), plan.rows,
-                             seconds_needed(seconds, round_requests, owed)):
-        if done >= sizing.rounds:
+                sizing: Sizing, seconds: float, extra: bool, should_stop: Any,
+                progress: BenchProgress) -> float | None:
+    """CPU: rounds of every row at the level of index ``i``: its first ``sizing.rounds``,
+    or (``extra``) those Sizing still finds due, each priced at the level's last round
+    (``seconds`` long). Returns how long the last round took; None: stopped."""
+    c, names = plan.concurrency[i], list(servers)
+    done = len(rows[BASELINE][i])
+    while True:
+        if not extra and done >= sizing.rounds:
+            break
+        if extra:
+            due = sizing.more(done, _rates_at(rows, i), plan.rows, seconds)
+            if due is None:
+                break
             progress.round_added(c, *due)
         began = sizing.clock()
         for name in names if done % 2 == 0 else names[::-1]:
             if should_stop():
-                return False
-            _measure_into(rows, name, servers[name], plan, c, done, progress)
+                return None
+            _measure_into(rows, name, servers[name], plan, c, done, progress, i)
         seconds, done = sizing.clock() - began, done + 1
-    return True
+    return seconds
 
 
 def _measure_into(rows: Rounds, name: str, server: ServerProcess, plan: BenchPlan, c: int,

@@ -111,9 +111,11 @@ def test_spread_pooled_spread_and_the_leading_row() -> None:
 Rates = Callable[[str, int, int], float]  # (server log stem, concurrency, round) -> tok/s
 
 
-def scripted(monkeypatch, rates: Rates, seconds: float = 10.0) -> Clock:  # noqa: ANN001
-    """Fake servers whose tok/s follows ``rates`` round by round; each measurement takes
-    ``seconds`` on the returned clock (the stage's budget is read on it)."""
+def scripted(monkeypatch, rates: Rates,  # noqa: ANN001
+             seconds: Callable[[int], float] = lambda c: 10.0) -> Clock:
+    """Fake servers whose tok/s follows ``rates`` round by round; each measurement at
+    concurrency c takes ``seconds(c)`` on the returned clock (the stage's budget is read on
+    it)."""
     clock = Clock()
     rounds: dict[tuple[str, int], int] = {}
 
@@ -122,7 +124,7 @@ def scripted(monkeypatch, rates: Rates, seconds: float = 10.0) -> Clock:  # noqa
 
     def measure(srv, plan, c):  # noqa: ANN001
         r = rounds[srv.name, c] = rounds.get((srv.name, c), -1) + 1
-        clock.t += seconds
+        clock.t += seconds(c)
         return result(c, requests_per_round(len(plan.prompts), c), rates(srv.name, c, r))
 
     monkeypatch.setattr(bench_stage, "_server", server)
@@ -146,9 +148,10 @@ def sizing_plan(**kw) -> BenchPlan:  # noqa: ANN003
 
 def test_a_spread_row_gets_rounds_until_steady_and_a_steady_one_stops_at_bench_rounds(
         monkeypatch, caplog, tmp_path):
-    """Concurrency 1: chain K=3 leads with rounds 10% apart, so round 3 is added (pooled
-    spread 10%), then round 4 (5.8%), then none (4.1% < 5%); concurrency 4 is steady:
-    its 2 rounds. The requests total grows by a round of both rows each time."""
+    """Every level's 2 rounds first; then concurrency 1, where chain K=3 leads with rounds
+    10% apart, gets round 3 (pooled spread 10%), then round 4 (5.8%), then none (4.1% <
+    5%); concurrency 4 is steady: its 2 rounds. The requests total grows by a round of both
+    rows each time."""
     clock = scripted(monkeypatch, noisy_at_1)
     reports: list = []
     caplog.set_level(logging.INFO, logger="eaglenest.optimize")
@@ -161,14 +164,17 @@ def test_a_spread_row_gets_rounds_until_steady_and_a_steady_one_stops_at_bench_r
     added = [line for line in lines if "added" in line]
     assert added == [
         "job j1: benchmark: concurrency 1 (level 1/2)  round 3 added: chain K=3 pooled spread "
-        "10.0%  requests 16/40 (40%)",
+        "10.0%  requests 32/40 (80%)",
         "job j1: benchmark: concurrency 1 (level 1/2)  round 4 added: chain K=3 pooled spread "
-        "5.8%  requests 24/48 (50%)"]
+        "5.8%  requests 40/48 (83%)"]
+    # concurrency 4's rounds came before them
+    assert lines[lines.index(added[0]) - 1].startswith(
+        "job j1: benchmark: concurrency 4 (level 2/2)  baseline (embedded)  round 2/2")
     assert lines[lines.index(added[1]) + 1] == (  # round 4, rows reversed as in round 2
         "job j1: benchmark: concurrency 1 (level 1/2)  chain K=3 (embedded)  round 4/4  "
-        "120.0 tok/s  requests 28/48 (58%)  ETA 50s")
-    assert lines[-1] == ("job j1: benchmark: concurrency 4 (level 2/2)  baseline (embedded)  "
-                         "round 2/2  100.0 tok/s  requests 48/48 (100%)  ETA 0s")
+        "120.0 tok/s  requests 44/48 (91%)  ETA 10s")
+    assert lines[-1] == ("job j1: benchmark: concurrency 1 (level 1/2)  baseline (embedded)  "
+                         "round 4/4  100.0 tok/s  requests 48/48 (100%)  ETA 0s")
     assert reports[-1]["requests"] == reports[-1]["requests_total"] == 48
 
 
@@ -201,9 +207,11 @@ def test_a_spread_row_within_the_margin_gets_rounds_while_the_baseline_leads(
 
 def test_rounds_stop_at_the_most_and_within_the_budget(monkeypatch, tmp_path):
     """A leading row that keeps spreading (108, 132, 108, ...) gets rounds up to
-    max_rounds; with a budget, only the rounds that fit it: a round is 2 rows x 10 s, and
-    the 2 rounds owed at concurrency 4 take 40 s; at 1, after 2 rounds (40 s) a third fits
-    a 105 s budget (40 + 20 + 40 = 100 s), after 3 rounds (60 s) a fourth does not (120 s)."""
+    max_rounds; with a budget, only the rounds that fit it, each priced at its own level's
+    pace: a round is 2 rows x 10 s, every level's 2 rounds take 80 s, so at concurrency 1 a
+    third fits a 105 s budget (80 + 20 = 100 s) and a fourth does not (120 s). Where a round
+    at 4 takes 2 rows x 2 s, the 2 rounds of both levels take 48 s and two more at 1 fit a
+    90 s budget (88 s): the rounds at 4 are not priced at 1's pace."""
     def unsteady(name: str, c: int, r: int) -> float:
         return 100.0 if name.startswith("baseline") or c == 4 else (108.0, 132.0)[r % 2]
 
@@ -221,6 +229,12 @@ def test_rounds_stop_at_the_most_and_within_the_budget(monkeypatch, tmp_path):
     rows = measure_rows(sizing_plan(minutes=1.75, max_rounds=2), tmp_path, lambda: False,
                         BenchProgress(None, "benchmark", lambda _: None, clock))
     assert [len(level) for level in rows["chain K=3"]] == [2, 2]  # max_rounds = rounds
+
+    clock = scripted(monkeypatch, unsteady, seconds=lambda c: 10.0 if c == 1 else 2.0)
+    rows = measure_rows(sizing_plan(minutes=1.5), tmp_path, lambda: False,
+                        BenchProgress(None, "benchmark", lambda _: None, clock))
+    assert [len(level) for level in rows["chain K=3"]] == [4, 2]
+    assert clock.t == 88.0
 
 
 def test_on_gpus_a_round_more_covers_only_the_unsteady_levels(monkeypatch, tmp_path):
