@@ -311,6 +311,9 @@ class JobOptions(BaseModel):
                                      Field(alias="EAGLENEST_CAPTURE_SHARD_SAMPLES")] = 64
     #: 1 = the capture shards are published with the outputs (`capture/`), not deleted
     keep_capture: Annotated[bool, _parser(_flag), Field(alias="EAGLENEST_KEEP_CAPTURE")] = False
+    #: 1 (default) = capture shards (hf, vllm) are reused from, and written to, the cache
+    #: under the S3OutputLocation (workers/jobs/shard_cache.py); 0: neither read nor written
+    shard_cache: Annotated[bool, _parser(_flag), Field(alias="EAGLENEST_SHARD_CACHE")] = True
 
     def measured_ks(self) -> tuple[int, ...]:
         if self.bench_ks:

@@ -43,14 +43,15 @@ README_URL = "http://127.0.0.1:8080"
 README_ACCOUNT = "000000000000"
 OPTIONS = ('OPTIONS = {"EAGLENEST_MAX_TRAIN_MINUTES": "8", '
            '"EAGLENEST_BENCH_CONCURRENCY": "1,4",\n'
-           '           "EAGLENEST_DRAFT_VOCAB_SIZE": "2048"}')
+           '           "EAGLENEST_DRAFT_VOCAB_SIZE": "2048", "EAGLENEST_CAPTURE_BACKEND": "hf"}')
 SERVING = "SERVING = {}"
 TINY_OPTIONS = {
     "EAGLENEST_MAX_STEPS": "2", "EAGLENEST_MAX_LENGTH": "192", "EAGLENEST_HOLDOUT": "2",
     "EAGLENEST_DATASET": "gsm8k_training.jsonl", "EAGLENEST_BENCH_CONCURRENCY": "1",
     "EAGLENEST_BENCH_MAX_TOKENS": "8", "EAGLENEST_SERVING_BACKEND": "embedded",
     "EAGLENEST_NUM_SPECULATIVE_TOKENS": "3", "EAGLENEST_BENCH_KS": "3",
-    "EAGLENEST_BENCH_DECODINGS": "chain", "EAGLENEST_BENCH_MAX_ROUNDS": "2"}
+    "EAGLENEST_BENCH_DECODINGS": "chain", "EAGLENEST_BENCH_MAX_ROUNDS": "2",
+    "EAGLENEST_CAPTURE_BACKEND": "hf"}
 
 
 def swap(code: str, old: str, new: str) -> str:
@@ -151,6 +152,11 @@ def test_readme_examples_run_in_order(tmp_path, tiny_llama_dir, monkeypatch):
         byo = json.loads((out / "smollm2-byo-eagle" / "eagle_model" / "provenance.json")
                          .read_text())
         assert byo["train_config"]["init_head"]  # path 2 started from job 1's head
+        # ... and trained from job 1's shards (the shard cache under s3://output/)
+        caches = [json.loads((out / job / "provenance.json").read_text())["train"]["capture"]
+                  ["cache"] for job in ("smollm2-mydata", "smollm2-byo-eagle")]
+        assert [c["from_cache"] for c in caches] == [False, True]
+        assert caches[0]["key"] == caches[1]["key"]
         builtin = json.loads((out / "smollm2-builtin" / "provenance.json").read_text())
         assert "gsm8k_training.jsonl" in json.dumps(builtin)  # path 3: built-in data
         assert sm.describe_endpoint(EndpointName="smollm2-eagle")["EndpointStatus"] == "InService"

@@ -20,6 +20,9 @@ Contract:
   in either split, is cleared and captured again (both splits);
 - held-out: after the training shards, one call writes the held-out shards (a few samples:
   no stop check or progress record between them; one log line);
+- the shard cache (workers/jobs/shard_cache.py, EAGLENEST_SHARD_CACHE): once planned, a
+  folder with shards still to write is filled from the cache when it holds this plan's
+  shards (then checked as any folder found); a capture made here is written to it;
 - the folder's end (``discard``): deleted when the job ends, whatever the outcome, except
   a shutdown hand-back (the job resumes) or EAGLENEST_KEEP_CAPTURE=1: then a completed
   job publishes it with its outputs as ``capture/`` (``keep``) and a failed one leaves it
@@ -39,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from eaglenest.workers.jobs.progress import describe
+from eaglenest.workers.jobs.shard_cache import ShardCache
 
 log = logging.getLogger("eaglenest.optimize")
 CAPTURE_DIR = "capture"
@@ -135,6 +139,9 @@ class CaptureInfo:
     target: dict[str, str] | None = None  # the manifest's target identity
     manifest_sha256: str | None = None
     heldout_shards: int = 0  # of the held-out split (0: none captured)
+    #: the shard cache: {"from_cache", "key", "uri"} (None: off, or in-process); key and
+    #: uri None where no key could be made, uri None where nothing was read or written
+    cache: dict[str, Any] | None = None
 
     def record(self) -> dict[str, Any]:
         out: dict[str, Any] = {"backend": self.backend, "cache_bytes": self.bytes}
@@ -142,7 +149,7 @@ class CaptureInfo:
             out.update(shards=self.shards, reused_shards=self.reused,
                        samples_per_second=self.samples_per_second, target=self.target,
                        manifest_sha256=self.manifest_sha256,
-                       heldout_shards=self.heldout_shards)
+                       heldout_shards=self.heldout_shards, cache=self.cache)
         return out
 
 
@@ -194,9 +201,9 @@ def autocast(device: Any, dtype: Any = None) -> contextlib.AbstractContextManage
 
 
 def _plan(folder: Path, target: Any, samples: list[Any], heldout: list[Any],
-          per_shard: int, cast: Any, job: str) -> None:
+          per_shard: int, cast: Any, job: str) -> bool:
     """Plan both splits (or check the plans found) and write target/, no shard yet; a
-    folder of another plan, in either split, is cleared and planned afresh."""
+    folder of another plan, in either split, is cleared and planned afresh (False)."""
     from eaglenest.models.capture.shards import HELDOUT, ShardMismatchError, write_shards
 
     def plan_all() -> None:
@@ -211,6 +218,39 @@ def _plan(folder: Path, target: Any, samples: list[Any], heldout: list[Any],
         log.warning("job %s: capture: %s; capturing again", job, exc)
         shutil.rmtree(folder, ignore_errors=True)
         plan_all()
+        return False
+    return True
+
+
+def _max_bytes(manifests: list[dict[str, Any]], samples: list[Any]) -> int:
+    """The most bytes a capture of these planned splits (of ``samples``, both splits'
+    together) may take: twice its tensors (shards.py's layout: per token the aux and last
+    hidden states in the manifest's dtype, argmax and input id as int64, the mask as a byte)
+    and 1 MiB a file for headers, manifests and samples files."""
+    from eaglenest.models.capture.shards import DTYPES
+
+    plan = manifests[0]
+    width = (len(plan["aux_layer_ids"]) + 1) * plan["hidden_size"]
+    per_token = width * DTYPES[plan["dtype"]].itemsize + 8 + 8 + 1
+    files = sum(len(m["shards"]) + 2 for m in manifests)
+    return 2 * per_token * sum(len(s.input_ids) for s in samples) + files * 2**20
+
+
+def _from_cache(cache: ShardCache, folder: Path, target: Any, samples: list[Any],
+                heldout: list[Any], per_shard: int, cast: Any, job: str
+                ) -> tuple[str | None, bool]:
+    """(the shard cache key, whether the planned folder was filled from the cache): a
+    folder whose shards are all complete (a resumed job) is not fetched again; fetched
+    files whose plan the folder check refuses are cleared and captured."""
+    from eaglenest.models.capture.shards import HELDOUT, TRAIN, read_manifest
+
+    manifests = [read_manifest(folder, split) for split in (TRAIN, HELDOUT)[:1 + bool(heldout)]]
+    key = cache.key(Path(target.folder), manifests)
+    if key is None or all(s["complete"] for m in manifests for s in m["shards"]):
+        return key, False
+    if not cache.fetch(key, folder, _max_bytes(manifests, samples + heldout)):
+        return key, False
+    return key, _plan(folder, target, samples, heldout, per_shard, cast, job)
 
 
 @dataclass
@@ -245,16 +285,21 @@ class VllmCapture:
 
 def capture(folder: Path, target: Any, samples: list[Any], per_shard: int, job: str,
             report: Callable[[dict[str, Any]], None], check: Callable[[], None],
-            heldout: list[Any] | None = None, vllm: VllmCapture | None = None) -> CaptureInfo:
+            heldout: list[Any] | None = None, vllm: VllmCapture | None = None,
+            cache: ShardCache | None = None) -> CaptureInfo:
     """Write (or finish) the shards of ``samples`` in ``folder``, then those of ``heldout``
     (the held-out split; none: not captured); ``check`` raises to stop between shards
     (JobControl.check). With ``vllm`` a vLLM engine writes them (``target`` then needs only
-    its ends: models/target.py ``load_target_ends``), else ``target`` itself."""
+    its ends: models/target.py ``load_target_ends``), else ``target`` itself. With
+    ``cache`` the shards come from the shard cache when it has them, and a capture made
+    here is written to it (workers/jobs/shard_cache.py)."""
     from eaglenest.models.capture.shards import HELDOUT, MANIFEST, TRAIN, read_manifest
 
     weight = next(target.model.parameters())
     cast = autocast(weight.device, weight.dtype)
     _plan(folder, target, samples, heldout or [], per_shard, cast, job)
+    key, from_cache = (_from_cache(cache, folder, target, samples, heldout or [], per_shard,
+                                   cast, job) if cache is not None else (None, False))
     shards = read_manifest(folder)["shards"]
     progress = CaptureProgress(job, len(shards), len(samples), report)
     done = [s for s in shards if s["complete"]]
@@ -279,11 +324,15 @@ def capture(folder: Path, target: Any, samples: list[Any], per_shard: int, job: 
         log.info("job %s: capture: held-out: %d sample(s) in %d shard(s)", job,
                  len(heldout or []), len(held))
     manifest = read_manifest(folder)
+    uri = None
+    if cache is not None and key:
+        uri = cache.uri(key) if from_cache else cache.publish(key, folder)
     return CaptureInfo(
         "vllm" if vllm else "hf", folder,
         sum(int(s["bytes"]) for s in manifest["shards"] + held), len(shards), len(done),
         progress.rate, manifest["target"],
-        hashlib.sha256((folder / MANIFEST).read_bytes()).hexdigest(), len(held))
+        hashlib.sha256((folder / MANIFEST).read_bytes()).hexdigest(), len(held),
+        {"from_cache": from_cache, "key": key, "uri": uri} if cache is not None else None)
 
 
 def _fill_here(folder: Path, target: Any, samples: list[Any], per_shard: int, cast: Any,

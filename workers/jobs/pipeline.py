@@ -54,6 +54,7 @@ from eaglenest.workers.jobs.placing import JobGpus
 from eaglenest.workers.jobs.progress import LOG_NAME, BenchProgress, TrainingProgress
 from eaglenest.workers.jobs.publishing import publish_outputs
 from eaglenest.workers.jobs.regen_cache import RegenCache
+from eaglenest.workers.jobs.shard_cache import ShardCache
 from eaglenest.workers.model_servers.process import default_backend
 from eaglenest.workers.model_servers.schedule import schedule_from
 
@@ -310,9 +311,12 @@ class Pipeline:
                               heldout=heldout), CaptureInfo("in-process"))
         self.stage(capture_stage.STAGE)
         vllm = self._vllm(target) if self.capture_backend == "vllm" else None
+        shard_cache = ShardCache(self.store, self.spec.OutputConfig.S3OutputLocation,
+                                 self.name, self.options.shard_cache)
         info = capture_stage.capture(self.work / capture_stage.CAPTURE_DIR, target, samples,
                                      self.options.capture_shard_samples, self.name,
-                                     self.control.report, self.control.check, heldout, vllm)
+                                     self.control.report, self.control.check, heldout, vllm,
+                                     shard_cache if shard_cache.enabled else None)
         data = shard_train_data(info.folder or "", self._device(), source=self._data_label(),
                                 heldout=bool(heldout))
         return data, info

@@ -35,7 +35,9 @@ ENV = {"EAGLENEST_MAX_STEPS": "4", "EAGLENEST_MAX_LENGTH": "128",
        "EAGLENEST_CAPTURE_SHARD_SAMPLES": "16", "EAGLENEST_DEVICE": "cpu",
        # the data as written, the steps asked for (as tests/support/jobs.py)
        "EAGLENEST_REGENERATE": "0", "EAGLENEST_PLATEAU_EVALS": "0",
-       "EAGLENEST_MAX_TRAIN_MINUTES": "0"}
+       "EAGLENEST_MAX_TRAIN_MINUTES": "0",
+       # each job captures (tests/workers/jobs/test_shard_cache.py: the shard cache)
+       "EAGLENEST_SHARD_CACHE": "0"}
 
 
 class Control:
