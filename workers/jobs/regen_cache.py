@@ -31,6 +31,7 @@ cache problem fails the job.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -63,12 +64,20 @@ class CacheError(ValueError):
 
 def folder_digest(folder: Path) -> str:
     """The sha256 of every regular file under `folder` (sorted relative path, size and
-    content, streamed); what identifies a target whatever store it came from."""
+    content, streamed); what identifies a target whatever store it came from. Hashed once
+    per process while no file's path, size or modification time changes (the regeneration
+    and shard caches of one job read the same target's)."""
+    files = sorted(p for p in folder.rglob("*") if p.is_file())
+    return _digest(folder, tuple((p.relative_to(folder).as_posix(), p.stat().st_size,
+                                  p.stat().st_mtime_ns) for p in files))
+
+
+@functools.lru_cache(maxsize=8)
+def _digest(folder: Path, files: tuple[tuple[str, int, int], ...]) -> str:
     h = hashlib.sha256()
-    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
-        h.update(json.dumps([path.relative_to(folder).as_posix(),
-                             path.stat().st_size]).encode() + b"\n")
-        with path.open("rb") as fh:
+    for rel, size, _ in files:
+        h.update(json.dumps([rel, size]).encode() + b"\n")
+        with (folder / rel).open("rb") as fh:
             while chunk := fh.read(CHUNK):
                 h.update(chunk)
     return h.hexdigest()

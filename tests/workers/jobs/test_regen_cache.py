@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -406,6 +407,22 @@ def test_the_key_follows_every_file_of_the_target(tmp_path, tiny_llama_dir):
         f.write_bytes(saved)
     (b / "extra.json").write_text("{}")
     assert regen_cache.folder_digest(b) != digest
+
+
+def test_a_folder_is_hashed_once_while_unchanged(tmp_path, tiny_llama_dir):
+    """The regeneration and shard caches of one job hash one target: the second time is
+    free while no file's size or modification time changed; a touched file is read again."""
+    a = tmp_path / "a"
+    shutil.copytree(tiny_llama_dir, a)
+    before = regen_cache._digest.cache_info()
+    digest = regen_cache.folder_digest(a)
+    assert regen_cache.folder_digest(a) == digest
+    after = regen_cache._digest.cache_info()
+    assert (after.misses - before.misses, after.hits - before.hits) == (1, 1)
+    config = a / "config.json"
+    os.utime(config, ns=(config.stat().st_atime_ns, config.stat().st_mtime_ns + 10**9))
+    assert regen_cache.folder_digest(a) == digest  # the same bytes, hashed again
+    assert regen_cache._digest.cache_info().misses - before.misses == 2
 
 
 def test_examples_round_trip_as_data():
