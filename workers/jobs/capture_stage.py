@@ -245,7 +245,7 @@ def _from_cache(cache: ShardCache, folder: Path, target: Any, samples: list[Any]
     from eaglenest.models.capture.shards import HELDOUT, TRAIN, read_manifest
 
     manifests = [read_manifest(folder, split) for split in (TRAIN, HELDOUT)[:1 + bool(heldout)]]
-    key = cache.key(Path(target.folder), manifests)
+    key = cache.key(target.folder, manifests)
     if key is None or all(s["complete"] for m in manifests for s in m["shards"]):
         return key, False
     if not cache.fetch(key, folder, _max_bytes(manifests, samples + heldout)):

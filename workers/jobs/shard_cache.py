@@ -129,14 +129,17 @@ class ShardCache:
     def uri(self, key: str, name: str = "") -> str:
         return f"{self.location.rstrip('/')}/{PREFIX}{key}/{name}"
 
-    def key(self, target_folder: Path, manifests: list[dict[str, Any]]) -> str | None:
+    def key(self, target_folder: str | Path | None,
+            manifests: list[dict[str, Any]]) -> str | None:
         """``cache_key``, timed in the log; None with the cache off, or (a warning) when it
-        cannot be made."""
+        cannot be made (a target without a folder, say)."""
         if not self.enabled:
             return None
         start = time.monotonic()
         try:
-            key = cache_key(target_folder, manifests)
+            if target_folder is None:
+                raise ValueError("the target has no folder to hash")
+            key = cache_key(Path(target_folder), manifests)
         except Exception as exc:  # a cache problem never fails the job
             log.warning("job %s: no shard cache key (%s: %s); capturing without the cache",
                         self.job, type(exc).__name__, exc)

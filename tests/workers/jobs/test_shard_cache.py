@@ -19,7 +19,7 @@ import torch
 from safetensors.torch import load_file
 
 from eaglenest.foundation.store.storage import LocalStore, StorageError
-from eaglenest.workers.jobs.shard_cache import FORMAT, CacheError, parse_index
+from eaglenest.workers.jobs.shard_cache import FORMAT, CacheError, ShardCache, parse_index
 from tests.workers.jobs.test_capture_stage import Control, _out, _pipeline, store
 
 __all__ = ["store"]  # the module's fixture, shared with test_capture_stage's helpers
@@ -174,3 +174,14 @@ def test_a_failed_write_costs_the_cache_not_the_job(store, tmp_path, caplog):
     assert record["cache"]["from_cache"] is False and record["cache"]["uri"] is None
     assert "could not write the shard cache" in caplog.text and "disk full" in caplog.text
     assert not (_cache_root(store) / record["cache"]["key"] / "index.json").exists()
+
+
+def test_no_key_no_cache(tmp_path, caplog):
+    """A target without a folder: a warning, no key; the job goes on without the cache."""
+    cache = ShardCache(LocalStore(tmp_path), "s3://output/jobs/", "j")
+    with caplog.at_level(logging.WARNING, logger="eaglenest.optimize"):
+        assert cache.key(None, [{"shards": []}]) is None
+    assert ("job j: no shard cache key (ValueError: the target has no folder to hash); "
+            "capturing without the cache") in caplog.text
+    assert ShardCache(LocalStore(tmp_path), "s3://output/jobs/", "j", enabled=False).key(
+        tmp_path, []) is None
