@@ -77,10 +77,15 @@ def _digest(folder: Path, files: tuple[tuple[str, int, int], ...]) -> str:
     h = hashlib.sha256()
     for rel, size, _ in files:
         h.update(json.dumps([rel, size]).encode() + b"\n")
-        with (folder / rel).open("rb") as fh:
-            while chunk := fh.read(CHUNK):
-                h.update(chunk)
+        hash_file(h, folder / rel)
     return h.hexdigest()
+
+
+def hash_file(h: Any, path: Path) -> None:
+    """Feed the file's bytes to the hash `h`, streamed in CHUNK pieces."""
+    with path.open("rb") as fh:
+        while chunk := fh.read(CHUNK):
+            h.update(chunk)
 
 
 def encode(example: Example) -> dict[str, Any]:
@@ -105,7 +110,7 @@ def decode(record: Any) -> Example:
     raise CacheError(f"not a chat or completion example: {str(record)[:80]!r}")
 
 
-def _line(value: Any) -> bytes:
+def canonical_line(value: Any) -> bytes:
     """`value` as one line of canonical ASCII JSON (every control and non-ASCII character
     escaped: no line breaks inside, any string encodable)."""
     return json.dumps(value, sort_keys=True, separators=(",", ":")).encode() + b"\n"
@@ -127,7 +132,7 @@ def cache_key(target: Any, train: list[Example], holdout: list[Example], seed: i
 
     examples = hashlib.sha256()
     for e in (*train, *holdout):
-        examples.update(_line(encode(e)))
+        examples.update(canonical_line(encode(e)))
     param = next(target.model.parameters())
     ingredients = {
         "format": FORMAT, "regenerate_version": VERSION,
@@ -137,13 +142,14 @@ def cache_key(target: Any, train: list[Example], holdout: list[Example], seed: i
         "runtime": {"engine": engine, "device": param.device.type, "dtype": str(param.dtype),
                     "torch": torch.__version__, "transformers": transformers.__version__},
     }
-    return hashlib.sha256(_line(ingredients)).hexdigest()
+    return hashlib.sha256(canonical_line(ingredients)).hexdigest()
 
 
 def dump(key: str, train: list[Example], holdout: list[Example], job: str, n: int) -> bytes:
     header = {"format": FORMAT, "key": key, "train": len(train), "holdout": len(holdout),
               "turns": n, "job": job}
-    return b"".join([_line(header), *(_line(encode(e)) for e in (*train, *holdout))])
+    return b"".join([canonical_line(header),
+                     *(canonical_line(encode(e)) for e in (*train, *holdout))])
 
 
 def parse(data: bytes, key: str) -> Split:

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from eaglenest.foundation.store.storage import ArtifactStore, StorageError, parse_uri
-from eaglenest.workers.jobs.regen_cache import CHUNK, folder_digest
+from eaglenest.workers.jobs.regen_cache import canonical_line, folder_digest, hash_file
 
 log = logging.getLogger("eaglenest.optimize")
 
@@ -59,10 +59,6 @@ class CacheError(ValueError):
     """Cached shards that cannot be used (the message says why)."""
 
 
-def _line(value: Any) -> bytes:
-    return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
-
-
 def plan_of(manifest: dict[str, Any]) -> dict[str, Any]:
     """What of a split's manifest decides its hidden states: the plan without the target's
     path (hosts differ) or the shards' completion."""
@@ -77,14 +73,12 @@ def cache_key(target_folder: Path, manifests: list[dict[str, Any]]) -> str:
     ``target_folder`` (module docstring)."""
     ingredients = {"format": FORMAT, "target": folder_digest(target_folder),
                    "plans": [plan_of(m) for m in manifests]}
-    return hashlib.sha256(_line(ingredients)).hexdigest()
+    return hashlib.sha256(canonical_line(ingredients)).hexdigest()
 
 
 def file_digest(path: Path) -> str:
     h = hashlib.sha256()
-    with path.open("rb") as fh:
-        while chunk := fh.read(CHUNK):
-            h.update(chunk)
+    hash_file(h, path)
     return h.hexdigest()
 
 
